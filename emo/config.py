@@ -1,0 +1,149 @@
+"""Structured configuration (Hydra ConfigStore): every key is typed, so a typo or a wrong type in an
+override fails at once. `conf/*.yaml` hold the values; these dataclasses hold the schema."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+# --------------------------------------------------------------------------- GPU models
+@dataclass
+class GpuConfig:
+    name: str = MISSING  # model key, e.g. "a100"
+    backend: str = "sim"  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
+    clocks_mhz: list[int] = field(default_factory=list)  # supported SM clocks, ascending
+    default_mhz: int = MISSING  # clock the GPU runs at when unlocked (the baseline: max clock)
+    memory_mhz: int = 0
+    tdp_w: float = MISSING
+    seed: int = 0  # virtual GPU: deterministic per seed
+    noise: float = 0.0  # virtual GPU: relative std of measurement noise
+    physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
+
+
+# --------------------------------------------------------------------------- workloads
+@dataclass
+class WorkloadConfig:
+    kind: str = MISSING
+
+
+@dataclass
+class TransformerShape:
+    layers: int = 4  # transformer layers per model replica
+    hidden: int = 4096
+    heads: int = 32
+    ffn_mult: int = 4
+    seq: int = 2048
+    batch: int = 4  # micro-batch size (sequences)
+    vocab: int = 50304
+    dtype: str = "bf16"
+
+
+@dataclass
+class TPWorkload(WorkloadConfig):
+    kind: str = "tp"
+    tp: int = 2  # tensor-parallel degree (GPUs)
+    chunks: int = 2  # Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    training: bool = True
+    model: TransformerShape = field(default_factory=TransformerShape)
+
+
+@dataclass
+class PPWorkload(WorkloadConfig):
+    kind: str = "pp"
+    pp: int = 4  # pipeline stages (GPUs)
+    microbatches: int = 8
+    partition: str = "uniform"  # "uniform" or "parameter" (embedding and LM head make stages uneven)
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16))
+
+
+@dataclass
+class OffloadWorkload(WorkloadConfig):
+    kind: str = "offload"
+    experts: int = 64  # MoE experts, on the CPU
+    top_k: int = 6
+    expert_hidden: int = 1408
+    cpu_gflops: float = 800.0  # host compute rate for expert GEMMs
+    pcie_gbps: float = 25.0  # host <-> device copy bandwidth
+    decode_tokens: int = 8  # tokens generated per iteration
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1, batch=8))
+
+
+@dataclass
+class RecordedWorkload(WorkloadConfig):
+    kind: str = "recorded"
+    path: str = MISSING  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
+
+
+@dataclass
+class CommandWorkload(WorkloadConfig):
+    kind: str = "command"
+    command: list[str] = field(default_factory=list)  # e.g. ["python", "train.py"]
+    nproc: int = 1  # > 1: launched under torchrun
+    wait: int = 5  # profiler schedule: iterations skipped before warmup
+    warmup: int = 2
+    active: int = 3
+
+
+# --------------------------------------------------------------------------- stages
+@dataclass
+class TraceConfig:
+    iterations: int = 3  # iterations recorded (after warmup)
+    warmup: int = 1
+    seed: int = 0
+
+
+@dataclass
+class PackingConfig:
+    delta_max_ms: float = 5.0
+
+
+@dataclass
+class ModelConfig:
+    clocks_stride: int = 1  # calibrate every n-th supported clock (1 = all)
+    min_seconds: float = 1.0  # each microbenchmark measurement spans at least this much counter time
+    repeats: int = 3
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "emo"
+    change_interval_ms: float = 20.0
+    budget_step_ms: float = 1.0
+    min_clock_fraction: float = 0.5
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: str = "sqlite:///results/mlflow.db"
+    experiment: str = "emo"
+
+
+@dataclass
+class Config:
+    gpu: GpuConfig = MISSING
+    workload: WorkloadConfig = MISSING
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    budget: float = 0.02  # allowed slowdown, fraction of the max-clock iteration time
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    results: str = "results"
+
+
+WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload,
+             "recorded": RecordedWorkload, "command": CommandWorkload}
+
+
+def register() -> None:
+    """Register the schemas; conf/*.yaml name them in their defaults lists."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="gpu", name="gpu_schema", node=GpuConfig)
+    for name, node in WORKLOADS.items():
+        cs.store(group="workload", name=f"{name}_schema", node=node)

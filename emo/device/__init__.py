@@ -1,0 +1,99 @@
+"""The device protocol: everything the models learn about a GPU goes through it (or through traces).
+
+Two implementations: `emo.device.sim` (the virtual GPU) and `emo.device.nvml` (real NVIDIA GPUs).
+Measurement follows Zeus's split: read the energy counter and the time around a window; control is
+a frequency policy (locked SM clocks) or a power limit, always restored by `close()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from emo.policy import FrequencyPolicy
+
+# Table II counters, in this order, everywhere a counter vector is stored.
+COUNTERS = (
+    "sm_active_cycles", "active_warps", "dram_read_bytes", "dram_write_bytes", "l1_bytes",
+    "l2_bytes", "alu_inst", "fma_inst", "fp64_inst", "mem_inst", "tensor_inst",
+)
+
+
+@dataclass
+class Measurement:
+    """Time and energy of one measured window."""
+
+    time_s: float
+    energy_j: float
+    sm_mhz: int | None = None  # the locked clock, when one was
+
+
+@dataclass
+class ProfileResult:
+    counters: dict[str, float]  # COUNTERS -> value for one execution of the range
+    passes: int  # replay passes the range profiler needed
+    cost_s: float  # wall time the profiling took (replays included)
+
+
+@dataclass
+class RunResult:
+    """A workload run for N iterations under a policy."""
+
+    iterations: int
+    time_s: float  # wall time of the measured iterations (all devices)
+    energy_j: float  # energy-counter delta over those iterations, summed over devices
+    iteration_times_s: list[float] = field(default_factory=list)
+    energy_per_device_j: dict[int, float] = field(default_factory=dict)
+    trace_files: list[Path] = field(default_factory=list)  # Kineto JSON, one per rank, when traced
+
+
+@runtime_checkable
+class Device(Protocol):
+    name: str  # GPU model key, e.g. "a100"
+
+    def supported_clocks(self) -> list[int]:
+        """Supported SM clocks in MHz, ascending."""
+
+    def default_clock(self) -> int:
+        """The SM clock the GPU runs at when not locked (the max-clock baseline)."""
+
+    def set_policy(self, policy: FrequencyPolicy | None) -> None:
+        """Apply a frequency policy from the next iteration on; None restores default clocks."""
+
+    def set_power_limit(self, watts: float | None) -> None:
+        """Cap board power (None: back to TDP); the GPU throttles its clock to stay under it."""
+
+    def energy_j(self, device: int = 0) -> float:
+        """Cumulative energy counter of one GPU, in joules (updates only as often as the hardware's)."""
+
+    def time_s(self) -> float:
+        """The device's notion of now, in seconds."""
+
+    def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
+        """Run a named microbenchmark (microbench/registry) at a locked clock, long enough for the
+        energy counter to resolve it; time and energy are per single launch of the benchmark."""
+
+    def profile_range(self, kernels: list[Any]) -> ProfileResult:
+        """Counters of one execution of a range of kernels (CUPTI range profiling on hardware)."""
+
+    def run(self, workload: Any, iterations: int, *, warmup: int = 1,
+            trace_dir: Path | None = None) -> RunResult:
+        """Run `workload` (a workload config) for warmup + iterations under the current policy;
+        measure the last `iterations`, and write one Kineto trace per rank into trace_dir if given."""
+
+    def close(self) -> None:
+        """Restore default clocks and power limits."""
+
+
+def open_device(gpu_cfg: Any) -> Device:
+    """The device for a GPU config: the virtual GPU for backend 'sim', NVML for 'nvml'."""
+    backend = gpu_cfg["backend"] if isinstance(gpu_cfg, dict) else gpu_cfg.backend
+    if backend == "sim":
+        from emo.device.sim import SimDevice
+
+        return SimDevice(gpu_cfg)
+    if backend == "nvml":
+        from emo.device.nvml import NvmlDevice
+
+        return NvmlDevice(gpu_cfg)
+    raise ValueError(f"gpu.backend: unknown backend {backend!r} (expected 'sim' or 'nvml')")

@@ -1,0 +1,61 @@
+"""Artifact I/O at the edges: every file is written to a temporary name and renamed into place,
+so an interrupted run never leaves a half-written artifact that a later run would trust."""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pandas as pd
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success rename it to `path`, on error remove it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, obj, *, gz: bool = False) -> None:
+    data = json.dumps(obj, indent=None if gz else 2, sort_keys=not gz, default=_jsonable).encode()
+    with atomic_path(path) as tmp:
+        if gz:
+            with gzip.open(tmp, "wb", compresslevel=3) as f:
+                f.write(data)
+        else:
+            tmp.write_bytes(data + b"\n")
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_parquet(path: str | Path, df: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def _jsonable(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,62 @@
+"""Frequency policies: per GPU, SM-clock steps relative to the start of an iteration (DESIGN.md §2).
+
+A policy is plain JSON so that the runtime applier on a GPU box and the virtual GPU read the same file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Step:
+    t_ms: float  # when the clock should be in effect, relative to the iteration start
+    sm_mhz: int
+
+
+@dataclass
+class FrequencyPolicy:
+    """Clock schedule of one iteration, per device index; repeated every iteration."""
+
+    gpu: str  # GPU model, e.g. "a100"
+    steps: dict[int, list[Step]]  # device -> steps sorted by t_ms; the first step usually at t_ms=0
+    period_ms: float = 0.0  # baseline iteration time the steps were planned on
+    budget: float = 0.0  # allowed slowdown as a fraction of the max-clock iteration time
+    lead_ms: float = 0.0  # requests are issued this early so the clock lands on time
+    predicted_time_s: float | None = None
+    predicted_energy_j: float | None = None
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def static(cls, gpu: str, devices: int | list[int], sm_mhz: int, **kw) -> "FrequencyPolicy":
+        ids = range(devices) if isinstance(devices, int) else devices
+        return cls(gpu=gpu, steps={d: [Step(0.0, int(sm_mhz))] for d in ids}, **kw)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["steps"] = {str(k): [dataclasses.asdict(s) for s in v] for k, v in self.steps.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FrequencyPolicy":
+        d = dict(d)
+        d["steps"] = {
+            int(k): sorted((Step(float(s["t_ms"]), int(s["sm_mhz"])) for s in v), key=lambda s: s.t_ms)
+            for k, v in d["steps"].items()
+        }
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        from emo.io import write_json
+
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FrequencyPolicy":
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a frequency policy ({e})") from e
