@@ -1,0 +1,22 @@
+# EMO's pipeline: calibrate -> trace -> graph -> pack -> profile -> fit -> optimize -> validate.
+# Configuration is composed from conf/ with Hydra: `snakemake -c 2 --config 'overrides=["workload=pp"]'`
+# or, more simply, `emo run workload=pp`. Every stage writes results/<stage>/<hash>/, the hash
+# covering the configuration it depends on, its inputs and its code (emo/plan.py).
+from emo.plan import compose, plan
+
+EMO = compose(config.get("overrides", []))
+P = plan(EMO)
+
+
+def stage_params(stage):
+    """Plain dicts only: Snakemake tracks params, not OmegaConf objects."""
+    return {"cfg": EMO, "hash": P[stage].hash, "covers": P[stage].covers}
+
+
+rule all:
+    input:
+        P["graph"].out("summary.json"),
+
+
+include: "workflow/rules/trace.smk"
+include: "workflow/rules/graph.smk"

@@ -1,0 +1,17 @@
+"""graph: the execution graph of the traced run and its slack summary."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from emo.graph import build_graph, summary
+from emo.io import write_json
+
+
+def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
+    graph = build_graph(pd.read_parquet(inputs["events"]))
+    graph.save(out)
+    s = summary(graph)
+    write_json(out / "summary.json", s)
+    return {k: v for k, v in s.items() if isinstance(v, (int, float))}

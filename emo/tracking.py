@@ -1,0 +1,81 @@
+"""MLflow logging: the embedded store (`sqlite:///results/mlflow.db`) needs no server.
+
+`emo run` opens one parent run per sweep and one child run per job and passes the child's id to the
+stages through EMO_MLFLOW_RUN_ID; a stage run by plain `snakemake` opens a run of its own.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+RUN_ID_ENV = "EMO_MLFLOW_RUN_ID"
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _mlflow(tracking_cfg: dict):
+    import mlflow
+
+    uri = tracking_cfg["uri"]
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(tracking_cfg["experiment"])
+    return mlflow
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"workload.tp": "2", ...} (MLflow params are flat strings)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:500]
+    return out
+
+
+def log_stage(cfg: dict, stage: str, stage_hash: str, metrics: dict, artifacts: list[Path]) -> None:
+    """Log a stage's numeric metrics (prefixed by the stage) into the job's run, or a run of its own."""
+    tracking = cfg["tracking"]
+    if not tracking["enabled"]:
+        return
+    mlflow = _mlflow(tracking)
+    run_id = os.environ.get(RUN_ID_ENV)
+    ctx = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=f"{stage}-{stage_hash}")
+    with ctx:
+        if not run_id:
+            mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "budget") if k in cfg}))
+        mlflow.set_tag(f"emo.{stage}.hash", stage_hash)
+        mlflow.log_metrics({f"{stage}.{k}": float(v) for k, v in metrics.items() if _is_number(v)})
+        for path in artifacts:
+            mlflow.log_artifact(str(path), artifact_path=f"{stage}")
+
+
+@contextlib.contextmanager
+def job_run(cfg: dict, name: str, parent_id: str | None = None):
+    """A child run for one job of a sweep, its params the resolved configuration; yields its id."""
+    tracking = cfg["tracking"]
+    if not tracking["enabled"]:
+        yield None
+        return
+    mlflow = _mlflow(tracking)
+    with mlflow.start_run(run_name=name, parent_run_id=parent_id, nested=parent_id is not None) as run:
+        mlflow.log_params(flatten(cfg))
+        yield run.info.run_id
+
+
+@contextlib.contextmanager
+def sweep_run(tracking: dict, name: str):
+    if not tracking["enabled"]:
+        yield None
+        return
+    mlflow = _mlflow(tracking)
+    with mlflow.start_run(run_name=name) as run:
+        yield run.info.run_id
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
