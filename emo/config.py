@@ -117,7 +117,7 @@ class OptimizerConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    uri: str = "sqlite:///results/mlflow.db"
+    uri: str = "sqlite:///${results}/mlflow.db"
     experiment: str = "emo"
 
 

@@ -17,11 +17,16 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 def _mlflow(tracking_cfg: dict):
     import mlflow
 
-    uri = tracking_cfg["uri"]
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    uri, name = tracking_cfg["uri"], tracking_cfg["experiment"]
+    store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
+    if store:
+        store.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(tracking_cfg["experiment"])
+    if store and mlflow.get_experiment_by_name(name) is None:
+        # artifacts beside the database, not in ./mlruns of whatever folder the user is in
+        with contextlib.suppress(mlflow.exceptions.MlflowException):  # another stage created it first
+            mlflow.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri())
+    mlflow.set_experiment(name)
     return mlflow
 
 
