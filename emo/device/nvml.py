@@ -1,0 +1,467 @@
+"""Real NVIDIA GPUs through NVML (nvidia-ml-py): the device protocol on hardware.
+
+Measurement follows Zeus: the energy counter (mJ, `nvmlDeviceGetTotalEnergyConsumption`) and the wall
+clock around a window. Control is locked SM clocks (`nvmlDeviceSetGpuLockedClocks`) or a power limit,
+set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not. Whatever this process
+changed is put back on normal exit, on an exception, and on SIGINT/SIGTERM (atexit plus signal
+handlers that chain the ones already installed); `emo reset-clocks` covers a run killed with -9.
+
+Only this module and its helpers import pynvml, lazily, so the package imports without a driver.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device.zeusd import SOCK_ENV, ZeusdClient, ZeusdError
+from emo.policy import FrequencyPolicy
+
+
+class GpuAccessError(ValueError):
+    """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line."""
+
+
+def import_pynvml():
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a core dependency
+        raise GpuAccessError("nvidia-ml-py is not installed: pip install nvidia-ml-py") from e
+    return pynvml
+
+
+def nvml_init(nvml) -> None:
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        raise GpuAccessError(f"cannot initialise NVML ({e}): no NVIDIA driver or GPU on this machine") from e
+
+
+def explain(nvml, e: Exception, what: str) -> GpuAccessError:
+    """One clear line for the NVML failures a user can act on."""
+    value = getattr(e, "value", None)
+    if value == nvml.NVML_ERROR_NO_PERMISSION:
+        return GpuAccessError(
+            f"{what}: permission denied. Run as root, or start zeusd "
+            f"(sudo zeusd --socket-path /var/run/zeusd.sock --socket-permissions 666) "
+            f"and export {SOCK_ENV}=/var/run/zeusd.sock")
+    if value == nvml.NVML_ERROR_NOT_SUPPORTED:
+        return GpuAccessError(f"{what}: this GPU or driver does not support it (NVML_ERROR_NOT_SUPPORTED; "
+                              "locked clocks need Volta or newer)")
+    return GpuAccessError(f"{what}: NVML error: {e}")
+
+
+# --------------------------------------------------------------------------- control
+class ClockController:
+    """Sets and resets locked SM clocks and power limits by NVML index: directly or via zeusd."""
+
+    def __init__(self, nvml, zeusd: ZeusdClient | None = None):
+        self.nvml = nvml
+        self.zeusd = zeusd
+        self._handles: dict[int, Any] = {}
+
+    @classmethod
+    def auto(cls, nvml) -> "ClockController":
+        """Root: NVML directly. Otherwise zeusd when ZEUSD_SOCK_PATH is set (and must exist).
+        Neither: NVML directly, whose NO_PERMISSION becomes the "root or zeusd" message."""
+        if os.geteuid() == 0:
+            return cls(nvml)
+        client = ZeusdClient.from_env()
+        if client is not None and not client.available():
+            raise GpuAccessError(f"{SOCK_ENV}={client.sock_path}: no such socket (is zeusd running?)")
+        return cls(nvml, client)
+
+    @property
+    def via(self) -> str:
+        return "zeusd" if self.zeusd else "nvml"
+
+    def handle(self, index: int):
+        if index not in self._handles:
+            try:
+                self._handles[index] = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            except self.nvml.NVMLError as e:
+                raise explain(self.nvml, e, f"GPU {index}") from e
+        return self._handles[index]
+
+    def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[], None]) -> None:
+        try:
+            relayed() if self.zeusd else direct()
+        except self.nvml.NVMLError as e:
+            raise explain(self.nvml, e, what) from e
+        except ZeusdError as e:
+            raise GpuAccessError(f"{what}: {e}") from e
+
+    def set_clock(self, index: int, mhz: int) -> None:
+        mhz = int(mhz)
+        self._do(f"lock SM clock of GPU {index} at {mhz} MHz",
+                 lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
+                 lambda: self.zeusd.set_gpu_locked_clocks(index, mhz, mhz))
+        _GUARD.changed(self, index, "clocks")
+
+    def reset_clock(self, index: int) -> None:
+        self._do(f"reset SM clock of GPU {index}",
+                 lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
+                 lambda: self.zeusd.reset_gpu_locked_clocks(index))
+        _GUARD.restored(index, "clocks")
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        h = self.handle(index)
+        lo, hi = self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        mw = int(round(watts * 1000))
+        if not lo <= mw <= hi:
+            raise GpuAccessError(f"power limit {watts} W outside GPU {index}'s range "
+                                 f"{lo / 1000:g}-{hi / 1000:g} W")
+        self._do(f"set power limit of GPU {index} to {watts} W",
+                 lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
+                 lambda: self.zeusd.set_power_limit(index, mw))
+        _GUARD.changed(self, index, "power")
+
+    def reset_power_limit(self, index: int) -> None:
+        h = self.handle(index)
+        mw = int(self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h))
+        self._do(f"reset power limit of GPU {index}",
+                 lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
+                 lambda: self.zeusd.set_power_limit(index, mw))
+        _GUARD.restored(index, "power")
+
+
+class _RestoreGuard:
+    """Remembers what this process changed and puts it back at exit or on SIGINT/SIGTERM."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._changed: dict[int, set[str]] = {}
+        self._controller: ClockController | None = None
+        self._installed = False
+        self._previous: dict[int, Any] = {}
+
+    def changed(self, controller: ClockController, index: int, what: str) -> None:
+        with self._lock:
+            self._controller = controller
+            self._changed.setdefault(index, set()).add(what)
+            if not self._installed:
+                self._install()
+
+    def restored(self, index: int, what: str) -> None:
+        with self._lock:
+            self._changed.get(index, set()).discard(what)
+            if not self._changed.get(index):
+                self._changed.pop(index, None)
+
+    def pending(self) -> dict[int, set[str]]:
+        with self._lock:
+            return {k: set(v) for k, v in self._changed.items()}
+
+    def restore_all(self) -> list[str]:
+        """Reset everything still changed; never raises (it runs at exit). Returns the failures."""
+        failures = []
+        with self._lock:
+            ctl = self._controller
+            for index, what in sorted(self.pending().items()):
+                for kind, fn in (("clocks", ctl.reset_clock), ("power", ctl.reset_power_limit)):
+                    if kind in what:
+                        try:
+                            fn(index)
+                        except Exception as e:  # keep restoring the others
+                            failures.append(f"GPU {index} {kind}: {e}")
+        for f in failures:
+            print(f"emo: could not restore {f}; run `emo reset-clocks`", file=sys.stderr)
+        return failures
+
+    def _install(self) -> None:
+        atexit.register(self.restore_all)
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._installed = True
+
+    def _on_signal(self, signum, frame) -> None:
+        self.restore_all()
+        prev = self._previous.get(signum)
+        if callable(prev):
+            prev(signum, frame)
+        elif prev == signal.SIG_IGN:
+            return
+        else:  # SIG_DFL: die of the same signal, so the parent sees the right status
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+_GUARD = _RestoreGuard()
+
+
+def visible_nvml_indices(nvml) -> list[int]:
+    """NVML indices of the GPUs this process may use, in CUDA order (CUDA_VISIBLE_DEVICES if numeric)."""
+    count = nvml.nvmlDeviceGetCount()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None or env.strip() == "":
+        return list(range(count))
+    try:
+        ids = [int(x) for x in env.split(",") if x.strip()]
+    except ValueError:  # UUIDs: map them through NVML
+        uuids = {_str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))): i for i in range(count)}
+        ids = [uuids[u.strip()] for u in env.split(",") if u.strip() in uuids]
+    return [i for i in ids if 0 <= i < count]
+
+
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# --------------------------------------------------------------------------- the device
+class NvmlDevice:
+    """The device protocol on real NVIDIA GPUs. Device ids 0..n-1 are the visible GPUs (ranks)."""
+
+    def __init__(self, gpu_cfg: Any, *, controller: ClockController | None = None):
+        self.nvml = import_pynvml()
+        nvml_init(self.nvml)
+        get = (lambda k, d=None: gpu_cfg.get(k, d)) if isinstance(gpu_cfg, dict) else \
+            (lambda k, d=None: getattr(gpu_cfg, k, d))
+        self.name = str(get("name", "gpu"))
+        self.indices = visible_nvml_indices(self.nvml)
+        if not self.indices:
+            raise GpuAccessError("NVML sees no GPU (check CUDA_VISIBLE_DEVICES)")
+        self._controller = controller
+        self._handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        self.model = _str(self.nvml.nvmlDeviceGetName(self._handles[0]))
+        self._clocks: list[int] | None = None
+        self._policy: FrequencyPolicy | None = None
+        self._locked: dict[int, int] = {}
+
+    # -- reads
+    @property
+    def controller(self) -> ClockController:
+        if self._controller is None:
+            self._controller = ClockController.auto(self.nvml)
+        return self._controller
+
+    @property
+    def device_count(self) -> int:
+        return len(self.indices)
+
+    def supported_clocks(self) -> list[int]:
+        """SM clocks supported at the highest memory clock (the one a training run uses)."""
+        if self._clocks is None:
+            h = self._handles[0]
+            try:
+                mem = max(self.nvml.nvmlDeviceGetSupportedMemoryClocks(h))
+                self._clocks = sorted({int(c) for c in self.nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem)})
+            except self.nvml.NVMLError as e:
+                raise explain(self.nvml, e, f"supported clocks of GPU {self.indices[0]}") from e
+        return list(self._clocks)
+
+    def default_clock(self) -> int:
+        return self.supported_clocks()[-1]
+
+    def energy_j(self, device: int = 0) -> float:
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self._handles[device]) / 1000.0
+        except self.nvml.NVMLError as e:
+            raise explain(self.nvml, e, f"energy counter of GPU {self.indices[device]}") from e
+
+    def time_s(self) -> float:
+        return time.perf_counter()
+
+    def power_limits_w(self, device: int = 0) -> tuple[float, float, float]:
+        """(min, default, max) board power limit in watts."""
+        h = self._handles[device]
+        lo, hi = self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        return lo / 1000, self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000, hi / 1000
+
+    # -- control
+    def lock_clock(self, device: int, mhz: int) -> None:
+        if mhz not in self.supported_clocks():
+            raise GpuAccessError(f"{mhz} MHz is not a supported SM clock of {self.model} "
+                                 f"({self.supported_clocks()[0]}-{self.default_clock()} MHz)")
+        self.controller.set_clock(self.indices[device], mhz)
+        self._locked[device] = mhz
+
+    def set_policy(self, policy: FrequencyPolicy | None) -> None:
+        """None: default clocks. One step per device: locked now. Several steps: kept for `run`,
+        where the runtime applier in the workload's process issues them around its iterations."""
+        self._policy = policy
+        if policy is None:
+            for d in list(self._locked):
+                self.controller.reset_clock(self.indices[d])
+                self._locked.pop(d)
+            return
+        for d, steps in policy.steps.items():
+            if d >= self.device_count:
+                raise GpuAccessError(f"policy names device {d} but only {self.device_count} GPU(s) are visible")
+            if len({s.sm_mhz for s in steps}) == 1:
+                self.lock_clock(d, steps[0].sm_mhz)
+
+    def set_power_limit(self, watts: float | None) -> None:
+        for i in self.indices:
+            if watts is None:
+                self.controller.reset_power_limit(i)
+            else:
+                self.controller.set_power_limit(i, watts)
+
+    def close(self) -> None:
+        """Restore default clocks and power limits of every GPU this process changed."""
+        failures = _GUARD.restore_all()
+        self._locked.clear()
+        self._policy = None
+        with contextlib.suppress(Exception):
+            self.nvml.nvmlShutdown()
+        if failures:
+            raise GpuAccessError("could not restore: " + "; ".join(failures))
+
+    def __enter__(self) -> "NvmlDevice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- measurement
+    def measure(self, fn: Callable[[], None], devices: list[int] | None = None) -> Measurement:
+        """Energy and time of `fn()` (which must synchronise the GPU before returning)."""
+        devices = list(range(self.device_count)) if devices is None else devices
+        e0 = [self.energy_j(d) for d in devices]
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        e1 = [self.energy_j(d) for d in devices]
+        return Measurement(time_s=t1 - t0, energy_j=sum(b - a for a, b in zip(e0, e1)),
+                           sm_mhz=self._locked.get(devices[0]) if len(devices) == 1 else None)
+
+    def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
+        """One microbenchmark at a locked clock; time and energy per single launch, measured over
+        enough launches that the window spans >= min_seconds of the energy counter."""
+        from emo.device import cuda_launch
+
+        bench = cuda_launch.microbenchmark(name, device=0)
+        self.lock_clock(0, sm_mhz)
+        bench.run(3)  # warm: module loaded, clock settled
+        per_launch = bench.time_one()
+        n = loops_for(per_launch, min_seconds)
+        m = self.measure(lambda: bench.run(n), devices=[0])
+        return Measurement(time_s=m.time_s / n, energy_j=m.energy_j / n, sm_mhz=sm_mhz)
+
+    def profile_range(self, kernels: list[Any]) -> ProfileResult:
+        """Table II counters of one execution of a range of microbenchmark kernels, through Nsight
+        Compute's range replay (cupti-python binds no Range Profiler API; see docs/gpu.md)."""
+        return ncu_profile_microbench_range([str(k) for k in kernels], gpu=self.indices[0])
+
+    def run(self, workload: Any, iterations: int, *, warmup: int = 1,
+            trace_dir: Path | None = None) -> RunResult:
+        """Run a `command` workload under emo.capture: its profiler window's `active` iterations are
+        the measured ones, energy read by each rank at the window's edges."""
+        from emo import capture
+
+        kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
+        if kind != "command":
+            raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
+                             "(synthetic workloads are for the virtual GPU)")
+        spec = capture.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
+        out = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="emo-trace-"))
+        policy_file = None
+        if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
+            policy_file = out / "policy.json"
+            self._policy.save(policy_file)
+        result = capture.run_capture(spec, out, policy=policy_file)
+        return capture.run_result(result, out)
+
+
+def loops_for(per_launch_s: float, min_seconds: float) -> int:
+    """Launches needed for a window of at least min_seconds (and at least 1)."""
+    if per_launch_s <= 0:
+        raise ValueError(f"per-launch time must be positive, got {per_launch_s}")
+    return max(1, math.ceil(min_seconds / per_launch_s))
+
+
+# --------------------------------------------------------------------------- Nsight Compute
+# Table II counters -> Nsight Compute metrics (first one present wins; names differ by arch).
+NCU_METRICS: dict[str, tuple[str, ...]] = {
+    "sm_active_cycles": ("sm__cycles_active.sum",),
+    "active_warps": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "dram_read_bytes": ("dram__bytes_read.sum",),
+    "dram_write_bytes": ("dram__bytes_write.sum",),
+    "l1_bytes": ("l1tex__t_bytes.sum",),
+    "l2_bytes": ("lts__t_bytes.sum",),
+    "alu_inst": ("sm__inst_executed_pipe_alu.sum",),
+    "fma_inst": ("sm__inst_executed_pipe_fma.sum",),
+    "fp64_inst": ("sm__inst_executed_pipe_fp64.sum",),
+    "mem_inst": ("sm__inst_executed_pipe_lsu.sum",),
+    "tensor_inst": ("sm__inst_executed_pipe_tensor.sum", "sm__inst_executed_pipe_tensor_op_hmma.sum"),
+}
+assert tuple(NCU_METRICS) == COUNTERS
+
+
+def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None) -> list[str]:
+    """`ncu --replay-mode range` over `argv`: ranges are cuProfilerStart/Stop pairs, or NVTX ranges
+    matching nvtx_include; every metric of NCU_METRICS, CSV on stdout."""
+    metrics = sorted({m for ms in NCU_METRICS.values() for m in ms})
+    cmd = [ncu, "--replay-mode", "range", "--metrics", ",".join(metrics), "--csv", "--print-units", "base"]
+    if nvtx_include:
+        cmd += ["--nvtx", "--nvtx-include", nvtx_include]
+    else:
+        cmd += ["--profile-from-start", "off"]
+    return cmd + list(argv)
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, float]]:
+    """Counter vectors, one per profiled range, from `ncu --csv` output (log lines are skipped)."""
+    import csv
+    import io
+
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    if not lines:
+        raise ValueError("ncu output holds no CSV rows (no range was profiled?)")
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    by_range: dict[str, dict[str, float]] = {}
+    id_key = next((k for k in ("ID", "Range Name", "Kernel Name") if k in rows[0]), None)
+    for r in rows:
+        key = r.get(id_key, "0") if id_key else "0"
+        val = r.get("Metric Value", "").replace(",", "")
+        try:
+            by_range.setdefault(key, {})[r["Metric Name"]] = float(val)
+        except (ValueError, KeyError):
+            continue
+    out = []
+    for metrics in by_range.values():
+        vec = {}
+        for counter, names in NCU_METRICS.items():
+            vec[counter] = next((metrics[n] for n in names if n in metrics), float("nan"))
+        out.append(vec)
+    return out
+
+
+def parse_ncu_passes(text: str) -> int:
+    """Replay passes, from ncu's '==PROF== Profiling ...: ... - N passes' progress line."""
+    import re
+
+    found = [int(m) for m in re.findall(r"- (\d+) pass", text)]
+    return max(found) if found else 0
+
+
+def ncu_profile_microbench_range(names: list[str], *, gpu: int = 0, ncu: str = "ncu",
+                                 timeout_s: float = 600) -> ProfileResult:
+    """Launch the named microbenchmarks as one cuProfilerStart/Stop range under ncu range replay."""
+    argv = [sys.executable, "-m", "emo.device.cuda_launch", "--range", ",".join(names)]
+    cmd = ncu_command(argv, ncu=ncu)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except FileNotFoundError as e:
+        raise GpuAccessError(f"{ncu}: Nsight Compute not found (install it or put ncu on PATH)") from e
+    cost = time.perf_counter() - t0
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
+        raise GpuAccessError(f"ncu range replay failed ({p.returncode}): {tail[0]}")
+    vecs = parse_ncu_csv(p.stdout)
+    return ProfileResult(counters=vecs[0], passes=parse_ncu_passes(p.stdout + p.stderr), cost_s=cost)

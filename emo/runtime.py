@@ -1,0 +1,197 @@
+"""The runtime applier: a frequency policy applied inside a training loop on a GPU box.
+
+One background thread per GPU. The training loop calls `applier.step()` at the start of every
+iteration (or emo.capture's profiler hook does, on each optimizer step); that marker is the policy's
+t = 0. Each thread then issues its clock changes `lead_ms` before they are due, because a clock
+request lands 5-15 ms after it is made. A step due at (or within lead_ms of) t = 0 belongs to the
+next iteration: it is issued lead_ms before the iteration is expected to end (t0 + period_ms), so the
+new iteration starts at the right clock. If the next marker comes early, the thread drops what is
+left of the old iteration and follows the new one. Clocks are reset when the applier closes.
+
+Pure planning (`issue_plan`) is separated from the threads so that it can be checked exactly.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from emo.policy import FrequencyPolicy, Step
+
+
+class ClockSetter(Protocol):
+    def set_clock(self, device: int, mhz: int) -> None: ...
+
+    def reset_clock(self, device: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Issue:
+    at_s: float  # seconds after the iteration marker
+    sm_mhz: int
+
+
+def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[Issue]:
+    """When, relative to an iteration marker, each clock request is made.
+
+    A step whose issue time (t_ms - lead_ms) is before the marker is issued at the end of the
+    iteration instead (period_ms - lead_ms ahead), for the next one; without a period it is issued
+    at the marker itself. Consecutive requests for the same clock collapse to one.
+    """
+    if not steps:
+        return []
+    out = []
+    for s in sorted(steps, key=lambda s: s.t_ms):
+        at = s.t_ms - lead_ms
+        if at < 0:
+            at = at + period_ms if period_ms > 0 else 0.0
+        out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))
+    out.sort(key=lambda i: i.at_s)
+    collapsed: list[Issue] = []
+    for i in out:
+        if not collapsed or collapsed[-1].sm_mhz != i.sm_mhz:
+            collapsed.append(i)
+    return collapsed
+
+
+class _DeviceThread(threading.Thread):
+    def __init__(self, applier: "PolicyApplier", device: int, target: int, plan: list[Issue], first: int):
+        super().__init__(name=f"emo-clock-{device}", daemon=True)
+        self.applier, self.device, self.target, self.plan, self.first = applier, device, target, plan, first
+        self.current: int | None = None
+
+    def _set(self, mhz: int) -> None:
+        if mhz != self.current:
+            self.applier._issue(self.target, mhz)
+            self.current = mhz
+
+    def run(self) -> None:
+        a = self.applier
+        seen = 0
+        with a._cond:
+            while not a._closed:
+                if a._generation == seen:
+                    a._cond.wait()
+                    continue
+                seen, t0 = a._generation, a._t0
+                if self.current is None:  # very first marker: the iteration starts now
+                    a._cond.release()
+                    try:
+                        self._set(self.first)
+                    finally:
+                        a._cond.acquire()
+                for issue in self.plan:
+                    deadline = t0 + issue.at_s
+                    while not a._closed and a._generation == seen:
+                        left = deadline - a._clock()
+                        if left <= 0:
+                            break
+                        a._cond.wait(left)
+                    if a._closed or a._generation != seen:
+                        break  # a new iteration began: follow it
+                    a._cond.release()  # never hold the lock while NVML/zeusd works
+                    try:
+                        self._set(issue.sm_mhz)
+                    finally:
+                        a._cond.acquire()
+
+
+class PolicyApplier:
+    """Apply `policy` to GPUs through `setter`. `devices` maps the policy's device ids to the setter's
+    (default: identity over the policy's devices). Use as a context manager, or call close()."""
+
+    def __init__(self, policy: FrequencyPolicy, setter: ClockSetter, *, devices: dict[int, int] | None = None,
+                 lead_ms: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.policy = policy
+        self.setter = setter
+        self.lead_ms = policy.lead_ms if lead_ms is None else float(lead_ms)
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._t0 = 0.0
+        self._closed = False
+        self.errors: list[BaseException] = []
+        self.log: list[tuple[float, int, int]] = []  # (time, setter device, mhz) of every request
+        mapping = devices if devices is not None else {d: d for d in policy.steps}
+        self._threads = []
+        for d, target in mapping.items():
+            steps = policy.steps.get(d)
+            if not steps:
+                continue
+            plan = issue_plan(steps, lead_ms=self.lead_ms, period_ms=policy.period_ms)
+            first = sorted(steps, key=lambda s: s.t_ms)[0].sm_mhz
+            self._threads.append(_DeviceThread(self, d, target, plan, first))
+        for t in self._threads:
+            t.start()
+
+    def _issue(self, target: int, mhz: int) -> None:
+        try:
+            self.setter.set_clock(target, mhz)
+            self.log.append((self._clock(), target, mhz))
+        except BaseException as e:  # keep the training loop alive; report at close
+            self.errors.append(e)
+
+    def step(self) -> None:
+        """Mark the start of an iteration (the policy's t = 0)."""
+        with self._cond:
+            self._t0 = self._clock()
+            self._generation += 1
+            self._cond.notify_all()
+
+    @property
+    def iterations(self) -> int:
+        return self._generation
+
+    def close(self) -> None:
+        """Stop the threads and reset every GPU's clocks."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+        for t in self._threads:
+            try:
+                self.setter.reset_clock(t.target)
+            except BaseException as e:
+                self.errors.append(e)
+
+    def __enter__(self) -> "PolicyApplier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
+                 lead_ms: float | None = None) -> PolicyApplier:
+    """An applier driving real GPUs (NVML as root, else zeusd). `devices` maps policy device ids to
+    NVML indices; by default rank r of a torchrun job drives its own GPU (LOCAL_RANK)."""
+    import os
+
+    from emo.device.nvml import ClockController, import_pynvml, nvml_init, visible_nvml_indices
+
+    nvml = import_pynvml()
+    nvml_init(nvml)
+    ctl = ClockController.auto(nvml)
+    if devices is None:
+        visible = visible_nvml_indices(nvml)
+        if "LOCAL_RANK" in os.environ:
+            rank, local = int(os.environ.get("RANK", 0)), int(os.environ["LOCAL_RANK"])
+            devices = {rank: visible[local]}
+        else:
+            devices = {d: visible[d] for d in policy.steps if d < len(visible)}
+    return PolicyApplier(policy, _ControllerSetter(ctl), devices=devices, lead_ms=lead_ms)
+
+
+class _ControllerSetter:
+    def __init__(self, ctl):
+        self.ctl = ctl
+
+    def set_clock(self, device: int, mhz: int) -> None:
+        self.ctl.set_clock(device, mhz)
+
+    def reset_clock(self, device: int) -> None:
+        self.ctl.reset_clock(device)
