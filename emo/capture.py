@@ -4,7 +4,7 @@ The user's command is re-launched as `python -m emo.capture train.py ...` (under
 nproc > 1). Before the script runs, a profiler window is armed: Kineto with CPU and CUDA activities and
 `cuda_sync` events, schedule(wait, warmup, active). Its clock is the iteration marker: every first
 optimizer's `step()` (a global post-hook), or `emo.capture.step()` if the program calls it (then the
-hook stands down). Each rank writes `rank<r>.pt.trace.json.gz` and `rank<r>.window.json` (wall time
+hook stands down). Each rank writes `rank<r>.pt.trace.json.gz` and `emo-capture/rank<r>.window.json` (wall time
 and NVML energy of the active iterations, read after a device synchronise at the window's edges).
 With `EMO_POLICY` set, the runtime applier (emo.runtime) follows the same marker.
 
@@ -28,6 +28,17 @@ from typing import Any
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR", "EMO_CAPTURE_WAIT", "EMO_CAPTURE_WARMUP", "EMO_CAPTURE_ACTIVE", "EMO_POLICY")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+# Per-rank window records and the policy live in a subfolder: trace readers take every *.json of the
+# trace folder as a rank's trace. Rank numbers are zero-padded so that name order is rank order.
+SIDECAR = "emo-capture"
+
+
+def trace_name(rank: int) -> str:
+    return f"rank{rank:03d}.pt.trace.json.gz"
+
+
+def window_name(rank: int) -> str:
+    return f"{SIDECAR}/rank{rank:03d}.window.json"
 
 
 @dataclass
@@ -88,6 +99,7 @@ def build_command(spec: CaptureSpec) -> list[str]:
 def build_env(spec: CaptureSpec, out_dir: Path, policy: Path | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA device i == NVML index i
     env.update({ENV_DIR: str(Path(out_dir).resolve()), ENV_WAIT: str(spec.wait),
                 ENV_WARMUP: str(spec.warmup), ENV_ACTIVE: str(spec.active)})
     if policy is not None:
@@ -110,13 +122,13 @@ def run_capture(spec: CaptureSpec, out_dir: Path, *, policy: Path | None = None,
     """Run the program under the profiler window; one trace and one window record per rank."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*out_dir.glob("rank*.pt.trace.json.gz"), *out_dir.glob("rank*.window.json")]:
+    for stale in [*out_dir.glob("rank*.pt.trace.json.gz"), *out_dir.glob(f"{SIDECAR}/rank*.window.json")]:
         stale.unlink()
     t0 = time.perf_counter()
     p = subprocess.run(build_command(spec), env=build_env(spec, out_dir, policy), timeout=timeout_s)
     wall = time.perf_counter() - t0
     traces = sorted(out_dir.glob("rank*.pt.trace.json.gz"))
-    windows = sorted(out_dir.glob("rank*.window.json"))
+    windows = sorted(out_dir.glob(f"{SIDECAR}/rank*.window.json"))
     if p.returncode != 0:
         raise ValueError(f"{' '.join(spec.command)}: exited with status {p.returncode}")
     if len(traces) != spec.nproc:
@@ -133,7 +145,7 @@ def run_result(result: CaptureResult, out_dir: Path):
 
     wins = [json.loads(p.read_text()) for p in result.window_files]
     if not wins:
-        raise ValueError(f"{out_dir}: no rank*.window.json written")
+        raise ValueError(f"{out_dir / SIDECAR}: no rank*.window.json written")
     energy = {int(w["rank"]): float(w["energy_j"]) for w in wins if w.get("energy_j") is not None}
     return RunResult(
         iterations=int(wins[0]["iterations"]),
@@ -205,8 +217,9 @@ class ProfilerWindow:
         self.done = False
         self._marks: list[float] = []
         self._e0 = self._t0 = None
-        self.trace_file = self.out_dir / f"rank{self.rank}.pt.trace.json.gz"
-        self.window_file = self.out_dir / f"rank{self.rank}.window.json"
+        self.trace_file = self.out_dir / trace_name(self.rank)
+        self.window_file = self.out_dir / window_name(self.rank)
+        self.window_file.parent.mkdir(parents=True, exist_ok=True)
         self.prof.start()
         if self.applier is not None:
             self.applier.step()

@@ -1,60 +1,36 @@
 """Compile `microbench/*.cu` with NVRTC and launch them with the CUDA driver API (cuda-python).
 
-A microbenchmark kernel is found by name in the sources (`extern "C" __global__ void emo_<name>(...)`),
-and its arguments are built from its signature by the conventions every source follows:
-pointer parameters get device buffers (`out`: one float per thread; `buf`: `buffer_bytes`, with the
-following `n`/`n4` parameter its element count), `float sentinel` is NaN (never equal: the store
-that keeps the compiler honest is never taken), `int iters` and `duration_ns` are the intensity.
-A registry entry (emo.microbench.load_registry) may override `kernel`, `source`, `grid`, `block`,
-`buffer_bytes` and any argument by name under `args`.
+The registry (microbench/registry.yaml, read by `emo.microbench.load_registry`) says everything about
+a launch: source, kernel, grid, block, dynamic shared memory and the arguments in order (scalars with a
+value, pointers with a buffer size). `launch_plan` turns one entry into what cuLaunchKernel needs and
+checks it against the kernel's signature in the source, so a registry typo fails before any GPU work.
 
-The pure parts (signature parsing, argument planning) are tested without a GPU; the cuda-python calls
-are import-guarded and run only on a GPU box. `python -m emo.device.cuda_launch --range a,b` launches
-benchmarks inside one cuProfilerStart/Stop range, for Nsight Compute's range replay.
+The pure parts are tested without a GPU; the cuda-python calls are import-guarded and run only on a
+GPU box. `python -m emo.device.cuda_launch --range a,b` launches benchmarks inside one
+cuProfilerStart/Stop range, for Nsight Compute's range replay (emo.device.nvml.profile_range).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
-import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MICROBENCH_DIR = Path(__file__).resolve().parents[2] / "microbench"
 _SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)\s*[{;\\]')
 
-DEFAULT_BLOCK = 256
-DEFAULT_ITERS = 4096
-DEFAULT_IDLE_NS = 10_000_000  # 10 ms per launch of the idle kernel
-DEFAULT_BUFFER_BYTES = {"l1": 64 << 10, "l2": 4 << 20}  # else DRAM_BUFFER_BYTES
-DRAM_BUFFER_BYTES = 1 << 30  # far larger than any L2
-
-_CTYPES = {
-    "int": ctypes.c_int, "unsigned int": ctypes.c_uint, "float": ctypes.c_float, "double": ctypes.c_double,
-    "unsigned long long": ctypes.c_ulonglong, "long long": ctypes.c_longlong, "size_t": ctypes.c_size_t,
+# Registry argument types -> (C type in the source, ctypes for cuLaunchKernel; None = device pointer)
+ARG_CTYPES: dict[str, tuple[str, Any]] = {
+    "i32": ("int", ctypes.c_int), "u32": ("unsigned int", ctypes.c_uint),
+    "u64": ("unsigned long long", ctypes.c_ulonglong), "f32": ("float", ctypes.c_float),
+    "float*": ("float*", None), "float4*": ("float4*", None), "const float4*": ("float4*", None),
 }
 
 
-@dataclass(frozen=True)
-class Param:
-    ctype: str  # C type without const, e.g. "float*", "unsigned long long"
-    name: str
-
-    @property
-    def is_pointer(self) -> bool:
-        return self.ctype.endswith("*")
-
-    @property
-    def elem_bytes(self) -> int:
-        base = self.ctype.rstrip("*").strip()
-        return {"float4": 16, "double": 8, "float": 4, "int": 4, "char": 1, "int4": 16}.get(base, 4)
-
-
-def parse_signatures(source: str) -> dict[str, list[Param]]:
-    """Kernel name -> parameters, for every extern "C" __global__ kernel (declarations too)."""
-    out: dict[str, list[Param]] = {}
+def parse_signatures(source: str) -> dict[str, list[tuple[str, str]]]:
+    """Kernel name -> [(C type without const, parameter name)] for every extern "C" __global__ kernel."""
+    out: dict[str, list[tuple[str, str]]] = {}
     for name, params in _SIG.findall(source):
         plist = []
         for p in (s.strip() for s in params.split(",") if s.strip()):
@@ -63,91 +39,58 @@ def parse_signatures(source: str) -> dict[str, list[Param]]:
             if not m:
                 raise ValueError(f"kernel {name}: cannot parse parameter {p!r}")
             base, stars, pname = m.groups()
-            plist.append(Param(" ".join(base.split()) + stars, pname))
+            plist.append((" ".join(base.split()) + stars, pname))
         out.setdefault(name, plist)
     return out
 
 
-def find_kernel(name: str, directory: Path = MICROBENCH_DIR, entry: dict | None = None) -> tuple[Path, str]:
-    """(source file, kernel symbol) for a microbenchmark name such as 'fp32_fma' or 'emo_fp32_fma'."""
-    entry = entry or {}
-    kernel = entry.get("kernel")
-    if entry.get("source"):
-        src = Path(entry["source"])
-        src = src if src.is_absolute() else directory / src.name
-        sigs = parse_signatures(src.read_text())
-        kernel = kernel or next((k for k in (name, f"emo_{name}") if k in sigs), None)
-        if kernel is None or kernel not in sigs:
-            raise ValueError(f"{src}: no kernel {kernel or name!r} (has {sorted(sigs)})")
-        return src, kernel
-    wanted = [kernel] if kernel else [name, f"emo_{name}"]
-    for src in sorted(directory.glob("*.cu")):
-        sigs = parse_signatures(src.read_text())
-        for k in wanted:
-            if k in sigs:
-                return src, k
-    raise ValueError(f"{directory}: no microbenchmark kernel named {name!r}")
+@dataclass(frozen=True)
+class LaunchPlan:
+    name: str
+    source: Path
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    args: tuple[tuple, ...]  # ("buffer", nbytes) or ("scalar", ctypes type, value), in kernel order
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(a[1] for a in self.args if a[0] == "buffer")
 
 
-@dataclass
-class ArgPlan:
-    """What to pass for each kernel parameter: ('buffer', nbytes) or ('scalar', ctype, value)."""
-
-    kinds: list[tuple]
-    grid: int
-    block: int
-    buffers: list[int] = field(default_factory=list)  # bytes of each buffer, in parameter order
-
-
-def plan_args(params: list[Param], *, kernel: str, sms: int, max_threads_per_sm: int,
-              entry: dict | None = None) -> ArgPlan:
-    """Arguments and launch geometry for one kernel from its signature and the conventions above."""
-    entry = entry or {}
-    overrides = dict(entry.get("args") or {})
-    block = int(entry.get("block", DEFAULT_BLOCK))
-    grid = int(entry.get("grid", sms * max(1, max_threads_per_sm // block)))  # one full wave
-    threads = grid * block
-    short = kernel.removeprefix("emo_")
-    buf_bytes = int(entry.get("buffer_bytes", DEFAULT_BUFFER_BYTES.get(short, DRAM_BUFFER_BYTES)))
-    kinds: list[tuple] = []
-    last_buffer_elems = 0
-    for p in params:
-        if p.name in overrides and not p.is_pointer:
-            kinds.append(("scalar", p.ctype, overrides[p.name]))
-        elif p.is_pointer:
-            nbytes = threads * p.elem_bytes if p.name == "out" else buf_bytes
-            last_buffer_elems = nbytes // p.elem_bytes
-            kinds.append(("buffer", nbytes))
-        elif p.name == "sentinel":
-            kinds.append(("scalar", p.ctype, math.nan))
-        elif p.name in ("n", "n4", "elems", "count"):
-            kinds.append(("scalar", p.ctype, last_buffer_elems))
-        elif p.name == "iters":
-            kinds.append(("scalar", p.ctype, int(entry.get("iters", DEFAULT_ITERS))))
-        elif p.name == "duration_ns":
-            kinds.append(("scalar", p.ctype, int(entry.get("duration_ns", DEFAULT_IDLE_NS))))
-        else:
-            raise ValueError(f"kernel {kernel}: no value for parameter {p.ctype} {p.name} "
-                             "(give it under args: in microbench/registry.yaml)")
-        if kinds[-1][0] == "scalar" and p.ctype not in _CTYPES:
-            raise ValueError(f"kernel {kernel}: unsupported scalar type {p.ctype!r}")
-    return ArgPlan(kinds=kinds, grid=grid, block=block,
-                   buffers=[k[1] for k in kinds if k[0] == "buffer"])
+def launch_plan(entry: dict) -> LaunchPlan:
+    """What cuLaunchKernel needs for one registry entry, checked against the kernel's signature."""
+    name = entry.get("name", "?")
+    src = Path(entry.get("path") or entry["source"])
+    sigs = parse_signatures(src.read_text())
+    kernel = entry["kernel"]
+    if kernel not in sigs:
+        raise ValueError(f"{src}: no extern \"C\" kernel {kernel!r} (benchmark {name})")
+    params = sigs[kernel]
+    args = entry["args"]
+    if [a["name"] for a in args] != [p[1] for p in params]:
+        raise ValueError(f"microbench {name}: registry args {[a['name'] for a in args]} do not match "
+                         f"{kernel}'s parameters {[p[1] for p in params]}")
+    out = []
+    for a, (ctype, _) in zip(args, params):
+        want, ct = ARG_CTYPES[a["type"]]
+        if want != ctype:
+            raise ValueError(f"microbench {name}: argument {a['name']} is {ctype} in {src.name}, "
+                             f"registry says {a['type']}")
+        out.append(("buffer", int(a["buffer_bytes"])) if ct is None else ("scalar", ct, a["value"]))
+    return LaunchPlan(name=name, source=src, kernel=kernel, grid=tuple(entry["grid"]),
+                      block=tuple(entry["block"]), smem=int(entry.get("dynamic_smem_bytes", 0)),
+                      args=tuple(out))
 
 
-def registry_entry(name: str) -> dict:
-    """The registry's entry for `name` (emo.microbench), or {} when there is none."""
-    try:
-        from emo.microbench import load_registry
-    except ImportError:
-        return {}
+def registry_plan(name: str) -> LaunchPlan:
+    from emo.microbench import load_registry
+
     reg = load_registry()
-    items = reg.items() if isinstance(reg, dict) else ((getattr(e, "name", None) or e.get("name"), e) for e in reg)
-    for key, e in items:
-        d = e if isinstance(e, dict) else getattr(e, "__dict__", {})
-        if key in (name, f"emo_{name}") or d.get("kernel") in (name, f"emo_{name}"):
-            return dict(d)
-    return {}
+    if name not in reg:
+        raise ValueError(f"microbench/registry.yaml: no benchmark {name!r} (have {', '.join(reg)})")
+    return launch_plan(reg[name])
 
 
 # --------------------------------------------------------------------------- cuda-python
@@ -214,35 +157,33 @@ class CudaContext:
 class Microbenchmark:
     """One compiled microbenchmark with its buffers allocated; `run(n)` launches it n times."""
 
-    def __init__(self, ctx: CudaContext, name: str, entry: dict | None = None):
-        entry = entry if entry is not None else registry_entry(name)
-        src, kernel = find_kernel(name, entry=entry)
-        self.ctx, self.name, self.kernel_name = ctx, name, kernel
+    def __init__(self, ctx: CudaContext, plan: LaunchPlan):
+        self.ctx, self.plan, self.name = ctx, plan, plan.name
         d = ctx.driver
-        self.module = check(d.cuModuleLoadData(ctx.compile(src.read_text(), src.name)))
-        self.function = check(d.cuModuleGetFunction(self.module, kernel.encode()))
-        params = parse_signatures(src.read_text())[kernel]
-        self.plan = plan_args(params, kernel=kernel, sms=ctx.sms,
-                              max_threads_per_sm=ctx.max_threads_per_sm, entry=entry)
+        self.module = check(d.cuModuleLoadData(ctx.compile(plan.source.read_text(), plan.source.name)))
+        self.function = check(d.cuModuleGetFunction(self.module, plan.kernel.encode()))
         self._ptrs = []
         values, types = [], []
-        for kind in self.plan.kinds:
-            if kind[0] == "buffer":
-                ptr = check(d.cuMemAlloc(kind[1]))
-                check(d.cuMemsetD8(ptr, 0, kind[1]))
+        for arg in plan.args:
+            if arg[0] == "buffer":
+                ptr = check(d.cuMemAlloc(arg[1]))
+                check(d.cuMemsetD8(ptr, 0, arg[1]))
                 self._ptrs.append(ptr)
                 values.append(ptr)
                 types.append(None)  # cuda-python: None marks a CUdeviceptr
             else:
-                values.append(kind[2])
-                types.append(_CTYPES[kind[1]])
+                values.append(arg[2])
+                types.append(arg[1])
         self._args = (tuple(values), tuple(types))
 
+    def launch(self) -> None:
+        p = self.plan
+        check(self.ctx.driver.cuLaunchKernel(self.function, *p.grid, *p.block, p.smem, self.ctx.stream,
+                                             self._args, 0))
+
     def run(self, n: int = 1) -> None:
-        d, p = self.ctx.driver, self.plan
         for _ in range(n):
-            check(d.cuLaunchKernel(self.function, p.grid, 1, 1, p.block, 1, 1, 0,
-                                   self.ctx.stream, self._args, 0))
+            self.launch()
         self.ctx.synchronize()
 
     def time_one(self, repeats: int = 5) -> float:
@@ -251,8 +192,7 @@ class Microbenchmark:
         start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
         check(d.cuEventRecord(start, self.ctx.stream))
         for _ in range(repeats):
-            check(d.cuLaunchKernel(self.function, self.plan.grid, 1, 1, self.plan.block, 1, 1, 0,
-                                   self.ctx.stream, self._args, 0))
+            self.launch()
         check(d.cuEventRecord(end, self.ctx.stream))
         check(d.cuEventSynchronize(end))
         ms = check(d.cuEventElapsedTime(start, end))
@@ -267,10 +207,11 @@ class Microbenchmark:
 _CONTEXTS: dict[int, CudaContext] = {}
 
 
-def microbenchmark(name: str, device: int = 0, entry: dict | None = None) -> Microbenchmark:
+def microbenchmark(name: str, device: int = 0) -> Microbenchmark:
+    """The registry's benchmark `name`, compiled and ready on CUDA device `device`."""
     if device not in _CONTEXTS:
         _CONTEXTS[device] = CudaContext(device)
-    return Microbenchmark(_CONTEXTS[device], name, entry)
+    return Microbenchmark(_CONTEXTS[device], registry_plan(name))
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -285,7 +226,7 @@ def _main(argv: list[str] | None = None) -> int:
     d = benches[0].ctx.driver
     check(d.cuProfilerStart())
     for b in benches:
-        check(d.cuLaunchKernel(b.function, b.plan.grid, 1, 1, b.plan.block, 1, 1, 0, b.ctx.stream, b._args, 0))
+        b.launch()
     benches[0].ctx.synchronize()
     check(d.cuProfilerStop())
     return 0

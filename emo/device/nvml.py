@@ -370,7 +370,7 @@ class NvmlDevice:
         out = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="emo-trace-"))
         policy_file = None
         if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
-            policy_file = out / "policy.json"
+            policy_file = out / capture.SIDECAR / "policy.json"
             self._policy.save(policy_file)
         result = capture.run_capture(spec, out, policy=policy_file)
         return capture.run_result(result, out)

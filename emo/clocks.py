@@ -1,0 +1,58 @@
+"""`emo reset-clocks`: put GPUs back to default clocks (and power limits) after a crashed run.
+
+A run that exits normally, raises, or gets SIGINT/SIGTERM restores clocks itself (emo.device.nvml);
+one killed with SIGKILL, or a machine whose driver outlived the process, needs this.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def reset_clocks(gpus: list[int] | None = None, *, power: bool = False) -> list[int]:
+    """Reset locked SM clocks (and, with power=True, power limits) of `gpus` (default: all).
+    Returns the NVML indices reset."""
+    from emo.device.nvml import ClockController, GpuAccessError, import_pynvml, nvml_init
+
+    nvml = import_pynvml()
+    nvml_init(nvml)
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        targets = list(range(count)) if not gpus else gpus
+        bad = [g for g in targets if not 0 <= g < count]
+        if bad:
+            raise GpuAccessError(f"no GPU {bad[0]} (this machine has {count}: 0-{count - 1})")
+        ctl = ClockController.auto(nvml)
+        for g in targets:
+            ctl.reset_clock(g)
+            if power:
+                ctl.reset_power_limit(g)
+        return targets
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--gpus {text!r}: want comma-separated NVML indices, e.g. 0,1") from None
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("reset-clocks", help="restore default GPU clocks after a crashed run",
+                              description=__doc__)
+    p.add_argument("--gpus", help="comma-separated NVML indices (default: all GPUs)")
+    p.add_argument("--power", action="store_true", help="also reset power limits to their defaults")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args) -> int:
+    done = reset_clocks(_parse_gpus(args.gpus), power=args.power)
+    what = "clocks and power limits" if args.power else "clocks"
+    print(f"reset {what} of GPU {', '.join(map(str, done))}", file=sys.stdout)
+    return 0
