@@ -55,19 +55,23 @@ class PPWorkload(WorkloadConfig):
     pp: int = 4  # pipeline stages (GPUs)
     microbatches: int = 8
     partition: str = "uniform"  # "uniform" or "parameter" (embedding and LM head make stages uneven)
-    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16))
+    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
 
 
 @dataclass
 class OffloadWorkload(WorkloadConfig):
     kind: str = "offload"
-    experts: int = 64  # MoE experts, on the CPU
+    experts: int = 64  # routed MoE experts, on the CPU (DeepSeek-V2-Lite-like)
     top_k: int = 6
     expert_hidden: int = 1408
+    shared_experts: int = 2  # always-on experts, kept on the GPU
     cpu_gflops: float = 800.0  # host compute rate for expert GEMMs
-    pcie_gbps: float = 25.0  # host <-> device copy bandwidth
+    pcie_gbps: float = 25.0  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
     decode_tokens: int = 8  # tokens generated per iteration
-    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1, batch=8))
+    # seq: tokens already in the KV cache; batch: sequences decoded together
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024,
+                                                                             batch=8, vocab=102400))
 
 
 @dataclass

@@ -1,0 +1,34 @@
+"""What a workload needs to know about the GPU it pretends to run on: the kernel-name family the
+libraries pick on it (cuBLAS/cutlass/flash-attention differ per architecture), its SM count and L2
+size (for grids, waves and L2 reuse). Nothing about speed or power: that is the simulator's physics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    gpu: str  # model key, e.g. "a100"
+    family: str  # "volta", "ampere" or "hopper": selects kernel-name templates
+    sm: int  # compute capability as in cutlass names, e.g. 80
+    sms: int  # streaming multiprocessors
+    l2_bytes: int
+    warps_per_sm: int = 64
+    bf16: bool = True  # Volta has no bf16: the workload runs in fp16 there
+
+
+ARCHS = {
+    "a100": Arch("a100", "ampere", 80, 108, 40 << 20),
+    "h100": Arch("h100", "hopper", 90, 132, 50 << 20),
+    "rtx3080ti": Arch("rtx3080ti", "ampere", 86, 80, 6 << 20, warps_per_sm=48),
+    "v100": Arch("v100", "volta", 70, 80, 6 << 20, bf16=False),
+}
+
+
+def arch_for(gpu) -> Arch:
+    """The Arch for a GPU model key, or for a GPU config (anything with a `name`)."""
+    name = gpu if isinstance(gpu, str) else (gpu["name"] if isinstance(gpu, dict) else getattr(gpu, "name", None))
+    try:
+        return ARCHS[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"gpu: unknown GPU model {name!r} for workloads (known: {', '.join(ARCHS)})") from None

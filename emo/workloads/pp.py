@@ -1,0 +1,166 @@
+"""Pipeline parallelism with the 1F1B schedule (PipeDream-Flush / Megatron).
+
+Stage s runs min(P-s-1, M) warm-up forwards, then alternates one forward and one backward, then
+drains the remaining backwards. Activations go forward and gradients backward as 2-rank SENDRECV
+collectives (one rendezvous per transfer) on a stream per neighbour, as PyTorch gives each P2P
+pair its own communicator. Both ends of a link issue its transfers in the same order (the order in
+which the later stage consumes and produces them), so in-order streams cannot deadlock. The step
+ends with clip-grad-norm all-reduced over all stages, AdamW per stage and a blocking .item().
+"""
+from __future__ import annotations
+
+from emo.config import PPWorkload
+from emo.device.sim.program import CollectiveSpec, Program
+from emo.workloads import kernels as K
+from emo.workloads.arch import Arch
+from emo.workloads.emitter import COMPUTE, NCCL, Builder
+from emo.workloads.params import check, check_shape
+from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
+
+P2P_PREV = 24  # stream of the link to the previous stage
+P2P_NEXT = 28  # stream of the link to the next stage
+
+
+def validate(w: PPWorkload) -> None:
+    check(w.pp in (2, 4, 8), f"workload.pp must be 2, 4 or 8, got {w.pp}")
+    check_shape(w.model, 1, "pp")
+    check(w.microbatches >= w.pp, f"workload.microbatches ({w.microbatches}) must be >= workload.pp ({w.pp})")
+    check(w.model.layers >= w.pp, f"workload.model.layers ({w.model.layers}) must be >= workload.pp ({w.pp})")
+    check(w.partition in ("uniform", "parameter"),
+          f"workload.partition must be 'uniform' or 'parameter', got {w.partition!r}")
+
+
+# --------------------------------------------------------------------------- partition
+def uniform_partition(layers: int, stages: int) -> list[int]:
+    """Equal transformer layers per stage (the first stages take the remainder)."""
+    q, r = divmod(layers, stages)
+    return [q + (s < r) for s in range(stages)]
+
+
+def parameter_partition(layers: int, stages: int, layer_w: int, first_w: int, last_w: int) -> list[int]:
+    """Contiguous layers per stage minimising the largest stage's parameter count, the first stage
+    also holding `first_w` (embedding) and the last `last_w` (LM head), every stage at least one
+    layer: DeepSpeed's partition_method="parameters", solved exactly. Among the partitions with
+    that bottleneck, the one with the most even loads (least sum of squares) wins."""
+    def load(s: int, n: int) -> int:
+        return n * layer_w + (first_w if s == 0 else 0) + (last_w if s == stages - 1 else 0)
+
+    def solve(cost, combine, cap: float) -> tuple[float, list[int]]:
+        # best[s][j]: best value placing the first j layers on stages 0..s (each load <= cap)
+        inf = float("inf")
+        best = [[inf] * (layers + 1) for _ in range(stages)]
+        cut = [[0] * (layers + 1) for _ in range(stages)]
+        for j in range(1, layers + 1):
+            if load(0, j) <= cap:
+                best[0][j] = cost(load(0, j))
+        for s in range(1, stages):
+            for j in range(s + 1, layers + 1):
+                for i in range(s, j):  # stage s holds layers i..j-1
+                    if load(s, j - i) <= cap and best[s - 1][i] < inf:
+                        v = combine(best[s - 1][i], cost(load(s, j - i)))
+                        if v < best[s][j]:
+                            best[s][j], cut[s][j] = v, i
+        sizes, j = [], layers
+        for s in range(stages - 1, 0, -1):
+            i = cut[s][j]
+            sizes.append(j - i)
+            j = i
+        sizes.append(j)
+        return best[stages - 1][layers], sizes[::-1]
+
+    bottleneck, _ = solve(float, max, float("inf"))
+    return solve(lambda x: float(x) ** 2, lambda a, b: a + b, bottleneck)[1]
+
+
+def partition(w: PPWorkload, d: Dims) -> list[int]:
+    if w.partition == "uniform":
+        return uniform_partition(w.model.layers, w.pp)
+    return parameter_partition(w.model.layers, w.pp, d.layer_params(), d.embedding_params(), d.head_params())
+
+
+# --------------------------------------------------------------------------- schedule
+def one_f_one_b(stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
+    """The 1F1B order of forwards ('F', m) and backwards ('B', m) on one stage."""
+    warm = min(stages - stage - 1, micro)
+    order = [("F", m) for m in range(warm)]
+    for i in range(micro - warm):
+        order += [("F", warm + i), ("B", i)]
+    order += [("B", m) for m in range(micro - warm, micro)]
+    return order
+
+
+def build(w: PPWorkload, arch: Arch) -> Program:
+    validate(w)
+    m, P, M = w.model, w.pp, w.microbatches
+    dtype = m.dtype if arch.bf16 else "fp16"
+    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, 1)
+    sizes = partition(w, d)
+    act = m.batch * m.seq * m.hidden * K.ELT  # one micro-batch's activation (or its gradient)
+    schedules = [one_f_one_b(s, P, M) for s in range(P)]
+    params = [sizes[s] * d.layer_params() + (d.embedding_params() if s == 0 else 0)
+              + (d.head_params() if s == P - 1 else 0) for s in range(P)]
+    b = Builder(f"pp{P}", P, {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"},
+                {"kind": "pp", "pp": P, "microbatches": M, "partition": w.partition, "layers_per_stage": sizes,
+                 "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype})
+
+    def transfer(src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
+        lo = min(src, dst)
+        return ("p2p", lo, direction, mb), CollectiveSpec("sendrecv", (src, dst), act, f"pp{lo}-{lo + 1}", dtype)
+
+    for s in range(P):
+        em = b.rank(s)
+        first, last = s == 0, s == P - 1
+        fwd = forward_phases(d, m.batch, sizes[s], first, last)
+        bwd = backward_phases(d, m.batch, sizes[s], first, last)
+        # the link to the next stage carries transfers in the order that stage meets them
+        queue = [("fwd" if kind == "F" else "bwd", mb) for kind, mb in schedules[s + 1]] if not last else []
+        pos = 0
+        fwd_done: dict[int, int] = {}  # micro-batch -> event after its forward on the compute stream
+        grad_in: dict[int, int] = {}  # micro-batch -> event after its gradient arrived
+
+        def flush() -> None:
+            """Post the next link's transfers as far as this stage can: receives at once, sends once
+            the forward that produces them has been issued."""
+            nonlocal pos
+            while pos < len(queue):
+                direction, mb = queue[pos]
+                if direction == "fwd":
+                    if mb not in fwd_done:
+                        return
+                    em.wait(P2P_NEXT, fwd_done[mb])
+                    em.collective(P2P_NEXT, *transfer(s, s + 1, "fwd", mb))
+                else:
+                    em.collective(P2P_NEXT, *transfer(s + 1, s, "bwd", mb))
+                    grad_in[mb] = em.record(P2P_NEXT)
+                pos += 1
+
+        em.iteration()
+        if first or last:
+            data_loader(em, m.batch * m.seq * M, ms=3.0)  # tokens on the first stage, labels on the last
+        else:
+            em.cpu(300.0, "get_batch")
+        for kind, mb in schedules[s]:
+            if kind == "F":
+                with em.scope("forward_step"):
+                    if not first:
+                        em.collective(P2P_PREV, *transfer(s - 1, s, "fwd", mb))
+                        em.wait(COMPUTE, em.record(P2P_PREV))
+                    issue(em, fwd, 1, (s,), ("fwd", mb))
+                    if not last:
+                        fwd_done[mb] = em.record(COMPUTE)
+                        flush()
+            else:
+                with em.scope("backward_step"):
+                    if not last:
+                        flush()
+                        em.wait(COMPUTE, grad_in[mb])
+                    issue(em, bwd, 1, (s,), ("bwd", mb))
+                    if not first:
+                        em.join(COMPUTE, P2P_PREV)
+                        em.collective(P2P_PREV, *transfer(s, s - 1, "bwd", mb))
+        flush()
+        assert pos == len(queue), f"stage {s}: {len(queue) - pos} transfers to the next stage never posted"
+        optimizer_step(em, arch, params[s], tuple(range(P)), "pp")
+        em.cpu(150.0, "Optimizer.zero_grad#AdamW.zero_grad")
+        em.memcpy("DtoH", 4, blocking=True)  # loss.item() on the last stage, grad_norm.item() elsewhere
+    return b.program

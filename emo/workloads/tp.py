@@ -1,0 +1,53 @@
+"""Tensor parallelism (Megatron split) with Domino-style overlap of the all-reduces.
+
+Every rank of the TP group runs the same program: the batch is split into `chunks`; each attention
+and MLP block ends in an all-reduce over the group, issued on the NCCL stream after a record/wait
+join while the compute stream moves on to the next chunk; the consumer waits for it just before
+use. Forward, backward (input-gradient all-reduce overlapping the weight gradients), clip-grad-norm
+with its all-reduce, fused AdamW, and loss.item() at the end.
+"""
+from __future__ import annotations
+
+from emo.config import TPWorkload
+from emo.device.sim.program import Program
+from emo.workloads.arch import Arch
+from emo.workloads.emitter import COMPUTE, NCCL, Builder
+from emo.workloads.params import check, check_shape
+from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
+
+
+def validate(w: TPWorkload) -> None:
+    check(w.tp in (2, 4, 8), f"workload.tp must be 2, 4 or 8, got {w.tp}")
+    check_shape(w.model, w.tp, "tp")
+    check(w.chunks >= 1, f"workload.chunks must be >= 1, got {w.chunks}")
+    check(w.model.batch % w.chunks == 0,
+          f"workload.chunks ({w.chunks}) must divide workload.model.batch ({w.model.batch})")
+
+
+def build(w: TPWorkload, arch: Arch) -> Program:
+    validate(w)
+    m = w.model
+    dtype = m.dtype if arch.bf16 else "fp16"
+    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, w.tp)
+    seqs = m.batch // w.chunks
+    group = tuple(range(w.tp))
+    params = m.layers * d.layer_params() + d.embedding_params() + d.head_params()
+    b = Builder(f"tp{w.tp}", w.tp, {COMPUTE: "compute", NCCL: "nccl"},
+                {"kind": "tp", "tp": w.tp, "chunks": w.chunks, "training": w.training, "gpu": arch.gpu,
+                 "dtype": dtype, "params_per_rank": params})
+    fwd = forward_phases(d, seqs, m.layers, first=True, last=True)
+    bwd = backward_phases(d, seqs, m.layers, first=True, last=True)
+    for r in group:
+        em = b.rank(r)
+        em.iteration()
+        data_loader(em, m.batch * m.seq)
+        with em.scope("## forward ##"):
+            issue(em, fwd, w.chunks, group, ("fwd",))
+        if w.training:
+            with em.scope("## backward ##"):
+                em.cpu(40.0, "aten::ones_like")  # loss.backward(): the seed gradient
+                issue(em, bwd, w.chunks, group, ("bwd",))
+            optimizer_step(em, arch, params, group, "tp")
+            em.cpu(150.0, "Optimizer.zero_grad#AdamW.zero_grad")
+        em.memcpy("DtoH", 4, blocking=True)  # loss.item()
+    return b.program
