@@ -1,0 +1,7 @@
+"""Execution graph, what-if analysis and slack (see DESIGN.md §1 and emo.graph.whatif)."""
+from __future__ import annotations
+
+from emo.graph.build import build_graph
+from emo.graph.graph import EDGE_KINDS, GPU_NODE_KINDS, NODE_KINDS, Graph
+
+__all__ = ["build_graph", "Graph", "NODE_KINDS", "EDGE_KINDS", "GPU_NODE_KINDS"]

@@ -1,0 +1,215 @@
+"""What-if analysis over the execution graph (the paper's Algorithm 1).
+
+`compile_graph` turns the graph once into CSR arrays in topological order. The timing model is
+max-plus: a node starts when its last constraint is met, plus a fixed delay,
+
+    start[v] = max over in-edges (u -> v) of (start[u] if from_start else start[u] + dur[u]) + delay[v]
+
+where delay[v] (launch latency, queueing, the offset of a source) is measured once from the
+recorded timeline, so replaying the recorded durations reproduces it. A delay that would have to be
+negative means the trace contradicts an edge (clock skew, a wrong dependency): it is clamped to 0
+and shows up as replay error. `whatif(compiled, dur_ns)` then gives the makespan, each node's start
+and finish, its critical predecessor, the critical path, each node's slack (how much it may stretch
+alone without moving the end) and the slack windows per GPU, at millions of nodes per second."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import pandas as pd
+
+from emo.graph.graph import GPU_NODE_KINDS, Graph
+
+
+@dataclass(frozen=True)
+class Compiled:
+    order: np.ndarray       # topological position -> node id
+    pos: np.ndarray         # node id -> topological position
+    indptr: np.ndarray      # CSR over in-edges, rows in topological order
+    src: np.ndarray         # predecessor's topological position
+    from_start: np.ndarray  # bool per edge
+    edge_id: np.ndarray     # row of graph.edges per CSR entry
+    dur: np.ndarray         # recorded duration, topological order
+    delay: np.ndarray       # fixed delay, topological order
+    t0: int                 # recorded origin (ns)
+    recorded_start: np.ndarray  # relative to t0, topological order
+    is_gpu: np.ndarray      # bool, topological order
+    device: np.ndarray      # (rank, device) key per node, -1 host; topological order
+    stream: np.ndarray
+    n: int
+
+
+@dataclass(frozen=True)
+class Result:
+    makespan_ns: int
+    start_ns: np.ndarray          # per node id, relative to the recorded origin
+    finish_ns: np.ndarray
+    critical_pred: np.ndarray     # node id of the in-edge that bound the start (-1: none)
+    critical_path: np.ndarray     # node ids, first to last
+    slack_ns: np.ndarray          # per node id
+    replay_error_ns: int          # max |replayed - recorded| start over GPU nodes (recorded durations only)
+
+
+@numba.njit(cache=True)
+def _topo_order(n, indptr_out, dst_out, indeg):
+    order = np.empty(n, np.int64)
+    head = 0
+    tail = 0
+    deg = indeg.copy()
+    for v in range(n):
+        if deg[v] == 0:
+            order[tail] = v
+            tail += 1
+    while head < tail:
+        u = order[head]
+        head += 1
+        for k in range(indptr_out[u], indptr_out[u + 1]):
+            w = dst_out[k]
+            deg[w] -= 1
+            if deg[w] == 0:
+                order[tail] = w
+                tail += 1
+    return order[:tail]
+
+
+@numba.njit(cache=True)
+def _forward(indptr, src, from_start, dur, delay, start, finish, crit):
+    n = dur.shape[0]
+    for v in range(n):
+        best = 0
+        arg = -1
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            t = start[u] if from_start[k] else finish[u]
+            if arg == -1 or t > best:
+                best = t
+                arg = u
+        s = best + delay[v]
+        start[v] = s
+        finish[v] = s + dur[v]
+        crit[v] = arg
+
+
+@numba.njit(cache=True)
+def _backward(indptr, src, from_start, dur, delay, finish, end, latest):
+    n = dur.shape[0]
+    for v in range(n):
+        latest[v] = end
+    for v in range(n - 1, -1, -1):
+        bound = latest[v] - dur[v] - delay[v]  # latest the binding constraint of v may be met
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            lim = bound + dur[u] if from_start[k] else bound
+            if lim < latest[u]:
+                latest[u] = lim
+
+
+@numba.njit(cache=True)
+def _recorded_delay(indptr, src, from_start, dur, rec_start):
+    n = dur.shape[0]
+    delay = np.empty(n, np.int64)
+    for v in range(n):
+        best = 0
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            t = rec_start[u] if from_start[k] else rec_start[u] + dur[u]
+            if k == indptr[v] or t > best:
+                best = t
+        d = rec_start[v] - best
+        delay[v] = d if d > 0 else 0
+    return delay
+
+
+def compile_graph(graph: Graph) -> Compiled:
+    """CSR arrays in topological order; raises ValueError on a dependency cycle."""
+    nodes, edges = graph.nodes, graph.edges
+    n = len(nodes)
+    s = edges["src"].to_numpy(np.int64)
+    d = edges["dst"].to_numpy(np.int64)
+    by_src = np.argsort(s, kind="stable")
+    indptr_out = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(s, minlength=n), out=indptr_out[1:])
+    indeg = np.bincount(d, minlength=n).astype(np.int64)
+    order = _topo_order(n, indptr_out, d[by_src], indeg)
+    if len(order) < n:
+        stuck = np.setdiff1d(np.arange(n), order)
+        row = nodes.iloc[int(stuck[0])]
+        raise ValueError(f"dependency cycle among {len(stuck)} nodes, e.g. node {int(stuck[0])} "
+                         f"({row['kind']} {str(row['name'])[:60]!r})")
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    ps, pd_ = pos[s], pos[d]
+    e_order = np.lexsort((ps, pd_))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(pd_, minlength=n), out=indptr[1:])
+    src = ps[e_order]
+    fs = edges["from_start"].to_numpy(bool)[e_order]
+    dur = nodes["dur_ns"].to_numpy(np.int64)[order]
+    start_abs = nodes["start_ns"].to_numpy(np.int64)
+    t0 = int(start_abs.min()) if n else 0
+    rec = (start_abs - t0)[order]
+    delay = _recorded_delay(indptr, src, fs, dur, rec)
+    kind = nodes["kind"].to_numpy(dtype=object)[order]
+    dev = np.where(nodes["device"].to_numpy() >= 0,
+                   nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64), -1)[order]
+    return Compiled(order=order, pos=pos, indptr=indptr, src=src, from_start=fs, edge_id=e_order, dur=dur,
+                    delay=delay, t0=t0, recorded_start=rec, is_gpu=np.isin(kind, GPU_NODE_KINDS),
+                    device=dev, stream=nodes["stream"].to_numpy(np.int64)[order], n=n)
+
+
+def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True) -> Result:
+    """Replay the graph with new per-node durations (indexed by node id; None = as recorded)."""
+    c = compiled
+    dur = c.dur if dur_ns is None else np.asarray(dur_ns, np.int64)[c.order]
+    start = np.empty(c.n, np.int64)
+    finish = np.empty(c.n, np.int64)
+    crit = np.empty(c.n, np.int64)
+    _forward(c.indptr, c.src, c.from_start, dur, c.delay, start, finish, crit)
+    end = int(finish.max()) if c.n else 0
+    latest = np.empty(c.n, np.int64)
+    if slack:
+        _backward(c.indptr, c.src, c.from_start, dur, c.delay, finish, end, latest)
+    # critical path: from the node that finishes last, follow the binding predecessors
+    path = []
+    v = int(np.argmax(finish)) if c.n else -1
+    while v >= 0:
+        path.append(v)
+        v = int(crit[v])
+    path_ids = c.order[np.array(path[::-1], np.int64)] if path else np.zeros(0, np.int64)
+    replay = 0
+    if dur_ns is None and c.is_gpu.any():
+        replay = int(np.abs(start[c.is_gpu] - c.recorded_start[c.is_gpu]).max())
+    to_id = c.pos
+    crit_ids = np.where(crit >= 0, c.order[np.maximum(crit, 0)], -1)
+    return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
+                  critical_pred=crit_ids[to_id], critical_path=path_ids,
+                  slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
+                  replay_error_ns=replay)
+
+
+def replay_error_ns(compiled: Compiled) -> int:
+    """Largest |replayed - recorded| start over GPU nodes when the recorded durations are replayed."""
+    return whatif(compiled, slack=False).replay_error_ns
+
+
+def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
+    """Per GPU stream, maximal runs of consecutive ops with slack > 0 (critical ops separate them).
+
+    A window may stretch as a whole by its smallest member slack: stretching the run pushes each
+    member by at most the stretch so far. Columns: rank, device, stream, start_ns, end_ns, slack_ns, nodes."""
+    n = graph.nodes
+    gpu = n["kind"].isin(GPU_NODE_KINDS).to_numpy()
+    df = pd.DataFrame({"rank": n["rank"].to_numpy()[gpu], "device": n["device"].to_numpy()[gpu],
+                       "stream": n["stream"].to_numpy()[gpu], "start": result.start_ns[gpu],
+                       "end": result.finish_ns[gpu], "slack": result.slack_ns[gpu]})
+    df = df.sort_values(["rank", "device", "stream", "start"], kind="stable")
+    pos = (df["slack"] > 0).to_numpy()
+    key = df[["rank", "device", "stream"]].to_numpy()
+    newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
+    brk = newgrp | ~pos | np.r_[True, ~pos[:-1]]
+    run = np.cumsum(brk)
+    w = df[pos].assign(run=run[pos]).groupby("run").agg(
+        rank=("rank", "first"), device=("device", "first"), stream=("stream", "first"),
+        start_ns=("start", "min"), end_ns=("end", "max"), slack_ns=("slack", "min"), nodes=("slack", "size"))
+    return w.reset_index(drop=True)

@@ -1,0 +1,114 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`) into the normalised event table.
+
+Uses the CUPTI_ACTIVITY_KIND_{RUNTIME,KERNEL,MEMCPY,MEMSET,SYNCHRONIZATION} tables and StringIds.
+A synchronisation row's kind is taken from the runtime call it shares a correlationId with:
+nsys 2024 writes syncType 1 (event sync) even for cudaDeviceSynchronize, so syncType is not trusted."""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from emo.trace.schema import normalise
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel
+SYNC_KIND_OF_CALL = {
+    "cudaDeviceSynchronize": "Context Sync", "cudaCtxSynchronize": "Context Sync",
+    "cudaStreamSynchronize": "Stream Sync", "cudaEventSynchronize": "Event Sync",
+    "cudaStreamWaitEvent": "Stream Wait Event",
+}
+COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+             8: "DtoD", 9: "HtoH", 10: "PtoP"}
+NO_STREAM = 4294967295  # nsys writes UINT32_MAX where a sync names no stream
+
+
+def _table(con: sqlite3.Connection, name: str, query: str) -> pd.DataFrame | None:
+    exists = con.execute("select 1 from sqlite_master where type='table' and name=?", (name,)).fetchone()
+    return pd.read_sql_query(query.format(t=name), con) if exists else None
+
+
+def read_nsys(path: Path) -> pd.DataFrame:
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise ValueError(f"{path}: not a readable SQLite database ({e})") from None
+    try:
+        return _read(con, path)
+    except sqlite3.DatabaseError as e:
+        raise ValueError(f"{path}: unreadable nsys export ({e})") from None
+    finally:
+        con.close()
+
+
+def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
+    strings = _table(con, "StringIds", "select id, value from {t}")
+    if strings is None:
+        raise ValueError(f"{path}: not an nsys SQLite export (no StringIds table)")
+    name_of = dict(zip(strings["id"], strings["value"]))
+    rt = _table(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "select start, end, globalTid, correlationId, nameId from {t}")
+    parts = []
+    if rt is not None and len(rt):
+        names = rt["nameId"].map(name_of).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
+        if names.str.match(r"^hip[A-Z]").any():
+            raise ValueError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
+        gtid = rt["globalTid"].to_numpy(np.int64)
+        parts.append(pd.DataFrame({
+            "device": -1, "stream": -1, "pid": (gtid >> 24) & 0xFFFFFF, "thread": gtid & 0xFFFFFF,
+            "kind": "runtime", "name": names, "start": rt["start"], "end": rt["end"],
+            "correlation": rt["correlationId"]}))
+        call_of_corr = dict(zip(rt["correlationId"], names))
+    else:
+        call_of_corr = {}
+    k = _table(con, "CUPTI_ACTIVITY_KIND_KERNEL",
+               "select start, end, deviceId, streamId, correlationId, globalPid, demangledName from {t}")
+    if k is not None and len(k):
+        parts.append(_gpu_rows(k, "kernel", k["demangledName"].map(name_of).fillna("?")))
+    m = _table(con, "CUPTI_ACTIVITY_KIND_MEMCPY",
+               "select start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind from {t}")
+    if m is not None and len(m):
+        parts.append(_gpu_rows(m, "memcpy", "Memcpy " + m["copyKind"].map(COPY_KIND).fillna("?"), m["bytes"]))
+    s = _table(con, "CUPTI_ACTIVITY_KIND_MEMSET",
+               "select start, end, deviceId, streamId, correlationId, globalPid, bytes from {t}")
+    if s is not None and len(s):
+        parts.append(_gpu_rows(s, "memset", pd.Series("Memset", index=s.index), s["bytes"]))
+    y = _table(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+               "select start, end, deviceId, streamId, correlationId, globalPid from {t}")
+    if y is not None and len(y):
+        kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
+        rows = _gpu_rows(y, "sync", kind)
+        rows["stream"] = np.where(y["streamId"].to_numpy() == NO_STREAM, -1, y["streamId"])
+        rows["thread"] = rows["stream"]
+        rows["sync_kind"] = kind
+        parts.append(rows)
+    if not parts:
+        return normalise({c: [] for c in ("rank", "device", "stream", "pid", "thread", "kind", "name",
+                                          "start_ns", "dur_ns", "correlation", "external_id",
+                                          "sync_kind", "wait_event_corr", "wait_stream",
+                                          "process_group", "bytes")})
+    df = pd.concat(parts, ignore_index=True)
+    if (df["end"] < df["start"]).any():
+        bad = df[df["end"] < df["start"]].iloc[0]
+        raise ValueError(f"{path}: events out of order: {bad['kind']} {bad['name']!r} ends before it starts")
+    n = len(df)
+    return normalise({
+        "rank": np.zeros(n, np.int32), "device": df["device"], "stream": df["stream"], "pid": df["pid"],
+        "thread": df["thread"], "kind": df["kind"], "name": df["name"], "start_ns": df["start"],
+        "dur_ns": df["end"] - df["start"], "correlation": df["correlation"],
+        "external_id": np.full(n, -1), "sync_kind": df.get("sync_kind", pd.Series("", index=df.index)).fillna(""),
+        "wait_event_corr": np.full(n, -1), "wait_stream": np.full(n, -1),
+        "process_group": np.full(n, ""), "bytes": df.get("bytes", pd.Series(-1, index=df.index)).fillna(-1),
+    })
+
+
+def _gpu_rows(t: pd.DataFrame, kind: str, names: pd.Series, nbytes=None) -> pd.DataFrame:
+    return pd.DataFrame({
+        "device": t["deviceId"], "stream": t["streamId"], "pid": (t["globalPid"].to_numpy(np.int64) >> 24) & 0xFFFFFF,
+        "thread": t["streamId"], "kind": kind, "name": names.astype(str), "start": t["start"],
+        "end": t["end"], "correlation": t["correlationId"],
+        "bytes": nbytes if nbytes is not None else -1})

@@ -1,0 +1,77 @@
+"""The normalised event table every trace reader produces (one row per traced interval).
+
+Columns, in this order and with these dtypes (units in the names, all times int64 nanoseconds on
+the trace's own clock, so ranks recorded on one host share a time base):
+
+| column          | dtype  | meaning                                                              |
+|-----------------|--------|----------------------------------------------------------------------|
+| rank            | int32  | distributed rank (Kineto `distributedInfo.rank`, else file order)     |
+| device          | int32  | GPU index for GPU rows, -1 for host rows                              |
+| stream          | int64  | CUDA stream for GPU rows (and for syncs that name one), else -1       |
+| pid             | int64  | process id (host rows) / trace pid (GPU rows)                         |
+| thread          | int64  | host thread id; for GPU rows the trace tid                            |
+| kind            | str    | one of KINDS below                                                    |
+| name            | str    | operator / runtime call / kernel name                                 |
+| start_ns        | int64  | start                                                                 |
+| dur_ns          | int64  | duration (>= 0)                                                       |
+| correlation     | int64  | CUDA correlation id linking a runtime call to its GPU work, else -1   |
+| external_id     | int64  | profiler external id (links cpu_op to its runtime calls), else -1     |
+| sync_kind       | str    | cuda_sync rows: "Stream Sync", "Context Sync", "Event Sync", "Stream Wait Event"; else "" |
+| wait_event_corr | int64  | cuda_sync: correlation of the cudaEventRecord waited on, else -1      |
+| wait_stream     | int64  | cuda_sync: stream the waited event was recorded on, else -1           |
+| process_group   | str    | collective kernels: process group name when the trace gives it        |
+| bytes           | int64  | memcpy/memset bytes, else -1                                          |
+
+Rows are sorted by (rank, start_ns, -dur_ns) so parents come before the children they enclose.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+# Host-side kinds, then GPU-side kinds.
+HOST_KINDS = ("cpu_op", "annotation", "runtime")
+GPU_OP_KINDS = ("kernel", "memcpy", "memset")
+KINDS = HOST_KINDS + GPU_OP_KINDS + ("sync", "gpu_annotation")
+
+COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "device": "int32",
+    "stream": "int64",
+    "pid": "int64",
+    "thread": "int64",
+    "kind": "str",
+    "name": "str",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "correlation": "int64",
+    "external_id": "int64",
+    "sync_kind": "str",
+    "wait_event_corr": "int64",
+    "wait_stream": "int64",
+    "process_group": "str",
+    "bytes": "int64",
+}
+
+# Runtime/driver calls that put one kernel or copy on a stream (HTA's list, plus the driver call).
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel",
+})
+
+
+def empty_events() -> pd.DataFrame:
+    return normalise({c: [] for c in COLUMNS})
+
+
+def normalise(columns: dict) -> pd.DataFrame:
+    """Build the table from column arrays with the fixed names, order and dtypes, sorted."""
+    df = pd.DataFrame({c: pd.Series(columns[c]).astype(t) if t != "str"
+                       else pd.Series(columns[c], dtype="str") for c, t in COLUMNS.items()})
+    order = np.lexsort((-df["dur_ns"].to_numpy(), df["start_ns"].to_numpy(), df["rank"].to_numpy()))
+    return df.iloc[order].reset_index(drop=True)
+
+
+def is_nccl(names: pd.Series) -> np.ndarray:
+    """NCCL collective/point-to-point kernels (ncclKernel_*, ncclDevKernel_*)."""
+    return names.str.startswith("nccl").to_numpy(dtype=bool)
