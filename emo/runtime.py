@@ -37,22 +37,21 @@ def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[I
 
     A step whose issue time (t_ms - lead_ms) is before the marker is issued at the end of the
     iteration instead (period_ms - lead_ms ahead), for the next one; without a period it is issued
-    at the marker itself. Consecutive requests for the same clock collapse to one.
+    at the marker itself. A step that repeats the previous step's clock is dropped.
     """
     if not steps:
         return []
+    kept: list[Step] = []
+    for s in sorted(steps, key=lambda s: s.t_ms):  # a step repeating the clock before it is a no-op
+        if not kept or kept[-1].sm_mhz != s.sm_mhz:
+            kept.append(s)
     out = []
-    for s in sorted(steps, key=lambda s: s.t_ms):
+    for s in kept:
         at = s.t_ms - lead_ms
         if at < 0:
             at = at + period_ms if period_ms > 0 else 0.0
         out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))
-    out.sort(key=lambda i: i.at_s)
-    collapsed: list[Issue] = []
-    for i in out:
-        if not collapsed or collapsed[-1].sm_mhz != i.sm_mhz:
-            collapsed.append(i)
-    return collapsed
+    return sorted(out, key=lambda i: i.at_s)
 
 
 class _DeviceThread(threading.Thread):

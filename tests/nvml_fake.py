@@ -1,0 +1,108 @@
+"""A stand-in for the `pynvml` module (nvidia-ml-py), used only at that boundary in tests.
+
+It keeps the real module's NVMLError classes and constants, simulates N GPUs with supported clocks,
+locked clocks, power limits and an energy counter, and records every call in `calls` (and, when
+`log_path` is set, appends each call as a line, so a test can read what a killed subprocess did).
+"""
+from __future__ import annotations
+
+import json
+import types
+
+import pynvml as _real
+
+MEM_CLOCKS = [1593, 810]  # unsorted on purpose
+GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}
+
+
+class FakeNVML(types.ModuleType):
+    def __init__(self, gpus: int = 2, *, permission: bool = True, lock_supported: bool = True,
+                 init_error: int | None = None, log_path: str | None = None):
+        super().__init__("pynvml")
+        for k in dir(_real):
+            if k.startswith("NVML_") or k.startswith("NVMLError"):
+                setattr(self, k, getattr(_real, k))
+        self.gpus, self.permission, self.lock_supported = gpus, permission, lock_supported
+        self.init_error, self.log_path = init_error, log_path
+        self.calls: list[tuple] = []
+        self.locked: dict[int, tuple[int, int] | None] = {i: None for i in range(gpus)}
+        self.limit_mw = {i: 400_000 for i in range(gpus)}
+        self.energy_mj = {i: 1_000_000 for i in range(gpus)}
+
+    def _log(self, *call) -> None:
+        self.calls.append(call)
+        if self.log_path:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(call) + "\n")
+
+    def _privileged(self) -> None:
+        if not self.permission:
+            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
+
+    # -- lifecycle and reads
+    def nvmlInit(self):
+        self._log("init")
+        if self.init_error is not None:
+            raise _real.NVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        self._log("shutdown")
+
+    def nvmlDeviceGetCount(self):
+        return self.gpus
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < self.gpus:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return ("handle", i)
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA A100-SXM4-40GB"
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h[1]:04d}"
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, h):
+        self._log("mem_clocks", h[1])
+        return list(MEM_CLOCKS)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, h, mem):
+        self._log("graphics_clocks", h[1], mem)
+        return list(GRAPHICS[mem])
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self.energy_mj[h[1]] += 12_345  # each read sees 12.345 J more
+        return self.energy_mj[h[1]]
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h):
+        return (100_000, 400_000)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
+        return 400_000
+
+    # -- control
+    def nvmlDeviceSetGpuLockedClocks(self, h, lo, hi):
+        self._privileged()
+        if not self.lock_supported:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        self._log("lock", h[1], lo, hi)
+        self.locked[h[1]] = (lo, hi)
+
+    def nvmlDeviceResetGpuLockedClocks(self, h):
+        self._privileged()
+        self._log("reset", h[1])
+        self.locked[h[1]] = None
+
+    def nvmlDeviceSetPowerManagementLimit(self, h, mw):
+        self._privileged()
+        self._log("power", h[1], mw)
+        self.limit_mw[h[1]] = mw
+
+
+def install(monkeypatch, **kw) -> FakeNVML:
+    """Patch a FakeNVML in for `pynvml` for one test."""
+    import sys
+
+    fake = FakeNVML(**kw)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake

@@ -1,0 +1,287 @@
+"""emo.device.nvml with a fake `pynvml` (tests/nvml_fake.py) and a fake zeusd on a temp unix socket."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socketserver
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+
+from emo.device import nvml as nv
+from emo.policy import FrequencyPolicy, Step
+
+sys.path.insert(0, str(Path(__file__).parent))
+import nvml_fake  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _QuietGuard(nv._RestoreGuard):
+    def _install(self):  # no atexit/signal handlers inside pytest; the subprocess test checks those
+        self._installed = True
+
+
+@pytest.fixture(autouse=True)
+def fresh_guard(monkeypatch):
+    monkeypatch.setattr(nv, "_GUARD", _QuietGuard())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("ZEUSD_SOCK_PATH", raising=False)
+
+
+def _device(monkeypatch, root=True, **kw):
+    fake = nvml_fake.install(monkeypatch, **kw)
+    monkeypatch.setattr(nv.os, "geteuid", lambda: 0 if root else 1000)
+    return fake, nv.NvmlDevice({"name": "a100", "backend": "nvml"})
+
+
+def test_supported_clocks_at_max_memory_clock(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    assert dev.supported_clocks() == [210, 705, 900, 1380, 1395, 1410]
+    assert ("graphics_clocks", 0, 1593) in fake.calls  # asked at the highest memory clock
+    assert dev.default_clock() == 1410
+    assert dev.model == "NVIDIA A100-SXM4-40GB" and dev.device_count == 2
+
+
+def test_lock_then_reset_in_order_and_close_restores(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    dev.set_policy(FrequencyPolicy.static("a100", 2, 900))
+    assert fake.locked == {0: (900, 900), 1: (900, 900)}
+    dev.set_policy(None)
+    assert fake.locked == {0: None, 1: None}
+    control = [c for c in fake.calls if c[0] in ("lock", "reset")]
+    assert control == [("lock", 0, 900, 900), ("lock", 1, 900, 900), ("reset", 0), ("reset", 1)]
+    dev.set_policy(FrequencyPolicy.static("a100", [1], 705))
+    dev.close()
+    assert fake.locked[1] is None and fake.calls[-1] == ("shutdown",)
+
+
+def test_restore_on_exception(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    with pytest.raises(RuntimeError, match="boom"):
+        with dev:
+            dev.lock_clock(0, 1395)
+            dev.set_power_limit(250)
+            raise RuntimeError("boom")
+    assert fake.locked[0] is None
+    assert fake.limit_mw == {0: 400_000, 1: 400_000}  # back to the default limit
+    assert nv._GUARD.pending() == {}
+
+
+def test_unsupported_clock_and_power_range_are_one_line_errors(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    with pytest.raises(nv.GpuAccessError, match="1000 MHz is not a supported SM clock"):
+        dev.lock_clock(0, 1000)
+    with pytest.raises(nv.GpuAccessError, match="outside GPU 0's range 100-400 W"):
+        dev.set_power_limit(50)
+    assert not [c for c in fake.calls if c[0] in ("lock", "power")]
+
+
+def test_energy_counter_in_joules_and_measure(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    e0 = dev.energy_j(1)
+    assert dev.energy_j(1) - e0 == pytest.approx(12.345)
+    m = dev.measure(lambda: None)
+    assert m.energy_j == pytest.approx(2 * 12.345) and m.time_s >= 0
+
+
+def test_no_permission_names_root_and_zeusd(monkeypatch):
+    fake, dev = _device(monkeypatch, root=False, permission=False)
+    with pytest.raises(nv.GpuAccessError) as e:
+        dev.lock_clock(0, 900)
+    msg = str(e.value)
+    assert "permission denied" in msg and "zeusd" in msg and "ZEUSD_SOCK_PATH" in msg and "\n" not in msg
+
+
+def test_locked_clocks_not_supported(monkeypatch):
+    fake, dev = _device(monkeypatch, lock_supported=False)
+    with pytest.raises(nv.GpuAccessError, match="NOT_SUPPORTED"):
+        dev.lock_clock(0, 900)
+
+
+def test_no_driver_is_a_clear_error(monkeypatch):
+    nvml_fake.install(monkeypatch, init_error=nvml_fake._real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(nv.GpuAccessError, match="no NVIDIA driver or GPU"):
+        nv.NvmlDevice({"name": "a100"})
+
+
+def test_cuda_visible_devices_selects_gpus(monkeypatch):
+    fake = nvml_fake.install(monkeypatch, gpus=4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert nv.visible_nvml_indices(fake) == [2, 0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0003")
+    assert nv.visible_nvml_indices(fake) == [3]
+
+
+def test_multi_step_policy_is_not_locked_statically(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(5, 900)]}, period_ms=20)
+    dev.set_policy(pol)
+    assert not [c for c in fake.calls if c[0] == "lock"]
+    with pytest.raises(nv.GpuAccessError, match="names device 3"):
+        dev.set_policy(FrequencyPolicy.static("a100", [3], 900))
+
+
+def test_run_rejects_synthetic_workloads(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    with pytest.raises(ValueError, match="'command' workloads only"):
+        dev.run({"kind": "tp"}, 3)
+
+
+# --------------------------------------------------------------------------- zeusd
+class _ZeusdHandler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append((self.path, body))
+        if self.server.fail:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b"GPU 0: Insufficient Permissions")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+    def address_string(self):
+        return "unix"
+
+
+@pytest.fixture
+def zeusd(tmp_path, monkeypatch):
+    path = str(tmp_path / "zeusd.sock")
+    server = socketserver.ThreadingUnixStreamServer(path, _ZeusdHandler)
+    server.requests, server.fail = [], False
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    monkeypatch.setenv("ZEUSD_SOCK_PATH", path)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_zeusd_relays_clock_and_power_changes(monkeypatch, zeusd):
+    fake, dev = _device(monkeypatch, root=False, permission=False)  # NVML itself would refuse
+    assert dev.controller.via == "zeusd"
+    dev.lock_clock(1, 705)
+    dev.set_power_limit(300)
+    dev.close()
+    assert zeusd.requests == [
+        ("/gpu/1/set_gpu_locked_clocks", {"min_clock_mhz": 705, "max_clock_mhz": 705, "block": True}),
+        ("/gpu/0/set_power_limit", {"power_limit_mw": 300000, "block": True}),
+        ("/gpu/1/set_power_limit", {"power_limit_mw": 300000, "block": True}),
+        # close(): per GPU in index order, clocks then power limit
+        ("/gpu/0/set_power_limit", {"power_limit_mw": 400000, "block": True}),
+        ("/gpu/1/reset_gpu_locked_clocks", {"block": True}),
+        ("/gpu/1/set_power_limit", {"power_limit_mw": 400000, "block": True}),
+    ]
+    assert not [c for c in fake.calls if c[0] in ("lock", "reset", "power")]
+
+
+def test_zeusd_refusal_is_reported(monkeypatch, zeusd):
+    zeusd.fail = True
+    fake, dev = _device(monkeypatch, root=False)
+    with pytest.raises(nv.GpuAccessError, match="answered 400: GPU 0: Insufficient Permissions"):
+        dev.lock_clock(0, 900)
+
+
+def test_missing_zeusd_socket(monkeypatch, tmp_path):
+    fake, dev = _device(monkeypatch, root=False)
+    monkeypatch.setenv("ZEUSD_SOCK_PATH", str(tmp_path / "nope.sock"))
+    with pytest.raises(nv.GpuAccessError, match="no such socket"):
+        dev.lock_clock(0, 900)
+
+
+# --------------------------------------------------------------------------- reset-clocks
+def test_reset_clocks_command(monkeypatch, capsys):
+    import argparse
+
+    from emo import clocks
+
+    fake = nvml_fake.install(monkeypatch, gpus=3)
+    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
+    ap = argparse.ArgumentParser()
+    clocks.register(ap.add_subparsers())
+    args = ap.parse_args(["reset-clocks", "--gpus", "0,2", "--power"])
+    assert args.func(args) == 0
+    assert [c for c in fake.calls if c[0] in ("reset", "power")] == [
+        ("reset", 0), ("power", 0, 400000), ("reset", 2), ("power", 2, 400000)]
+    assert "GPU 0, 2" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no GPU 5"):
+        clocks.reset_clocks([5])
+    with pytest.raises(ValueError, match="comma-separated NVML indices"):
+        clocks._parse_gpus("a,b")
+
+
+# --------------------------------------------------------------------------- signals (subprocess)
+_CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import nvml_fake
+    fake = nvml_fake.FakeNVML(log_path={log!r})
+    sys.modules["pynvml"] = fake
+    from emo.device.nvml import NvmlDevice
+    {pre}
+    dev = NvmlDevice({{"name": "a100"}})
+    dev.lock_clock(0, 900)
+    print("ready", flush=True)
+    {body}
+""")
+
+
+def _child(tmp_path, body, pre=""):
+    log = tmp_path / "calls.jsonl"
+    code = _CHILD.format(tests=str(Path(__file__).parent), log=str(log), body=body, pre=pre)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    return p, log
+
+
+def _calls(log):
+    return [tuple(json.loads(l)) for l in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_restores_clocks_and_keeps_exit_status(tmp_path, sig):
+    p, log = _child(tmp_path, "time.sleep(30)")
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(sig)
+    p.wait(timeout=20)
+    calls = _calls(log)
+    assert ["lock", 0, 900, 900] in [list(c) for c in calls]
+    assert ("reset", 0) in calls and calls.index(("reset", 0)) > calls.index(("lock", 0, 900, 900))
+    if sig == signal.SIGTERM:
+        assert p.returncode == -signal.SIGTERM  # died of the signal, as without emo
+    else:
+        # Python's default: KeyboardInterrupt unwinds, then the process dies of SIGINT
+        assert p.returncode == -signal.SIGINT and "KeyboardInterrupt" in p.stderr.read()
+
+
+def test_previous_sigterm_handler_is_chained(tmp_path):
+    pre = ("import signal\n"
+           "signal.signal(signal.SIGTERM, lambda s, f: (print('user handler', flush=True), sys.exit(3)))")
+    p, log = _child(tmp_path, "time.sleep(30)", pre=pre)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=20)
+    assert "user handler" in out and p.returncode == 3
+    assert ("reset", 0) in _calls(log)
+
+
+def test_normal_exit_and_uncaught_exception_restore(tmp_path):
+    for body, rc in (("pass", 0), ("raise SystemExit(4)", 4), ("1/0", 1)):
+        p, log = _child(tmp_path, body)
+        p.communicate(timeout=20)
+        assert p.returncode == rc
+        calls = _calls(log)
+        assert calls[-1] == ("reset", 0), body
+        log.unlink()

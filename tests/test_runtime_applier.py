@@ -1,0 +1,95 @@
+"""The runtime applier with a fake clock setter: requests lead their steps, follow the iteration
+marker, and clocks are reset on exit."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from emo.policy import FrequencyPolicy, Step
+from emo.runtime import Issue, PolicyApplier, issue_plan
+
+
+class FakeSetter:
+    def __init__(self, fail_on: int | None = None):
+        self.calls: list[tuple[float, str, int, int | None]] = []
+        self.lock = threading.Lock()
+        self.fail_on = fail_on
+
+    def set_clock(self, device, mhz):
+        if mhz == self.fail_on:
+            raise RuntimeError("refused")
+        with self.lock:
+            self.calls.append((time.monotonic(), "set", device, mhz))
+
+    def reset_clock(self, device):
+        with self.lock:
+            self.calls.append((time.monotonic(), "reset", device, None))
+
+
+def test_issue_plan_leads_and_wraps_t0_to_the_previous_iteration():
+    steps = [Step(0, 1410), Step(30, 900), Step(70, 1200)]
+    plan = issue_plan(steps, lead_ms=10, period_ms=100)
+    assert plan == [Issue(0.020, 900), Issue(0.060, 1200), Issue(0.090, 1410)]
+    # without a period, a step due at 0 is issued at the marker
+    assert issue_plan(steps, lead_ms=10, period_ms=0) == [Issue(0.0, 1410), Issue(0.020, 900), Issue(0.060, 1200)]
+    # a step inside the lead window wraps too; repeated clocks collapse
+    assert issue_plan([Step(0, 900), Step(5, 1410), Step(50, 1410)], lead_ms=10, period_ms=100) == [
+        Issue(0.090, 900), Issue(0.095, 1410)]
+    assert issue_plan([], lead_ms=10, period_ms=100) == []
+
+
+def test_requests_lead_each_step_by_lead_ms():
+    period, lead = 0.200, 0.020
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(80, 900), Step(150, 1200)],
+                                             1: [Step(0, 1000)]},
+                          period_ms=period * 1000, lead_ms=lead * 1000)
+    setter = FakeSetter()
+    marks = []
+    with PolicyApplier(pol, setter, devices={0: 10, 1: 11}) as ap:
+        for _ in range(3):
+            marks.append(time.monotonic())
+            ap.step()
+            time.sleep(period)
+        assert ap.iterations == 3
+    sets = [(t, d, f) for t, kind, d, f in setter.calls if kind == "set"]
+    resets = [c for c in setter.calls if c[1] == "reset"]
+    # GPU 1 holds one clock: a single request at the first marker, never repeated
+    assert [(d, f) for _, d, f in sets if d == 11] == [(11, 1000)]
+    g0 = [(t, f) for t, d, f in sets if d == 10]
+    assert [f for _, f in g0][:4] == [1410, 900, 1200, 1410]
+    assert g0[0][0] - marks[0] < 0.015  # first clock at once
+    due = [0.080 - lead, 0.150 - lead, period - lead]  # relative to marks[0]
+    for (t, _), d in zip(g0[1:4], due):
+        late = (t - marks[0]) - d
+        assert -0.002 <= late < 0.030, (d, late)  # never early, issued close to its time
+    # iteration 2 repeats the pattern relative to its own marker
+    second = [t - marks[1] for t, f in g0[4:6]]
+    assert len(second) == 2 and all(abs(a - b) < 0.030 for a, b in zip(second, due[:2]))
+    assert sorted(d for _, _, d, _ in resets) == [10, 11]  # reset on exit, after every request
+    assert max(t for t, *_ in sets) <= min(t for t, *_ in resets)
+
+
+def test_an_early_marker_abandons_the_rest_of_the_iteration():
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(100, 900)]}, period_ms=200, lead_ms=0)
+    setter = FakeSetter()
+    with PolicyApplier(pol, setter) as ap:
+        ap.step()
+        time.sleep(0.03)
+        ap.step()  # the iteration ended early: its 900 MHz step (due at 100 ms) must never come
+        time.sleep(0.05)
+    assert [f for _, k, _, f in setter.calls if k == "set"] == [1410]
+
+
+def test_setter_errors_are_kept_not_raised_in_the_loop():
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(10, 900)]}, period_ms=50, lead_ms=0)
+    setter = FakeSetter(fail_on=900)
+    ap = PolicyApplier(pol, setter)
+    ap.step()
+    time.sleep(0.05)
+    ap.close()
+    ap.close()  # idempotent
+    assert len(ap.errors) >= 1 and "refused" in str(ap.errors[0])
+    assert [c[1] for c in setter.calls].count("reset") == 1
+
