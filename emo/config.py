@@ -111,11 +111,41 @@ class ModelConfig:
 
 
 @dataclass
+class ZeusOptions:
+    """Zeus's GlobalPowerLimitOptimizer (online; run by validate against the device)."""
+
+    min_power_limit_w: float = 100.0  # lowest settable limit when the device cannot say (the sim)
+    pl_step_w: int = 25  # stride between the power limits it profiles
+    wait_steps: int = 1
+    warmup_steps: int = 1  # iterations before each limit's profiling window
+    profile_steps: int = 3  # iterations in each limit's profiling window
+    max_steps: int = 5000  # give up (error) when it has not settled by then
+
+
+@dataclass
+class GeepafsOptions:
+    """GEEPAFS's probing loop (online; run by validate against the device)."""
+
+    probe_fractions: list[float] = field(default_factory=lambda: [1.0, 0.85, 0.7, 0.55])  # of the max clock
+    hold_iterations: int = 8  # iterations at the chosen clock before probing again
+    periods: int = 2  # control periods measured
+
+
+@dataclass
 class OptimizerConfig:
-    name: str = "emo"
+    name: str = "emo"  # emo | static | perseus (offline: optimize writes a policy) | zeus | geepafs (online)
     change_interval_ms: float = 20.0
     budget_step_ms: float = 1.0
     min_clock_fraction: float = 0.5
+    zeus: ZeusOptions = field(default_factory=ZeusOptions)
+    geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)
+
+
+@dataclass
+class ValidateConfig:
+    iterations: int = 5  # measured iterations per run (>= 5), after `warmup`
+    warmup: int = 1
+    pareto_points: int = 8  # optimizer=static: static clocks measured for the energy-time curve
 
 
 @dataclass
@@ -133,6 +163,7 @@ class Config:
     packing: PackingConfig = field(default_factory=PackingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
     budget: float = 0.02  # allowed slowdown, fraction of the max-clock iteration time
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     results: str = "results"
