@@ -42,6 +42,8 @@ def _grid_1d(n_items: int, per_block: int) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- GEMM
 def _gemm_tile(arch: Arch, m: int, n: int) -> tuple[int, int, str]:
     """The tile cuBLAS heuristics pick, roughly: big tiles for big outputs, small ones for skinny."""
+    if m < 64:  # decode: a weight stream, many small CTAs
+        return (64, 64, "64x5") if arch.family != "hopper" else (64, 128, "1x1x1")
     if m * n >= 4096 * 4096:
         return (256, 128, "64x3") if arch.family != "hopper" else (128, 256, "2x1x1")
     if m * n >= 512 * 512:
@@ -69,6 +71,8 @@ def gemm(arch: Arch, dtype: str, m: int, n: int, k: int, layout: str = "tn", op:
     (dy·W), "nt" weight-gradient (dyᵀ·x)."""
     tm, tn, _ = _gemm_tile(arch, m, n)
     ctas = math.ceil(m / tm) * math.ceil(n / tn)
+    # skinny (decode) GEMMs: cuBLAS splits K so the weight stream keeps every SM busy
+    split_k = max(1, min(k // 256, math.ceil(2 * arch.sms / ctas))) if m < 64 else 1
     a, b, c = m * k * ELT, k * n * ELT, m * n * ELT
     flops = 2.0 * m * n * k
     # Each A tile is re-read once per column of tiles and each B tile once per row of tiles, through
@@ -84,10 +88,11 @@ def gemm(arch: Arch, dtype: str, m: int, n: int, k: int, layout: str = "tn", op:
         l2_bytes=l2,
         dram_read_bytes=read,
         dram_write_bytes=c,
-        active_warps=_occupancy(arch, ctas, 8, 1 if tm * tn >= 128 * 128 else 2),
+        active_warps=_occupancy(arch, ctas * split_k, 8, 1 if tm * tn >= 128 * 128 else 4),
         min_ns=3000.0,
     )
-    return KernelSpec(_gemm_name(arch, dtype, m, n, layout), work, op, (math.ceil(n / tn), math.ceil(m / tm), 1), (256, 1, 1))
+    grid = (math.ceil(n / tn), math.ceil(m / tm), split_k)
+    return KernelSpec(_gemm_name(arch, dtype, m, n, layout), work, op, grid, (256, 1, 1))
 
 
 # --------------------------------------------------------------------------- attention
@@ -169,12 +174,13 @@ def attention_bwd(arch: Arch, dtype: str, batch: int, heads: int, seq: int, d: i
 def attention_decode(arch: Arch, dtype: str, batch: int, heads: int, ctx: int, d: int) -> tuple[KernelSpec, ...]:
     """One new token per sequence against a KV cache of `ctx` tokens: split-KV flash decoding
     (a DRAM stream over the cache) plus the combine of the splits."""
-    splits = max(1, min(16, arch.sms // max(1, batch * heads) + 1))
+    per_wave = arch.sms * 4  # small CTAs, four resident per SM
+    splits = max(1, min(16, math.ceil(ctx / 128), round(per_wave / (batch * heads))))
     kv = 2 * batch * heads * ctx * d * ELT
     main = Work(fp16_tensor_flop=4.0 * batch * heads * ctx * d, fp32_flop=4.0 * batch * heads * ctx,
                 sfu_op=batch * heads * ctx, l2_bytes=kv, dram_read_bytes=kv,
                 dram_write_bytes=batch * heads * splits * (d + 1) * 4,
-                active_warps=_occupancy(arch, batch * heads * splits, 4, 2), min_ns=4000.0)
+                active_warps=_occupancy(arch, batch * heads * splits, 4, 4), min_ns=4000.0)
     comb = Work(fp32_flop=3.0 * batch * heads * splits * d, dram_read_bytes=batch * heads * splits * (d + 1) * 4,
                 dram_write_bytes=batch * heads * d * ELT, active_warps=0.05, min_ns=2500.0)
     traits = (f"pytorch_flash::Flash_fwd_kernel_traits<{d}, 64, 128, 4, false, false, {_cutlass_t(dtype)}, "
