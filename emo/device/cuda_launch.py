@@ -122,7 +122,12 @@ class CudaContext:
     def __init__(self, device: int = 0):
         self.driver, self.nvrtc = import_cuda()
         d = self.driver
-        check(d.cuInit(0))
+        try:
+            check(d.cuInit(0))
+        except RuntimeError:
+            raise
+        except Exception as e:  # cuda-python raises when libcuda itself is missing
+            raise RuntimeError(f"no CUDA driver on this machine ({e})") from e
         self.dev = check(d.cuDeviceGet(device))
         self.ctx = check(d.cuDevicePrimaryCtxRetain(self.dev))
         check(d.cuCtxSetCurrent(self.ctx))

@@ -1,0 +1,156 @@
+"""emo.capture: command lines and environment, and (when torch is installed) a real CPU-only
+torch.profiler capture of a tiny training loop, single rank and under torchrun."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from emo import capture
+from emo.config import CommandWorkload
+
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install torch)")
+
+
+def test_single_rank_command_runs_the_script_under_the_launcher():
+    spec = capture.CaptureSpec(["python3", "train.py", "--lr", "0.1"])
+    assert capture.build_command(spec) == [sys.executable, "-m", "emo.capture", "train.py", "--lr", "0.1"]
+    spec = capture.CaptureSpec([sys.executable, "-m", "pkg.train", "x"])
+    assert capture.build_command(spec)[-3:] == ["-m", "pkg.train", "x"]
+    assert capture.build_command(capture.CaptureSpec(["train.py"]))[-1] == "train.py"
+
+
+def test_multi_rank_command_uses_torchrun():
+    cmd = capture.build_command(capture.CaptureSpec(["python", "train.py"], nproc=4))
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                   "-m", "emo.capture", "train.py"]
+
+
+@pytest.mark.parametrize("command, message", [
+    ([], "no command given"),
+    (["bash", "run.sh"], "not a Python program"),
+    (["torchrun", "train.py"], "emo launches torchrun itself"),
+    (["python"], "no script after the interpreter"),
+    (["python", "-u", "train.py"], "not supported"),
+])
+def test_bad_commands_are_one_line_errors(command, message):
+    with pytest.raises(ValueError, match=message):
+        capture.build_command(capture.CaptureSpec(command))
+
+
+def test_env_carries_the_schedule_and_policy(tmp_path):
+    spec = capture.CaptureSpec(["python", "t.py"], wait=1, warmup=2, active=4)
+    env = capture.build_env(spec, tmp_path, policy=tmp_path / "p.json", base={"EMO_POLICY": "old", "X": "1"})
+    assert env["EMO_CAPTURE_DIR"] == str(tmp_path.resolve())
+    assert (env["EMO_CAPTURE_WAIT"], env["EMO_CAPTURE_WARMUP"], env["EMO_CAPTURE_ACTIVE"]) == ("1", "2", "4")
+    assert env["EMO_POLICY"] == str((tmp_path / "p.json").resolve()) and env["X"] == "1"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "EMO_POLICY" not in capture.build_env(spec, tmp_path, base={"EMO_POLICY": "old"})
+
+
+def test_spec_from_the_command_workload_config():
+    wl = CommandWorkload(command=["python", "train.py"], nproc=2, wait=3, warmup=1, active=5)
+    spec = capture.CaptureSpec.from_workload(wl, iterations=4, warmup=2)
+    assert (spec.nproc, spec.wait, spec.warmup, spec.active) == (2, 3, 2, 4)
+    assert capture.CaptureSpec.from_workload(wl).active == 5
+    with pytest.raises(ValueError, match="active and nproc must be >= 1"):
+        capture.CaptureSpec(["python", "t.py"], active=0)
+
+
+def test_trace_subcommand_parses_after_double_dash(monkeypatch, tmp_path):
+    import argparse
+
+    seen = {}
+    monkeypatch.setattr(capture, "run_capture", lambda spec, out, policy=None: seen.update(spec=spec, out=out)
+                        or (_ for _ in ()).throw(ValueError("stop")))
+    ap = argparse.ArgumentParser()
+    capture.register(ap.add_subparsers())
+    args = ap.parse_args(["trace", "-o", str(tmp_path), "--nproc", "2", "--active", "4", "--",
+                          "python", "train.py", "--epochs", "1"])
+    with pytest.raises(ValueError, match="stop"):
+        args.func(args)
+    assert seen["spec"].command == ["python", "train.py", "--epochs", "1"]
+    assert (seen["spec"].nproc, seen["spec"].active, seen["out"]) == (2, 4, tmp_path)
+    args = ap.parse_args(["trace", "--policy", str(tmp_path / "none.json"), "--", "python", "t.py"])
+    with pytest.raises(FileNotFoundError, match="no such policy file"):
+        args.func(args)
+
+
+TRAIN = textwrap.dedent("""
+    import sys, torch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randn(16, 8)
+    for i in range(int(sys.argv[1])):
+        loss = ((m(x) - y) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+""")
+
+INFER = textwrap.dedent("""
+    import sys, torch, emo.capture
+    m = torch.nn.Linear(32, 8)
+    with torch.no_grad():
+        for i in range(int(sys.argv[1])):
+            m(torch.randn(4, 32)); emo.capture.step()
+""")
+
+
+def _ops(trace: Path) -> tuple[list[str], dict]:
+    d = json.load(gzip.open(trace))
+    steps = [e["name"] for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    return steps, d
+
+
+@needs_torch
+@pytest.mark.slow
+def test_cpu_capture_of_a_training_loop(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    spec = capture.CaptureSpec(["python", str(script), "8"], wait=2, warmup=1, active=3)
+    res = capture.run_capture(spec, tmp_path / "out")
+    assert [p.name for p in res.trace_files] == ["rank000.pt.trace.json.gz"]
+    steps, d = _ops(res.trace_files[0])
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]  # the active iterations only
+    assert any(e.get("cat") == "cpu_op" and e["name"] == "aten::addmm" for e in d["traceEvents"])
+    rr = capture.run_result(res, tmp_path / "out")
+    assert rr.iterations == 3 and len(rr.iteration_times_s) == 3
+    assert rr.time_s == pytest.approx(sum(rr.iteration_times_s)) and rr.time_s > 0
+    assert rr.energy_j != rr.energy_j  # NaN: no NVML on this machine
+    # the trace folder holds only traces: sidecars live in a subfolder readers skip
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_file()) == ["rank000.pt.trace.json.gz"]
+
+
+@needs_torch
+@pytest.mark.slow
+def test_explicit_step_marker_and_too_short_programs(tmp_path):
+    script = tmp_path / "infer.py"
+    script.write_text(INFER)
+    res = capture.run_capture(capture.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2),
+                              tmp_path / "a")
+    assert _ops(res.trace_files[0])[0] == ["ProfilerStep#2", "ProfilerStep#3"]
+    with pytest.raises(ValueError, match="at least wait\\+warmup\\+active = 9 iterations"):
+        capture.run_capture(capture.CaptureSpec(["python", str(script), "3"], wait=5, warmup=2, active=2),
+                            tmp_path / "b")
+
+
+@needs_torch
+@pytest.mark.slow
+def test_two_ranks_under_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    res = capture.run_capture(capture.CaptureSpec(["python", str(script), "5"], nproc=2, wait=1, warmup=1,
+                                                  active=2), tmp_path / "out")
+    assert [p.name for p in res.trace_files] == ["rank000.pt.trace.json.gz", "rank001.pt.trace.json.gz"]
+    ranks = sorted(json.loads(p.read_text())["rank"] for p in res.window_files)
+    assert ranks == [0, 1]

@@ -1,0 +1,95 @@
+"""The hardware microbenchmark path without a GPU: launch plans from the registry checked against
+the CUDA sources, loop sizing, the Nsight Compute command and its CSV, and clear errors."""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import pytest
+
+from emo.device import COUNTERS
+from emo.device import cuda_launch as cl
+from emo.device import nvml as nv
+from emo.microbench import load_registry
+
+
+def test_every_registry_entry_has_a_launch_plan_matching_its_kernel():
+    reg = load_registry()
+    for name, entry in reg.items():
+        plan = cl.launch_plan(entry)
+        assert plan.kernel == entry["kernel"] and len(plan.args) == len(entry["args"])
+        assert plan.grid == tuple(entry["grid"]) and plan.smem == entry["dynamic_smem_bytes"]
+    p = cl.registry_plan("dram_read_high")
+    assert [a[0] for a in p.args] == ["buffer", "scalar", "buffer", "scalar", "scalar"]
+    assert p.args[1][1] is ctypes.c_ulonglong and p.args[3][1] is ctypes.c_float
+    assert p.buffer_bytes >= 1 << 30  # the DRAM benchmark streams a buffer far larger than L2
+
+
+def test_registry_mismatch_is_caught_before_any_gpu_work():
+    entry = dict(load_registry()["fp32_fma_high"])
+    swapped = [entry["args"][1], entry["args"][0], entry["args"][2]]
+    with pytest.raises(ValueError, match="do not match emo_fp32_fma's parameters"):
+        cl.launch_plan({**entry, "args": swapped})
+    wrong_type = [dict(entry["args"][0]), dict(entry["args"][1], type="i32"), entry["args"][2]]
+    with pytest.raises(ValueError, match="argument sentinel is float"):
+        cl.launch_plan({**entry, "args": wrong_type})
+    with pytest.raises(ValueError, match="no benchmark 'nope'"):
+        cl.registry_plan("nope")
+
+
+def test_signature_parser_handles_const_and_declarations():
+    src = ('extern "C" __global__ void k(const float4* __restrict__ buf, unsigned long long n4, int iters);\n'
+           'extern "C" __global__ void k(const float4* buf, unsigned long long n4, int iters) {}\n')
+    assert cl.parse_signatures(src) == {"k": [("float4*", "buf"), ("unsigned long long", "n4"), ("int", "iters")]}
+
+
+def test_loops_span_the_energy_counter_window():
+    assert nv.loops_for(0.001, 1.0) == 1000
+    assert nv.loops_for(0.3, 1.0) == 4  # 1.2 s >= 1 s
+    assert nv.loops_for(2.0, 1.0) == 1
+    with pytest.raises(ValueError):
+        nv.loops_for(0.0, 1.0)
+
+
+def test_ncu_range_replay_command():
+    cmd = nv.ncu_command(["python", "x.py"])
+    assert cmd[:3] == ["ncu", "--replay-mode", "range"] and cmd[-2:] == ["python", "x.py"]
+    metrics = cmd[cmd.index("--metrics") + 1].split(",")
+    assert "dram__bytes_read.sum" in metrics and "sm__cycles_active.sum" in metrics
+    assert "--profile-from-start" in cmd  # ranges are the cuProfilerStart/Stop pairs
+    cmd = nv.ncu_command(["python", "x.py"], nvtx_include="pack/")
+    assert cmd[cmd.index("--nvtx-include") + 1] == "pack/"
+
+
+NCU_OUT = """==PROF== Connected to process 123
+==PROF== Profiling "range": 0%....50%....100% - 9 passes
+"ID","Process ID","Process Name","Host Name","Range Name","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","123","python","h","range","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","1,073,741,824"
+"0","123","python","h","range","0","9.0","Command line profiler metrics","sm__cycles_active.sum","cycle","5000000"
+"0","123","python","h","range","0","9.0","Command line profiler metrics","sm__inst_executed_pipe_tensor_op_hmma.sum","inst","42"
+"""
+
+
+def test_ncu_csv_becomes_a_counter_vector():
+    vecs = nv.parse_ncu_csv(NCU_OUT)
+    assert len(vecs) == 1 and list(vecs[0]) == list(COUNTERS)
+    v = vecs[0]
+    assert v["dram_read_bytes"] == 1073741824 and v["sm_active_cycles"] == 5e6
+    assert v["tensor_inst"] == 42  # the Hopper-named fallback metric
+    assert v["fp64_inst"] != v["fp64_inst"]  # absent -> NaN, never a made-up zero
+    assert nv.parse_ncu_passes(NCU_OUT) == 9
+    with pytest.raises(ValueError, match="no CSV rows"):
+        nv.parse_ncu_csv("==PROF== nothing\n")
+
+
+def test_missing_ncu_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(nv.GpuAccessError, match="Nsight Compute not found"):
+        nv.ncu_profile_microbench_range(["fp32_fma_high"], ncu="ncu-not-here")
+
+
+def test_no_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(RuntimeError, match="cuda-python is not installed"):
+        cl.import_cuda()
