@@ -1,0 +1,305 @@
+"""`SimDevice`: the virtual GPU behind the device protocol (emo.device.Device).
+
+One SimDevice stands for one node of identical GPUs (as many as the program has ranks). Virtual time
+and the energy counters persist across calls: the clock keeps running and the counters keep counting.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device.sim.energy import EnergyMeter, power_steps
+from emo.device.sim.engine import Engine, SimResult
+from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
+from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.policy import FrequencyPolicy
+
+MAX_GPUS = 64
+
+
+def _cfg_dict(gpu_cfg: Any) -> dict:
+    if isinstance(gpu_cfg, dict):
+        return dict(gpu_cfg)
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(gpu_cfg, resolve=True)  # type: ignore[return-value]
+    except Exception as e:  # pragma: no cover - not an OmegaConf node either
+        raise ValueError(f"gpu config: want a dict or OmegaConf node, got {type(gpu_cfg).__name__}") from e
+
+
+class SimDevice:
+    """The virtual GPU(s) of one node, implementing emo.device.Device."""
+
+    def __init__(self, gpu_cfg: Any):
+        cfg = _cfg_dict(gpu_cfg)
+        for key in ("name", "clocks_mhz", "default_mhz", "tdp_w"):
+            if key not in cfg or cfg[key] in (None, "???", []):
+                raise ValueError(f"gpu.{key}: missing")
+        self.name = str(cfg["name"])
+        self.cfg = cfg
+        clocks = [int(c) for c in cfg["clocks_mhz"]]
+        if clocks != sorted(set(clocks)):
+            raise ValueError(f"gpu.clocks_mhz ({self.name}): must be strictly ascending")
+        if int(cfg["default_mhz"]) not in clocks:
+            raise ValueError(f"gpu.default_mhz ({self.name}): {cfg['default_mhz']} is not a supported clock")
+        self.phys = SimPhysics.from_config(cfg.get("physics"), where=f"gpu.physics ({self.name})")
+        self.gp = GpuPhysics(self.phys, clocks, float(cfg["tdp_w"]))
+        self.clocks = clocks
+        self.default_ci = clocks.index(int(cfg["default_mhz"]))
+        self.seed = int(cfg.get("seed", 0))
+        self.noise = float(cfg.get("noise", 0.0))
+        self.tdp_w = float(cfg["tdp_w"])
+        self.cap_w = self.tdp_w
+        self.policy: FrequencyPolicy | None = None
+        self.now = 0.0  # virtual ns
+        self.idle_w = self.gp.idle_power_w()
+        self._runs = 0
+        self._ci = [self.default_ci] * MAX_GPUS  # requested clock per GPU
+        self._last_issue = [-math.inf] * MAX_GPUS
+        self.meters = [EnergyMeter(self.phys.counter_period_ms, self.phys.sensor_window_ms, self.noise, self.seed, g)
+                       for g in range(MAX_GPUS)]
+        self.last_sim: SimResult | None = None
+        self.last_sim_seconds = 0.0
+
+    # ------------------------------------------------------------------ protocol: clocks and control
+    def supported_clocks(self) -> list[int]:
+        return list(self.clocks)
+
+    def default_clock(self) -> int:
+        return self.clocks[self.default_ci]
+
+    def clock_index(self, mhz: float) -> int:
+        """The supported clock nearest to `mhz` (like nvidia-smi -lgc snapping a request)."""
+        c = np.asarray(self.clocks)
+        return int(np.argmin(np.abs(c - float(mhz))))
+
+    def set_policy(self, policy: FrequencyPolicy | None) -> None:
+        if policy is not None and policy.gpu and policy.gpu != self.name:
+            raise ValueError(f"policy is for GPU {policy.gpu!r}, this device is {self.name!r}")
+        self.policy = policy
+        if policy is None:
+            self._lock_all(self.default_ci)
+
+    def set_power_limit(self, watts: float | None) -> None:
+        if watts is not None and not 0 < watts <= self.tdp_w * 1.5:
+            raise ValueError(f"power limit {watts} W outside (0, {self.tdp_w * 1.5}] for {self.name}")
+        self.cap_w = self.tdp_w if watts is None else float(watts)
+
+    def close(self) -> None:
+        self.policy = None
+        self.cap_w = self.tdp_w
+        self._lock_all(self.default_ci)
+
+    def _lock_all(self, ci: int, gpus: int | None = None) -> None:
+        """Lock every GPU's clock now and wait until the change has landed (idle meanwhile)."""
+        gpus = MAX_GPUS if gpus is None else gpus
+        if all(self._ci[g] == ci for g in range(gpus)):
+            return
+        rng = np.random.default_rng([self.seed, 99, self._runs])
+        self._runs += 1
+        lo, hi = self.phys.clock_delay_ms
+        t_land = self.now + float(rng.uniform(lo, hi)) * 1e6
+        self._idle_until(t_land)
+        for g in range(gpus):
+            self._ci[g] = ci
+            self._last_issue[g] = self.now
+
+    def _idle_until(self, t: float, gpus: int = MAX_GPUS) -> None:
+        if t <= self.now:
+            return
+        for g in range(MAX_GPUS):
+            self.meters[g].idle(t, float(self.idle_w[self._ci[g]]))
+        self.now = t
+
+    # ------------------------------------------------------------------ protocol: measurement
+    def energy_j(self, device: int = 0) -> float:
+        self._check_gpu(device)
+        return self.meters[device].counter_j(self.now)
+
+    def power_w(self, device: int = 0) -> float:
+        """The board power sensor (mean of a short window at the last update)."""
+        self._check_gpu(device)
+        return self.meters[device].power_w(self.now)
+
+    def time_s(self) -> float:
+        return self.now * 1e-9
+
+    def sleep(self, seconds: float) -> None:
+        """Let virtual time pass with the GPUs idle."""
+        self._idle_until(self.now + seconds * 1e9)
+
+    def _check_gpu(self, device: int) -> None:
+        if not 0 <= int(device) < MAX_GPUS:
+            raise ValueError(f"device index {device} out of range")
+
+    # ------------------------------------------------------------------ tables
+    def tables(self, kernels: list[KernelSpec]) -> tuple[KernelTables, list, list]:
+        """Per kernel x clock duration and power, and the clock each kernel really gets under the cap."""
+        tab = self.gp.kernel_tables([k.work for k in kernels])
+        thr = self.gp.throttle_index(tab.power_w, self.cap_w)
+        return tab, tab.dur_ns.tolist(), thr.tolist()
+
+    # ------------------------------------------------------------------ simulate
+    def simulate(self, program: Program, iterations: int, *, policy: FrequencyPolicy | None = None) -> SimResult:
+        """Run `iterations` of `program` from now; advances virtual time and the energy meters."""
+        if program.ranks < 1 or program.ranks > MAX_GPUS or len(program.ops) != program.ranks:
+            raise ValueError(f"program {program.name!r}: ranks={program.ranks} but {len(program.ops)} op lists")
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        tab, dur, thr = self.tables(program.kernels)
+        steps = None
+        lead_ns = 0.0
+        if policy is not None:
+            steps = {g: [(s.t_ms, self.clock_index(s.sm_mhz)) for s in policy.steps.get(g, [])]
+                     for g in range(program.ranks)}
+            lead_ns = policy.lead_ms * 1e6
+        rng = np.random.default_rng([self.seed, self._runs])
+        self._runs += 1
+        import time as _time
+
+        wall = _time.perf_counter()
+        eng = Engine(program, dur=dur, thr=thr, phys=self.phys, gphys=self.gp,
+                     clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
+                     t_start=self.now, iterations=iterations, policy_steps=steps, lead_ns=lead_ns, rng=rng,
+                     coll_ns={})
+        res = eng.run()
+        self.last_sim_seconds = _time.perf_counter() - wall
+        t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
+        for g in res.gpus:
+            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w, g.segs, tab.power_w, g.xsegs)
+            self.meters[g.idx].append(t, e)
+            self._ci[g.idx] = g.req_ci
+            self._last_issue[g.idx] = g.last_issue
+        for gi in range(program.ranks, MAX_GPUS):
+            self.meters[gi].idle(t_dev, float(self.idle_w[self._ci[gi]]))
+        self.now = t_dev
+        self.last_sim = res
+        self.last_tables = tab
+        return res
+
+    # ------------------------------------------------------------------ protocol: run a workload
+    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
+        program = self._program(workload)
+        if self.policy is None:
+            self._lock_all(self.default_ci, program.ranks)  # undo clocks left locked by a microbenchmark
+        if warmup > 0:
+            self.simulate(program, warmup, policy=self.policy)
+        # begin the window at an energy-counter update (the counters of one node update together)
+        u0 = self.meters[0].next_update(self.now)
+        self._idle_until(u0)
+        e0 = [self.energy_j(g) for g in range(program.ranks)]
+        res = self.simulate(program, iterations, policy=self.policy)
+        u1 = self.meters[0].next_update(res.t_end)
+        self._idle_until(u1)
+        e1 = [self.energy_j(g) for g in range(program.ranks)]
+        per = {g: e1[g] - e0[g] for g in range(program.ranks)}
+        it_t = res.ranks[0].iter_t
+        iter_times = [(b - a) * 1e-9 for a, b in zip(it_t, it_t[1:] + [res.t_end])]
+        files: list[Path] = []
+        if trace_dir is not None:
+            from emo.device.sim.kineto import write_traces
+
+            files = write_traces(res, program, self, Path(trace_dir), first_step=warmup)
+        return RunResult(iterations=iterations, time_s=(res.t_end - res.t_start) * 1e-9,
+                         energy_j=float(sum(per.values())), iteration_times_s=iter_times,
+                         energy_per_device_j=per, trace_files=files)
+
+    def _program(self, workload: Any) -> Program:
+        if isinstance(workload, Program):
+            return workload
+        from emo.workloads import build_program  # lazily: the device protocol does not need workloads
+
+        return build_program(workload)
+
+    # ------------------------------------------------------------------ protocol: microbenchmarks
+    def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
+        from emo.microbench import load_registry
+
+        reg = load_registry()
+        if name not in reg:
+            raise ValueError(f"microbenchmark {name!r} not in the registry ({', '.join(sorted(reg))})")
+        return self.measure_work(Work(**reg[name]["work"]), sm_mhz, min_seconds, name=name)
+
+    def measure_work(self, work: Work, sm_mhz: int, min_seconds: float = 1.0, *, name: str = "bench") -> Measurement:
+        """Loop one kernel at a locked clock until the energy counter resolves it (>= 2 updates);
+        time and energy per launch, from host timestamps and the counter's steady-state rate."""
+        if int(sm_mhz) not in self.clocks:
+            raise ValueError(f"{sm_mhz} MHz is not a supported clock of {self.name}")
+        self._lock_all(self.clocks.index(int(sm_mhz)), 1)
+        spec = KernelSpec(name=name, work=work)
+        est = float(self.gp.kernel_tables([work]).dur_ns[0, self.clocks.index(int(sm_mhz))])
+        period = self.phys.counter_period_ms * 1e6
+        span = max(min_seconds * 1e9, 3 * period)
+        per_iter = 200
+        launches = max(int(math.ceil(span / max(est, 1.0) / per_iter)), 1)
+        prog = Program(name=f"microbench:{name}", ranks=1, ops=[[]])
+        kid = prog.kernel(spec)
+        prog.ops[0] = [(Op.ITER,)] + [(Op.LAUNCH, 7, kid)] * per_iter
+        prog.ops[0].append((Op.STREAM_SYNC, 7))
+        saved, self.policy = self.policy, None
+        try:
+            res = self.simulate(prog, launches)
+        finally:
+            self.policy = saved
+        n = launches * per_iter
+        kern = res.ranks[0].kernels
+        t_first, t_last = kern[0][3], kern[-1][4]
+        meter = self.meters[0]
+        # steady state: counter updates strictly inside the busy span (the tail may include idle)
+        u0 = meter.next_update(t_first + 1.0)
+        u1 = meter.last_update(t_last)
+        time_per = (t_last - t_first) / n
+        if u1 - u0 < period:
+            raise ValueError(f"microbenchmark {name!r}: run too short for the energy counter")
+        e0, e1 = meter.counter_j(u0 + 1.0), meter.counter_j(u1 + 1.0)
+        power = (e1 - e0) / ((u1 - u0) * 1e-9)
+        return Measurement(time_s=time_per * 1e-9, energy_j=power * time_per * 1e-9, sm_mhz=int(sm_mhz))
+
+    # ------------------------------------------------------------------ protocol: profiling
+    def profile_range(self, kernels: list[Any]) -> ProfileResult:
+        """Table II counters of one execution of the range at the default clock, as CUPTI range
+        profiling reports them; the replays cost virtual time (the GPU runs them)."""
+        specs = [k if isinstance(k, KernelSpec) else KernelSpec(name="k", work=k) for k in kernels]
+        if not specs:
+            raise ValueError("profile_range: empty kernel range")
+        w = [s.work for s in specs]
+        tab = self.gp.kernel_tables(w)
+        d = tab.dur_ns[:, self.default_ci]
+        f_hz = self.clocks[self.default_ci] * 1e6
+        get = lambda f: np.array([getattr(x, f) for x in w])
+        aw = get("active_warps")
+        c = {
+            "sm_active_cycles": float(np.sum(d * 1e-9 * f_hz * np.minimum(1.0, aw * 8 + 0.05))),
+            "active_warps": float(np.sum(aw * self.phys.max_warps_per_sm * d) / np.sum(d)),
+            "dram_read_bytes": float(get("dram_read_bytes").sum()),
+            "dram_write_bytes": float(get("dram_write_bytes").sum()),
+            "l1_bytes": float((get("shared_bytes") + get("l1_bytes")).sum()),
+            "l2_bytes": float((get("l2_bytes") + get("dram_read_bytes") + get("dram_write_bytes")).sum()),
+            "alu_inst": float(((get("int_op") + get("sfu_op")) / 32).sum()),
+            "fma_inst": float((get("fp32_flop") / 64).sum()),
+            "fp64_inst": float((get("fp64_flop") / 64).sum()),
+            "mem_inst": float(((get("shared_bytes") + get("l1_bytes") + get("l2_bytes")) / 512).sum()),
+            "tensor_inst": float((get("fp16_tensor_flop") / 4096 + get("int8_tensor_op") / 8192).sum()),
+        }
+        assert tuple(c) == COUNTERS
+        passes = 4  # 11 metrics from several hardware units: CUPTI needs a few replay passes
+        busy = float(d.sum()) + 3000.0 * len(specs)
+        cost_ns = 5e7 + passes * (busy + 2e6)  # session set-up + per pass (save/restore memory)
+        self._profile_busy(tab, cost_ns)
+        return ProfileResult(counters=c, passes=passes, cost_s=cost_ns * 1e-9)
+
+    def _profile_busy(self, tab: KernelTables, cost_ns: float) -> None:
+        # the GPU replays the range at the default clock; count it as mean-kernel power
+        p = float(np.mean(tab.power_w[:, self.default_ci]))
+        t1 = self.now + cost_ns
+        self.meters[0].idle(t1, p)
+        self._idle_until(t1)
+
+    def __repr__(self) -> str:
+        return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
+

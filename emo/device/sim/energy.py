@@ -1,0 +1,125 @@
+"""Board energy of a virtual GPU, integrated after the fact, and the readouts hardware offers.
+
+The engine records intervals; `power_steps` turns them into a piecewise-constant power function
+with numpy, and `EnergyMeter` keeps the cumulative energy over the device's whole virtual life and
+answers like NVML: an energy counter in millijoules that updates every `counter_period_ms` (reading
+returns the value at the last update) and a power sensor that reports the mean of a short window
+ending at the last update. Optional multiplicative noise perturbs each update's increment (so the
+counter stays monotonic) and each sensor sample; it is drawn from a seeded generator per update index,
+so readings are deterministic for a seed.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int], base_w: np.ndarray,
+                segs: list[tuple], kernel_power: np.ndarray, xsegs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """Breakpoints and cumulative energy (J) over [t0, t1] (ns) of one GPU.
+
+    clock_t/clock_ci: requested-clock timeline (first entry at or before t0); base_w[ci]: power with
+    no kernel; segs: compute-kernel segments (s0, s1, kid, eff_ci, req_ci) at one clock each, drawing
+    kernel_power[kid, eff_ci] instead of the idle power; xsegs: (s0, s1, watts) drawn on top.
+    """
+    ct = np.asarray(clock_t, dtype=np.float64)
+    cc = np.asarray(clock_ci, dtype=np.int64)
+    bw = base_w[cc]
+    parts_t = [ct]
+    parts_d = [np.diff(bw, prepend=0.0)]
+    if segs:
+        s = np.asarray(segs, dtype=np.float64)
+        kid, eff, req = s[:, 2].astype(np.int64), s[:, 3].astype(np.int64), s[:, 4].astype(np.int64)
+        dp = kernel_power[kid, eff] - base_w[req]
+        parts_t += [s[:, 0], s[:, 1]]
+        parts_d += [dp, -dp]
+    if xsegs:
+        x = np.asarray(xsegs, dtype=np.float64)
+        parts_t += [x[:, 0], x[:, 1]]
+        parts_d += [x[:, 2], -x[:, 2]]
+    t = np.concatenate(parts_t)
+    d = np.concatenate(parts_d)
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    p = np.cumsum(d)  # power from t[i] on
+    # clip to [t0, t1]
+    tt = np.clip(t, t0, t1)
+    tt = np.append(tt, t1)
+    e = np.concatenate([[0.0], np.cumsum(p * np.diff(tt))]) * 1e-9  # W * ns -> J
+    return tt, e
+
+
+class EnergyMeter:
+    """Cumulative energy of one GPU over virtual time (ns) and its NVML-like readouts."""
+
+    def __init__(self, period_ms: float, window_ms: float, noise: float, seed: int, gpu: int):
+        self.period = period_ms * 1e6
+        self.window = window_ms * 1e6
+        self.noise = float(noise)
+        self.seed = (int(seed), int(gpu))
+        self.phase = float(np.random.default_rng([*self.seed, 1]).uniform(0, self.period))
+        self._t: list[np.ndarray] = [np.array([0.0])]
+        self._e: list[np.ndarray] = [np.array([0.0])]
+        self.t_known = 0.0
+        self.e_known = 0.0
+        self._cat = None
+
+    def append(self, t: np.ndarray, e_rel: np.ndarray) -> None:
+        """Extend the history by breakpoints `t` (starting at t_known) and cumulative energy e_rel (J)."""
+        if t.size == 0:
+            return
+        self._t.append(t)
+        self._e.append(self.e_known + e_rel)
+        self.t_known = float(t[-1])
+        self.e_known = float(self.e_known + e_rel[-1])
+        self._cat = None
+
+    def idle(self, t1: float, watts: float) -> None:
+        if t1 > self.t_known:
+            self.append(np.array([self.t_known, t1]), np.array([0.0, watts * (t1 - self.t_known) * 1e-9]))
+
+    def _arrays(self):
+        if self._cat is None:
+            self._cat = (np.concatenate(self._t), np.concatenate(self._e))
+        return self._cat
+
+    def true_j(self, t) -> np.ndarray:
+        ts, es = self._arrays()
+        return np.interp(t, ts, es)
+
+    def last_update(self, t: float) -> float:
+        k = math.floor((t - self.phase) / self.period)
+        return float(self.phase + k * self.period) if k >= 0 else -1.0
+
+    def next_update(self, t: float) -> float:
+        k = math.ceil((t - self.phase) / self.period)
+        return float(self.phase + max(k, 0) * self.period)
+
+    def _eps(self, n: int, stream: int) -> np.ndarray:
+        return np.random.default_rng([*self.seed, stream]).standard_normal(n)
+
+    def counter_j(self, t: float) -> float:
+        """The energy counter at time t: value at the last update, noisy increments, in whole mJ."""
+        u = self.last_update(min(t, self.t_known))
+        if u < 0:
+            return 0.0
+        k = int(round((u - self.phase) / self.period))
+        ups = self.phase + np.arange(k + 1) * self.period
+        e = self.true_j(ups)
+        if self.noise > 0:
+            inc = np.diff(e, prepend=0.0) * (1.0 + self.noise * self._eps(k + 1, 2))
+            e = np.cumsum(np.maximum(inc, 0.0))
+        return float(np.floor(e[-1] * 1000.0)) / 1000.0
+
+    def power_w(self, t: float) -> float:
+        """The power sensor: mean power over the window ending at the last update before t."""
+        u = self.last_update(min(t, self.t_known))
+        if u < 0:
+            return 0.0
+        a = max(u - self.window, 0.0)
+        p = (self.true_j(u) - self.true_j(a)) / max((u - a) * 1e-9, 1e-12)
+        if self.noise > 0:
+            k = int(round((u - self.phase) / self.period))
+            p *= 1.0 + self.noise * self._eps(k + 1, 3)[-1]
+        return float(p)

@@ -1,0 +1,258 @@
+"""Physics of one virtual GPU model: kernel time and board power versus SM clock.
+
+Everything here is a pure function of the `physics` block of `conf/gpu/<model>.yaml` (validated into
+`SimPhysics`) and of kernel work vectors; the simulator looks results up in per kernel x clock
+tables built once with numpy.
+
+Time (per kernel, at SM clock f):
+  - compute (fp32 / fp16-tensor / int8-tensor / fp64 / int / sfu) and on-chip memory (shared+L1, L2)
+    cycles at per-SM (per-GPU for L2) per-cycle rates: t = cycles / f, derated by occupancy;
+  - DRAM: bytes / bandwidth, but the SMs must issue the requests at `dram_issue_bytes_per_cycle`,
+    so at low clocks the memory part becomes clock-bound (smooth maximum of the two);
+  - the parts overlap: a p-norm (smooth maximum) combines them, floored at `min_ns`.
+Power (board, W):
+  V(f) flat at volt_min below knee_mhz, then linear to volt_max at the max clock; with v = V/Vmax and
+  phi = f/fmax: P = static_w*v + (idle_dyn_w [+ active_dyn_w while a kernel runs]
+  + sum_u util_u*unit_w_u)*v^2*phi + dram_w*dram_util.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from emo.device.sim.program import CollectiveSpec, Work
+
+# Compute units: (Work field, per-SM-per-cycle rate field of SimPhysics, power weight field)
+COMPUTE_UNITS = (
+    ("fp32_flop", "fp32_flop_per_sm_cycle", "unit_w_fp32"),
+    ("fp16_tensor_flop", "fp16_tensor_flop_per_sm_cycle", "unit_w_fp16_tensor"),
+    ("int8_tensor_op", "int8_tensor_op_per_sm_cycle", "unit_w_int8_tensor"),
+    ("fp64_flop", "fp64_flop_per_sm_cycle", "unit_w_fp64"),
+    ("int_op", "int_op_per_sm_cycle", "unit_w_int"),
+    ("sfu_op", "sfu_op_per_sm_cycle", "unit_w_sfu"),
+)
+WORK_FIELDS = tuple(f.name for f in dataclasses.fields(Work))
+
+
+@dataclass(frozen=True)
+class SimPhysics:
+    """The virtual GPU's physical parameters (conf/gpu/<model>.yaml, key `physics`)."""
+
+    device_name: str = "NVIDIA GPU"  # what deviceProperties / nvidia-smi would call it
+    sms: int = 108
+    max_warps_per_sm: int = 64
+    compute_major: int = 8
+    compute_minor: int = 0
+    total_mem_bytes: int = 85899345920
+    # throughput per SM per cycle
+    fp32_flop_per_sm_cycle: float = 128.0
+    fp16_tensor_flop_per_sm_cycle: float = 2048.0
+    int8_tensor_op_per_sm_cycle: float = 4096.0
+    fp64_flop_per_sm_cycle: float = 64.0
+    int_op_per_sm_cycle: float = 64.0
+    sfu_op_per_sm_cycle: float = 16.0
+    shared_bytes_per_sm_cycle: float = 128.0  # shared memory + L1
+    l2_bytes_per_cycle: float = 5120.0  # whole GPU
+    dram_gbps: float = 2039.0
+    dram_issue_bytes_per_cycle: float = 4000.0  # whole GPU: how fast the SMs can issue DRAM requests
+    smooth_p: float = 6.0  # p of the p-norm combining the time parts (large = plain max)
+    occupancy_half_compute: float = 0.1  # derate a/(a+k)*(1+k) of compute pipes at occupancy a
+    occupancy_half_memory: float = 0.3  # same for memory latency hiding
+    # voltage / power
+    knee_mhz: float = 1095.0
+    volt_min: float = 0.70  # V below the knee
+    volt_max: float = 1.00  # V at the max clock
+    static_w: float = 60.0  # leakage at volt_max (scales with V)
+    idle_dyn_w: float = 25.0  # clock tree at max V and f when idle (scales with V^2 f)
+    active_dyn_w: float = 40.0  # extra while any kernel runs (V^2 f)
+    unit_w_fp32: float = 180.0  # at full utilisation, max V and f
+    unit_w_fp16_tensor: float = 300.0
+    unit_w_int8_tensor: float = 280.0
+    unit_w_fp64: float = 220.0
+    unit_w_int: float = 120.0
+    unit_w_sfu: float = 80.0
+    unit_w_shared: float = 90.0
+    unit_w_l2: float = 90.0
+    dram_w: float = 70.0  # DRAM + memory controller at full bandwidth (clock independent)
+    # communication (NCCL)
+    link_gbps: float = 230.0  # NCCL bus bandwidth per GPU
+    link_latency_us: float = 3.0  # per ring step
+    p2p_gbps: float = 150.0  # send/recv between two GPUs
+    comm_clock_fraction: float = 0.45  # below ~this fraction of max clock the SMs starve the link
+    comm_spin_w: float = 20.0  # NCCL kernel polling (V^2 f), also while waiting for a peer
+    comm_link_w: float = 25.0  # links + DRAM traffic while transferring
+    comm_base_ns: float = 8000.0  # fixed NCCL kernel overhead
+    # copies
+    pcie_gbps: float = 24.0
+    dtod_gbps: float = 900.0
+    copy_w: float = 15.0
+    # host
+    launch_us: tuple[float, float] = (4.0, 6.0)  # cudaLaunchKernel duration range
+    nccl_launch_us: tuple[float, float] = (8.0, 12.0)
+    runtime_call_us: tuple[float, float] = (1.5, 3.0)  # cudaEventRecord / StreamWaitEvent / sync return
+    memcpy_call_us: tuple[float, float] = (6.0, 10.0)
+    cpu_op_pre_us: float = 6.0  # framework (aten) overhead before the runtime call
+    cpu_op_post_us: float = 2.0
+    comm_op_us: float = 20.0  # record_param_comms / c10d overhead around an NCCL launch
+    launch_queue_us: float = 1.0  # from cudaLaunchKernel return to the GPU seeing the kernel
+    # control and sensors
+    clock_delay_ms: tuple[float, float] = (5.0, 15.0)
+    counter_period_ms: float = 100.0
+    sensor_window_ms: float = 25.0
+
+    @classmethod
+    def from_config(cls, physics: Any, where: str = "gpu.physics") -> "SimPhysics":
+        d = dict(physics or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in d:
+            if key not in names:
+                raise ValueError(f"{where}: unknown key {key!r} (valid: {', '.join(sorted(names))})")
+        for key in ("launch_us", "nccl_launch_us", "runtime_call_us", "memcpy_call_us", "clock_delay_ms"):
+            if key in d:
+                v = list(d[key])
+                if len(v) != 2 or not 0 <= v[0] <= v[1]:
+                    raise ValueError(f"{where}.{key}: want [low, high] with 0 <= low <= high, got {v}")
+                d[key] = (float(v[0]), float(v[1]))
+        try:
+            p = cls(**d)
+        except TypeError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if not 0 < p.volt_min <= p.volt_max:
+            raise ValueError(f"{where}: want 0 < volt_min <= volt_max")
+        if p.sms <= 0 or p.dram_gbps <= 0 or p.smooth_p < 1:
+            raise ValueError(f"{where}: sms, dram_gbps must be > 0 and smooth_p >= 1")
+        return p
+
+
+def work_matrix(works: list[Work]) -> dict[str, np.ndarray]:
+    """Column arrays (one entry per kernel) of the work vectors."""
+    if not works:
+        return {f: np.zeros(0) for f in WORK_FIELDS}
+    a = np.array([[getattr(w, f) for f in WORK_FIELDS] for w in works], dtype=np.float64)
+    return {f: a[:, i] for i, f in enumerate(WORK_FIELDS)}
+
+
+@dataclass
+class KernelTables:
+    """Per kernel x clock: duration (ns), board power while it runs alone (W), utilisations."""
+
+    clocks: np.ndarray  # MHz, ascending
+    dur_ns: np.ndarray  # [K, C]
+    power_w: np.ndarray  # [K, C] whole-board power while the kernel runs
+    util: dict[str, np.ndarray] = field(default_factory=dict)  # [K, C] per unit
+
+
+class GpuPhysics:
+    """Vectorised physics of one GPU model over its supported clocks."""
+
+    def __init__(self, phys: SimPhysics, clocks_mhz: list[int], tdp_w: float):
+        self.p = phys
+        self.clocks = np.asarray(sorted(clocks_mhz), dtype=np.float64)
+        if self.clocks.size == 0:
+            raise ValueError("gpu.clocks_mhz: empty")
+        self.fmax = float(self.clocks[-1])
+        self.tdp_w = float(tdp_w)
+        self.v = self.volt_rel(self.clocks)
+        self.phi = self.clocks / self.fmax
+        self.v2f = self.v**2 * self.phi
+
+    # ------------------------------------------------------------------ voltage and idle power
+    def volt_rel(self, mhz) -> np.ndarray:
+        """V/Vmax: flat below the knee, linear up to volt_max at the max clock."""
+        p = self.p
+        f = np.asarray(mhz, dtype=np.float64)
+        span = max(self.fmax - p.knee_mhz, 1e-9)
+        x = np.clip((f - p.knee_mhz) / span, 0.0, None)
+        return (p.volt_min + (p.volt_max - p.volt_min) * x) / p.volt_max
+
+    def idle_power_w(self) -> np.ndarray:
+        """[C] board power with no kernel running."""
+        p = self.p
+        return p.static_w * self.v + p.idle_dyn_w * self.v2f
+
+    # ------------------------------------------------------------------ kernels
+    def kernel_tables(self, works: list[Work]) -> KernelTables:
+        p = self.p
+        w = work_matrix(works)
+        f_hz = self.clocks[None, :] * 1e6  # [1, C]
+        aw = np.maximum(w["active_warps"], 1e-3)[:, None]
+        occ_c = aw * (1 + p.occupancy_half_compute) / (aw + p.occupancy_half_compute)
+        occ_m = aw * (1 + p.occupancy_half_memory) / (aw + p.occupancy_half_memory)
+        parts, peak = [], {}
+        comp = np.zeros((len(works), self.clocks.size))
+        for wf, rate_f, _ in COMPUTE_UNITS:
+            t_peak = (w[wf][:, None] / (getattr(p, rate_f) * p.sms)) / f_hz * 1e9
+            peak[wf] = t_peak
+            comp = comp + t_peak  # pipelines share the warp schedulers' issue slots
+        parts.append(comp / occ_c)
+        t_sh = ((w["shared_bytes"] + w["l1_bytes"])[:, None] / (p.shared_bytes_per_sm_cycle * p.sms)) / f_hz * 1e9
+        peak["shared"] = t_sh
+        parts.append(t_sh / occ_c)
+        t_l2 = (w["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
+        peak["l2"] = t_l2
+        parts.append(t_l2 / occ_m)
+        dram_bytes = (w["dram_read_bytes"] + w["dram_write_bytes"])[:, None]
+        t_bw = dram_bytes / p.dram_gbps  # ns (GB/s == bytes/ns)
+        t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
+        t_dram = _pnorm([t_bw, t_issue], p.smooth_p) / occ_m
+        peak["dram"] = np.broadcast_to(t_bw, comp.shape)
+        parts.append(t_dram)
+        dur = np.maximum(_pnorm(parts, p.smooth_p), w["min_ns"][:, None])
+        dur = np.maximum(dur, 1.0)
+        util = {k: np.minimum(v / dur, 1.0) for k, v in peak.items()}
+        dyn = np.full_like(dur, p.active_dyn_w)
+        for wf, _, wt in COMPUTE_UNITS:
+            dyn += getattr(p, wt) * util[wf]
+        dyn += p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
+        power = self.idle_power_w()[None, :] + dyn * self.v2f[None, :] + p.dram_w * util["dram"]
+        return KernelTables(self.clocks, dur, power, util)
+
+    def throttle_index(self, power_w: np.ndarray, cap_w: float) -> np.ndarray:
+        """[K, C] index of the clock a kernel really runs at when `C` is requested under a power cap:
+        the highest supported clock <= requested whose power fits (the lowest if none does)."""
+        fits = power_w <= cap_w
+        idx = np.where(fits, np.arange(power_w.shape[1])[None, :], -1)
+        best = np.maximum.accumulate(idx, axis=1)
+        return np.maximum(best, 0).astype(np.int64)
+
+    # ------------------------------------------------------------------ communication
+    def collective_ns(self, spec: CollectiveSpec, mhz: float) -> float:
+        """Transfer time of one collective once every participant has arrived (ring algorithms)."""
+        p = self.p
+        n = max(len(spec.ranks), 1)
+        kind = spec.kind
+        if kind == "allreduce":
+            moved, steps, bw = 2.0 * (n - 1) / n * spec.nbytes, 2 * (n - 1), p.link_gbps
+        elif kind in ("allgather", "reducescatter", "alltoall"):
+            moved, steps, bw = (n - 1) / n * spec.nbytes, n - 1, p.link_gbps
+        elif kind == "sendrecv":
+            moved, steps, bw = float(spec.nbytes), 1, p.p2p_gbps
+        else:
+            raise ValueError(f"collective kind {kind!r} is not one of allreduce, allgather, reducescatter, alltoall, sendrecv")
+        t_link = moved / bw
+        # the SMs copy/reduce the data: clock-bound only below ~comm_clock_fraction of max
+        t_sm = t_link * (p.comm_clock_fraction * self.fmax / float(mhz))
+        return p.comm_base_ns + steps * p.link_latency_us * 1e3 + float(_pnorm([np.float64(t_link), np.float64(t_sm)], 4.0))
+
+    def comm_spin_w(self, ci: int) -> float:
+        return self.p.comm_spin_w * float(self.v2f[ci])
+
+    def memcpy_ns(self, kind: str, nbytes: float) -> float:
+        p = self.p
+        bw = p.dtod_gbps if kind == "DtoD" else p.pcie_gbps
+        return 1500.0 + nbytes / bw
+
+
+def _pnorm(parts, p: float):
+    """Smooth maximum: (sum x^p)^(1/p), computed scaled so that large p does not overflow."""
+    m = parts[0]
+    for x in parts[1:]:
+        m = np.maximum(m, x)
+    safe = np.where(m > 0, m, 1.0)
+    acc = 0.0
+    for x in parts:
+        acc = acc + (x / safe) ** p
+    return np.where(m > 0, safe * acc ** (1.0 / p), 0.0)
