@@ -35,6 +35,16 @@ class ProfileResult:
     cost_s: float  # wall time the profiling took (replays included)
 
 
+@dataclass(frozen=True)
+class KernelRange:
+    """A range of kernels named as a profiler sees them: the rank, and the ordinals of its kernel
+    launches within one iteration (host launch order, i.e. correlation order; every kernel counts,
+    NCCL ones included, copies and memsets do not)."""
+
+    rank: int
+    ordinals: tuple[int, ...]
+
+
 @dataclass
 class RunResult:
     """A workload run for N iterations under a policy."""
@@ -75,6 +85,10 @@ class Device(Protocol):
 
     def profile_range(self, kernels: list[Any]) -> ProfileResult:
         """Counters of one execution of a range of kernels (CUPTI range profiling on hardware)."""
+
+    def profile_ranges(self, workload: Any, ranges: list[KernelRange]) -> list[ProfileResult]:
+        """Counters of one execution of each range of `workload` (a workload config), as CUPTI range
+        profiling of a run of it would give them; each result's cost_s includes its replay passes."""
 
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:

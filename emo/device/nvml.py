@@ -225,6 +225,9 @@ class NvmlDevice:
     """The device protocol on real NVIDIA GPUs. Device ids 0..n-1 are the visible GPUs (ranks)."""
 
     def __init__(self, gpu_cfg: Any, *, controller: ClockController | None = None):
+        # CUDA's default device order is "fastest first"; NVML's is PCI bus order. Make CUDA device i
+        # NVML index i for this process and its children (only effective before CUDA initialises).
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.nvml = import_pynvml()
         nvml_init(self.nvml)
         get = (lambda k, d=None: gpu_cfg.get(k, d)) if isinstance(gpu_cfg, dict) else \
@@ -355,6 +358,13 @@ class NvmlDevice:
         """Table II counters of one execution of a range of microbenchmark kernels, through Nsight
         Compute's range replay (cupti-python binds no Range Profiler API; see docs/gpu.md)."""
         return ncu_profile_microbench_range([str(k) for k in kernels], gpu=self.indices[0])
+
+    def profile_ranges(self, workload: Any, ranges: list) -> list[ProfileResult]:
+        """Ranges of a traced command named by (rank, launch ordinals within an iteration)."""
+        raise NotImplementedError(
+            "profile_ranges on real GPUs needs CUPTI's range profiler around the n-th..m-th kernel launch "
+            "of a rerun of the command (or Nsight Compute --launch-skip/--launch-count per range); not "
+            "implemented yet: on the nvml backend profile packs with `ncu` by hand or use the sim backend")
 
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:

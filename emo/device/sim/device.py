@@ -264,7 +264,9 @@ class SimDevice:
     def profile_range(self, kernels: list[Any]) -> ProfileResult:
         """Table II counters of one execution of the range at the default clock, as CUPTI range
         profiling reports them; the replays cost virtual time (the GPU runs them)."""
-        specs = [k if isinstance(k, KernelSpec) else KernelSpec(name="k", work=k) for k in kernels]
+        from emo.device.sim.profiling import as_specs
+
+        specs = as_specs(kernels)
         if not specs:
             raise ValueError("profile_range: empty kernel range")
         w = [s.work for s in specs]
@@ -292,6 +294,12 @@ class SimDevice:
         cost_ns = 5e7 + passes * (busy + 2e6)  # session set-up + per pass (save/restore memory)
         self._profile_busy(tab, cost_ns)
         return ProfileResult(counters=c, passes=passes, cost_s=cost_ns * 1e-9)
+
+    def profile_ranges(self, workload: Any, ranges: list) -> list[ProfileResult]:
+        """Ranges named by (rank, launch ordinals within an iteration): emo.device.sim.profiling."""
+        from emo.device.sim.profiling import profile_ranges
+
+        return profile_ranges(self, workload, ranges)
 
     def _profile_busy(self, tab: KernelTables, cost_ns: float) -> None:
         # the GPU replays the range at the default clock; count it as mean-kernel power
