@@ -34,6 +34,7 @@ def fresh_guard(monkeypatch):
     monkeypatch.setattr(nv, "_GUARD", _QuietGuard())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("ZEUSD_SOCK_PATH", raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # NvmlDevice sets it; keep the test env clean
 
 
 def _device(monkeypatch, root=True, **kw):
