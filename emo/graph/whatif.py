@@ -46,9 +46,11 @@ class Result:
     start_ns: np.ndarray          # per node id, relative to the recorded origin
     finish_ns: np.ndarray
     critical_pred: np.ndarray     # node id of the in-edge that bound the start (-1: none)
+    critical_edge: np.ndarray     # row of graph.edges that bound the start (-1: none)
     critical_path: np.ndarray     # node ids, first to last
     slack_ns: np.ndarray          # per node id
     replay_error_ns: int          # max |replayed - recorded| start over GPU nodes (recorded durations only)
+    delay_ns: np.ndarray          # the fixed delay per node id (launch latency, queueing, start offset)
 
 
 @numba.njit(cache=True)
@@ -84,7 +86,7 @@ def _forward(indptr, src, from_start, dur, delay, start, finish, crit):
             t = start[u] if from_start[k] else finish[u]
             if arg == -1 or t > best:
                 best = t
-                arg = u
+                arg = k
         s = best + delay[v]
         start[v] = s
         finish[v] = s + dur[v]
@@ -175,17 +177,18 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     v = int(np.argmax(finish)) if c.n else -1
     while v >= 0:
         path.append(v)
-        v = int(crit[v])
+        v = int(c.src[crit[v]]) if crit[v] >= 0 else -1
     path_ids = c.order[np.array(path[::-1], np.int64)] if path else np.zeros(0, np.int64)
     replay = 0
     if dur_ns is None and c.is_gpu.any():
         replay = int(np.abs(start[c.is_gpu] - c.recorded_start[c.is_gpu]).max())
     to_id = c.pos
-    crit_ids = np.where(crit >= 0, c.order[np.maximum(crit, 0)], -1)
+    crit_ids = np.where(crit >= 0, c.order[c.src[np.maximum(crit, 0)]], -1)
+    crit_edge = np.where(crit >= 0, c.edge_id[np.maximum(crit, 0)], -1)
     return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
-                  critical_pred=crit_ids[to_id], critical_path=path_ids,
+                  critical_pred=crit_ids[to_id], critical_edge=crit_edge[to_id], critical_path=path_ids,
                   slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
-                  replay_error_ns=replay)
+                  replay_error_ns=replay, delay_ns=c.delay[to_id])
 
 
 def replay_error_ns(compiled: Compiled) -> int:

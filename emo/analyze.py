@@ -1,0 +1,103 @@
+"""`emo analyze PATH`: critical path, its breakdown, slack per GPU and replay error of a trace.
+
+PATH is a Kineto JSON trace (plain or .gz), a folder of per-rank Kineto files, or an Nsight
+Systems SQLite export. `--hta-compatible` also reports the critical path under Holistic Trace
+Analysis's conventions (per rank), so the two tools can be compared number for number."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+
+from emo.graph import Graph, build_graph, summary
+from emo.graph.hta import hta_critical_path
+from emo.graph.whatif import Result, compile_graph, whatif
+from emo.trace import clip_window, read_trace
+
+
+@dataclass
+class Analysis:
+    summary: dict
+    events: pd.DataFrame
+    graph: Graph
+    result: Result
+    t0_ns: int
+
+
+def analyze_trace(path, rank: int | None = None, annotation: str | None = None, instance: int = 0,
+                  hta_compatible: bool = False) -> Analysis:
+    events = read_trace(path)
+    if rank is not None:
+        events = events[events["rank"] == rank].reset_index(drop=True)
+        if events.empty:
+            raise ValueError(f"{path}: no events on rank {rank}")
+    window = clip_window(events, annotation, instance) if annotation else events
+    graph = build_graph(window)
+    compiled = compile_graph(graph)
+    result = whatif(compiled)
+    out = summary(graph, result, compiled)
+    out["mode"] = "default"
+    if hta_compatible:
+        ranks = [rank] if rank is not None else sorted(int(r) for r in events["rank"].unique())
+        per = {}
+        for r in ranks:
+            h = hta_critical_path(events, r, annotation or "", instance)
+            per[r] = {"critical_path_us": h.cp_us, "breakdown_us": h.breakdown_us, "path_nodes": h.path_nodes,
+                      "graph_nodes": h.graph_nodes, "graph_edges": h.graph_edges}
+        out["mode"] = "hta-compatible"
+        out["emo_critical_path_us"] = out["critical_path_us"]
+        out["critical_path_us"] = float(per[ranks[0]]["critical_path_us"])
+        out["hta"] = per
+    return Analysis(out, window, graph, result, compiled.t0)
+
+
+def _text(s: dict) -> str:
+    lines = [f"critical path   {s['critical_path_us']:.1f} us  ({s['mode']}; makespan {s['makespan_us']:.1f} us, "
+             f"{s['critical_path_nodes']} nodes on ranks {s['critical_path_ranks']})"]
+    label = "  EMO breakdown " if s["mode"] == "hta-compatible" else "  breakdown     "
+    lines.append(label + ", ".join(f"{k} {v:.1f}" for k, v in s["breakdown_us"].items() if v))
+    if s["mode"] == "hta-compatible":
+        for r, h in s["hta"].items():
+            lines.append(f"  HTA rank {r}    {h['critical_path_us']} us  "
+                         + ", ".join(f"{k} {v}" for k, v in h["breakdown_us"].items() if v))
+    lines.append(f"replay error    {s['replay_error_us']:.3f} us")
+    lines.append(f"ranks           {s['ranks']}; collectives matched {s['collectives_matched']}/{s['collectives']}")
+    for gpu, us in s["slack_us"].items():
+        lines.append(f"slack {gpu:12s} {us:.1f} us")
+    waited = s["collective_waits"]["waited_for_us_by_rank"]
+    if waited:
+        lines.append("collective waits: ranks waited for " + ", ".join(f"rank {r}: {us:.1f} us" for r, us in waited.items()))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    a = analyze_trace(args.path, rank=args.rank, annotation=args.annotation, instance=args.instance,
+                      hta_compatible=args.hta_compatible)
+    if args.perfetto:
+        from emo.graph.perfetto import write_perfetto
+
+        write_perfetto(args.perfetto, args.path, a.events, a.graph, a.result, a.t0_ns)
+    if args.json:
+        json.dump(a.summary, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(_text(a.summary))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("analyze", help="critical path, slack and replay error of a trace",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="Kineto JSON (.json/.json.gz), folder of per-rank files, or nsys .sqlite")
+    p.add_argument("--rank", type=int, default=None, help="analyse this rank only")
+    p.add_argument("--annotation", default=None, help="restrict to an annotation, e.g. ProfilerStep")
+    p.add_argument("--instance", type=int, default=0, help="which instance of the annotation (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--perfetto", metavar="OUT", default=None,
+                   help="write the trace with critical-path and slack tracks (.json or .json.gz)")
+    p.add_argument("--hta-compatible", action="store_true",
+                   help="also compute the critical path with Holistic Trace Analysis's conventions")
+    p.set_defaults(func=run)
