@@ -1,0 +1,136 @@
+"""The calibration table (`bench.parquet`) as arrays, and the power terms it yields.
+
+`bench` has one row per microbenchmark x SM clock (repeats allowed: they are averaged by median):
+`bench, sm_mhz, time_s, energy_j` plus the counter vector of one launch (`emo.device.COUNTERS`),
+read at the default clock (other rows may repeat it or leave it empty).
+
+Power terms, per clock f:
+  P_idle(f)  board power of the `idle` microbenchmark (a context held, nothing to do): E / T;
+  P_run(f)   board power of a GPU that is running a kernel but doing no work on any unit: the
+             constant that every running kernel pays per second on top of the work it does. The
+             suite runs the same work at two occupancies (e.g. fp32_fma_high / _low): same work,
+             same work energy, different time, so E_low - E_high = P_run * (T_low - T_high). P_run
+             is the least-squares slope over all such pairs (found from equal work counters, so no
+             registry is needed), never below P_idle; P_idle when the suite has no pairs.
+  W_j(f)     the work energy of benchmark j: E_j(f) - P_run(f) * T_j(f), what its operations and
+             bytes cost (for CMOS, per operation ~ C V(f)^2; DRAM bytes ~ constant).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from emo.device import COUNTERS
+
+# Counters that measure time or occupancy rather than work: they do not add up when the units of a
+# kernel work in parallel, and two runs of the same work at different occupancy differ in them.
+TIME_COUNTERS = ("sm_active_cycles", "active_warps")
+WORK_COUNTERS = tuple(c for c in COUNTERS if c not in TIME_COUNTERS)
+BENCH_COLUMNS = ("bench", "sm_mhz", "time_s", "energy_j")
+IDLE_BENCH = "idle"
+
+
+@dataclass(frozen=True)
+class BenchTables:
+    """The calibration as arrays: J benchmarks x C clocks."""
+
+    names: tuple[str, ...]
+    clocks: np.ndarray  # [C] MHz, ascending
+    default_index: int  # index of the default clock in `clocks`
+    time_s: np.ndarray  # [J, C] one launch
+    energy_j: np.ndarray  # [J, C] one launch
+    counters: np.ndarray  # [J, K] one launch at the default clock, K = len(COUNTERS)
+
+    @property
+    def default_mhz(self) -> int:
+        return int(self.clocks[self.default_index])
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+
+def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench") -> BenchTables:
+    """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
+    counters were read at and the anchor of every curve (default: the highest clock)."""
+    missing = [c for c in (*BENCH_COLUMNS, *COUNTERS) if c not in bench.columns]
+    if missing:
+        raise ValueError(f"{where}: missing columns {', '.join(missing)}")
+    if bench.empty:
+        raise ValueError(f"{where}: no rows")
+    df = bench.assign(bench=bench["bench"].astype(str), sm_mhz=bench["sm_mhz"].astype(np.int64))
+    bad = df[~((df["time_s"] > 0) & (df["energy_j"] > 0))]
+    if len(bad):
+        r = bad.iloc[0]
+        raise ValueError(f"{where}: {r['bench']} at {r['sm_mhz']} MHz has time_s={r['time_s']}, "
+                         f"energy_j={r['energy_j']} (both must be > 0)")
+    med = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]].median()
+    names = tuple(dict.fromkeys(df["bench"]))
+    clocks = np.sort(df["sm_mhz"].unique())
+    full = pd.MultiIndex.from_product([names, clocks], names=["bench", "sm_mhz"])
+    med = med.reindex(full)
+    if med.isna().any().any():
+        b, f = med[med.isna().any(axis=1)].index[0]
+        raise ValueError(f"{where}: no measurement of {b} at {f} MHz (every benchmark needs every clock)")
+    f0 = int(clocks[-1]) if default_mhz is None else int(default_mhz)
+    if f0 not in set(clocks.tolist()):
+        raise ValueError(f"{where}: default clock {f0} MHz was not calibrated")
+    at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(COUNTERS)].median().reindex(list(names))
+    if at0.isna().any().any():
+        b = at0[at0.isna().any(axis=1)].index[0]
+        raise ValueError(f"{where}: {b} has no counter vector at the default clock {f0} MHz")
+    counters = at0.to_numpy(np.float64)
+    if (counters < 0).any():
+        raise ValueError(f"{where}: negative counter values")
+    shape = (len(names), len(clocks))
+    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)),
+                       med["time_s"].to_numpy(np.float64).reshape(shape),
+                       med["energy_j"].to_numpy(np.float64).reshape(shape), counters)
+
+
+def idle_power_w(tables: BenchTables, idle_bench: str = IDLE_BENCH) -> np.ndarray:
+    """[C] P_idle(f): the idle microbenchmark's energy over its time."""
+    if idle_bench not in tables.names:
+        raise ValueError(f"bench: no {idle_bench!r} microbenchmark (needed for idle power)")
+    j = tables.index(idle_bench)
+    return tables.energy_j[j] / tables.time_s[j]
+
+
+def idle_power(bench: pd.DataFrame, idle_bench: str = IDLE_BENCH) -> pd.Series:
+    """P_idle per clock as a Series indexed by sm_mhz (W)."""
+    t = bench_tables(bench)
+    return pd.Series(idle_power_w(t, idle_bench), index=pd.Index(t.clocks, name="sm_mhz"), name="idle_power_w")
+
+
+def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str, ...] = (IDLE_BENCH,)) -> list[list[int]]:
+    """Benchmarks whose work counters agree within `rtol` (same work, different launch)."""
+    w = tables.counters[:, [COUNTERS.index(c) for c in WORK_COUNTERS]]
+    groups: list[list[int]] = []
+    for j in range(len(tables.names)):
+        if tables.names[j] in exclude or not w[j].any():
+            continue
+        for g in groups:
+            ref = w[g[0]]
+            if np.all(np.abs(w[j] - ref) <= rtol * np.maximum(np.abs(ref), np.abs(w[j])) + 1e-12):
+                g.append(j)
+                break
+        else:
+            groups.append([j])
+    return [g for g in groups if len(g) > 1]
+
+
+def running_power_w(tables: BenchTables, p_idle: np.ndarray, min_time_ratio: float = 1.05) -> np.ndarray:
+    """[C] P_run(f): least-squares slope of dE against dT over same-work pairs (module docstring)."""
+    d_e, d_t = [], []
+    for g in same_work_groups(tables):
+        ref = g[int(np.argmin(tables.time_s[g, tables.default_index]))]
+        for j in g:
+            if tables.time_s[j, tables.default_index] >= min_time_ratio * tables.time_s[ref, tables.default_index]:
+                d_e.append(tables.energy_j[j] - tables.energy_j[ref])
+                d_t.append(tables.time_s[j] - tables.time_s[ref])
+    if not d_t:
+        return p_idle.copy()
+    de, dt = np.asarray(d_e), np.asarray(d_t)
+    slope = (de * dt).sum(axis=0) / (dt * dt).sum(axis=0)
+    return np.maximum(slope, p_idle)
