@@ -170,11 +170,13 @@ def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = No
     NVML indices; by default rank r of a torchrun job drives its own GPU (LOCAL_RANK)."""
     import os
 
-    from emo.device.nvml import ClockController, import_pynvml, nvml_init, visible_nvml_indices
+    from emo.device import nvml as nv
 
-    nvml = import_pynvml()
-    nvml_init(nvml)
-    ctl = ClockController.auto(nvml)
+    nvml = nv.import_pynvml()
+    nv.nvml_init(nvml)
+    ctl = nv.ClockController.auto(nvml)
+    nv._GUARD.arm(ctl)  # the clock threads are not the main thread: install the signal handlers here
+    visible_nvml_indices = nv.visible_nvml_indices
     if devices is None:
         visible = visible_nvml_indices(nvml)
         if "LOCAL_RANK" in os.environ:

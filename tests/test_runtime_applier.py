@@ -93,3 +93,39 @@ def test_setter_errors_are_kept_not_raised_in_the_loop():
     assert len(ap.errors) >= 1 and "refused" in str(ap.errors[0])
     assert [c[1] for c in setter.calls].count("reset") == 1
 
+
+
+def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path):
+    """Clock changes come from background threads; the handlers must still be installed."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    log = tmp_path / "calls.jsonl"
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import nvml_fake
+        sys.modules["pynvml"] = nvml_fake.FakeNVML(log_path={str(log)!r})
+        from emo.policy import FrequencyPolicy, Step
+        from emo.runtime import nvml_applier
+        pol = FrequencyPolicy(gpu="a100", steps={{0: [Step(0, 1410), Step(5, 900)]}}, period_ms=50)
+        ap = nvml_applier(pol)
+        ap.step()
+        time.sleep(0.1)
+        print("ready", flush=True)
+        time.sleep(30)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=20)
+    calls = [tuple(json.loads(l)) for l in log.read_text().splitlines()]
+    locks = [c for c in calls if c[0] == "lock"]
+    assert locks and locks[0] == ("lock", 0, 1410, 1410)
+    assert calls.index(("reset", 0)) > calls.index(locks[0])
+    assert p.returncode == -signal.SIGTERM

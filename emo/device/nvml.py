@@ -154,6 +154,14 @@ class _RestoreGuard:
             if not self._installed:
                 self._install()
 
+    def arm(self, controller: ClockController) -> None:
+        """Install the handlers now, from the main thread, for changes later made by other threads
+        (signal handlers can only be installed from the main thread)."""
+        with self._lock:
+            self._controller = self._controller or controller
+            if not self._installed:
+                self._install()
+
     def restored(self, index: int, what: str) -> None:
         with self._lock:
             self._changed.get(index, set()).discard(what)
