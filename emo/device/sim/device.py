@@ -126,6 +126,33 @@ class SimDevice:
         self._check_gpu(device)
         return self.meters[device].power_w(self.now)
 
+    def utilization(self, device: int = 0) -> dict[str, float]:
+        """Utilisation of one GPU over the last run, like nvmlDeviceGetUtilizationRates over its sample
+        period (fractions 0..1): `gpu`, the share of the time a kernel was running; `memory`, the DRAM
+        bandwidth used over that time as a share of the peak (what online governors such as GEEPAFS
+        read as a throughput signal)."""
+        self._check_gpu(device)
+        res, tab = self.last_sim, getattr(self, "last_tables", None)
+        g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
+        span = 0.0 if res is None else res.t_end - res.t_start
+        if g is None or tab is None or span <= 0:
+            return {"gpu": 0.0, "memory": 0.0}
+        # compute-kernel segments at one clock each, as the energy meter sees them (energy.power_steps)
+        cols = []
+        if g.segs:
+            s = np.asarray(g.segs, dtype=np.float64)
+            cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
+        kern = res.ranks[g.idx].kernels
+        if len(kern):
+            k = np.asarray(kern, dtype=np.float64)
+            cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7]))
+        busy = mem = 0.0
+        for s0, s1, kid, eff in cols:
+            dur = np.clip(s1, res.t_start, res.t_end) - np.clip(s0, res.t_start, res.t_end)
+            busy += float(dur.sum())
+            mem += float((dur * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)]).sum())
+        return {"gpu": min(busy / span, 1.0), "memory": min(mem / span, 1.0)}
+
     def time_s(self) -> float:
         return self.now * 1e-9
 
