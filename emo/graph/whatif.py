@@ -95,16 +95,26 @@ def _forward(indptr, src, from_start, dur, delay, start, finish, crit):
 
 @numba.njit(cache=True)
 def _backward(indptr, src, from_start, dur, delay, finish, end, latest):
+    """latest[v]: the latest v may finish without moving the end. A successor that waits only for
+    v's start (from_start) bounds v's start, not its finish, so it limits v's predecessors only."""
     n = dur.shape[0]
+    big = np.iinfo(np.int64).max
+    latest_start = np.empty(n, np.int64)
     for v in range(n):
         latest[v] = end
+        latest_start[v] = big
     for v in range(n - 1, -1, -1):
-        bound = latest[v] - dur[v] - delay[v]  # latest the binding constraint of v may be met
+        ls = latest[v] - dur[v]
+        if latest_start[v] < ls:
+            ls = latest_start[v]
+        bound = ls - delay[v]  # latest the binding constraint of v may be met
         for k in range(indptr[v], indptr[v + 1]):
             u = src[k]
-            lim = bound + dur[u] if from_start[k] else bound
-            if lim < latest[u]:
-                latest[u] = lim
+            if from_start[k]:
+                if bound < latest_start[u]:
+                    latest_start[u] = bound
+            elif bound < latest[u]:
+                latest[u] = bound
 
 
 @numba.njit(cache=True)
