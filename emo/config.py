@@ -117,8 +117,8 @@ class ZeusOptions:
     min_power_limit_w: float = 100.0  # lowest settable limit when the device cannot say (the sim)
     pl_step_w: int = 25  # stride between the power limits it profiles
     wait_steps: int = 1
-    warmup_steps: int = 1  # iterations before each limit's profiling window
-    profile_steps: int = 3  # iterations in each limit's profiling window
+    warmup_steps: int = 2  # iterations before each limit's profiling window
+    profile_steps: int = 10  # iterations in each limit's window (long enough for the energy counter)
     max_steps: int = 5000  # give up (error) when it has not settled by then
 
 

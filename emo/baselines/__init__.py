@@ -1,0 +1,34 @@
+"""Online baselines: methods that tune a GPU while the workload runs, with no model of it.
+
+    ONLINE                                   names of the online methods (optimizer.name)
+    run_online(name, device, workload, devices, budget, optimizer_cfg, gpu_cfg) -> OnlineResult
+
+- zeus: the `zeus` package's GlobalPowerLimitOptimizer, driving the device's power limit;
+- geepafs: GEEPAFS's probe / fold-line / lowest-clock-within-target loop, driving locked clocks.
+Both run against any `emo.device.Device` (the virtual GPU or NVML), through the same protocol.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from emo.baselines.online import OnlineResult
+
+ONLINE = ("zeus", "geepafs")
+
+__all__ = ["ONLINE", "OnlineResult", "run_online"]
+
+
+def run_online(name: str, device: Any, workload: Any, devices: Sequence[int], budget: float,
+               optimizer_cfg: dict, gpu_cfg: dict, *, iterations: int, warmup: int) -> OnlineResult:
+    if name == "zeus":
+        from emo.baselines.zeus import run_zeus
+
+        opts = {**optimizer_cfg["zeus"], "iterations": iterations, "warmup": warmup}
+        return run_zeus(device, workload, devices, budget, opts, gpu_cfg)
+    if name == "geepafs":
+        from emo.baselines.geepafs import run_geepafs
+
+        opts = {**optimizer_cfg["geepafs"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
+                "iterations": iterations, "warmup": warmup}
+        return run_geepafs(device, workload, devices, budget, opts)
+    raise ValueError(f"optimizer.name: {name!r} is not an online baseline (expected one of {', '.join(ONLINE)})")
