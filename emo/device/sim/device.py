@@ -198,7 +198,8 @@ class SimDevice:
         self.last_sim_seconds = _time.perf_counter() - wall
         t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
         for g in res.gpus:
-            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w, g.segs, tab.power_w, g.xsegs)
+            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w, g.segs, tab.power_w, g.xsegs,
+                               res.ranks[g.idx].kernels)
             self.meters[g.idx].append(t, e)
             self._ci[g.idx] = g.req_ci
             self._last_issue[g.idx] = g.last_issue
@@ -241,7 +242,7 @@ class SimDevice:
             return workload
         from emo.workloads import build_program  # lazily: the device protocol does not need workloads
 
-        return build_program(workload)
+        return build_program(workload, self.name)
 
     # ------------------------------------------------------------------ protocol: microbenchmarks
     def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
@@ -275,7 +276,7 @@ class SimDevice:
             self.policy = saved
         n = launches * per_iter
         kern = res.ranks[0].kernels
-        t_first, t_last = kern[0][3], kern[-1][4]
+        t_first, t_last = kern[0][3], max(k[4] for k in kern)
         meter = self.meters[0]
         # steady state: counter updates strictly inside the busy span (the tail may include idle)
         u0 = meter.next_update(t_first + 1.0)

@@ -16,23 +16,31 @@ import numpy as np
 
 
 def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int], base_w: np.ndarray,
-                segs: list[tuple], kernel_power: np.ndarray, xsegs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+                segs: list[tuple], kernel_power: np.ndarray, xsegs: list[tuple],
+                kernels: list[tuple] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Breakpoints and cumulative energy (J) over [t0, t1] (ns) of one GPU.
 
     clock_t/clock_ci: requested-clock timeline (first entry at or before t0); base_w[ci]: power with
     no kernel; segs: compute-kernel segments (s0, s1, kid, eff_ci, req_ci) at one clock each, drawing
-    kernel_power[kid, eff_ci] instead of the idle power; xsegs: (s0, s1, watts) drawn on top.
+    kernel_power[kid, eff_ci] instead of the idle power; xsegs: (s0, s1, watts) drawn on top;
+    kernels: engine kernel records, whose last segment (seg_t0..end at eff_ci, req_ci) is not in segs.
     """
     ct = np.asarray(clock_t, dtype=np.float64)
     cc = np.asarray(clock_ci, dtype=np.int64)
     bw = base_w[cc]
     parts_t = [ct]
     parts_d = [np.diff(bw, prepend=0.0)]
+    cols = []
     if segs:
         s = np.asarray(segs, dtype=np.float64)
-        kid, eff, req = s[:, 2].astype(np.int64), s[:, 3].astype(np.int64), s[:, 4].astype(np.int64)
+        cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3], s[:, 4]))
+    if len(kernels):
+        k = np.asarray(kernels, dtype=np.float64)
+        cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7], k[:, 8]))
+    for s0, s1, kid, eff, req in cols:
+        kid, eff, req = kid.astype(np.int64), eff.astype(np.int64), req.astype(np.int64)
         dp = kernel_power[kid, eff] - base_w[req]
-        parts_t += [s[:, 0], s[:, 1]]
+        parts_t += [s0, s1]
         parts_d += [dp, -dp]
     if xsegs:
         x = np.asarray(xsegs, dtype=np.float64)

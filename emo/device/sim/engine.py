@@ -18,6 +18,7 @@ done, cudaStreamWaitEvent waits for the most recent record of the event at call 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -64,7 +65,7 @@ class _Gpu:
         self.last_issue = last_issue
         self.clock_t = [t0]
         self.clock_ci = [ci]
-        self.segs: list[tuple] = []  # compute kernel segments: (t0, t1, kid, eff_ci, req_ci)
+        self.segs: list[tuple] = []  # compute-kernel segments ended by a clock change: (t0, t1, kid, eff_ci, req_ci)
         self.xsegs: list[tuple] = []  # extra power intervals: (t0, t1, watts)
         self.pending = 0  # items queued or running on any stream
         self.dev_waiters: list[int] = []
@@ -75,11 +76,11 @@ class _Gpu:
 class RankRecord:
     """What one rank did: everything the trace writer and the meters need."""
 
-    host: list = field(default_factory=list)  # (rt_code, t0, dur, corr, ext, arg)
+    host: list = field(default_factory=list)  # runtime calls: (rt_code, t0, dur, corr, ext, arg, cpu_op t0, cpu_op name)
     cpu_ops: list = field(default_factory=list)  # (name, t0, dur, ext)
     annotations: list = field(default_factory=list)  # (name, t0, dur, ext)  user_annotation
     comm_ops: list = field(default_factory=list)  # (t0, dur, ext, coll_idx)  record_param_comms
-    kernels: list = field(default_factory=list)  # (corr, kid, sid, t0, t1, ext)
+    kernels: list = field(default_factory=list)  # (corr, kid, sid, t0, t1, ext, seg_t0, eff_ci, req_ci)
     colls: list = field(default_factory=list)  # (corr, coll_idx, sid, t0, t1, ext)
     copies: list = field(default_factory=list)  # (corr, kind, nbytes, sid, t0, t1, ext)
     syncs: list = field(default_factory=list)  # (kind, sid, t0, t1, corr, ext, rec_corr, rec_sid)
@@ -117,10 +118,9 @@ class Engine:
         self.gpus = [_Gpu(g, clock_ci[g], last_issue[g], t_start) for g in range(n)]
         self.ranks = [RankRecord() for _ in range(n)]
         self.heap: list = []
-        self.seq = 0
+        self.cnt = itertools.count()
         self.wake = [t_start] * n
         self.colls: dict = {}
-        self.kernel_count = 0
         self.spin_w = [gphys.comm_spin_w(c) for c in range(len(gphys.clocks))]
         self.clocks = gphys.clocks.tolist()
         ranges = {}
@@ -131,8 +131,7 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _push(self, t, kind, a, b=None):
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        heapq.heappush(self.heap, (t, next(self.cnt), kind, a, b))
 
     def _stream(self, g: _Gpu, sid: int) -> _Stream:
         st = g.streams.get(sid)
@@ -149,8 +148,11 @@ class Engine:
             self._push(self.t_start, E_HOST, r)
         heap = self.heap
         pop = heapq.heappop
+        hpush = heapq.heappush
+        cnt = self.cnt
         gpus = self.gpus
-        dur = self.dur
+        dur, thr = self.dur, self.thr
+        kernel_lists = [rec.kernels for rec in self.ranks]
         while heap:
             t, _, kind, a, b = pop(heap)
             if kind == E_KEND:
@@ -159,14 +161,25 @@ class Engine:
                     continue  # re-scheduled by a clock change
                 run = g.run
                 st = run[0]
-                g.segs.append((run[2], t, run[1], run[4], g.req_ci))
-                self.ranks[a].kernels.append((run[6], run[1], st.sid, run[5], t, run[7]))
-                g.run = None
+                # (corr, kid, sid, start, end, ext, last-segment start, its clock, requested clock)
+                kernel_lists[a].append((run[6], run[1], st.sid, run[5], t, run[7], run[2], run[4], g.req_ci))
                 g.end_t = t
-                g.sm_busy = False
-                st.q.popleft()
-                st.busy = False
+                q = st.q
+                q.popleft()
                 g.pending -= 1
+                if q and not g.sm_waiters:
+                    item = q[0]
+                    if item[0] == 0 and item[1] <= t:
+                        # fast path: the stream's next kernel is already queued and the SMs are free
+                        kid = item[3]
+                        eff = thr[kid][g.req_ci]
+                        g.run = [st, kid, t, 1.0, eff, t, item[2], item[4]]
+                        g.ver += 1
+                        hpush(heap, (t + dur[kid][eff], next(cnt), 0, a, g.ver))
+                        continue
+                g.run = None
+                g.sm_busy = False
+                st.busy = False
                 self._sm_free(g, st, t)
             elif kind == E_XEND:
                 st = a
@@ -200,7 +213,7 @@ class Engine:
         for rec, g in zip(self.ranks, gpus):
             rec.gpu_end = max(rec.host_end, g.end_t)
             t_end = max(t_end, rec.gpu_end)
-        return SimResult(self.ranks, gpus, self.t_start, t_end, self.kernel_count)
+        return SimResult(self.ranks, gpus, self.t_start, t_end, sum(len(k) for k in kernel_lists))
 
     # ------------------------------------------------------------------ GPU side
     def _advance(self, st: _Stream, now: float) -> None:
@@ -270,9 +283,7 @@ class Engine:
         st.busy = True
         g.run = [st, kid, now, 1.0, eff, now, item[2], item[4]]
         g.ver += 1
-        self.kernel_count += 1
-        self.seq += 1
-        heapq.heappush(self.heap, (end, self.seq, E_KEND, g.idx, g.ver))
+        heapq.heappush(self.heap, (end, next(self.cnt), E_KEND, g.idx, g.ver))
 
     def _sm_free(self, g: _Gpu, st: _Stream, now: float) -> None:
         """The SMs became free at `now`: give them to the earliest-released waiting kernel."""
@@ -350,25 +361,67 @@ class Engine:
         self._push(t + max(run[3], 0.0) * self.dur[kid][new_eff], E_KEND, g.idx, g.ver)
 
     # ------------------------------------------------------------------ host side
+    def _compile(self, r: int) -> list[tuple]:
+        """Rank r's ops with plain-int codes and resolved streams/names, validated once per run."""
+        prog = self.prog
+        g = self.gpus[r]
+        opname = [k.op_name for k in prog.kernels]
+        nk, nc = len(prog.kernels), len(prog.collectives)
+        out = []
+        for op in prog.ops[r]:
+            try:
+                code = int(op[0])
+                if code == 1:
+                    if not 0 <= op[2] < nk:
+                        raise IndexError(f"kernel {op[2]} not in the kernel table ({nk})")
+                    out.append((1, self._stream(g, op[1]), op[2], opname[op[2]]))
+                elif code == 0:
+                    if op[1] < 0:
+                        raise ValueError("negative duration")
+                    out.append((0, float(op[1]), op[2]))
+                elif code == 8:
+                    if not 0 <= op[2] < nc:
+                        raise IndexError(f"collective {op[2]} not in the collective table ({nc})")
+                    if r not in prog.collectives[op[2]].ranks:
+                        raise ValueError(f"rank {r} is not among the collective's ranks {prog.collectives[op[2]].ranks}")
+                    out.append((8, self._stream(g, op[1]), op[2]))
+                elif code == 3:
+                    out.append((3, op[1], self._stream(g, op[2])))
+                elif code == 4:
+                    out.append((4, self._stream(g, op[1]), op[2]))
+                elif code == 2:
+                    if op[2] not in ("HtoD", "DtoH", "DtoD"):
+                        raise ValueError(f"memcpy kind {op[2]!r} is not HtoD, DtoH or DtoD")
+                    out.append((2, self._stream(g, op[1]), op[2], float(op[3]), bool(op[4])))
+                elif code == 5:
+                    out.append((5, self._stream(g, op[1])))
+                elif code in (6, 10):
+                    out.append((code, op[1]))
+                elif code in (7, 9, 11):
+                    out.append((code,))
+                else:
+                    raise ValueError("unknown op code")
+            except (IndexError, TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"program {prog.name!r}: rank {r}: bad op {op!r}: {e}") from None
+        return out
+
     def _host(self, r: int):
         """Rank r's host thread: runs ahead through its ops; yields when it blocks on a sync."""
         prog = self.prog
-        ops = prog.ops[r]
+        ops = self._compile(r)
         g = self.gpus[r]
         rec = self.ranks[r]
         host_app, cpu_app, ann_app, sync_app = rec.host.append, rec.cpu_ops.append, rec.annotations.append, rec.syncs.append
-        kspecs = prog.kernels
-        opname = [k.op_name for k in kspecs]
+        comm_app = rec.comm_ops.append
         phys = self.phys
         pre, post = phys.cpu_op_pre_us * 1e3, phys.cpu_op_post_us * 1e3
         qlat = phys.launch_queue_us * 1e3
         comm_op = phys.comm_op_us * 1e3
         jl, jn, jr, jm = (self.jit["launch_us"], self.jit["nccl_launch_us"], self.jit["runtime_call_us"],
                           self.jit["memcpy_call_us"])
-        streams = g.streams
-        stream_of = self._stream
-        push = self._push
-        advance = self._advance
+        heap = self.heap
+        cnt = self.cnt
+        hpush = heapq.heappush
         steps = self.policy.get(r, [])
         lead = self.lead_ns
         rng = self.rng
@@ -382,129 +435,110 @@ class Engine:
         for it in range(self.iterations):
             for op in ops:
                 code = op[0]
-                if code == 1:  # LAUNCH
-                    kid = op[2]
-                    name = opname[kid]
+                if code == 1:  # LAUNCH: [cpu_op [cudaLaunchKernel] ]
+                    name = op[3]
                     t0 = t
                     if name:
                         t += pre
                     d = jl[j & 4095]
                     j += 1
                     corr += 1
-                    host_app((0, t, d, corr, ext, kid))
+                    # (code, runtime start, dur, corr, ext, kernel, cpu_op start, cpu_op name)
+                    host_app((0, t, d, corr, ext, op[2], t0, name))
                     t += d
-                    st = streams.get(op[1])
-                    if st is None:
-                        st = stream_of(g, op[1])
+                    st = op[1]
                     g.pending += 1
                     q = st.q
                     if not q and not st.busy:
-                        push(t + qlat, 2, st)  # E_TRY: the stream is idle
-                    q.append((0, t + qlat, corr, kid, ext))
+                        hpush(heap, (t + qlat, next(cnt), 2, st, None))  # E_TRY: the stream was idle
+                    q.append((0, t + qlat, corr, op[2], ext))
                     if name:
                         t += post
-                        cpu_app((name, t0, t - t0, ext))
                     ext += 1
                 elif code == 0:  # CPU
-                    cpu_app((op[2], t, float(op[1]), ext))
+                    cpu_app((op[2], t, op[1], ext))
                     ext += 1
                     t += op[1]
-                elif code == 8:  # COLLECTIVE
-                    sid, cidx = op[1], op[2]
-                    spec = prog.collectives[cidx]
-                    if r not in spec.ranks:
-                        raise ValueError(f"program {prog.name!r}: rank {r} launches collective {cidx} whose ranks are {spec.ranks}")
+                elif code == 3:  # RECORD
+                    d = jr[j & 4095]
+                    j += 1
+                    corr += 1
+                    st = op[2]
+                    host_app((3, t, d, corr, ext, st.sid, t, ""))
+                    er = [None, [], corr, st.sid]
+                    events[op[1]] = er
+                    g.pending += 1
+                    if not st.q and not st.busy:
+                        hpush(heap, (t + d, next(cnt), 2, st, None))
+                    st.q.append((3, t + d, er))
+                    t += d
+                    ext += 1
+                elif code == 4:  # WAIT
+                    d = jr[j & 4095]
+                    j += 1
+                    corr += 1
+                    st = op[1]
+                    host_app((4, t, d, corr, ext, st.sid, t, ""))
+                    g.pending += 1
+                    er = events.get(op[2])
+                    if not st.q and not st.busy:
+                        hpush(heap, (t + d, next(cnt), 2, st, None))
+                    st.q.append((4, t + d, er, corr, ext))
+                    sync_app((3, st.sid, t + 1000.0, t + d, corr, ext, er[2] if er else -1, er[3] if er else -1))
+                    t += d
+                    ext += 1
+                elif code == 8:  # COLLECTIVE: [record_param_comms [nccl:* [cudaLaunchKernel]]]
+                    st, cidx = op[1], op[2]
                     t0 = t
                     t += comm_op * 0.4
                     d = jn[j & 4095]
                     j += 1
                     corr += 1
-                    host_app((1, t, d, corr, ext, cidx))
+                    host_app((1, t, d, corr, ext, cidx, t, ""))
                     t += d
-                    st = stream_of(g, sid)
                     g.pending += 1
-                    was_idle = not st.q and not st.busy
+                    if not st.q and not st.busy:
+                        hpush(heap, (t + qlat, next(cnt), 2, st, None))
                     st.q.append((1, t + qlat, corr, (it, cidx), ext))
-                    if was_idle:
-                        push(t + qlat, 2, st)
                     t += comm_op * 0.6
-                    rec.comm_ops.append((t0, t - t0, ext, cidx))
-                    ext += 1
-                elif code == 3:  # RECORD
-                    eid, sid = op[1], op[2]
-                    d = jr[j & 4095]
-                    j += 1
-                    corr += 1
-                    host_app((3, t, d, corr, ext, sid))
-                    st = stream_of(g, sid)
-                    er = [None, [], corr, sid]
-                    events[eid] = er
-                    g.pending += 1
-                    was_idle = not st.q and not st.busy
-                    st.q.append((3, t + d, er))
-                    if was_idle:
-                        push(t + d, 2, st)
-                    t += d
-                    ext += 1
-                elif code == 4:  # WAIT
-                    sid, eid = op[1], op[2]
-                    d = jr[j & 4095]
-                    j += 1
-                    corr += 1
-                    host_app((4, t, d, corr, ext, sid))
-                    st = stream_of(g, sid)
-                    g.pending += 1
-                    was_idle = not st.q and not st.busy
-                    er = events.get(eid)
-                    st.q.append((4, t + d, er, corr, ext))
-                    if was_idle:
-                        push(t + d, 2, st)
-                    sync_app((3, sid, t + 1000.0, t + d, corr, ext, er[2] if er else -1, er[3] if er else -1))
-                    t += d
+                    comm_app((t0, t - t0, ext, cidx))
                     ext += 1
                 elif code == 2:  # MEMCPY
-                    sid, kind, nbytes, blocking = op[1], op[2], op[3], op[4]
-                    if kind not in ("HtoD", "DtoH", "DtoD"):
-                        raise ValueError(f"program {prog.name!r}: memcpy kind {kind!r} is not HtoD, DtoH or DtoD")
+                    st, kind, nbytes, blocking = op[1], op[2], op[3], op[4]
                     d = jm[j & 4095]
                     j += 1
                     corr += 1
                     t0 = t
-                    st = stream_of(g, sid)
                     g.pending += 1
-                    was_idle = not st.q and not st.busy
-                    st.q.append((2, t + d, corr, kind, float(nbytes), ext))
-                    if was_idle:
-                        push(t + d, 2, st)
+                    if not st.q and not st.busy:
+                        hpush(heap, (t + d, next(cnt), 2, st, None))
+                    st.q.append((2, t + d, corr, kind, nbytes, ext))
                     t += d
-                    if blocking and (st.q or st.busy):
+                    if blocking:
                         st.drain_waiters.append(r)
-                        self.wake[r] = t
                         yield
                         t = max(t, self.wake[r]) + jr[j & 4095]
                         j += 1
-                        sync_app((0, sid, t0 + d, t - 500.0, corr, ext, -1, -1))
-                    host_app((2, t0, t - t0, corr, ext, sid))
+                        sync_app((0, st.sid, t0 + d, t - 500.0, corr, ext, -1, -1))
+                    host_app((2, t0, t - t0, corr, ext, st.sid, t0, ""))
                     ext += 1
                 elif code == 5:  # STREAM_SYNC
-                    sid = op[1]
+                    st = op[1]
                     corr += 1
                     t0 = t
-                    st = stream_of(g, sid)
                     if st.q or st.busy:
                         st.drain_waiters.append(r)
                         yield
                         t = max(t, self.wake[r])
                     t += jr[j & 4095]
                     j += 1
-                    sync_app((0, sid, t0 + 1000.0, t - 300.0, corr, ext, -1, -1))
-                    host_app((5, t0, t - t0, corr, ext, sid))
+                    sync_app((0, st.sid, t0 + 1000.0, t - 300.0, corr, ext, -1, -1))
+                    host_app((5, t0, t - t0, corr, ext, st.sid, t0, ""))
                     ext += 1
                 elif code == 6:  # EVENT_SYNC
-                    eid = op[1]
                     corr += 1
                     t0 = t
-                    er = events.get(eid)
+                    er = events.get(op[1])
                     if er is not None and er[0] is None:
                         er[1].append(r)
                         yield
@@ -514,7 +548,7 @@ class Engine:
                     t += jr[j & 4095]
                     j += 1
                     sync_app((1, -1, t0 + 1000.0, t - 300.0, corr, ext, er[2] if er else -1, er[3] if er else -1))
-                    host_app((6, t0, t - t0, corr, ext, eid))
+                    host_app((6, t0, t - t0, corr, ext, op[1], t0, ""))
                     ext += 1
                 elif code == 7:  # DEVICE_SYNC
                     corr += 1
@@ -526,23 +560,21 @@ class Engine:
                     t += jr[j & 4095]
                     j += 1
                     sync_app((2, -1, t0 + 1000.0, t - 300.0, corr, ext, -1, -1))
-                    host_app((7, t0, t - t0, corr, ext, -1))
+                    host_app((7, t0, t - t0, corr, ext, -1, t0, ""))
                     ext += 1
-                elif code == 9:  # ITER
+                elif code == 9:  # ITER: the policy's t = 0; requests land 5-15 ms after they are issued
                     rec.iter_t.append(t)
                     for t_ms, ci in steps:
                         issue = max(t, t + t_ms * 1e6 - lead)
-                        push(issue + rng.uniform(dlo, dhi) * 1e6, 3, r, (ci, issue))
+                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci, issue)))
                 elif code == 10:  # BEGIN
                     scopes.append((op[1], t, ext))
                     ext += 1
-                elif code == 11:  # END
+                else:  # END
                     if not scopes:
                         raise ValueError(f"program {prog.name!r}: rank {r}: END without BEGIN")
                     name, t0, e = scopes.pop()
                     ann_app((name, t0, t - t0, e))
-                else:
-                    raise ValueError(f"program {prog.name!r}: rank {r}: unknown op {op!r}")
         if scopes:
             raise ValueError(f"program {prog.name!r}: rank {r}: BEGIN {scopes[-1][0]!r} without END")
         rec.host_end = t

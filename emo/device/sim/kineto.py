@@ -118,7 +118,11 @@ def rank_events(res: SimResult, program, dev, rank: int, first_step: int = 0) ->
         app({"ph": "X", "cat": "user_annotation", "name": ANNOT.get(spec.kind, "nccl:" + spec.kind), "pid": pid,
              "tid": tid, "ts": _us(t0 + 300.0), "dur": _dur(d - 600.0),
              "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
-    for code, t0, d, corr, ext, _arg in rec.host:
+    pre_post = (dev.phys.cpu_op_pre_us + dev.phys.cpu_op_post_us) * 1e3
+    for code, t0, d, corr, ext, _arg, op_t0, op_name in rec.host:
+        if op_name:  # the framework op around a kernel launch
+            app({"ph": "X", "cat": "cpu_op", "name": op_name, "pid": pid, "tid": tid, "ts": _us(op_t0),
+                 "dur": _dur(d + pre_post), "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
         ts = _us(t0)
         app({"ph": "X", "cat": "cuda_runtime", "name": RT_NAMES[code], "pid": pid, "tid": tid, "ts": ts, "dur": _dur(d),
              "args": {"External id": ext, "cbid": RT_CBID[code], "correlation": corr}})
@@ -135,7 +139,7 @@ def rank_events(res: SimResult, program, dev, rank: int, first_step: int = 0) ->
         kinfo.append({"registers per thread": regs, "shared memory": 0, "blocks per SM": round(blocks / sms, 6),
                       "warps per SM": round(blocks * threads / 32 / sms, 6), "grid": list(k.grid),
                       "block": list(k.block), "est. achieved occupancy %": int(round(wps / mw * 100))})
-    for corr, kid, sid, t0, t1, ext in rec.kernels:
+    for corr, kid, sid, t0, t1, ext, *_ in rec.kernels:
         ts = _us(t0)
         app({"ph": "X", "cat": "kernel", "name": kspecs[kid].name, "pid": dev_id, "tid": sid, "ts": ts,
              "dur": _dur(t1 - t0), "args": {"External id": ext, "queued": 0, "device": dev_id, "context": 1,
