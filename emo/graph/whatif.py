@@ -118,6 +118,19 @@ def _backward(indptr, src, from_start, dur, delay, finish, end, latest):
 
 
 @numba.njit(cache=True)
+def _backtrack(last, crit, src):
+    """Topological positions on the critical path ending at `last`, first to last."""
+    path = np.empty(crit.shape[0], np.int64)
+    m = 0
+    v = last
+    while v >= 0:
+        path[m] = v
+        m += 1
+        v = src[crit[v]] if crit[v] >= 0 else -1
+    return path[:m][::-1].copy()
+
+
+@numba.njit(cache=True)
 def _recorded_delay(indptr, src, from_start, dur, rec_start):
     n = dur.shape[0]
     delay = np.empty(n, np.int64)
@@ -183,12 +196,7 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     if slack:
         _backward(c.indptr, c.src, c.from_start, dur, c.delay, finish, end, latest)
     # critical path: from the node that finishes last, follow the binding predecessors
-    path = []
-    v = int(np.argmax(finish)) if c.n else -1
-    while v >= 0:
-        path.append(v)
-        v = int(c.src[crit[v]]) if crit[v] >= 0 else -1
-    path_ids = c.order[np.array(path[::-1], np.int64)] if path else np.zeros(0, np.int64)
+    path_ids = c.order[_backtrack(int(np.argmax(finish)), crit, c.src)] if c.n else np.zeros(0, np.int64)
     replay = 0
     if dur_ns is None and c.is_gpu.any():
         replay = int(np.abs(start[c.is_gpu] - c.recorded_start[c.is_gpu]).max())
