@@ -1,0 +1,252 @@
+"""EMO's optimiser, the paper's Algorithm 2: dynamic programming over (change point, end-to-end time).
+
+1. Change points every `change_interval_ms` of the max-clock timeline cut each clock group's
+   timeline into windows (items); each item takes one clock ≥ min_clock_fraction × max.
+2. A local what-if pass per item and clock gives the end-to-end delay of running that item alone at
+   that clock (the slack it can absorb is used for free), discretised to `budget_step_ms`.
+3. A DP over the items in change-point order and the end-to-end time used so far gives, for every
+   delay t ≤ budget, the least energy (a multiple-choice knapsack, O(items · clocks · budget/step)).
+4. Delays of windows that share the same slack do not add up. The DP's pick is therefore checked
+   with a full what-if pass; if the iteration ends late, the DP's own table is read again at a
+   smaller budget (no re-solve), and as a last resort clocks on the critical path are raised.
+5. Polish: with the exact schedule of the current pick, every item's best single move that keeps
+   the deadline is found by local what-if passes and applied (in non-overlapping batches, each
+   batch verified), until no move saves energy.
+6. Trades the polish cannot see (speed up one critical window so that two others may slow down):
+   raise one slowed critical item a step, polish again, keep it if the energy drops.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from emo.optimize import passes
+from emo.optimize.problem import Items, Problem, durations, make_items
+from emo.optimize.solution import Solution
+
+TOL_NS = 1.0  # delays below a nanosecond are float noise
+MIN_STEPS = 256
+
+
+def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
+             replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
+             max_starts: int = 32, polish_starts: int = 3, kicks: int = 200,
+             time_limit_s: float | None = None) -> Solution:
+    """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0 (got {budget})")
+    if budget_step_ms <= 0:
+        raise ValueError(f"optimizer.budget_step_ms must be > 0 (got {budget_step_ms})")
+    t_start = time.perf_counter()
+    items = items or make_items(p, change_interval_ms, replicate=replicate)
+    deadline = p.makespan0_ns * (1.0 + budget)
+    # 1 ms or finer: at least MIN_STEPS steps per budget, since rounding each window's delay up
+    # to a step wastes up to a step per slowed window
+    step = min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3)) if budget > 0 else budget_step_ms * 1e6
+    info["budget_step_ms"] = step * 1e-6
+    info: dict = {"dp_tries": 0, "critical_repairs": 0, "polish_rounds": 0, "polish_moves": 0}
+
+    # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
+    #    total slack (optimistic where windows share slack) and free slack (additive: always safe)
+    dur_ref = p.dur_ns[:, p.ref].copy()
+    args = (p.pred_ptr, p.pred_idx, p.pred_fs)
+    views = {
+        "total": passes.latest_finish(*args, dur_ref, p.makespan0_ns),
+        "free": passes.free_finish(*args, dur_ref, p.base_start, p.makespan0_ns),
+    }
+    B = int(np.floor((deadline - p.makespan0_ns) / step + 1e-9))
+    info["budget_steps"] = B
+    todo = np.arange(items.k)
+    rows = np.arange(items.k)
+    starts: list[tuple[float, str, np.ndarray]] = []
+    for view, lf in views.items():
+        d = passes.local_delays(*args, dur_ref, p.base_start, p.base_finish, lf - p.base_finish, p.dur_ns,
+                                items.item_of, items.lo, items.hi, todo)
+        q = np.ceil(np.maximum(d - TOL_NS, 0.0) / step - 1e-9).astype(np.int64)
+        q = np.minimum(q, B + 1)  # an option that never fits
+        # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
+        best, arg = passes.knapsack(q, items.energy, B)
+        objective = best + items.ext_power_w * np.arange(B + 1) * step * 1e-9
+        order = np.argsort(objective, kind="stable")
+        for t in order[np.isfinite(objective[order])][:max_starts]:
+            cand = passes.backtrack(q, arg, int(t))
+            info["dp_tries"] += 1
+            _, _, mk = passes.forward(*args, durations(p, items, cand))
+            if mk > deadline + TOL_NS:  # 4. shared slack: the pick ends late, repair it
+                cand = _repair(p, items, cand, deadline, info)
+                _, _, mk = passes.forward(*args, durations(p, items, cand))
+            e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+            starts.append((e, view, cand))
+    starts.sort(key=lambda s: s[0])
+    best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
+    seen: set[bytes] = set()
+    for e0, v, cand in starts:
+        if len(seen) >= polish_starts or cand.tobytes() in seen:
+            continue
+        seen.add(cand.tobytes())
+        # 5. polish the best few starts
+        cand = _polish(p, items, cand, deadline, polish_rounds, info, t_start, time_limit_s)
+        _, _, mk = passes.forward(*args, durations(p, items, cand))
+        e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        if e < best_e:
+            best_e, choice, view = e, cand, v
+    info["start_view"] = view
+    if kicks:
+        choice = _kick(p, items, choice, deadline, kicks, info, t_start, time_limit_s, step)
+    sol = Solution(p, items, choice, "emo", budget, info=info)
+    sol.solve_s = time.perf_counter() - t_start
+    return sol
+
+
+def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict) -> np.ndarray:
+    """Raise clocks on the critical path until the iteration meets the deadline (all-max does)."""
+    choice = choice.copy()
+    while True:
+        dur = durations(p, items, choice)
+        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
+        if mk <= deadline + TOL_NS:
+            return choice
+        lf = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk)
+        crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
+        crit &= choice[np.maximum(items.item_of, 0)] != p.ref
+        ks = np.unique(items.item_of[crit])
+        if len(ks) == 0:  # nothing slowed is critical: cannot happen unless durations are non-monotone
+            return np.full(items.k, p.ref, dtype=np.int64)
+        best_k, best_c, best_ratio = -1, -1, np.inf
+        for k in ks:
+            nodes = np.flatnonzero(crit & (items.item_of == k))
+            cur = p.dur_ns[nodes, choice[k]].sum()
+            faster = [c for c in range(p.n_clocks) if p.dur_ns[nodes, c].sum() < cur - TOL_NS]
+            c = min(faster, key=lambda c: abs(c - choice[k])) if faster else p.ref  # the nearest faster clock
+            gain = cur - p.dur_ns[nodes, c].sum()
+            ratio = (items.energy[k, c] - items.energy[k, choice[k]]) / max(gain, TOL_NS)
+            if ratio < best_ratio:
+                best_k, best_c, best_ratio = k, c, ratio
+        choice[best_k] = best_c
+        info["critical_repairs"] += 1
+
+
+def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, rounds: int, info: dict,
+            t_start: float, time_limit_s: float | None, frozen: int = -1) -> np.ndarray:
+    """Best single-item moves that keep the deadline, applied until none saves energy."""
+    choice = choice.copy()
+    rows = np.arange(items.k)
+    for _ in range(rounds):
+        if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
+            info["polish_stopped"] = "time limit"
+            break
+        info["polish_rounds"] += 1
+        dur = durations(p, items, choice)
+        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
+        slack = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk) - f
+        d = passes.local_delays(p.pred_ptr, p.pred_idx, p.pred_fs, dur, s, f, slack, p.dur_ns,
+                                items.item_of, items.lo, items.hi, rows)
+        d = np.where(d <= TOL_NS, 0.0, d)
+        cost = items.energy + items.ext_power_w * d * 1e-9  # a move that lengthens the iteration pays idle power
+        cost[mk + d > deadline + TOL_NS] = np.inf
+        if frozen >= 0:  # a kicked item stays where the kick put it
+            cost[frozen] = np.inf
+            cost[frozen, choice[frozen]] = items.energy[frozen, choice[frozen]]
+        new = np.argmin(cost, axis=1)
+        gain = items.energy[rows, choice] - cost[rows, new]
+        movers = np.flatnonzero(gain > 1e-9 * max(1.0, float(items.energy[rows, choice].sum())) / items.k)
+        if len(movers) == 0:
+            break
+        movers = movers[np.argsort(-gain[movers])]
+        # a batch of moves whose spans do not overlap; verified as a whole, halved until it holds
+        batch, last_hi = [], -1
+        for k in movers[np.argsort(items.lo[movers], kind="stable")]:
+            if items.lo[k] < 0 or items.lo[k] > last_hi:
+                batch.append(k)
+                last_hi = max(last_hi, items.hi[k])
+        batch = np.array(sorted(batch, key=lambda k: -gain[k]), dtype=np.int64)
+        base_e = float(items.energy[rows, choice].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        while len(batch):
+            trial = choice.copy()
+            trial[batch] = new[batch]
+            _, _, mk2 = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, trial))
+            e2 = float(items.energy[rows, trial].sum()) + items.ext_power_w * max(0.0, mk2 - p.makespan0_ns) * 1e-9
+            if mk2 <= deadline + TOL_NS and e2 < base_e:
+                choice = trial
+                info["polish_moves"] += len(batch)
+                break
+            batch = batch[: len(batch) // 2] if len(batch) > 1 else batch[:0]
+        else:
+            break
+    return choice
+
+
+def _energy(p: Problem, items: Items, choice: np.ndarray) -> tuple[float, float]:
+    _, _, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, choice))
+    e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+    return e, mk
+
+
+def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: float, frozen: int = -1) -> np.ndarray:
+    """The DP again, around the current pick: delays against its free slack (additive) and its total
+    slack (optimistic: read back at smaller budgets until the pick meets the deadline), the budget
+    what is left of it. The best pick that saves energy wins."""
+    args = (p.pred_ptr, p.pred_idx, p.pred_fs)
+    dur = durations(p, items, choice)
+    s, f, mk = passes.forward(*args, dur)
+    B = max(0, int(np.floor((deadline - mk) / step + 1e-9)))
+    best_e, _ = _energy(p, items, choice)
+    out = choice
+    for lf in (passes.free_finish(*args, dur, s, mk), passes.latest_finish(*args, dur, mk)):
+        d = passes.local_delays(*args, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k))
+        q = np.minimum(np.ceil(np.maximum(d - TOL_NS, 0.0) / step - 1e-9).astype(np.int64), B + 1)
+        if frozen >= 0:
+            q[frozen] = B + 1
+            q[frozen, choice[frozen]] = 0
+        best, arg = passes.knapsack(q, items.energy, B)
+        objective = best + items.ext_power_w * np.arange(B + 1) * step * 1e-9
+        limit = B
+        while limit >= 0:
+            t = int(np.argmin(objective[: limit + 1]))
+            if not np.isfinite(objective[t]):
+                break
+            cand = passes.backtrack(q, arg, t)
+            e1, mk1 = _energy(p, items, cand)
+            if mk1 <= deadline + TOL_NS:
+                if e1 < best_e:
+                    best_e, out = e1, cand
+                break
+            limit = t - 1
+    return out
+
+
+def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: int, info: dict,
+          t_start: float, time_limit_s: float | None, step: float) -> np.ndarray:
+    """Iterated local search: raise a slowed critical item one clock step, re-polish, keep if better."""
+    best_e, _ = _energy(p, items, choice)
+    info["kicks"] = info["kicks_kept"] = 0
+    tried: set[tuple[bytes, int]] = set()
+    while info["kicks"] < kicks:
+        if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
+            break
+        dur = durations(p, items, choice)
+        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
+        lf = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk)
+        crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
+        ks = [k for k in np.unique(items.item_of[crit]) if choice[k] < p.n_clocks - 1]
+        key = choice.tobytes()
+        improved = False
+        for k in ks:
+            if (key, k) in tried or info["kicks"] >= kicks:
+                continue
+            tried.add((key, k))
+            info["kicks"] += 1
+            trial = choice.copy()
+            trial[k] += 1
+            trial = _redp(p, items, trial, deadline, step, frozen=k)
+            trial = _polish(p, items, trial, deadline, 20, {"polish_rounds": 0, "polish_moves": 0}, t_start,
+                            time_limit_s, frozen=k)
+            e, mk2 = _energy(p, items, trial)
+            if mk2 <= deadline + TOL_NS and e < best_e - 1e-12 * abs(best_e):
+                best_e, choice, improved = e, trial, True
+                info["kicks_kept"] += 1
+                break
+        if not improved:
+            break
+    return choice

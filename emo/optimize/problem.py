@@ -1,0 +1,236 @@
+"""The clock-scheduling problem every optimiser here solves, as plain arrays.
+
+A DAG of nodes (packs, communication, copies, CPU intervals) in topological order. A GPU node's
+duration and energy (above idle) depend on the SM clock of its GPU while it runs; host nodes have a
+fixed duration. Edges are finish-to-start, or start-to-start (`from_start`: a kernel starts after
+its launch call starts). A node starts when its last predecessor allows (the what-if model).
+
+The clock is chosen per *item* = (clock group, window): a clock group is a set of GPUs that share one
+schedule (symmetric tensor-parallel ranks, detected from identical per-device structure) or a single
+GPU; a window is a change interval of the max-clock (baseline) timeline. A GPU node belongs to the
+window its baseline start falls in.
+
+Energy of a choice = Σ node energies at their clocks + Σ over GPUs of idle power × time, where a
+GPU's idle power follows its window's clock and the iteration's extension beyond the baseline is
+charged at each GPU's idle power at the default clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emo.optimize import passes
+
+
+@dataclass
+class Problem:
+    # graph, internal order = topological, sorted by baseline start
+    pred_ptr: np.ndarray  # int64[n+1]
+    pred_idx: np.ndarray  # int64[m]
+    pred_fs: np.ndarray  # bool[m]: start-to-start edge
+    device: np.ndarray  # int32[n], -1 = host node
+    dur_ns: np.ndarray  # float64[n, C] (host nodes: the same in every column)
+    energy_j: np.ndarray  # float64[n, C], energy above idle
+    idle_power_w: np.ndarray  # float64[D, C]
+    clocks_mhz: np.ndarray  # int64[C], ascending, the candidate clocks
+    ref: int  # column of the default (max) clock: the baseline
+    perm: np.ndarray  # int64[n]: internal index -> caller's node id
+    base_start: np.ndarray = field(init=False)
+    base_finish: np.ndarray = field(init=False)
+    makespan0_ns: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        s, f, t = passes.forward(self.pred_ptr, self.pred_idx, self.pred_fs, self.dur_ns[:, self.ref].copy())
+        self.base_start, self.base_finish, self.makespan0_ns = s, f, t
+
+    @property
+    def n(self) -> int:
+        return len(self.device)
+
+    @property
+    def devices(self) -> int:
+        return self.idle_power_w.shape[0]
+
+    @property
+    def n_clocks(self) -> int:
+        return len(self.clocks_mhz)
+
+
+def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None,
+                  min_clock_fraction: float = 0.0, default_mhz: int | None = None) -> Problem:
+    """A Problem from edge lists and per-node × clock tables (caller's node ids 0..n-1).
+
+    Clocks below `min_clock_fraction` × max (or above `default_mhz`) are dropped; the default clock
+    (max if not given) is the baseline every budget is relative to.
+    """
+    device = np.asarray(device, dtype=np.int32)
+    n = len(device)
+    dur = np.asarray(dur_ns, dtype=np.float64).reshape(n, -1)
+    en = np.asarray(energy_j, dtype=np.float64).reshape(n, -1)
+    clocks = np.asarray(clocks_mhz, dtype=np.int64)
+    idle = np.asarray(idle_power_w, dtype=np.float64).reshape(-1, len(clocks))
+    if dur.shape != (n, len(clocks)) or en.shape != dur.shape:
+        raise ValueError(f"tables: dur_ns {dur.shape} / energy_j {en.shape} do not match {n} nodes × {len(clocks)} clocks")
+    if np.any(~np.isfinite(dur)) or np.any(dur < 0):
+        raise ValueError("tables: dur_ns has negative or non-finite entries")
+    if len(device) and device.max() >= idle.shape[0]:
+        raise ValueError(f"tables: device {device.max()} has no idle power row ({idle.shape[0]} devices)")
+    order = np.argsort(clocks, kind="stable")
+    clocks, dur, en, idle = clocks[order], dur[:, order], en[:, order], idle[:, order]
+    top = int(default_mhz) if default_mhz else int(clocks.max())
+    keep = (clocks >= min_clock_fraction * clocks.max()) & (clocks <= top)
+    if not keep.any() or top not in clocks[keep]:
+        raise ValueError(f"clocks: default {top} MHz not among the candidate clocks {clocks.tolist()}")
+    clocks, dur, en, idle = clocks[keep], dur[:, keep], en[:, keep], idle[:, keep]
+    ref = int(np.flatnonzero(clocks == top)[0])
+    host = device < 0
+    dur[host] = dur[host, ref][:, None]
+    en[host] = en[host, ref][:, None]
+
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    fs = np.zeros(len(src), dtype=np.bool_) if from_start is None else np.asarray(from_start, dtype=np.bool_)
+    if len(src) and (src.min() < 0 or max(src.max(), dst.max()) >= n):
+        raise ValueError(f"edges: node id out of range 0..{n - 1}")
+    topo = _toposort(n, src, dst)
+    # baseline start in the caller's order, then re-sort by it (ties: topological rank) so that a
+    # window's nodes are contiguous in the internal order
+    rank = np.empty(n, dtype=np.int64)
+    rank[topo] = np.arange(n)
+    ptr, idx, efs = _csr(n, rank[dst], rank[src], fs)
+    s0, _, _ = passes.forward(ptr, idx, efs, dur[topo, ref].copy())
+    perm = topo[np.lexsort((np.arange(n), s0))]
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n)
+    ptr, idx, efs = _csr(n, inv[dst], inv[src], fs)
+    return Problem(ptr, idx, efs, device[perm], dur[perm], en[perm], idle, clocks, ref, perm)
+
+
+def _toposort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    order = passes.toposort(n, src, dst)
+    if len(order) < n:
+        raise ValueError(f"graph: dependency cycle among {n - len(order)} nodes")
+    return order
+
+
+def _csr(n: int, dst: np.ndarray, src: np.ndarray, fs: np.ndarray):
+    o = np.lexsort((src, dst))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(ptr, dst + 1, 1)
+    return np.cumsum(ptr), src[o].astype(np.int64), fs[o].astype(np.bool_)
+
+
+# --------------------------------------------------------------------------- items
+@dataclass
+class Items:
+    """The decision variables: one clock per (group, window)."""
+
+    groups: list[list[int]]  # clock group -> devices
+    group_of_device: np.ndarray  # int64[D]
+    item_of: np.ndarray  # int64[n]: item of each node, -1 for host nodes
+    group: np.ndarray  # int64[K]
+    window: np.ndarray  # int64[K]
+    t0_ns: np.ndarray  # float64[K]: window start on the baseline timeline
+    len_ns: np.ndarray  # float64[K]
+    energy: np.ndarray  # float64[K, C]: node energies + idle energy of the window at each clock
+    lo: np.ndarray  # int64[K]: first internal node of the item (-1: no nodes)
+    hi: np.ndarray  # int64[K]: last internal node of the item
+    ext_power_w: float  # idle power of all GPUs at the default clock: cost of a longer iteration
+    interval_ns: float
+
+    @property
+    def k(self) -> int:
+        return len(self.group)
+
+
+def symmetric_groups(p: Problem, decimals: int = 3) -> list[list[int]]:
+    """Devices whose node sequences are identical (same baseline timing, same tables) share a clock
+    schedule: tensor-parallel ranks. Everything else is its own group."""
+    sig: dict[bytes, list[int]] = {}
+    for d in range(p.devices):
+        m = p.device == d
+        key = np.concatenate([np.round(p.base_start[m] * 1e-3, decimals), np.round(p.dur_ns[m].ravel() * 1e-3, decimals),
+                              np.round(p.energy_j[m].ravel() * 1e3, decimals)]).tobytes()
+        sig.setdefault(key, []).append(d)
+    return sorted(sig.values())
+
+
+def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, windows: np.ndarray | None = None,
+               groups: list[list[int]] | None = None) -> Items:
+    """Items for change points every `interval_ms` of the baseline timeline (or explicit per-node
+    `windows`, e.g. one per pack for a pack-level baseline)."""
+    if interval_ms <= 0 and windows is None:
+        raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
+    groups = groups or (symmetric_groups(p) if replicate else [[d] for d in range(p.devices)])
+    gdev = np.full(p.devices, -1, dtype=np.int64)
+    for g, ds in enumerate(groups):
+        gdev[ds] = g
+    step = interval_ms * 1e6
+    t_end = max(p.makespan0_ns, 1.0)
+    gpu = p.device >= 0
+    if windows is None:
+        nwin = int(np.ceil(t_end / step))
+        win = np.minimum((p.base_start // step).astype(np.int64), nwin - 1)
+        g_of = gdev[np.where(gpu, p.device, 0)]
+        key = np.where(gpu, g_of * nwin + win, -1)
+        all_keys = np.arange(len(groups) * nwin)  # every window, empty ones too (idle clock)
+        t0 = (all_keys % nwin) * step
+        length = np.minimum(t0 + step, t_end) - t0
+    else:  # explicit units (caller's node order): one window per unit id, e.g. per pack or per pass
+        w = np.asarray(windows, dtype=np.int64)
+        if len(w) != p.n:
+            raise ValueError(f"windows: {len(w)} entries for {p.n} nodes")
+        w = w[p.perm]
+        g_of = gdev[np.where(gpu, p.device, 0)]
+        nwin = int(w.max()) + 1 if len(w) else 1
+        key = np.where(gpu & (w >= 0), g_of * nwin + w, -1)
+        all_keys = np.unique(key[key >= 0])
+        kk = np.searchsorted(all_keys, key[key >= 0])
+        t0 = np.full(len(all_keys), np.inf)
+        last = np.zeros(len(all_keys))
+        np.minimum.at(t0, kk, p.base_start[key >= 0])
+        np.maximum.at(last, kk, p.base_finish[key >= 0])
+        length = last - t0
+    item_of = np.full(p.n, -1, dtype=np.int64)
+    item_of[key >= 0] = np.searchsorted(all_keys, key[key >= 0])
+    K = len(all_keys)
+    group = all_keys // nwin
+    energy = np.zeros((K, p.n_clocks))
+    np.add.at(energy, item_of[key >= 0], p.energy_j[key >= 0])
+    idle_g = np.zeros((len(groups), p.n_clocks))
+    for g, ds in enumerate(groups):
+        idle_g[g] = p.idle_power_w[ds].sum(axis=0)
+    energy += idle_g[group] * (length * 1e-9)[:, None]
+    lo = np.full(K, -1, dtype=np.int64)
+    hi = np.full(K, -1, dtype=np.int64)
+    nodes = np.flatnonzero(item_of >= 0)
+    if len(nodes):
+        lo_v = np.full(K, p.n, dtype=np.int64)
+        np.minimum.at(lo_v, item_of[nodes], nodes)
+        np.maximum.at(hi, item_of[nodes], nodes)
+        lo = np.where(hi >= 0, lo_v, -1)
+    return Items(groups, gdev, item_of, group.astype(np.int64), (all_keys % nwin).astype(np.int64), t0.astype(np.float64),
+                 length.astype(np.float64), energy, lo, hi, float(p.idle_power_w[:, p.ref].sum()), step)
+
+
+# --------------------------------------------------------------------------- evaluation
+@dataclass
+class Evaluation:
+    makespan_ns: float
+    energy_j: float
+    start_ns: np.ndarray  # internal order
+    finish_ns: np.ndarray
+
+
+def durations(p: Problem, items: Items, choice: np.ndarray) -> np.ndarray:
+    col = np.where(items.item_of >= 0, np.asarray(choice)[np.maximum(items.item_of, 0)], p.ref)
+    return p.dur_ns[np.arange(p.n), col]
+
+
+def evaluate(p: Problem, items: Items, choice: np.ndarray) -> Evaluation:
+    """The exact makespan (full what-if pass) and energy of a clock choice per item."""
+    choice = np.asarray(choice, dtype=np.int64)
+    s, f, t = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, choice))
+    e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, t - p.makespan0_ns) * 1e-9
+    return Evaluation(t, e, s, f)
