@@ -144,6 +144,7 @@ class OptimizerConfig:
 @dataclass
 class ValidateConfig:
     iterations: int = 5  # measured iterations per run (>= 5), after `warmup`
+    min_seconds: float = 2.0  # ... and more when needed for the run to span this long (energy-counter resolution)
     warmup: int = 1
     pareto_points: int = 8  # optimizer=static: static clocks measured for the energy-time curve
 

@@ -1,0 +1,69 @@
+"""validate: measured ES/PL against the max clock, prediction errors, online baselines, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emo.plan import compose
+from emo.policy import FrequencyPolicy
+from emo.stages import validate
+from emo.stages.validate import pareto_clocks, prediction_errors, savings
+
+SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "tracking.enabled=false"]
+
+
+def test_savings_and_prediction_errors():
+    s = savings(t_ori=1.0, e_ori=100.0, t_opt=1.02, e_opt=80.0)
+    assert s["es_pct"] == pytest.approx(20.0) and s["pl_pct"] == pytest.approx(2.0)
+    pol = FrequencyPolicy.static("a100", 1, 1200, predicted_time_s=1.1, predicted_energy_j=76.0,
+                                 meta={"baseline_time_s": 1.0, "baseline_energy_j": 100.0})
+    err = prediction_errors(pol, t_opt=1.0, e_opt=80.0, t_ori=1.0, e_ori=100.0)
+    assert err["time_error_pct"] == pytest.approx(10.0) and err["energy_error_pct"] == pytest.approx(5.0)
+    assert err["es_pred_pct"] == pytest.approx(24.0) and err["pl_pred_pct"] == pytest.approx(10.0)
+    assert "time_error_pct" not in prediction_errors(FrequencyPolicy.static("a100", 1, 1200), 1, 1, 1, 1)
+
+
+def test_pareto_clocks_span_the_allowed_range():
+    c = pareto_clocks(list(range(210, 1411, 15)), 5, 0.5)
+    assert c[0] >= 705 and c[-1] == 1410 and len(c) == 5 and c == sorted(c)
+
+
+def test_validate_measures_a_policy(tmp_path):
+    cfg = compose(SMALL + ["optimizer.name=static", "validate.pareto_points=3"])
+    policy = FrequencyPolicy.static("a100", 2, 1200, predicted_time_s=0.1, predicted_energy_j=50.0)
+    policy.save(tmp_path / "policy.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    m = validate.run(cfg, {"policy": tmp_path / "policy.json"}, out)
+    assert m["es_pct"] > 5 and m["pl_pct"] > 5  # 1200 MHz: slower, cheaper
+    assert m["t_opt_s"] > m["t_ori_s"] and m["e_opt_j"] < m["e_ori_j"]
+    assert "time_error_pct" in m and "energy_error_pct" in m
+    result = json.loads((out / "result.json").read_text())
+    assert result["baseline"]["iterations"] >= 5 and result["method"] == "static"
+    import pandas as pd
+
+    curve = pd.read_parquet(out / "pareto.parquet")
+    assert len(curve) == 3 and curve["time_s"].is_monotonic_decreasing  # higher clock, shorter iteration
+
+
+@pytest.mark.parametrize("method", ["geepafs", "zeus"])
+def test_validate_runs_online_baselines(tmp_path, method):
+    if method == "zeus":
+        pytest.importorskip("zeus", reason="the `zeus` package (extra `baselines`) is not installed")
+    cfg = compose(SMALL + [f"optimizer.name={method}", "budget=0.05", "optimizer.zeus.pl_step_w=100",
+                           "optimizer.geepafs.periods=1"])
+    m = validate.run(cfg, {}, tmp_path)
+    assert m["es_pct"] > 0 and m["pl_pct"] < 5 + 1.5
+    assert m["explore_time_s"] > 0
+    assert json.loads((tmp_path / "result.json").read_text())["setting"]
+
+
+def test_validate_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="validate.iterations"):
+        validate.run(compose(SMALL + ["validate.iterations=3"]), {"policy": tmp_path / "p.json"}, tmp_path)
+    (tmp_path / "p.json").write_text("{not json")
+    with pytest.raises(ValueError, match="p.json"):
+        validate.run(compose(SMALL + ["optimizer.name=emo"]), {"policy": tmp_path / "p.json"}, tmp_path)
+    with pytest.raises(ValueError, match="policy"):
+        validate.run(compose(SMALL + ["optimizer.name=emo"]), {}, tmp_path)
