@@ -44,7 +44,6 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     # 1 ms or finer: at least MIN_STEPS steps per budget, since rounding each window's delay up
     # to a step wastes up to a step per slowed window
     step = min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3)) if budget > 0 else budget_step_ms * 1e6
-    info["budget_step_ms"] = step * 1e-6
     info: dict = {"dp_tries": 0, "critical_repairs": 0, "polish_rounds": 0, "polish_moves": 0}
 
     # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
@@ -57,6 +56,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     }
     B = int(np.floor((deadline - p.makespan0_ns) / step + 1e-9))
     info["budget_steps"] = B
+    info["budget_step_ms"] = step * 1e-6
     todo = np.arange(items.k)
     rows = np.arange(items.k)
     starts: list[tuple[float, str, np.ndarray]] = []
