@@ -217,15 +217,22 @@ class SimDevice:
             self._lock_all(self.default_ci, program.ranks)  # undo clocks left locked by a microbenchmark
         if warmup > 0:
             self.simulate(program, warmup, policy=self.policy)
-        # begin the window at an energy-counter update (the counters of one node update together)
-        u0 = self.meters[0].next_update(self.now)
-        self._idle_until(u0)
+        # The window: begin at an energy-counter update (the counters of one node update together);
+        # after the run, wait for the next update and one more idle update period, and take off the
+        # idle tail the counter saw after the run (its power measured over that extra period).
+        m0 = self.meters[0]
+        u0 = m0.next_update(self.now)
+        self._idle_until(u0 + 1.0)
         e0 = [self.energy_j(g) for g in range(program.ranks)]
         res = self.simulate(program, iterations, policy=self.policy)
-        u1 = self.meters[0].next_update(res.t_end)
-        self._idle_until(u1)
+        u1 = m0.next_update(res.t_end)
+        self._idle_until(u1 + 1.0)
         e1 = [self.energy_j(g) for g in range(program.ranks)]
-        per = {g: e1[g] - e0[g] for g in range(program.ranks)}
+        u2 = m0.next_update(u1 + 1.0)
+        self._idle_until(u2 + 1.0)
+        e2 = [self.energy_j(g) for g in range(program.ranks)]
+        tail = (u1 - res.t_end) / (u2 - u1)
+        per = {g: (e1[g] - e0[g]) - (e2[g] - e1[g]) * tail for g in range(program.ranks)}
         it_t = res.ranks[0].iter_t
         iter_times = [(b - a) * 1e-9 for a, b in zip(it_t, it_t[1:] + [res.t_end])]
         files: list[Path] = []

@@ -1,0 +1,197 @@
+"""The virtual GPU's event semantics: clock changes, streams and events, syncs, collectives, power cap."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from emo.device.sim import SimDevice
+from emo.device.sim.program import CollectiveSpec, KernelSpec, Op, Program, Work
+from emo.policy import FrequencyPolicy, Step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GEMM = KernelSpec("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8,
+                                                                    active_warps=0.5), op_name="aten::mm")
+BIG_GEMM = KernelSpec("sm80_xmma_gemm_big", Work(fp16_tensor_flop=2.5e13, active_warps=0.5), op_name="aten::mm")
+ADD = KernelSpec("vectorized_elementwise_kernel", Work(dram_read_bytes=4e8, dram_write_bytes=2e8), op_name="aten::add")
+
+
+def gpu_cfg(name: str = "a100", **over) -> dict:
+    cfg = yaml.safe_load((ROOT / "conf" / "gpu" / f"{name}.yaml").read_text())
+    cfg.pop("defaults", None)
+    cfg.update(over)
+    return cfg
+
+
+def one_rank(ops_fn) -> Program:
+    p = Program(name="t", ranks=1, ops=[[]], streams={7: "compute", 20: "side"})
+    p.ops[0] = ops_fn(p)
+    return p
+
+
+def kernels(res, rank=0):
+    """(name-index, stream, start, end) of the kernels, in start order."""
+    return sorted((k[1], k[2], k[3], k[4]) for k in res.ranks[rank].kernels)
+
+
+# --------------------------------------------------------------------------- clocks
+def test_clock_change_lands_5_to_15_ms_after_the_request() -> None:
+    delays = []
+    for seed in range(12):
+        dev = SimDevice(gpu_cfg(seed=seed))
+        prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 60 + [(Op.DEVICE_SYNC,)])
+        dev.set_policy(FrequencyPolicy("a100", {0: [Step(20.0, 1005)]}))
+        res = dev.simulate(prog, 1, policy=dev.policy)
+        g = res.gpus[0]
+        t_iter = res.ranks[0].iter_t[0]
+        assert g.clock_ci[-1] == dev.clocks.index(1005)
+        delays.append((g.clock_t[-1] - t_iter) / 1e6 - 20.0)
+    assert all(5.0 <= d <= 15.0 for d in delays), delays
+    assert np.std(delays) > 1.0  # random, not a constant
+
+
+def test_last_request_wins_even_if_it_lands_first() -> None:
+    finals = set()
+    for seed in range(10):
+        dev = SimDevice(gpu_cfg(seed=seed))
+        prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 80 + [(Op.DEVICE_SYNC,)])
+        pol = FrequencyPolicy("a100", {0: [Step(10.0, 900), Step(11.0, 1200)]})
+        res = dev.simulate(prog, 1, policy=pol)
+        finals.add(dev.clocks[res.gpus[0].clock_ci[-1]])
+    assert finals == {1200}
+
+
+def test_kernel_spanning_a_clock_change_runs_at_each_clock_in_turn() -> None:
+    dev = SimDevice(gpu_cfg())
+    prog = one_rank(lambda p: [(Op.ITER,), (Op.LAUNCH, 7, p.kernel(BIG_GEMM)), (Op.DEVICE_SYNC,)])
+    res = dev.simulate(prog, 1, policy=FrequencyPolicy("a100", {0: [Step(30.0, 705)]}))
+    (_, _, start, end), = kernels(res)
+    tab = dev.gp.kernel_tables([BIG_GEMM.work]).dur_ns[0]
+    d_hi, d_lo = tab[dev.clocks.index(1410)], tab[dev.clocks.index(705)]
+    land = res.gpus[0].clock_t[-1]
+    assert start < land < end
+    expected = land + (1.0 - (land - start) / d_hi) * d_lo
+    assert end == pytest.approx(expected, rel=1e-9)
+    assert d_hi < end - start < d_lo
+
+
+def test_power_cap_throttles_the_clock() -> None:
+    dev = SimDevice(gpu_cfg())
+    prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 20 + [(Op.STREAM_SYNC, 7)])
+    free = dev.run(prog, 40, warmup=1)
+    dev.set_power_limit(250.0)
+    capped = dev.run(prog, 40, warmup=1)
+    assert capped.time_s > 1.3 * free.time_s
+    assert capped.energy_j / capped.time_s < 255.0 < free.energy_j / free.time_s
+    dev.set_power_limit(None)
+    again = dev.run(prog, 40, warmup=1)
+    assert again.time_s == pytest.approx(free.time_s, rel=0.01)
+    with pytest.raises(ValueError, match="power limit"):
+        dev.set_power_limit(-5)
+
+
+# --------------------------------------------------------------------------- streams, events, syncs
+def test_wait_event_orders_streams_and_sync_blocks_the_host() -> None:
+    def ops(p):
+        g, a = p.kernel(GEMM), p.kernel(ADD)
+        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.RECORD, 1, 7), (Op.WAIT, 20, 1), (Op.LAUNCH, 20, a),
+                (Op.STREAM_SYNC, 20), (Op.CPU, 1000, "after_sync")]
+    dev = SimDevice(gpu_cfg())
+    res = dev.simulate(one_rank(ops), 1)
+    (k0, s0, a0, e0), (k1, s1, a1, e1) = kernels(res)
+    assert (s0, s1) == (7, 20) and a1 >= e0  # the add waited for the GEMM through the event
+    cpu = [c for c in res.ranks[0].cpu_ops if c[0] == "after_sync"][0]
+    assert cpu[1] >= e1  # the host resumed only after stream 20 drained
+    kinds = {h[0] for h in res.ranks[0].host}
+    assert {0, 3, 4, 5} <= kinds
+
+
+def test_event_sync_and_device_sync_block_until_done() -> None:
+    def ops(p):
+        g = p.kernel(GEMM)
+        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.RECORD, 3, 7), (Op.LAUNCH, 7, g), (Op.EVENT_SYNC, 3),
+                (Op.CPU, 1000, "after_event"), (Op.DEVICE_SYNC,), (Op.CPU, 1000, "after_device")]
+    res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
+    (_, _, _, e0), (_, _, _, e1) = kernels(res)
+    cpu = {c[0]: c[1] for c in res.ranks[0].cpu_ops}
+    assert e0 <= cpu["after_event"] < e1 <= cpu["after_device"]
+
+
+def test_compute_kernels_share_the_sms_but_copies_overlap() -> None:
+    def ops(p):
+        g = p.kernel(GEMM)
+        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.LAUNCH, 20, g), (Op.MEMCPY, 21, "HtoD", 1 << 26, False),
+                (Op.DEVICE_SYNC,)]
+    res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
+    (_, _, a0, e0), (_, _, a1, e1) = kernels(res)
+    assert a1 >= e0  # one compute kernel at a time
+    (copy,) = res.ranks[0].copies
+    assert copy[4] < e0  # the copy ran during the first kernel
+
+
+def test_blocking_memcpy_blocks_the_host() -> None:
+    def ops(p):
+        return [(Op.ITER,), (Op.LAUNCH, 7, p.kernel(GEMM)), (Op.MEMCPY, 7, "DtoH", 1 << 20, True),
+                (Op.CPU, 1000, "after")]
+    res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
+    (copy,) = res.ranks[0].copies
+    cpu = [c for c in res.ranks[0].cpu_ops if c[0] == "after"][0]
+    assert cpu[1] >= copy[5] > kernels(res)[0][3]
+
+
+# --------------------------------------------------------------------------- collectives and multi-rank
+def two_rank_program(compute: int, coll_bytes: int, late_ns: int = 0, chunks: int = 4) -> Program:
+    p = Program(name="tp2", ranks=2, ops=[[], []], streams={7: "compute", 20: "nccl"})
+    g = p.kernel(GEMM)
+    colls = [p.collective(CollectiveSpec("allreduce", (0, 1), coll_bytes)) for _ in range(chunks)]
+    for r in range(2):
+        ops = [(Op.ITER,)]
+        if r == 1 and late_ns:
+            ops.append((Op.CPU, late_ns, "late_dataloader"))
+        for c in range(chunks):
+            ops += [(Op.LAUNCH, 7, g)] * compute
+            ops += [(Op.RECORD, c, 7), (Op.WAIT, 20, c), (Op.COLLECTIVE, 20, colls[c])]
+        ops += [(Op.DEVICE_SYNC,)]
+        p.ops[r] = ops
+    return p
+
+
+def test_collective_waits_for_the_slowest_rank() -> None:
+    dev = SimDevice(gpu_cfg())
+    res = dev.simulate(two_rank_program(compute=1, coll_bytes=64 << 20, late_ns=5_000_000, chunks=1), 1)
+    c0, c1 = res.ranks[0].colls[0], res.ranks[1].colls[0]
+    assert c0[4] == c1[4]  # both end together
+    assert c1[3] - c0[3] > 4.5e6  # rank 0 arrived ~5 ms earlier and waited
+    xfer = dev.gp.collective_ns(CollectiveSpec("allreduce", (0, 1), 64 << 20), 1410)
+    assert c0[4] == pytest.approx(c1[3] + xfer)
+
+
+def test_tp_program_is_slower_at_a_low_clock_where_compute_is_critical() -> None:
+    def iter_time(prog, mhz):
+        dev = SimDevice(gpu_cfg())
+        if mhz:
+            dev.set_policy(FrequencyPolicy.static("a100", 2, mhz))
+        return dev.run(prog, 3, warmup=1).time_s
+    compute_bound = two_rank_program(compute=8, coll_bytes=8 << 20)
+    comm_bound = two_rank_program(compute=1, coll_bytes=1 << 30)
+    assert iter_time(compute_bound, 1005) / iter_time(compute_bound, None) > 1.25
+    assert iter_time(comm_bound, 1005) / iter_time(comm_bound, None) < 1.08
+
+
+def test_missing_participant_is_reported_not_hung() -> None:
+    p = Program(name="broken", ranks=2, ops=[[], []])
+    c = p.collective(CollectiveSpec("allreduce", (0, 1), 1 << 20))
+    p.ops[0] = [(Op.ITER,), (Op.COLLECTIVE, 20, c), (Op.DEVICE_SYNC,)]
+    p.ops[1] = [(Op.ITER,), (Op.DEVICE_SYNC,)]
+    with pytest.raises(ValueError, match="never finish|unfinished"):
+        SimDevice(gpu_cfg()).simulate(p, 1)
+
+
+def test_bad_ops_fail_with_one_line() -> None:
+    p = one_rank(lambda p: [(Op.ITER,), (Op.LAUNCH, 7, 99)])
+    with pytest.raises(ValueError, match="rank 0: bad op") as e:
+        SimDevice(gpu_cfg()).simulate(p, 1)
+    assert "\n" not in str(e.value)
