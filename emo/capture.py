@@ -27,6 +27,8 @@ from typing import Any
 
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR", "EMO_CAPTURE_WAIT", "EMO_CAPTURE_WARMUP", "EMO_CAPTURE_ACTIVE", "EMO_POLICY")
+# Profiling on hardware (emo.device.nvml.profile_ranges): open an NVTX range around iteration N only.
+ENV_NVTX_ITER, NVTX_RANGE = "EMO_NVTX_ITERATION", "emo_profile"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Per-rank window records and the policy live in a subfolder: trace readers take every *.json of the
 # trace folder as a rank's trace. Rank numbers are zero-padded so that name order is rank order.
@@ -281,13 +283,43 @@ class ProfilerWindow:
         self.close()
 
 
+class NvtxWindow:
+    """An NVTX range named NVTX_RANGE around one iteration (markers `iteration` to `iteration + 1`),
+    for Nsight Compute's --nvtx-include; nothing else."""
+
+    def __init__(self, iteration: int):
+        import torch
+
+        self.nvtx = torch.cuda.nvtx
+        self.iteration, self.steps, self.open = iteration, 0, False
+        self.done = iteration < 0
+        self._check()
+
+    def _check(self) -> None:
+        if self.open:
+            self.nvtx.range_pop()
+            self.open, self.done = False, True
+        elif not self.done and self.steps == self.iteration:
+            self.nvtx.range_push(NVTX_RANGE)
+            self.open = True
+
+    def step(self) -> None:
+        self.steps += 1
+        self._check()
+
+    def close(self) -> None:
+        if self.open:
+            self.nvtx.range_pop()
+            self.open = False
+
+
 def profile_steps(out_dir: str | Path, *, wait: int = 5, warmup: int = 2, active: int = 3,
                   policy: str | None = None) -> ProfilerWindow:
     """For programs that mark iterations themselves: `with profile_steps(dir) as w: ... w.step()`."""
     return ProfilerWindow(out_dir, wait=wait, warmup=warmup, active=active, policy=policy)
 
 
-_WINDOW: ProfilerWindow | None = None
+_WINDOW: "ProfilerWindow | NvtxWindow | None" = None
 _MANUAL = False
 
 
@@ -299,14 +331,18 @@ def step() -> None:
         _WINDOW.step()
 
 
-def install_from_env() -> ProfilerWindow | None:
-    """Arm the window described by EMO_CAPTURE_* in this process (the launcher does this)."""
+def install_from_env() -> "ProfilerWindow | NvtxWindow | None":
+    """Arm the window described by EMO_CAPTURE_* (or EMO_NVTX_ITERATION) in this process (the
+    launcher does this)."""
     global _WINDOW
-    if ENV_DIR not in os.environ:
+    if ENV_DIR in os.environ:
+        _WINDOW = ProfilerWindow(os.environ[ENV_DIR], wait=int(os.environ.get(ENV_WAIT, 5)),
+                                 warmup=int(os.environ.get(ENV_WARMUP, 2)),
+                                 active=int(os.environ.get(ENV_ACTIVE, 3)), policy=os.environ.get(ENV_POLICY))
+    elif ENV_NVTX_ITER in os.environ:
+        _WINDOW = NvtxWindow(int(os.environ[ENV_NVTX_ITER]))
+    else:
         return None
-    _WINDOW = ProfilerWindow(os.environ[ENV_DIR], wait=int(os.environ.get(ENV_WAIT, 5)),
-                             warmup=int(os.environ.get(ENV_WARMUP, 2)),
-                             active=int(os.environ.get(ENV_ACTIVE, 3)), policy=os.environ.get(ENV_POLICY))
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     first: list[int] = []

@@ -93,3 +93,69 @@ def test_no_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     with pytest.raises(RuntimeError, match="cuda-python is not installed"):
         cl.import_cuda()
+
+
+# --------------------------------------------------------------------------- pack ranges on hardware
+def _kernel_csv(values: list[dict[str, float]]) -> str:
+    head = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    rows = [f'"{i}","1","k{i}","{m}","x","{v}"' for i, vals in enumerate(values) for m, v in vals.items()]
+    return "==PROF== Profiling \"k\": 0%....50%....100% - 3 passes\n" + "\n".join([head, *rows]) + "\n"
+
+
+def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeypatch, tmp_path):
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import nvml_fake
+
+    from emo.config import CommandWorkload
+    from emo.device import KernelRange
+
+    nvml_fake.install(monkeypatch)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    dev = nv.NvmlDevice({"name": "a100"})
+    kern = [{"sm__cycles_active.sum": c, "sm__warps_active.avg.pct_of_peak_sustained_active": w,
+             "dram__bytes_read.sum": b} for c, w, b in ((100, 50, 1e6), (300, 10, 2e6), (50, 90, 0), (10, 20, 5))]
+    seen = {}
+
+    def fake_run(cmd, env, timeout_s=1800):
+        seen.update(cmd=cmd, env=env)
+        return _kernel_csv(kern), 8.0
+
+    monkeypatch.setattr(nv, "_run_ncu", fake_run)
+    wl = CommandWorkload(command=["python", "train.py"], wait=4, warmup=2, active=3)
+    res = dev.profile_ranges(wl, [KernelRange(0, (0, 1)), KernelRange(0, (3,))])
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--replay-mode") + 1] == "kernel"
+    assert cmd[cmd.index("--nvtx-include") + 1] == "emo_profile/"
+    assert cmd[-3:] == ["-m", "emo.capture", "train.py"]
+    assert seen["env"]["EMO_NVTX_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in seen["env"]
+    a, b = res
+    assert a.counters["sm_active_cycles"] == 400 and a.counters["dram_read_bytes"] == 3e6
+    assert a.counters["active_warps"] == pytest.approx((100 * 50 + 300 * 10) / 400)  # cycle-weighted
+    assert b.counters["sm_active_cycles"] == 10 and b.counters["fp64_inst"] != b.counters["fp64_inst"]
+    assert (a.passes, a.cost_s, b.cost_s) == (3, pytest.approx(8 * 2 / 3), pytest.approx(8 / 3))
+    with pytest.raises(ValueError, match="needs kernel ordinal 7"):
+        dev.profile_ranges(wl, [KernelRange(0, (7,))])
+    with pytest.raises(ValueError, match="single-rank commands only"):
+        dev.profile_ranges(CommandWorkload(command=["python", "t.py"], nproc=2), [KernelRange(1, (0,))])
+    with pytest.raises(ValueError, match="'command' workloads only"):
+        dev.profile_ranges({"kind": "tp"}, [])
+
+
+def test_nvtx_window_brackets_exactly_one_iteration(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from emo.capture import NVTX_RANGE, NvtxWindow
+
+    log = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: log.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: log.append(("pop",)))
+    w = NvtxWindow(2)
+    for i in range(5):
+        log.append(("marker", i + 1))
+        w.step()
+    w.close()
+    assert log == [("marker", 1), ("marker", 2), ("push", NVTX_RANGE), ("marker", 3), ("pop",),
+                   ("marker", 4), ("marker", 5)]
+    log.clear()
+    w = NvtxWindow(0)  # iteration 0 starts at once
+    w.close()
+    assert log == [("push", NVTX_RANGE), ("pop",)]

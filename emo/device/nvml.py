@@ -368,11 +368,38 @@ class NvmlDevice:
         return ncu_profile_microbench_range([str(k) for k in kernels], gpu=self.indices[0])
 
     def profile_ranges(self, workload: Any, ranges: list) -> list[ProfileResult]:
-        """Ranges of a traced command named by (rank, launch ordinals within an iteration)."""
-        raise NotImplementedError(
-            "profile_ranges on real GPUs needs CUPTI's range profiler around the n-th..m-th kernel launch "
-            "of a rerun of the command (or Nsight Compute --launch-skip/--launch-count per range); not "
-            "implemented yet: on the nvml backend profile packs with `ncu` by hand or use the sim backend")
+        """Ranges of a `command` workload named by (rank, launch ordinals within an iteration): the
+        command is rerun once under Nsight Compute, which profiles every kernel of one iteration
+        (kernel replay inside an NVTX range the capture launcher opens at the iteration marker);
+        each range's counters are its kernels' counters summed (active_warps: cycle-weighted)."""
+        from emo import capture
+
+        kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
+        if kind != "command":
+            raise ValueError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
+        spec = capture.CaptureSpec.from_workload(workload)
+        if spec.nproc != 1 or any(r.rank != 0 for r in ranges):
+            raise ValueError("profiling on hardware supports single-rank commands only (Nsight Compute cannot "
+                             "replay NCCL kernels across ranks); profile with workload.nproc=1")
+        if not ranges:
+            return []
+        iteration = spec.wait + spec.warmup  # the first iteration the trace window records
+        cmd = ncu_command(capture.build_command(spec), nvtx_include=f"{capture.NVTX_RANGE}/", replay="kernel")
+        env = capture.build_env(spec, Path(tempfile.mkdtemp(prefix="emo-ncu-")))
+        for k in (capture.ENV_DIR, capture.ENV_POLICY):
+            env.pop(k, None)
+        env[capture.ENV_NVTX_ITER] = str(iteration)
+        env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
+        text, cost = _run_ncu(cmd, env)
+        kernels = parse_ncu_kernels(text)
+        need = max(max(r.ordinals) for r in ranges) + 1
+        if len(kernels) < need:
+            raise ValueError(f"ncu profiled {len(kernels)} kernels in iteration {iteration}, but a range "
+                             f"needs kernel ordinal {need - 1}: does the command run the same kernels each iteration?")
+        passes = parse_ncu_passes(text)
+        total = sum(len(r.ordinals) for r in ranges)
+        return [ProfileResult(counters=sum_counters([kernels[o] for o in r.ordinals]), passes=passes,
+                              cost_s=cost * len(r.ordinals) / total) for r in ranges]
 
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:
@@ -419,11 +446,13 @@ NCU_METRICS: dict[str, tuple[str, ...]] = {
 assert tuple(NCU_METRICS) == COUNTERS
 
 
-def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None) -> list[str]:
-    """`ncu --replay-mode range` over `argv`: ranges are cuProfilerStart/Stop pairs, or NVTX ranges
-    matching nvtx_include; every metric of NCU_METRICS, CSV on stdout."""
+def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None,
+                replay: str = "range") -> list[str]:
+    """`ncu` over `argv` with every metric of NCU_METRICS, CSV on stdout. replay="range": each
+    cuProfilerStart/Stop pair (or NVTX range matching nvtx_include) is one result; replay="kernel":
+    each kernel launched inside the NVTX ranges matching nvtx_include is one result."""
     metrics = sorted({m for ms in NCU_METRICS.values() for m in ms})
-    cmd = [ncu, "--replay-mode", "range", "--metrics", ",".join(metrics), "--csv", "--print-units", "base"]
+    cmd = [ncu, "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv", "--print-units", "base"]
     if nvtx_include:
         cmd += ["--nvtx", "--nvtx-include", nvtx_include]
     else:
@@ -431,31 +460,51 @@ def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None =
     return cmd + list(argv)
 
 
-def parse_ncu_csv(text: str) -> list[dict[str, float]]:
-    """Counter vectors, one per profiled range, from `ncu --csv` output (log lines are skipped)."""
+def _ncu_results(text: str) -> list[dict[str, float]]:
+    """Raw metric values per profiled result (range or kernel), in ncu's result-ID order."""
     import csv
     import io
 
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     if not lines:
-        raise ValueError("ncu output holds no CSV rows (no range was profiled?)")
+        raise ValueError("ncu output holds no CSV rows (nothing was profiled?)")
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    by_range: dict[str, dict[str, float]] = {}
+    by_id: dict[str, dict[str, float]] = {}
     id_key = next((k for k in ("ID", "Range Name", "Kernel Name") if k in rows[0]), None)
     for r in rows:
         key = r.get(id_key, "0") if id_key else "0"
-        val = r.get("Metric Value", "").replace(",", "")
+        val = (r.get("Metric Value") or "").replace(",", "")
         try:
-            by_range.setdefault(key, {})[r["Metric Name"]] = float(val)
+            by_id.setdefault(key, {})[r["Metric Name"]] = float(val)
         except (ValueError, KeyError):
             continue
-    out = []
-    for metrics in by_range.values():
-        vec = {}
-        for counter, names in NCU_METRICS.items():
-            vec[counter] = next((metrics[n] for n in names if n in metrics), float("nan"))
-        out.append(vec)
-    return out
+    keys = sorted(by_id, key=lambda k: int(k)) if all(k.isdigit() for k in by_id) else list(by_id)
+    return [by_id[k] for k in keys]
+
+
+def _to_counters(metrics: dict[str, float]) -> dict[str, float]:
+    return {c: next((metrics[n] for n in names if n in metrics), float("nan")) for c, names in NCU_METRICS.items()}
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, float]]:
+    """Counter vectors, one per profiled result, from `ncu --csv` output (log lines are skipped)."""
+    return [_to_counters(m) for m in _ncu_results(text)]
+
+
+def parse_ncu_kernels(text: str) -> list[dict[str, float]]:
+    """Counter vectors of kernel-replay results, in launch order (ncu's ID)."""
+    return parse_ncu_csv(text)
+
+
+def sum_counters(kernels: list[dict[str, float]]) -> dict[str, float]:
+    """One range's counters from its kernels': sums, except active_warps (an occupancy share),
+    which is the mean weighted by each kernel's active cycles."""
+    out = {c: float(sum(k[c] for k in kernels)) for c in COUNTERS if c != "active_warps"}
+    cyc = [k["sm_active_cycles"] for k in kernels]
+    w = sum(cyc)
+    out["active_warps"] = (sum(k["active_warps"] * c for k, c in zip(kernels, cyc)) / w if w > 0
+                           else float(sum(k["active_warps"] for k in kernels) / max(len(kernels), 1)))
+    return {c: out[c] for c in COUNTERS}
 
 
 def parse_ncu_passes(text: str) -> int:
@@ -471,15 +520,19 @@ def ncu_profile_microbench_range(names: list[str], *, gpu: int = 0, ncu: str = "
     """Launch the named microbenchmarks as one cuProfilerStart/Stop range under ncu range replay."""
     argv = [sys.executable, "-m", "emo.device.cuda_launch", "--range", ",".join(names)]
     cmd = ncu_command(argv, ncu=ncu)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+    text, cost = _run_ncu(cmd, dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)), timeout_s)
+    return ProfileResult(counters=parse_ncu_csv(text)[0], passes=parse_ncu_passes(text), cost_s=cost)
+
+
+def _run_ncu(cmd: list[str], env: dict, timeout_s: float = 1800) -> tuple[str, float]:
+    """(stdout + stderr, wall seconds) of an ncu run; a clear error when ncu is missing or fails."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
     except FileNotFoundError as e:
-        raise GpuAccessError(f"{ncu}: Nsight Compute not found (install it or put ncu on PATH)") from e
+        raise GpuAccessError(f"{cmd[0]}: Nsight Compute not found (install it or put ncu on PATH)") from e
     cost = time.perf_counter() - t0
     if p.returncode != 0:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
-        raise GpuAccessError(f"ncu range replay failed ({p.returncode}): {tail[0]}")
-    vecs = parse_ncu_csv(p.stdout)
-    return ProfileResult(counters=vecs[0], passes=parse_ncu_passes(p.stdout + p.stderr), cost_s=cost)
+        raise GpuAccessError(f"ncu failed ({p.returncode}): {tail[0]}")
+    return p.stdout + "\n" + p.stderr, cost
