@@ -49,7 +49,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
     #    total slack (optimistic where windows share slack) and free slack (additive: always safe)
     dur_ref = p.dur_ns[:, p.ref].copy()
-    args = (p.pred_ptr, p.pred_idx, p.pred_fs)
+    args = p.graph
     views = {
         "total": passes.latest_finish(*args, dur_ref, p.makespan0_ns),
         "free": passes.free_finish(*args, dur_ref, p.base_start, p.makespan0_ns),
@@ -104,10 +104,10 @@ def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info:
     choice = choice.copy()
     while True:
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
+        s, f, mk = passes.forward(*p.graph, dur)
         if mk <= deadline + TOL_NS:
             return choice
-        lf = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk)
+        lf = passes.latest_finish(*p.graph, dur, mk)
         crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
         crit &= choice[np.maximum(items.item_of, 0)] != p.ref
         ks = np.unique(items.item_of[crit])
@@ -138,9 +138,9 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
             break
         info["polish_rounds"] += 1
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
-        slack = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk) - f
-        d = passes.local_delays(p.pred_ptr, p.pred_idx, p.pred_fs, dur, s, f, slack, p.dur_ns,
+        s, f, mk = passes.forward(*p.graph, dur)
+        slack = passes.latest_finish(*p.graph, dur, mk) - f
+        d = passes.local_delays(*p.graph, dur, s, f, slack, p.dur_ns,
                                 items.item_of, items.lo, items.hi, rows)
         d = np.where(d <= TOL_NS, 0.0, d)
         cost = items.energy + items.ext_power_w * d * 1e-9  # a move that lengthens the iteration pays idle power
@@ -165,7 +165,7 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
         while len(batch):
             trial = choice.copy()
             trial[batch] = new[batch]
-            _, _, mk2 = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, trial))
+            _, _, mk2 = passes.forward(*p.graph, durations(p, items, trial))
             e2 = float(items.energy[rows, trial].sum()) + items.ext_power_w * max(0.0, mk2 - p.makespan0_ns) * 1e-9
             if mk2 <= deadline + TOL_NS and e2 < base_e:
                 choice = trial
@@ -178,7 +178,7 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
 
 
 def _energy(p: Problem, items: Items, choice: np.ndarray) -> tuple[float, float]:
-    _, _, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, choice))
+    _, _, mk = passes.forward(*p.graph, durations(p, items, choice))
     e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
     return e, mk
 
@@ -187,7 +187,7 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
     """The DP again, around the current pick: delays against its free slack (additive) and its total
     slack (optimistic: read back at smaller budgets until the pick meets the deadline), the budget
     what is left of it. The best pick that saves energy wins."""
-    args = (p.pred_ptr, p.pred_idx, p.pred_fs)
+    args = p.graph
     dur = durations(p, items, choice)
     s, f, mk = passes.forward(*args, dur)
     B = max(0, int(np.floor((deadline - mk) / step + 1e-9)))
@@ -226,8 +226,8 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
         if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
             break
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, dur)
-        lf = passes.latest_finish(p.pred_ptr, p.pred_idx, p.pred_fs, dur, mk)
+        s, f, mk = passes.forward(*p.graph, dur)
+        lf = passes.latest_finish(*p.graph, dur, mk)
         crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
         ks = [k for k in np.unique(items.item_of[crit]) if choice[k] < p.n_clocks - 1]
         key = choice.tobytes()

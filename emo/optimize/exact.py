@@ -47,11 +47,12 @@ def solve_exact(p: Problem, budget: float, *, change_interval_ms: float = 20.0, 
     for v in range(n):
         for e in range(p.pred_ptr[v], p.pred_ptr[v + 1]):
             u = int(p.pred_idx[e])
-            if p.pred_fs[e]:  # s_v >= s_u
-                add([iS + v, iS + u], [1.0, -1.0], 0.0, np.inf)
-            else:  # s_v - s_u - dur_u >= 0
+            dl = p.delay_ns[v] * scale
+            if p.pred_fs[e]:  # s_v >= s_u + delay_v
+                add([iS + v, iS + u], [1.0, -1.0], dl, np.inf)
+            else:  # s_v - s_u - dur_u >= delay_v
                 cs, vs, const = dur_terms(u)
-                add([iS + v, iS + u] + cs, [1.0, -1.0] + [-x for x in vs], const, np.inf)
+                add([iS + v, iS + u] + cs, [1.0, -1.0] + [-x for x in vs], const + dl, np.inf)
     has_succ = np.zeros(n, bool)
     has_succ[p.pred_idx] = True
     for v in np.flatnonzero(~has_succ):  # T >= s_v + dur_v for sinks (others are dominated)
@@ -65,6 +66,7 @@ def solve_exact(p: Problem, budget: float, *, change_interval_ms: float = 20.0, 
     lb = np.zeros(nv)
     ub = np.full(nv, np.inf)
     ub[:nx] = 1.0
+    lb[iS:iS + n] = p.delay_ns * scale  # a source starts after its delay
     lb[iT], ub[iT] = p.makespan0_ns * scale, deadline * (1 + 1e-12)
     integrality = np.zeros(nv)
     integrality[:nx] = 1

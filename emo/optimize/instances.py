@@ -78,7 +78,8 @@ def random_problem(seed: int, *, gpus: int = 2, kernels: int = 12, clocks: int =
     dur, en = dvfs_curves(mhz.astype(float), np.array(base), np.array(alpha), np.array(act))
     en[~gpu] = 0.0
     idle = np.tile(idle_curve(mhz.astype(float)), (gpus, 1))
-    p = build_problem(src, dst, dev, dur, en, idle, mhz, from_start=fs)
+    delay = np.where(gpu, rng.uniform(3e3, 8e3, len(dev)), 0.0)  # launch latency
+    p = build_problem(src, dst, dev, dur, en, idle, mhz, from_start=fs, delay_ns=delay)
     return p, {"seed": seed, "gpus": gpus, "nodes": int(p.n), "kind": "random"}
 
 

@@ -45,8 +45,9 @@ def toposort(n, src, dst):
 
 
 @njit(cache=True)
-def forward(ptr, idx, fs, dur):
-    """Earliest start/finish of every node and the makespan."""
+def forward(ptr, idx, fs, delay, dur):
+    """Earliest start/finish of every node and the makespan; delay[v] is the fixed time between
+    v's last constraint and its start (launch latency, queueing: emo.graph.whatif's model)."""
     n = len(dur)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -58,6 +59,7 @@ def forward(ptr, idx, fs, dur):
             x = start[u] if fs[e] else finish[u]
             if x > s:
                 s = x
+        s += delay[v]
         start[v] = s
         finish[v] = s + dur[v]
         if finish[v] > t:
@@ -66,12 +68,12 @@ def forward(ptr, idx, fs, dur):
 
 
 @njit(cache=True)
-def latest_finish(ptr, idx, fs, dur, deadline):
+def latest_finish(ptr, idx, fs, delay, dur, deadline):
     """Latest finish of every node that keeps the makespan within `deadline`."""
     n = len(dur)
     lf = np.full(n, deadline)
     for v in range(n - 1, -1, -1):
-        ls = lf[v] - dur[v]
+        ls = lf[v] - dur[v] - delay[v]
         for e in range(ptr[v], ptr[v + 1]):
             u = idx[e]
             x = ls + dur[u] if fs[e] else ls
@@ -81,7 +83,7 @@ def latest_finish(ptr, idx, fs, dur, deadline):
 
 
 @njit(cache=True)
-def free_finish(ptr, idx, fs, dur, start, deadline):
+def free_finish(ptr, idx, fs, delay, dur, start, deadline):
     """Latest finish of every node that delays none of its successors (free slack): delays measured
     against it add up along any path, so their sum bounds the end-to-end delay."""
     n = len(dur)
@@ -89,14 +91,14 @@ def free_finish(ptr, idx, fs, dur, start, deadline):
     for v in range(n):
         for e in range(ptr[v], ptr[v + 1]):
             u = idx[e]
-            x = start[v] + dur[u] if fs[e] else start[v]
+            x = start[v] - delay[v] + (dur[u] if fs[e] else 0.0)
             if x < lf[u]:
                 lf[u] = x
     return lf
 
 
 @njit(cache=True)
-def local_delays(ptr, idx, fs, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo):
+def local_delays(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo):
     """delay[k, c]: how far past its deadline the iteration would end if only item k ran at clock c.
 
     A what-if pass over the item's span of the order only: nodes it touches get new times, and a
@@ -133,6 +135,7 @@ def local_delays(ptr, idx, fs, cur_dur, start, finish, slack, dur_table, item_of
                         s = x
                 if not touched:
                     continue
+                s += delay[v]
                 f = s + (dur_table[v, c] if mine else cur_dur[v])
                 if s != start[v] or f != finish[v]:
                     stamp[v] = tag

@@ -36,13 +36,19 @@ class Problem:
     clocks_mhz: np.ndarray  # int64[C], ascending, the candidate clocks
     ref: int  # column of the default (max) clock: the baseline
     perm: np.ndarray  # int64[n]: internal index -> caller's node id
+    delay_ns: np.ndarray  # float64[n]: fixed delay before each node's start (what-if model)
     base_start: np.ndarray = field(init=False)
     base_finish: np.ndarray = field(init=False)
     makespan0_ns: float = field(init=False)
 
     def __post_init__(self) -> None:
-        s, f, t = passes.forward(self.pred_ptr, self.pred_idx, self.pred_fs, self.dur_ns[:, self.ref].copy())
+        s, f, t = passes.forward(*self.graph, self.dur_ns[:, self.ref].copy())
         self.base_start, self.base_finish, self.makespan0_ns = s, f, t
+
+    @property
+    def graph(self) -> tuple:
+        """The arguments every pass takes first."""
+        return self.pred_ptr, self.pred_idx, self.pred_fs, self.delay_ns
 
     @property
     def n(self) -> int:
@@ -57,7 +63,7 @@ class Problem:
         return len(self.clocks_mhz)
 
 
-def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None,
+def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None, delay_ns=None,
                   min_clock_fraction: float = 0.0, default_mhz: int | None = None) -> Problem:
     """A Problem from edge lists and per-node × clock tables (caller's node ids 0..n-1).
 
@@ -93,18 +99,21 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
     fs = np.zeros(len(src), dtype=np.bool_) if from_start is None else np.asarray(from_start, dtype=np.bool_)
     if len(src) and (src.min() < 0 or max(src.max(), dst.max()) >= n):
         raise ValueError(f"edges: node id out of range 0..{n - 1}")
+    delay = np.zeros(n) if delay_ns is None else np.asarray(delay_ns, dtype=np.float64)
+    if delay.shape != (n,):
+        raise ValueError(f"tables: delay_ns has shape {delay.shape}, expected ({n},)")
     topo = _toposort(n, src, dst)
     # baseline start in the caller's order, then re-sort by it (ties: topological rank) so that a
     # window's nodes are contiguous in the internal order
     rank = np.empty(n, dtype=np.int64)
     rank[topo] = np.arange(n)
     ptr, idx, efs = _csr(n, rank[dst], rank[src], fs)
-    s0, _, _ = passes.forward(ptr, idx, efs, dur[topo, ref].copy())
+    s0, _, _ = passes.forward(ptr, idx, efs, delay[topo], dur[topo, ref].copy())
     perm = topo[np.lexsort((np.arange(n), s0))]
     inv = np.empty(n, dtype=np.int64)
     inv[perm] = np.arange(n)
     ptr, idx, efs = _csr(n, inv[dst], inv[src], fs)
-    return Problem(ptr, idx, efs, device[perm], dur[perm], en[perm], idle, clocks, ref, perm)
+    return Problem(ptr, idx, efs, device[perm], dur[perm], en[perm], idle, clocks, ref, perm, delay[perm])
 
 
 def _toposort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -231,6 +240,6 @@ def durations(p: Problem, items: Items, choice: np.ndarray) -> np.ndarray:
 def evaluate(p: Problem, items: Items, choice: np.ndarray) -> Evaluation:
     """The exact makespan (full what-if pass) and energy of a clock choice per item."""
     choice = np.asarray(choice, dtype=np.int64)
-    s, f, t = passes.forward(p.pred_ptr, p.pred_idx, p.pred_fs, durations(p, items, choice))
+    s, f, t = passes.forward(*p.graph, durations(p, items, choice))
     e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, t - p.makespan0_ns) * 1e-9
     return Evaluation(t, e, s, f)
