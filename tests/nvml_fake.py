@@ -28,6 +28,7 @@ class FakeNVML(types.ModuleType):
         self.locked: dict[int, tuple[int, int] | None] = {i: None for i in range(gpus)}
         self.limit_mw = {i: 400_000 for i in range(gpus)}
         self.energy_mj = {i: 1_000_000 for i in range(gpus)}
+        self.samples: dict[int, list[tuple[float, int]]] = {}  # sampling type -> [(timestamp us, %)]
 
     def _log(self, *call) -> None:
         self.calls.append(call)
@@ -79,6 +80,16 @@ class FakeNVML(types.ModuleType):
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
         return 400_000
+
+    def nvmlDeviceGetSamples(self, h, kind, since_us):
+        # (timestamp us, value %): memory utilisation 40 % then 80 %, GPU utilisation 90 %
+        data = self.samples.get(kind, [])
+        return (_real.NVML_VALUE_TYPE_UNSIGNED_INT,
+                [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v))
+                 for t, v in data if t >= since_us])
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=7, memory=3)
 
     # -- control
     def nvmlDeviceSetGpuLockedClocks(self, h, lo, hi):

@@ -320,3 +320,12 @@ def test_run_passes_a_multi_step_policy_to_the_program_and_sums_rank_energy(monk
     seen.clear()
     dev.run(wl, 3, trace_dir=tmp_path / "b")
     assert seen["policy"] is None and fake.locked[0] == (900, 900)
+
+
+def test_utilization_is_the_mean_of_samples_taken_during_the_last_run(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    assert dev.utilization(0) == {"gpu": 0.07, "memory": 0.03}  # no run yet: NVML's last period
+    dev._last_run_us = (1000.0, 2000.0)
+    fake.samples = {fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1100, 40), (1900, 80), (2100, 1)],
+                    fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)]}
+    assert dev.utilization(0) == {"gpu": 0.9, "memory": pytest.approx(0.6)}

@@ -291,6 +291,30 @@ class NvmlDevice:
         lo, hi = self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
         return lo / 1000, self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000, hi / 1000
 
+    def utilization(self, device: int = 0) -> dict[str, float]:
+        """Utilisation of one GPU over the last `run` (fractions 0..1): `gpu`, the share of time a
+        kernel ran; `memory`, the share of time device memory was read or written. The mean of NVML's
+        utilisation samples (nvmlDeviceGetSamples) taken during the run; without a run or samples,
+        nvmlDeviceGetUtilizationRates (NVML's last sample period)."""
+        h = self._handles[device]
+        out = {}
+        window = getattr(self, "_last_run_us", None)
+        for key, kind in (("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
+                          ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
+            vals = []
+            if window is not None:
+                try:
+                    _, samples = self.nvml.nvmlDeviceGetSamples(h, kind, int(window[0]))
+                    vals = [s.sampleValue.uiVal for s in samples if window[0] <= s.timeStamp <= window[1]]
+                except self.nvml.NVMLError:
+                    vals = []
+            if vals:
+                out[key] = sum(vals) / len(vals) / 100.0
+            else:
+                rates = self.nvml.nvmlDeviceGetUtilizationRates(h)
+                out[key] = getattr(rates, key) / 100.0
+        return out
+
     # -- control
     def lock_clock(self, device: int, mhz: int) -> None:
         if mhz not in self.supported_clocks():
@@ -417,7 +441,9 @@ class NvmlDevice:
         if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
             policy_file = out / capture.SIDECAR / "policy.json"
             self._policy.save(policy_file)
+        t0 = time.time() * 1e6  # NVML sample timestamps are CPU time in microseconds
         result = capture.run_capture(spec, out, policy=policy_file)
+        self._last_run_us = (t0, time.time() * 1e6)
         return capture.run_result(result, out)
 
 
