@@ -52,7 +52,7 @@ def log_stage(cfg: dict, stage: str, stage_hash: str, metrics: dict, artifacts: 
     ctx = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=f"{stage}-{stage_hash}")
     with ctx:
         if not run_id:
-            mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "budget") if k in cfg}))
+            mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "optimizer", "budget", "results") if k in cfg}))
         mlflow.set_tag(f"emo.{stage}.hash", stage_hash)
         mlflow.log_metrics({f"{stage}.{k}": float(v) for k, v in metrics.items() if _is_number(v)})
         for path in artifacts:

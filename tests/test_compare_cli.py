@@ -1,0 +1,70 @@
+"""`emo compare`: the ES/PL table and the plots, read back from an MLflow store the way `emo run` fills it."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from emo import tracking
+from emo.cli import main as cli_main
+from emo.compare import table, workload_label
+from emo.io import write_json
+from emo.plan import compose
+
+CELLS = {  # (workload.tp, method, budget) -> (es %, pl %)
+    (2, "emo", 0.02): (20.0, 1.8), (2, "static", 0.02): (6.0, 1.9), (2, "zeus", 0.02): (3.0, 1.2),
+    (4, "emo", 0.05): (25.0, 4.6), (4, "geepafs", 0.05): (9.0, 5.2),
+}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(tracking.RUN_ID_ENV, raising=False)
+    results = tmp_path / "results"
+    for (tp, method, budget), (es, pl) in CELLS.items():
+        cfg = compose([f"workload.tp={tp}", f"optimizer.name={method}", f"budget={budget}", f"results={results}"])
+        t_ori, e_ori = 0.2, 150.0
+        metrics = {"es_pct": es, "pl_pct": pl, "t_ori_s": t_ori, "e_ori_j": e_ori,
+                   "t_opt_s": t_ori * (1 + pl / 100), "e_opt_j": e_ori * (1 - es / 100)}
+        h = f"{method}{tp}{int(budget * 100)}"
+        vdir = results / "validate" / h
+        vdir.mkdir(parents=True)
+        write_json(vdir / "config.json", {"stage": "validate", "hash": h, "covers": {"inputs": {}}})
+        if method == "static":
+            pd.DataFrame({"sm_mhz": [1005, 1200, 1410], "time_s": [0.27, 0.23, 0.2],
+                          "energy_j": [105.0, 118.0, 150.0]}).to_parquet(vdir / "pareto.parquet")
+        tracking.log_stage(cfg, "validate", h, metrics, [])  # as a stage run outside `emo run` logs
+    return results
+
+
+def test_compare_prints_the_table_and_writes_plots(store, tmp_path, capsys):
+    rc = cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--experiment", "emo",
+                   "--plots", str(tmp_path / "plots"), "--csv", str(tmp_path / "runs.csv")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "TP2" in out and "TP4" in out
+    assert "20.0 /  1.8" in out and " 6.0 /  1.9" in out and "25.0 /  4.6" in out
+    header = out.splitlines()[0]
+    assert header.index("emo") < header.index("static") < header.index("zeus") < header.index("geepafs")
+    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert pngs == ["energy_time_tp2.png", "energy_time_tp4.png"]
+    assert len(pd.read_csv(tmp_path / "runs.csv")) == len(CELLS)
+
+
+def test_latest_run_of_a_cell_wins():
+    runs = pd.DataFrame([
+        {"run_id": "new", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 21.0, "pl_pct": 1.0},
+        {"run_id": "old", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 5.0, "pl_pct": 1.0},
+    ])
+    assert table(runs).loc[("TP2", 0.02), "emo"].startswith(" 21.0")
+
+
+def test_workload_labels():
+    assert workload_label({"workload.kind": "tp", "workload.tp": "8"}) == "TP8"
+    assert workload_label({"workload.kind": "pp", "workload.pp": "4", "workload.partition": "parameter"}) == "PP4 parameter"
+    assert workload_label({"workload.kind": "offload"}) == "offload"
+
+
+def test_compare_without_a_store_is_one_line(tmp_path, capsys):
+    rc = cli_main(["compare", "--uri", f"sqlite:///{tmp_path}/none.db", "--experiment", "emo"])
+    assert rc == 2 and "no MLflow store" in capsys.readouterr().err
