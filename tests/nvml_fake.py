@@ -81,6 +81,13 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
         return 400_000
 
+    def nvmlSystemGetDriverVersion(self):
+        return "580.65.06"
+
+    def nvmlDeviceGetClockInfo(self, h, clock_type):
+        locked = self.locked[h[1]]
+        return locked[1] if locked and clock_type == _real.NVML_CLOCK_SM else max(GRAPHICS[MEM_CLOCKS[0]])
+
     def nvmlDeviceGetSamples(self, h, kind, since_us):
         # (timestamp us, value %): memory utilisation 40 % then 80 %, GPU utilisation 90 %
         data = self.samples.get(kind, [])

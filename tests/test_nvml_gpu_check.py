@@ -86,3 +86,33 @@ def test_lock_and_microbenchmark_on_hardware():
             pytest.skip(f"clocks cannot be locked here: {e}")
         m = dev.run_microbenchmark("fp32_fma_high", dev.supported_clocks()[-1], min_seconds=1.0)
         assert m.time_s > 0 and m.energy_j > 0
+
+
+def test_hardware_sections_run_against_fakes(monkeypatch, capsys):
+    """Sections 1-3 of gpu_check with a fake pynvml and a fake CUDA driver: no attribute or flow
+    error waits for the first GPU."""
+    from emo.device import cuda_launch as cl
+    from emo.device import nvml as nv
+    from test_nvml_launch import FakeDriver, FakeNvrtc
+
+    mod = _load()
+    fake = nvml_fake.install(monkeypatch)
+    monkeypatch.setattr(cl, "import_cuda", lambda: (FakeDriver(), FakeNvrtc()))
+    monkeypatch.setattr(cl, "_CONTEXTS", {})
+    monkeypatch.setattr(cl, "_BENCHES", {})
+    monkeypatch.setattr(nv, "_GUARD", type(nv._GUARD)())
+    monkeypatch.setattr(nv._RestoreGuard, "_install", lambda self: setattr(self, "_installed", True))
+    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mod.time, "sleep", lambda s: None)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    dev = nv.NvmlDevice({"name": "gpu"})
+    check = mod.Check(60)
+    reads = check.run("reads", lambda: mod.nvml_reads(dev))
+    assert reads["sm_clocks_mhz"] == "6 clocks, 210-1410" and reads["driver"] == "580.65.06"
+    lock = check.run("lock", lambda: mod.locked_clocks(dev))
+    assert lock["locked_mhz"] == 1380 and lock["sm_clock_while_locked"] == 1380 and lock["via"] == "nvml"
+    mb = check.run("mb", lambda: mod.microbenchmarks(dev, ["fp32_fma_high"]))
+    assert [k for k in mb if "@" in k] == ["fp32_fma_high@900", "fp32_fma_high@1395", "fp32_fma_high@1410"]
+    dev.close()
+    assert all(v is None for v in fake.locked.values())
+    assert "[PASS] mb" in capsys.readouterr().out
