@@ -6,11 +6,14 @@ Inputs (plain tables; the model never sees a device, only what calibrate and pro
   counters per signature s: c_s, one execution, default clock (range profiler);
   T_s(f0)  the signature's measured time at the default clock (exact, from the trace).
 
-1. Mix. x_s = argmin_{x >= 0} |D (sum_j x_j c_j - c_s)|  (scipy NNLS). D scales counter k by
-   1 / r_k, r_k = max_j c_jk / T_j(f0) the suite's peak rate, so every row is "seconds at peak
-   rate"; the time-like counters (sm_active_cycles, active_warps) get weight 0.01 (enough to tell the occupancy variants apart) because they do
-   not add up when a pack's units overlap. active_warps is an average (occupancy): it is
-   multiplied by the range's time at f0 before fitting. The idle benchmark is not in the basis.
+1. Mix. x_s = argmin_{x >= 0} |D (sum_j x_j c_j - c_s)|  (scipy NNLS) over the work counters
+   (bytes, instructions). D scales counter k by 1 / r_k, r_k = max_j c_jk / T_j(f0) the suite's
+   peak rate, so every row is "seconds at peak rate". The time-like counters (sm_active_cycles,
+   active_warps) do not add up when a pack's units overlap, so they enter as averages instead:
+   0.1 * sum_j x_j T_j(f0) (a_j - a_s) / max a = 0, the mix's time-weighted occupancy (and fraction
+   of active SM cycles) equal to the pack's; this tells the high/low-occupancy variants apart.
+   The idle benchmark is not in the basis, nor is a benchmark the profiler cannot tell from an
+   earlier one (same counter proportions and averages: IMMA vs HMMA, SFU vs INT32 share counters).
 2. Time. Resource r (SM pipes, SRAM = shared+L1, L2, DRAM) is busy b_r(f) = sum_{j on r} x_j T_j(f).
    T_s(f) = T_s(f0) * N_p(b(f)) / N_p(b(f0)), N_p the p-norm over resources (p = 1: busy times
    add; large p: they overlap). p in [1, 6] is chosen per signature so that N_p(b(f0)) = T_s(f0)

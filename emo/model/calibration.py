@@ -104,7 +104,20 @@ def idle_power(bench: pd.DataFrame, idle_bench: str = IDLE_BENCH) -> pd.Series:
 
 
 def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str, ...] = (IDLE_BENCH,)) -> list[list[int]]:
-    """Benchmarks whose work counters agree within `rtol` (same work, different launch)."""
+    """Benchmarks that do the same work with a different launch (occupancy). When every benchmark is
+    in microbench/registry.yaml: the same kernel with the same arguments. Otherwise (a custom suite):
+    the same kernel-independent evidence, work counters equal within `rtol`; counters alone cannot
+    tell apart units that share a counter (fp16 and int8 tensor instructions), so the registry wins."""
+    from emo.microbench import load_registry  # reads files only
+
+    reg = load_registry()
+    if all(n in reg for n in tables.names):
+        key = {}
+        for j, n in enumerate(tables.names):
+            if n not in exclude:
+                e = reg[n]
+                key.setdefault((e["kernel"], repr(e["args"])), []).append(j)
+        return [g for g in key.values() if len(g) > 1]
     w = tables.counters[:, [COUNTERS.index(c) for c in WORK_COUNTERS]]
     groups: list[list[int]] = []
     for j in range(len(tables.names)):

@@ -19,7 +19,7 @@ from emo.model.nnls import peak_rates, solve_nnls
 from emo.model.overlap import P_MAX, STRESS_RESOURCE, calibrate_p, time_curves
 
 INTENSIVE = ("active_warps",)  # averages over the range (achieved occupancy), not totals
-TIME_COUNTER_WEIGHT = 0.01  # time-like counters do not add under overlap: they only break ties
+TIME_COUNTER_WEIGHT = 0.1  # weight of the average-matching equations of the time-like counters
 OVERLAP_MODES = ("roofline", "sum")
 MODEL_COLUMNS = ("signature", "sm_mhz", "time_s", "energy_j", "idle_energy_j", "dynamic_energy_j",
                  "idle_power_w", "time_default_s", "default_mhz", "overlap_p", "fit_residual", "energy_level")
@@ -65,12 +65,50 @@ def _signature_inputs(counters: pd.DataFrame, time_default) -> tuple[list[str], 
     return sigs, c, t
 
 
-def _extensive(c: np.ndarray, t0: np.ndarray, intensive: Sequence[str]) -> np.ndarray:
-    """Turn averaged counters into totals over the range (x its time at the default clock)."""
-    c = c.copy()
-    for name in intensive:
-        c[:, COUNTERS.index(name)] *= t0
-    return c
+def _averages(cb: np.ndarray, tb0: np.ndarray, intensive: Sequence[str]) -> np.ndarray:
+    """[J, len(TIME_COUNTERS)] the time-like counters as averages over each benchmark's run."""
+    return np.stack([cb[:, COUNTERS.index(n)] if n in intensive else cb[:, COUNTERS.index(n)] / tb0
+                     for n in TIME_COUNTERS], axis=1)
+
+
+def distinguishable(cb: np.ndarray, tb0: np.ndarray, intensive: Sequence[str], rtol: float = 1e-3) -> np.ndarray:
+    """[J] bool: False for a benchmark the profiler cannot tell from an earlier one (work counters in
+    the same proportions, same averages). E.g. Table II has one tensor-instruction counter, so int8
+    (IMMA) and fp16 (HMMA) look alike: left both in, NNLS would pick between their different time and
+    energy curves at random. The first in registry order (HMMA, what training runs) stands for both."""
+    work = cb[:, [COUNTERS.index(c) for c in COUNTERS if c not in TIME_COUNTERS]]
+    norm = np.linalg.norm(work, axis=1, keepdims=True)
+    direction = np.where(norm > 0, work / np.where(norm > 0, norm, 1.0), 0.0)
+    avg = _averages(cb, tb0, intensive)
+    keep = np.ones(len(cb), dtype=bool)
+    for j in range(len(cb)):
+        for i in range(j):
+            if keep[i] and np.allclose(direction[j], direction[i], atol=rtol) and \
+                    np.allclose(avg[j], avg[i], rtol=rtol, atol=1e-12):
+                keep[j] = False
+                break
+    return keep
+
+
+def _average_rows(cb: np.ndarray, tb0: np.ndarray, cs: np.ndarray, t0: np.ndarray,
+                  intensive: Sequence[str], weight: float) -> np.ndarray:
+    """[S, M, J] equations that make the mix's time-weighted average of each time-like counter
+    (occupancy, fraction of SM cycles active) equal the signature's:
+        sum_j x_j T_j(f0) (a_j - a_s) = 0,
+    scaled to seconds by the suite's largest a. Totals would not do: busy times add up in the mix
+    but overlap in the pack, so the pack shows fewer cycles than its work would take serially."""
+    rows = []
+    for name in TIME_COUNTERS:
+        k = COUNTERS.index(name)
+        a_b = cb[:, k] if name in intensive else cb[:, k] / tb0
+        a_s = cs[:, k] if name in intensive else cs[:, k] / t0
+        top = float(a_b.max())
+        if top <= 0:
+            continue
+        rows.append(weight * tb0[None, :] * (a_b[None, :] - a_s[:, None]) / top)
+    if not rows:
+        return np.zeros((len(cs), 0, len(cb)))
+    return np.stack(rows, axis=1)
 
 
 @dataclass(frozen=True)
@@ -103,10 +141,13 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
     basis = [j for j, n in enumerate(tables.names) if n != idle_bench]
     names = [tables.names[j] for j in basis]
     tb, eb = tables.time_s[basis], tables.energy_j[basis]
-    cb = _extensive(tables.counters[basis], tb[:, f0], intensive)
-    cs = _extensive(counters, t0, intensive)
-    row_w = np.array([time_counter_weight if c in TIME_COUNTERS else 1.0 for c in COUNTERS])
-    x, resid = solve_nnls(cb, cs, peak_rates(cb, tb[:, f0]), row_w)
+    work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
+    cb, cs = tables.counters[basis], counters
+    keep = distinguishable(cb, tb[:, f0], intensive)
+    x = np.zeros((len(sigs), len(basis)))
+    x[:, keep], resid = solve_nnls(
+        cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
+        zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, t0, intensive, time_counter_weight))
 
     res = bench_resources(names, resources)
     kinds = sorted(set(res))

@@ -19,12 +19,15 @@ def peak_rates(counters: np.ndarray, time_s: np.ndarray) -> np.ndarray:
 
 
 def solve_nnls(basis: np.ndarray, targets: np.ndarray, scale: np.ndarray,
-               row_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               row_weight: np.ndarray | None = None,
+               zero_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Weights x >= 0 with targets[s] ~ x[s] @ basis, one NNLS per target row.
 
     basis [J, K] (one vector per microbenchmark), targets [S, K], scale [K] (divide each counter
     by it; 0 drops the counter), row_weight [K] optional extra weight per counter.
-    Returns (x [S, J], relative residual [S]: |A x - b| / |b|, 0 for an all-zero target).
+    zero_rows [S, M, J] optional extra equations per target, zero_rows[s] @ x = 0 (already scaled).
+    Returns (x [S, J], relative residual [S]: |A x - b| / |b| over the counter rows, 0 for an
+    all-zero target).
     """
     keep = scale > 0
     w = np.ones(basis.shape[1]) if row_weight is None else np.asarray(row_weight, dtype=np.float64)
@@ -37,6 +40,10 @@ def solve_nnls(basis: np.ndarray, targets: np.ndarray, scale: np.ndarray,
         norm = float(np.linalg.norm(b[s]))
         if norm == 0.0:
             continue
-        x[s], r = nnls(a, b[s], maxiter=50 * max(a.shape[1], 1))
-        resid[s] = r / norm
+        if zero_rows is None:
+            x[s], _ = nnls(a, b[s], maxiter=50 * max(a.shape[1], 1))
+        else:
+            x[s], _ = nnls(np.vstack([a, zero_rows[s]]), np.concatenate([b[s], np.zeros(zero_rows.shape[1])]),
+                           maxiter=50 * max(a.shape[1], 1))
+        resid[s] = float(np.linalg.norm(a @ x[s] - b[s])) / norm
     return x, resid
