@@ -5,7 +5,10 @@ and the energy counters persist across calls: the clock keeps running and the co
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,17 @@ from emo.device.sim.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
 
 MAX_GPUS = 64
+
+
+@contextlib.contextmanager
+def _no_gc():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _cfg_dict(gpu_cfg: Any) -> dict:
@@ -187,15 +201,14 @@ class SimDevice:
             lead_ns = policy.lead_ms * 1e6
         rng = np.random.default_rng([self.seed, self._runs])
         self._runs += 1
-        import time as _time
-
-        wall = _time.perf_counter()
+        wall = time.perf_counter()
         eng = Engine(program, dur=dur, thr=thr, phys=self.phys, gphys=self.gp,
                      clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
                      t_start=self.now, iterations=iterations, policy_steps=steps, lead_ns=lead_ns, rng=rng,
                      coll_ns={})
-        res = eng.run()
-        self.last_sim_seconds = _time.perf_counter() - wall
+        with _no_gc():  # millions of short-lived tuples: the cyclic GC would rescan them over and over
+            res = eng.run()
+        self.last_sim_seconds = time.perf_counter() - wall
         t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
         for g in res.gpus:
             t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w, g.segs, tab.power_w, g.xsegs,

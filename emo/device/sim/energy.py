@@ -10,6 +10,7 @@ so readings are deterministic for a seed.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -32,10 +33,10 @@ def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int],
     parts_d = [np.diff(bw, prepend=0.0)]
     cols = []
     if segs:
-        s = np.asarray(segs, dtype=np.float64)
+        s = _table(segs, 5)
         cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3], s[:, 4]))
     if len(kernels):
-        k = np.asarray(kernels, dtype=np.float64)
+        k = _table(kernels, 9)
         cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7], k[:, 8]))
     for s0, s1, kid, eff, req in cols:
         kid, eff, req = kid.astype(np.int64), eff.astype(np.int64), req.astype(np.int64)
@@ -43,7 +44,7 @@ def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int],
         parts_t += [s0, s1]
         parts_d += [dp, -dp]
     if xsegs:
-        x = np.asarray(xsegs, dtype=np.float64)
+        x = _table(xsegs, 3)
         parts_t += [x[:, 0], x[:, 1]]
         parts_d += [x[:, 2], -x[:, 2]]
     t = np.concatenate(parts_t)
@@ -56,6 +57,12 @@ def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int],
     tt = np.append(tt, t1)
     e = np.concatenate([[0.0], np.cumsum(p * np.diff(tt))]) * 1e-9  # W * ns -> J
     return tt, e
+
+
+def _table(rows: list[tuple], width: int) -> np.ndarray:
+    """A list of equal-length numeric tuples as a float array (fromiter: ~2x faster than asarray)."""
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
+    return flat.reshape(len(rows), width)
 
 
 class EnergyMeter:

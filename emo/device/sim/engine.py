@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emo.device.sim.program import Op, Program
+from emo.device.sim import hostplan
+from emo.device.sim.program import Program
 
 # item kinds queued on a stream
 K_KERNEL, K_COLL, K_COPY, K_RECORD, K_WAIT = 0, 1, 2, 3, 4
@@ -76,17 +77,34 @@ class _Gpu:
 class RankRecord:
     """What one rank did: everything the trace writer and the meters need."""
 
-    host: list = field(default_factory=list)  # runtime calls: (rt_code, t0, dur, corr, ext, arg, cpu_op t0, cpu_op name)
-    cpu_ops: list = field(default_factory=list)  # (name, t0, dur, ext)
-    annotations: list = field(default_factory=list)  # (name, t0, dur, ext)  user_annotation
-    comm_ops: list = field(default_factory=list)  # (t0, dur, ext, coll_idx)  record_param_comms
     kernels: list = field(default_factory=list)  # (corr, kid, sid, t0, t1, ext, seg_t0, eff_ci, req_ci)
     colls: list = field(default_factory=list)  # (corr, coll_idx, sid, t0, t1, ext)
     copies: list = field(default_factory=list)  # (corr, kind, nbytes, sid, t0, t1, ext)
-    syncs: list = field(default_factory=list)  # (kind, sid, t0, t1, corr, ext, rec_corr, rec_sid)
     iter_t: list = field(default_factory=list)  # host time of each ITER
     host_end: float = 0.0
     gpu_end: float = 0.0
+    log: object = None  # hostplan.HostLog: the host's records, rebuilt on demand
+
+    @property
+    def host(self) -> list:
+        """Runtime calls: (rt_code, t0, dur, corr, ext, arg, cpu_op t0, cpu_op name)."""
+        return self.log.build()[0]
+
+    @property
+    def cpu_ops(self) -> list:  # (name, t0, dur, ext)
+        return self.log.build()[1]
+
+    @property
+    def annotations(self) -> list:  # user_annotation scopes: (name, t0, dur, ext)
+        return self.log.build()[2]
+
+    @property
+    def comm_ops(self) -> list:  # record_param_comms: (t0, dur, ext, coll_idx)
+        return self.log.build()[3]
+
+    @property
+    def syncs(self) -> list:  # cuda_sync: (kind, sid, t0, t1, corr, ext, rec_corr, rec_sid)
+        return self.log.build()[4]
 
 
 @dataclass
@@ -123,11 +141,6 @@ class Engine:
         self.colls: dict = {}
         self.spin_w = [gphys.comm_spin_w(c) for c in range(len(gphys.clocks))]
         self.clocks = gphys.clocks.tolist()
-        ranges = {}
-        for key in ("launch_us", "nccl_launch_us", "runtime_call_us", "memcpy_call_us"):
-            lo, hi = getattr(phys, key)
-            ranges[key] = (rng.uniform(lo, hi, 4096) * 1e3).tolist()
-        self.jit = ranges
 
     # ------------------------------------------------------------------ helpers
     def _push(self, t, kind, a, b=None):
@@ -361,220 +374,115 @@ class Engine:
         self._push(t + max(run[3], 0.0) * self.dur[kid][new_eff], E_KEND, g.idx, g.ver)
 
     # ------------------------------------------------------------------ host side
-    def _compile(self, r: int) -> list[tuple]:
-        """Rank r's ops with plain-int codes and resolved streams/names, validated once per run."""
-        prog = self.prog
-        g = self.gpus[r]
-        opname = [k.op_name for k in prog.kernels]
-        nk, nc = len(prog.kernels), len(prog.collectives)
-        out = []
-        for op in prog.ops[r]:
-            try:
-                code = int(op[0])
-                if code == 1:
-                    if not 0 <= op[2] < nk:
-                        raise IndexError(f"kernel {op[2]} not in the kernel table ({nk})")
-                    out.append((1, self._stream(g, op[1]), op[2], opname[op[2]]))
-                elif code == 0:
-                    if op[1] < 0:
-                        raise ValueError("negative duration")
-                    out.append((0, float(op[1]), op[2]))
-                elif code == 8:
-                    if not 0 <= op[2] < nc:
-                        raise IndexError(f"collective {op[2]} not in the collective table ({nc})")
-                    if r not in prog.collectives[op[2]].ranks:
-                        raise ValueError(f"rank {r} is not among the collective's ranks {prog.collectives[op[2]].ranks}")
-                    out.append((8, self._stream(g, op[1]), op[2]))
-                elif code == 3:
-                    out.append((3, op[1], self._stream(g, op[2])))
-                elif code == 4:
-                    out.append((4, self._stream(g, op[1]), op[2]))
-                elif code == 2:
-                    if op[2] not in ("HtoD", "DtoH", "DtoD"):
-                        raise ValueError(f"memcpy kind {op[2]!r} is not HtoD, DtoH or DtoD")
-                    out.append((2, self._stream(g, op[1]), op[2], float(op[3]), bool(op[4])))
-                elif code == 5:
-                    out.append((5, self._stream(g, op[1])))
-                elif code in (6, 10):
-                    out.append((code, op[1]))
-                elif code in (7, 9, 11):
-                    out.append((code,))
-                else:
-                    raise ValueError("unknown op code")
-            except (IndexError, TypeError, ValueError, KeyError) as e:
-                raise ValueError(f"program {prog.name!r}: rank {r}: bad op {op!r}: {e}") from None
-        return out
-
     def _host(self, r: int):
-        """Rank r's host thread: runs ahead through its ops; yields when it blocks on a sync."""
-        prog = self.prog
-        ops = self._compile(r)
+        """Rank r's host thread: runs ahead through its ops; yields when it blocks on a sync.
+        Only ops that queue GPU work or block are visited; host times come from a numpy plan."""
         g = self.gpus[r]
         rec = self.ranks[r]
-        host_app, cpu_app, ann_app, sync_app = rec.host.append, rec.cpu_ops.append, rec.annotations.append, rec.syncs.append
-        comm_app = rec.comm_ops.append
-        phys = self.phys
-        pre, post = phys.cpu_op_pre_us * 1e3, phys.cpu_op_post_us * 1e3
-        qlat = phys.launch_queue_us * 1e3
-        comm_op = phys.comm_op_us * 1e3
-        jl, jn, jr, jm = (self.jit["launch_us"], self.jit["nccl_launch_us"], self.jit["runtime_call_us"],
-                          self.jit["memcpy_call_us"])
-        heap = self.heap
-        cnt = self.cnt
-        hpush = heapq.heappush
+        p = hostplan.plan(self.prog, r, self.phys, lambda sid: self._stream(g, sid))
+        iters: list = []
+        rec.log = hostplan.HostLog(p, iters, 0, 0)
+        heap, cnt, hpush = self.heap, self.cnt, heapq.heappush
         steps = self.policy.get(r, [])
         lead = self.lead_ns
         rng = self.rng
-        dlo, dhi = phys.clock_delay_ms
-        events: dict[int, list] = {}  # event id -> its latest record [done_t, waiters, corr, sid]
-        scopes: list = []
+        dlo, dhi = self.phys.clock_delay_ms
+        iter_app = rec.iter_t.append
+        events: dict = {}  # event id -> its latest record [done_t, waiters, corr, sid]
+        act = p.active
+        n = p.n
+        idx = np.array([a[0] for a in act], dtype=np.int64)
+        rel_fixed = p.rel_fixed[idx]
         t = self.wake[r]
-        corr = 0  # correlation ids (unique within a rank: one trace file per rank)
-        ext = 0
-        j = 0
         for it in range(self.iterations):
-            for op in ops:
-                code = op[0]
-                if code == 1:  # LAUNCH: [cpu_op [cudaLaunchKernel] ]
-                    name = op[3]
-                    t0 = t
-                    if name:
-                        t += pre
-                    d = jl[j & 4095]
-                    j += 1
-                    corr += 1
-                    # (code, runtime start, dur, corr, ext, kernel, cpu_op start, cpu_op name)
-                    host_app((0, t, d, corr, ext, op[2], t0, name))
-                    t += d
-                    st = op[1]
+            d = p.lo + p.span * rng.random(n)
+            adv = p.fixed_adv + p.adv_has_d * d
+            csum = np.cumsum(adv)
+            cs = csum - adv  # start offset of each op, ignoring blocking
+            end_off = float(csum[-1]) if n else 0.0
+            cs_a = cs[idx]
+            ti_l = cs_a.tolist()
+            rel_l = (cs_a + rel_fixed + d[idx]).tolist()
+            d_l = d[idx].tolist()
+            cb, eb = it * p.n_corr, it * p.n_ext
+            shift = t
+            seg_from, seg_shift, block_end = [0], [shift], {}
+            for (i, c, a, b, ci, ei), ti, rel, di in zip(act, ti_l, rel_l, d_l):
+                if c == 1:  # LAUNCH
+                    rel += shift
                     g.pending += 1
-                    q = st.q
-                    if not q and not st.busy:
-                        hpush(heap, (t + qlat, next(cnt), 2, st, None))  # E_TRY: the stream was idle
-                    q.append((0, t + qlat, corr, op[2], ext))
-                    if name:
-                        t += post
-                    ext += 1
-                elif code == 0:  # CPU
-                    cpu_app((op[2], t, op[1], ext))
-                    ext += 1
-                    t += op[1]
-                elif code == 3:  # RECORD
-                    d = jr[j & 4095]
-                    j += 1
-                    corr += 1
-                    st = op[2]
-                    host_app((3, t, d, corr, ext, st.sid, t, ""))
-                    er = [None, [], corr, st.sid]
-                    events[op[1]] = er
+                    if not a.q and not a.busy:
+                        hpush(heap, (rel, next(cnt), 2, a, None))  # E_TRY: the stream was idle
+                    a.q.append((0, rel, cb + ci, b, eb + ei))
+                elif c == 3:  # RECORD
+                    rel += shift
+                    er = [None, [], cb + ci, a.sid]
+                    events[b] = er
                     g.pending += 1
-                    if not st.q and not st.busy:
-                        hpush(heap, (t + d, next(cnt), 2, st, None))
-                    st.q.append((3, t + d, er))
-                    t += d
-                    ext += 1
-                elif code == 4:  # WAIT
-                    d = jr[j & 4095]
-                    j += 1
-                    corr += 1
-                    st = op[1]
-                    host_app((4, t, d, corr, ext, st.sid, t, ""))
+                    if not a.q and not a.busy:
+                        hpush(heap, (rel, next(cnt), 2, a, None))
+                    a.q.append((3, rel, er))
+                elif c == 4:  # WAIT
+                    rel += shift
                     g.pending += 1
-                    er = events.get(op[2])
-                    if not st.q and not st.busy:
-                        hpush(heap, (t + d, next(cnt), 2, st, None))
-                    st.q.append((4, t + d, er, corr, ext))
-                    sync_app((3, st.sid, t + 1000.0, t + d, corr, ext, er[2] if er else -1, er[3] if er else -1))
-                    t += d
-                    ext += 1
-                elif code == 8:  # COLLECTIVE: [record_param_comms [nccl:* [cudaLaunchKernel]]]
-                    st, cidx = op[1], op[2]
-                    t0 = t
-                    t += comm_op * 0.4
-                    d = jn[j & 4095]
-                    j += 1
-                    corr += 1
-                    host_app((1, t, d, corr, ext, cidx, t, ""))
-                    t += d
+                    if not a.q and not a.busy:
+                        hpush(heap, (rel, next(cnt), 2, a, None))
+                    a.q.append((4, rel, events.get(b), cb + ci, eb + ei))
+                elif c == 8:  # COLLECTIVE
+                    rel += shift
                     g.pending += 1
-                    if not st.q and not st.busy:
-                        hpush(heap, (t + qlat, next(cnt), 2, st, None))
-                    st.q.append((1, t + qlat, corr, (it, cidx), ext))
-                    t += comm_op * 0.6
-                    comm_app((t0, t - t0, ext, cidx))
-                    ext += 1
-                elif code == 2:  # MEMCPY
-                    st, kind, nbytes, blocking = op[1], op[2], op[3], op[4]
-                    d = jm[j & 4095]
-                    j += 1
-                    corr += 1
-                    t0 = t
+                    if not a.q and not a.busy:
+                        hpush(heap, (rel, next(cnt), 2, a, None))
+                    a.q.append((1, rel, cb + ci, (it, b), eb + ei))
+                elif c == 2:  # MEMCPY (async)
+                    rel += shift
                     g.pending += 1
-                    if not st.q and not st.busy:
-                        hpush(heap, (t + d, next(cnt), 2, st, None))
-                    st.q.append((2, t + d, corr, kind, nbytes, ext))
-                    t += d
-                    if blocking:
-                        st.drain_waiters.append(r)
+                    if not a.q and not a.busy:
+                        hpush(heap, (rel, next(cnt), 2, a, None))
+                    a.q.append((2, rel, cb + ci, b[0], b[1], eb + ei))
+                elif c == 9:  # ITER: the policy's t = 0; requests land 5-15 ms after they are issued
+                    t_it = ti + shift
+                    iter_app(t_it)
+                    for t_ms, ci_ in steps:
+                        issue = max(t_it, t_it + t_ms * 1e6 - lead)
+                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci_, issue)))
+                else:  # blocking: cudaMemcpy, stream / event / device synchronize
+                    t0 = ti + shift
+                    ready = t0
+                    if c == hostplan.BLOCKING_MEMCPY:
+                        g.pending += 1
+                        if not a.q and not a.busy:
+                            hpush(heap, (t0 + di, next(cnt), 2, a, None))
+                        a.q.append((2, t0 + di, cb + ci, b[0], b[1], eb + ei))
+                        ready = t0 + di
+                        a.drain_waiters.append(r)
                         yield
-                        t = max(t, self.wake[r]) + jr[j & 4095]
-                        j += 1
-                        sync_app((0, st.sid, t0 + d, t - 500.0, corr, ext, -1, -1))
-                    host_app((2, t0, t - t0, corr, ext, st.sid, t0, ""))
-                    ext += 1
-                elif code == 5:  # STREAM_SYNC
-                    st = op[1]
-                    corr += 1
-                    t0 = t
-                    if st.q or st.busy:
-                        st.drain_waiters.append(r)
-                        yield
-                        t = max(t, self.wake[r])
-                    t += jr[j & 4095]
-                    j += 1
-                    sync_app((0, st.sid, t0 + 1000.0, t - 300.0, corr, ext, -1, -1))
-                    host_app((5, t0, t - t0, corr, ext, st.sid, t0, ""))
-                    ext += 1
-                elif code == 6:  # EVENT_SYNC
-                    corr += 1
-                    t0 = t
-                    er = events.get(op[1])
-                    if er is not None and er[0] is None:
-                        er[1].append(r)
-                        yield
-                        t = max(t, self.wake[r])
-                    elif er is not None:
-                        t = max(t, er[0])
-                    t += jr[j & 4095]
-                    j += 1
-                    sync_app((1, -1, t0 + 1000.0, t - 300.0, corr, ext, er[2] if er else -1, er[3] if er else -1))
-                    host_app((6, t0, t - t0, corr, ext, op[1], t0, ""))
-                    ext += 1
-                elif code == 7:  # DEVICE_SYNC
-                    corr += 1
-                    t0 = t
-                    if g.pending:
-                        g.dev_waiters.append(r)
-                        yield
-                        t = max(t, self.wake[r])
-                    t += jr[j & 4095]
-                    j += 1
-                    sync_app((2, -1, t0 + 1000.0, t - 300.0, corr, ext, -1, -1))
-                    host_app((7, t0, t - t0, corr, ext, -1, t0, ""))
-                    ext += 1
-                elif code == 9:  # ITER: the policy's t = 0; requests land 5-15 ms after they are issued
-                    rec.iter_t.append(t)
-                    for t_ms, ci in steps:
-                        issue = max(t, t + t_ms * 1e6 - lead)
-                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci, issue)))
-                elif code == 10:  # BEGIN
-                    scopes.append((op[1], t, ext))
-                    ext += 1
-                else:  # END
-                    if not scopes:
-                        raise ValueError(f"program {prog.name!r}: rank {r}: END without BEGIN")
-                    name, t0, e = scopes.pop()
-                    ann_app((name, t0, t - t0, e))
-        if scopes:
-            raise ValueError(f"program {prog.name!r}: rank {r}: BEGIN {scopes[-1][0]!r} without END")
+                        t1 = max(ready, self.wake[r]) + 0.5 * di
+                    elif c == 5:  # STREAM_SYNC
+                        if a.q or a.busy:
+                            a.drain_waiters.append(r)
+                            yield
+                            ready = max(ready, self.wake[r])
+                        t1 = ready + di
+                    elif c == 6:  # EVENT_SYNC
+                        er = events.get(a)
+                        if er is not None and er[0] is None:
+                            er[1].append(r)
+                            yield
+                            ready = max(ready, self.wake[r])
+                        elif er is not None:
+                            ready = max(ready, er[0])
+                        t1 = ready + di
+                    else:  # DEVICE_SYNC
+                        if g.pending:
+                            g.dev_waiters.append(r)
+                            yield
+                            ready = max(ready, self.wake[r])
+                        t1 = ready + di
+                    block_end[i] = t1
+                    shift = t1 - ti  # the next op starts when the call returns
+                    seg_from.append(i + 1)
+                    seg_shift.append(shift)
+            t = end_off + shift
+            iters.append(hostplan.IterLog(d, cs, seg_from, seg_shift, block_end))
         rec.host_end = t
