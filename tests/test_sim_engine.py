@@ -195,3 +195,20 @@ def test_bad_ops_fail_with_one_line() -> None:
     with pytest.raises(ValueError, match="rank 0: bad op") as e:
         SimDevice(gpu_cfg()).simulate(p, 1)
     assert "\n" not in str(e.value)
+
+
+def test_collectives_hardly_care_about_the_sm_clock_above_half_of_max() -> None:
+    gp = SimDevice(gpu_cfg()).gp
+    spec = CollectiveSpec("allreduce", (0, 1, 2, 3), 256 << 20)
+    t_max, t_60, t_25 = (gp.collective_ns(spec, f) for f in (1410, 855, 345))
+    assert t_60 / t_max < 1.06
+    assert t_25 / t_max > 1.4
+    p2p = CollectiveSpec("sendrecv", (0, 1), 64 << 20)
+    assert gp.collective_ns(p2p, 1410) == pytest.approx(8e3 + 3e3 + (64 << 20) / 150.0, rel=0.02)
+
+
+def test_waiting_for_a_peer_costs_only_idle_like_power() -> None:
+    dev = SimDevice(gpu_cfg())
+    res = dev.simulate(two_rank_program(compute=1, coll_bytes=1 << 20, late_ns=50_000_000, chunks=1), 1)
+    wait = [x for x in res.gpus[0].xsegs if x[1] - x[0] > 40e6]
+    assert wait and all(w[2] < 0.1 * dev.tdp_w for w in wait)  # NCCL spinning on top of the idle board
