@@ -133,15 +133,26 @@ def test_cpu_capture_of_a_training_loop(tmp_path):
 
 @needs_torch
 @pytest.mark.slow
-def test_explicit_step_marker_and_too_short_programs(tmp_path):
+def test_explicit_step_marker(tmp_path):
     script = tmp_path / "infer.py"
     script.write_text(INFER)
     res = capture.run_capture(capture.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2),
                               tmp_path / "a")
     assert _ops(res.trace_files[0])[0] == ["ProfilerStep#2", "ProfilerStep#3"]
+
+
+def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypatch, tmp_path):
+    import subprocess
+    from types import SimpleNamespace
+
+    rc = {"value": 0}
+    monkeypatch.setattr(capture.subprocess, "run", lambda cmd, env, timeout: SimpleNamespace(returncode=rc["value"]))
+    spec = capture.CaptureSpec(["python", "t.py", "3"], wait=5, warmup=2, active=2)
     with pytest.raises(ValueError, match="at least wait\\+warmup\\+active = 9 iterations"):
-        capture.run_capture(capture.CaptureSpec(["python", str(script), "3"], wait=5, warmup=2, active=2),
-                            tmp_path / "b")
+        capture.run_capture(spec, tmp_path / "b")
+    rc["value"] = 3
+    with pytest.raises(ValueError, match="python t.py 3: exited with status 3"):
+        capture.run_capture(spec, tmp_path / "b")
 
 
 @needs_torch
