@@ -16,7 +16,12 @@ def stage_params(stage):
 rule all:
     input:
         P["graph"].out("summary.json"),
+        P["fit"].out("model.parquet"),
 
 
 include: "workflow/rules/trace.smk"
 include: "workflow/rules/graph.smk"
+include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/pack.smk"
+include: "workflow/rules/profile.smk"
+include: "workflow/rules/fit.smk"

@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository (conf/, microbench/
 STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "trace": (("gpu", "workload", "trace"), (), ("emo/stages/trace.py", "emo/device", "emo/workloads", "emo/trace")),
     "graph": ((), ("trace",), ("emo/stages/graph.py", "emo/graph", "emo/trace")),
+    "calibrate": (("gpu", "model"), (), ("emo/stages/calibrate.py", "emo/device", "emo/microbench.py", "microbench")),
+    "pack": (("packing",), ("trace", "graph"), ("emo/stages/pack.py", "emo/pack", "emo/graph")),
+    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack"), ("emo/stages/profile.py", "emo/device", "emo/workloads", "emo/pack")),
+    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack")),
 }
 
 

@@ -1,0 +1,280 @@
+"""Predict a frequency policy's end-to-end time and energy: the what-if pass over the pack graph with
+every pack's modelled time and energy at the clock its GPU runs at while it runs.
+
+Inputs are artifacts: the pack-level graph and packs table (stage pack), the iteration anchors
+(pack), and the fitted model table (stage fit). A pack of signature s measured at T_p (default clock)
+takes T_p * time_s[s, f] / time_default_s[s] at clock f and adds T_p / time_default_s[s] *
+dynamic_energy_j[s, f] above idle; other nodes (collectives, copies, host) keep their recorded
+duration and add nothing above idle (their share is in the calibrated energy level). Every GPU pays
+its idle power at its clock over the whole makespan.
+
+The clock a GPU runs at follows the policy as the hardware applies it: at each iteration's start
+(the host's ProfilerStep mark, `emo.pack.iterations`) every step is requested `lead_ms` before its
+time (never before the mark) and lands `transition_delay_ms` later (5-15 ms on NVIDIA GPUs: the
+mean, 10 ms, by default); the last request wins, and a pack that spans a change runs at each clock
+in turn. Iteration marks move with the host, which waits for the GPU at synchronisations, so the
+pass is repeated until the marks stop moving (two or three passes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+import numpy as np
+import pandas as pd
+
+from emo.graph.graph import Graph
+from emo.graph.whatif import Compiled, compile_graph
+from emo.model.fit import model_arrays
+from emo.policy import FrequencyPolicy
+
+DEFAULT_TRANSITION_MS = 10.0
+
+
+@dataclass
+class PackTables:
+    """The optimiser's input: per node of the pack graph (node ids of `graph`) and per clock.
+
+    clocks_mhz      int64[C]  ascending calibrated SM clocks; `default_index` is the default clock's column
+    dur_ns          float64[N, C]  node duration at each clock (packs: modelled; others: recorded, constant)
+    energy_j        float64[N, C]  energy ABOVE IDLE at each clock (packs: modelled dynamic energy;
+                    constant 0 for non-pack nodes, whose energy above idle is folded into the level)
+    device          int32[N]  dense GPU index 0..D-1 of GPU nodes, -1 for host nodes and rendezvous
+    idle_power_w    float64[D, C]  idle power of each GPU at each clock (paid over the whole makespan)
+    is_pack         bool[N]
+    src, dst        int64[E]  edges of the pack graph; from_start bool[E] (start-to-start edge)
+    delay_ns        int64[N]  the what-if's fixed delay before each node (launch latency, queueing)
+    device_keys     (rank, device) of each dense GPU index; `policy_device` maps a policy's device id
+                    (the GPU index, i.e. the rank on one node) to the dense index
+    Energy of a schedule = sum over nodes of energy_j[node, clock] + sum over GPUs of
+    idle_power_w[gpu, clock(t)] integrated over [0, makespan].
+    """
+
+    clocks_mhz: np.ndarray
+    default_index: int
+    dur_ns: np.ndarray
+    energy_j: np.ndarray
+    device: np.ndarray
+    idle_power_w: np.ndarray
+    is_pack: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    from_start: np.ndarray
+    delay_ns: np.ndarray
+    device_keys: list[tuple[int, int]]
+    graph: Graph = field(repr=False)
+    compiled: Compiled = field(repr=False)
+    anchors: pd.DataFrame | None = field(default=None, repr=False)
+    iterations: int = 1
+
+    @property
+    def default_mhz(self) -> int:
+        return int(self.clocks_mhz[self.default_index])
+
+    def policy_device(self, gpu: int) -> int:
+        """Dense index of a policy's device id (the rank on a one-node job; the GPU on one rank)."""
+        ranks = [k[0] for k in self.device_keys]
+        if gpu in ranks:
+            return ranks.index(gpu)
+        if len(set(ranks)) == 1:
+            devs = [k[1] for k in self.device_keys]
+            if gpu in devs:
+                return devs.index(gpu)
+        raise ValueError(f"policy names device {gpu}, the graph has GPUs {self.device_keys}")
+
+
+def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors: pd.DataFrame | None = None) -> PackTables:
+    """Build the tables from the pack-level graph, its packs table and the fitted model table."""
+    m = model_arrays(model)
+    nodes = graph.nodes
+    n, c = len(nodes), len(m.clocks)
+    rec = nodes["dur_ns"].to_numpy(np.float64)
+    dur = np.repeat(rec[:, None], c, axis=1)
+    energy = np.zeros((n, c))
+    row = {s: i for i, s in enumerate(m.signatures)}
+    missing = sorted(set(packs["signature"]) - set(row))
+    if missing:
+        raise ValueError(f"model: no fit for pack signature {missing[0]!r} ({len(missing)} missing)")
+    node = packs["node"].to_numpy(np.int64)
+    sig = np.array([row[s] for s in packs["signature"]], np.int64)
+    t0 = m.time_s[:, list(m.clocks).index(m.default_mhz)]
+    scale = packs["dur_ns"].to_numpy(np.float64) * 1e-9 / t0[sig]  # this pack's time / the signature's
+    dur[node] = packs["dur_ns"].to_numpy(np.float64)[:, None] * (m.time_s[sig] / t0[sig][:, None])
+    energy[node] = scale[:, None] * m.dynamic_energy_j[sig]
+    is_pack = np.zeros(n, bool)
+    is_pack[node] = True
+    gpu = nodes["device"].to_numpy() >= 0
+    keys = sorted(set(zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())))
+    index = {k: i for i, k in enumerate(keys)}
+    device = np.full(n, -1, np.int32)
+    device[gpu] = [index[k] for k in zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())]
+    compiled = compile_graph(graph)
+    delay = np.empty(n, np.int64)
+    delay[compiled.order] = compiled.delay
+    e = graph.edges
+    iters = int(anchors.groupby("rank").size().max()) if anchors is not None and len(anchors) else 1
+    return PackTables(m.clocks.astype(np.int64), list(m.clocks).index(m.default_mhz), dur, energy, device,
+                      np.repeat(m.idle_power_w[None, :], len(keys), axis=0), is_pack,
+                      e["src"].to_numpy(np.int64), e["dst"].to_numpy(np.int64), e["from_start"].to_numpy(bool),
+                      delay, keys, graph, compiled, anchors, iters)
+
+
+def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
+    """pack_tables from a pack stage folder and a fit stage folder."""
+    pack_dir, fit_dir = Path(pack_dir), Path(fit_dir)
+    anchors = pd.read_parquet(pack_dir / "iterations.parquet") if (pack_dir / "iterations.parquet").exists() else None
+    return pack_tables(Graph.load(pack_dir), pd.read_parquet(pack_dir / "packs.parquet"),
+                       pd.read_parquet(fit_dir / "model.parquet"), anchors)
+
+
+# --------------------------------------------------------------------------- clock timelines
+def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns: np.ndarray,
+                    transition_ms: float = DEFAULT_TRANSITION_MS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
+    (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks."""
+    d = len(t.device_keys)
+    clocks = t.clocks_mhz
+    snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
+    ptr, ts, cis = [0], [], []
+    for g in range(d):
+        steps = []
+        if policy is not None:
+            for dev_id, s in policy.steps.items():
+                if t.policy_device(int(dev_id)) == g:
+                    steps = sorted(s, key=lambda x: x.t_ms)
+        if not steps:
+            ts.append(-np.inf)
+            cis.append(t.default_index)
+        else:
+            # the previous iteration (warm-up) left its last step's clock in place
+            ts.append(-np.inf)
+            cis.append(snap(steps[-1].sm_mhz))
+            lead = (policy.lead_ms if policy is not None else 0.0) * 1e6
+            for mark in iter_start_ns[g]:
+                for s in steps:
+                    issue = max(mark, mark + s.t_ms * 1e6 - lead)
+                    ts.append(issue + transition_ms * 1e6)
+                    cis.append(snap(s.sm_mhz))
+        o = np.argsort(np.asarray(ts[ptr[-1]:]), kind="stable")
+        ts[ptr[-1]:] = list(np.asarray(ts[ptr[-1]:])[o])
+        cis[ptr[-1]:] = list(np.asarray(cis[ptr[-1]:])[o])
+        ptr.append(len(ts))
+    return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
+
+
+@numba.njit(cache=True)
+def _forward_clocked(indptr, src, from_start, delay, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
+                     start, finish, used):
+    n = dur.shape[0]
+    for v in range(n):
+        best = 0.0
+        arg = -1
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            tt = start[u] if from_start[k] else finish[u]
+            if arg == -1 or tt > best:
+                best = tt
+                arg = u
+        s = best + delay[v]
+        start[v] = s
+        g = dev[v]
+        if g < 0 or not scaled[v]:
+            finish[v] = s + dur[v, ref]
+            used[v] = energy[v, ref]
+            continue
+        lo = tl_ptr[g]
+        hi = tl_ptr[g + 1]
+        k = lo
+        while k + 1 < hi and tl_t[k + 1] <= s:
+            k += 1
+        rem = 1.0
+        t = s
+        e = 0.0
+        while True:
+            ci = tl_ci[k]
+            d = dur[v, ci]
+            seg_end = tl_t[k + 1] if k + 1 < hi else np.inf
+            need = rem * d
+            if d <= 0.0 or t + need <= seg_end:
+                e += rem * energy[v, ci]
+                t += need
+                break
+            frac = (seg_end - t) / d
+            e += frac * energy[v, ci]
+            rem -= frac
+            t = seg_end
+            k += 1
+        finish[v] = t
+        used[v] = e
+
+
+@dataclass(frozen=True)
+class Prediction:
+    time_s: float  # per iteration
+    energy_j: float  # per iteration, all GPUs
+    makespan_ns: float  # of the whole graph (all traced iterations)
+    idle_energy_j: float  # of the whole graph
+    dynamic_energy_j: float  # of the whole graph
+    iterations: int
+    start_ns: np.ndarray = field(repr=False)
+    finish_ns: np.ndarray = field(repr=False)
+
+
+def _iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
+    """[D, K] each GPU's iteration marks in what-if time (from its rank's anchors)."""
+    d = len(t.device_keys)
+    k = t.iterations
+    marks = np.zeros((d, k))
+    if t.anchors is None or not len(t.anchors):
+        return marks + start.min()
+    a = t.anchors
+    for g, (rank, _) in enumerate(t.device_keys):
+        r = a[a["rank"] == rank].sort_values("iteration")
+        if r.empty:
+            r = a[a["rank"] == a["rank"].min()].sort_values("iteration")
+        m = start[r["node"].to_numpy(np.int64)] + r["offset_ns"].to_numpy(np.float64)
+        marks[g, :len(m)] = m
+        marks[g, len(m):] = m[-1] if len(m) else 0.0
+    return marks
+
+
+def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
+            transition_ms: float = DEFAULT_TRANSITION_MS, max_passes: int = 6) -> Prediction:
+    """Time and energy per iteration of the traced workload under `policy` (None: default clocks)."""
+    c = t.compiled
+    order = c.order
+    dur = t.dur_ns[order]
+    en = t.energy_j[order]
+    dev = t.device[order].astype(np.int64)
+    scaled = t.is_pack[order]
+    delay = c.delay.astype(np.float64)
+    n = len(order)
+    start, finish, used = np.empty(n), np.empty(n), np.empty(n)
+    # first pass at the default clocks gives the iteration marks the policy is timed from
+    marks = None
+    for _ in range(max_passes):
+        if marks is None:
+            tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
+        else:
+            tl = clock_timelines(t, policy, marks, transition_ms)
+        _forward_clocked(c.indptr, c.src, c.from_start, delay, dev, scaled, dur, en, t.default_index,
+                         tl[0], tl[1], tl[2], start, finish, used)
+        by_id_start = start[c.pos]
+        new = _iteration_marks(t, by_id_start)
+        if policy is None:
+            break
+        if marks is not None and np.max(np.abs(new - marks), initial=0.0) < 1e3:
+            marks = new
+            break
+        marks = new
+    t0, t1 = float(start.min()), float(finish.max())
+    idle = 0.0
+    ptr, ts, cis = tl
+    for g in range(len(t.device_keys)):
+        tt = np.clip(np.r_[ts[ptr[g]:ptr[g + 1]], np.inf], t0, t1)
+        idle += float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g]:ptr[g + 1]]])) * 1e-9
+    dyn = float(used.sum())
+    k = max(t.iterations, 1)
+    return Prediction((t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k,
+                      by_id_start, finish[c.pos])

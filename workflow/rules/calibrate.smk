@@ -1,0 +1,12 @@
+rule calibrate:
+    output:
+        bench=P["calibrate"].out("bench.parquet"),
+        config=P["calibrate"].out("config.json"),
+    params:
+        emo=stage_params("calibrate"),
+    log:
+        P["calibrate"].log,
+    resources:
+        gpu=1,
+    script:
+        "../scripts/calibrate.py"
