@@ -64,9 +64,13 @@ class _Builder:
         key = np.where(g["process_group"].to_numpy(dtype=object) != "", g["process_group"], g["name"])
         c = pd.DataFrame({"row": rows, "rank": g["rank"].to_numpy(), "key": key,
                           "start": g["start_ns"].to_numpy(), "end": (g["start_ns"] + g["dur_ns"]).to_numpy()})[nccl]
+        c = c.reset_index(drop=True)
         c["occ"] = c.groupby(["rank", "key"]).cumcount()
         c["nranks"] = c.groupby(["key", "occ"])["rank"].transform("nunique")
-        matched = c[(c["nranks"] == n_ranks) & (n_ranks > 1)].copy()
+        # a named process group spans the ranks that use it (e.g. a P2P pair); unnamed: every rank
+        named = g["process_group"].to_numpy(dtype=object)[nccl] != ""
+        c["expected"] = np.where(named, c.groupby("key")["rank"].transform("nunique"), n_ranks)
+        matched = c[(c["nranks"] == c["expected"]) & (c["expected"] > 1)].copy()
         split = np.zeros(len(ev), bool)
         split[matched["row"].to_numpy()] = True
 

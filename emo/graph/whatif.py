@@ -1,16 +1,20 @@
 """What-if analysis over the execution graph (the paper's Algorithm 1).
 
 `compile_graph` turns the graph once into CSR arrays in topological order. The timing model is
-max-plus: a node starts when its last constraint is met, plus a fixed delay,
+max-plus with a lag per edge: a node starts when its last constraint is met,
 
-    start[v] = max over in-edges (u -> v) of (start[u] if from_start else start[u] + dur[u]) + delay[v]
+    start[v] = max over in-edges e = (u -> v) of (start[u] if from_start else start[u] + dur[u]) + lag[e]
 
-where delay[v] (launch latency, queueing, the offset of a source) is measured once from the
-recorded timeline, so replaying the recorded durations reproduces it. A delay that would have to be
-negative means the trace contradicts an edge (clock skew, a wrong dependency): it is clamped to 0
-and shows up as replay error. `whatif(compiled, dur_ns)` then gives the makespan, each node's start
-and finish, its critical predecessor, the critical path, each node's slack (how much it may stretch
-alone without moving the end) and the slack windows per GPU, at millions of nodes per second."""
+(a source starts at its recorded offset). Lags are measured once from the recorded timeline: the
+edge that bound a node's start keeps its recorded gap (launch latency, queueing), so replaying the
+recorded durations reproduces the trace; every other edge gets the smaller of its recorded gap and
+the typical gap of its kind when binding (e.g. the usual kernel-to-kernel gap), so when a
+predecessor grows, its successors follow it as hardware would rather than after a latency that
+belonged to another edge. A gap that would have to be negative means the trace contradicts an edge
+(clock skew, a wrong dependency): it is clamped to 0 and shows up as replay error.
+`whatif(compiled, dur_ns)` then gives the makespan, each node's start and finish, its critical
+predecessor, the critical path, each node's slack (how much it may stretch alone without moving
+the end) and the slack windows per GPU, at millions of nodes per second."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +23,12 @@ import numba
 import numpy as np
 import pandas as pd
 
-from emo.graph.graph import GPU_NODE_KINDS, Graph
+from emo.graph.graph import EDGE_KINDS, GPU_NODE_KINDS, Graph
+
+
+# Kineto writes whole microseconds (older PyTorch) or ns decimals of rounded values: a recorded
+# start may precede its constraint by up to this much through rounding alone.
+ROUNDING_TOLERANCE_NS = 1_000
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,10 @@ class Compiled:
     from_start: np.ndarray  # bool per edge
     edge_id: np.ndarray     # row of graph.edges per CSR entry
     dur: np.ndarray         # recorded duration, topological order
-    delay: np.ndarray       # fixed delay, topological order
+    lag: np.ndarray         # per CSR edge: gap after the constraint is met
+    offset: np.ndarray      # per node, topological order: the recorded start of a source, else 0
+    delay: np.ndarray       # per node, topological order: recorded start minus when its binding
+                            # constraint was met (the lag of its binding edge; a source's offset)
     t0: int                 # recorded origin (ns)
     recorded_start: np.ndarray  # relative to t0, topological order
     is_gpu: np.ndarray      # bool, topological order
@@ -50,7 +62,7 @@ class Result:
     critical_path: np.ndarray     # node ids, first to last
     slack_ns: np.ndarray          # per node id
     replay_error_ns: int          # max |replayed - recorded| start over GPU nodes (recorded durations only)
-    delay_ns: np.ndarray          # the fixed delay per node id (launch latency, queueing, start offset)
+    delay_ns: np.ndarray          # per node id: start minus the time its binding constraint was met
 
 
 @numba.njit(cache=True)
@@ -76,25 +88,25 @@ def _topo_order(n, indptr_out, dst_out, indeg):
 
 
 @numba.njit(cache=True)
-def _forward(indptr, src, from_start, dur, delay, start, finish, crit):
+def _forward(indptr, src, from_start, lag, dur, offset, start, finish, crit):
     n = dur.shape[0]
     for v in range(n):
         best = 0
         arg = -1
         for k in range(indptr[v], indptr[v + 1]):
             u = src[k]
-            t = start[u] if from_start[k] else finish[u]
+            t = (start[u] if from_start[k] else finish[u]) + lag[k]
             if arg == -1 or t > best:
                 best = t
                 arg = k
-        s = best + delay[v]
+        s = best + offset[v]
         start[v] = s
         finish[v] = s + dur[v]
         crit[v] = arg
 
 
 @numba.njit(cache=True)
-def _backward(indptr, src, from_start, dur, delay, finish, end, latest):
+def _backward(indptr, src, from_start, lag, dur, offset, end, latest):
     """latest[v]: the latest v may finish without moving the end. A successor that waits only for
     v's start (from_start) bounds v's start, not its finish, so it limits v's predecessors only."""
     n = dur.shape[0]
@@ -107,9 +119,10 @@ def _backward(indptr, src, from_start, dur, delay, finish, end, latest):
         ls = latest[v] - dur[v]
         if latest_start[v] < ls:
             ls = latest_start[v]
-        bound = ls - delay[v]  # latest the binding constraint of v may be met
+        ls -= offset[v]
         for k in range(indptr[v], indptr[v + 1]):
             u = src[k]
+            bound = ls - lag[k]  # latest this constraint of v may be met
             if from_start[k]:
                 if bound < latest_start[u]:
                     latest_start[u] = bound
@@ -130,20 +143,35 @@ def _backtrack(last, crit, src):
     return path[:m][::-1].copy()
 
 
-@numba.njit(cache=True)
-def _recorded_delay(indptr, src, from_start, dur, rec_start):
-    n = dur.shape[0]
-    delay = np.empty(n, np.int64)
-    for v in range(n):
-        best = 0
-        for k in range(indptr[v], indptr[v + 1]):
-            u = src[k]
-            t = rec_start[u] if from_start[k] else rec_start[u] + dur[u]
-            if k == indptr[v] or t > best:
-                best = t
-        d = rec_start[v] - best
-        delay[v] = d if d > 0 else 0
-    return delay
+def _recorded_lags(indptr, src, fs, ekind, dur, rec, tol):
+    """Per-edge lags and per-node source offsets from the recorded timeline (see module doc)."""
+    n = len(dur)
+    deg = np.diff(indptr)
+    dst = np.repeat(np.arange(n), deg)
+    t = np.where(fs, rec[src], rec[src] + dur[src])
+    gap = rec[dst] - t
+    has = deg > 0
+    tmax = np.full(n, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(tmax, dst, t)
+    binding = t == tmax[dst]
+    # a constraint missed by no more than the trace's timestamp rounding is rounding, not a
+    # contradiction: keep the (slightly negative) gap so the replay stays exact
+    gap = np.where(gap < -tol, 0, gap)
+    typical = np.zeros(len(EDGE_KINDS), np.int64)
+    for code in range(len(EDGE_KINDS)):
+        g = gap[binding & (ekind == code) & (gap >= 0)]
+        typical[code] = int(np.median(g)) if len(g) else 0
+    # the edge that bound a start is the one met latest once its kind's typical latency is added
+    # (a kernel launched early but whose stream event came late waits on the event, and vice versa)
+    tt = t + typical[ekind]
+    ttmax = np.full(n, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(ttmax, dst, tt)
+    binding = tt == ttmax[dst]
+    lag = np.where(binding, gap, np.minimum(gap, typical[ekind])).astype(np.int64)
+    offset = np.where(has, 0, rec).astype(np.int64)
+    delay = offset.copy()
+    np.maximum.at(delay, dst, np.where(binding, lag, np.iinfo(np.int64).min))
+    return lag, offset, delay
 
 
 def compile_graph(graph: Graph) -> Compiled:
@@ -174,12 +202,14 @@ def compile_graph(graph: Graph) -> Compiled:
     start_abs = nodes["start_ns"].to_numpy(np.int64)
     t0 = int(start_abs.min()) if n else 0
     rec = (start_abs - t0)[order]
-    delay = _recorded_delay(indptr, src, fs, dur, rec)
+    codes = {k: i for i, k in enumerate(EDGE_KINDS)}
+    ekind = edges["kind"].map(codes).fillna(0).to_numpy(np.int64)[e_order]
+    lag, offset, delay = _recorded_lags(indptr, src, fs, ekind, dur, rec, ROUNDING_TOLERANCE_NS)
     kind = nodes["kind"].to_numpy(dtype=object)[order]
     dev = np.where(nodes["device"].to_numpy() >= 0,
                    nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64), -1)[order]
     return Compiled(order=order, pos=pos, indptr=indptr, src=src, from_start=fs, edge_id=e_order, dur=dur,
-                    delay=delay, t0=t0, recorded_start=rec, is_gpu=np.isin(kind, GPU_NODE_KINDS),
+                    lag=lag, offset=offset, delay=delay, t0=t0, recorded_start=rec, is_gpu=np.isin(kind, GPU_NODE_KINDS),
                     device=dev, stream=nodes["stream"].to_numpy(np.int64)[order], n=n)
 
 
@@ -190,11 +220,11 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     start = np.empty(c.n, np.int64)
     finish = np.empty(c.n, np.int64)
     crit = np.empty(c.n, np.int64)
-    _forward(c.indptr, c.src, c.from_start, dur, c.delay, start, finish, crit)
+    _forward(c.indptr, c.src, c.from_start, c.lag, dur, c.offset, start, finish, crit)
     end = int(finish.max()) if c.n else 0
     latest = np.empty(c.n, np.int64)
     if slack:
-        _backward(c.indptr, c.src, c.from_start, dur, c.delay, finish, end, latest)
+        _backward(c.indptr, c.src, c.from_start, c.lag, dur, c.offset, end, latest)
     # critical path: from the node that finishes last, follow the binding predecessors
     path_ids = c.order[_backtrack(int(np.argmax(finish)), crit, c.src)] if c.n else np.zeros(0, np.int64)
     replay = 0
@@ -206,7 +236,7 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
                   critical_pred=crit_ids[to_id], critical_edge=crit_edge[to_id], critical_path=path_ids,
                   slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
-                  replay_error_ns=replay, delay_ns=c.delay[to_id])
+                  replay_error_ns=replay, delay_ns=(c.offset + np.where(crit >= 0, c.lag[np.maximum(crit, 0)], 0))[to_id])
 
 
 def replay_error_ns(compiled: Compiled) -> int:
