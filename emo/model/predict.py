@@ -44,7 +44,8 @@ class PackTables:
     idle_power_w    float64[D, C]  idle power of each GPU at each clock (paid over the whole makespan)
     is_pack         bool[N]
     src, dst        int64[E]  edges of the pack graph; from_start bool[E] (start-to-start edge)
-    delay_ns        int64[N]  the what-if's fixed delay before each node (launch latency, queueing)
+    lag_ns          int64[E]  the what-if's gap after each edge's constraint is met (launch latency,
+                    queueing: emo.graph.whatif); offset_ns int64[N] the start of source nodes
     device_keys     (rank, device) of each dense GPU index; `policy_device` maps a policy's device id
                     (the GPU index, i.e. the rank on one node) to the dense index
     Energy of a schedule = sum over nodes of energy_j[node, clock] + sum over GPUs of
@@ -61,7 +62,8 @@ class PackTables:
     src: np.ndarray
     dst: np.ndarray
     from_start: np.ndarray
-    delay_ns: np.ndarray
+    lag_ns: np.ndarray
+    offset_ns: np.ndarray
     device_keys: list[tuple[int, int]]
     graph: Graph = field(repr=False)
     compiled: Compiled = field(repr=False)
@@ -110,14 +112,16 @@ def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors:
     device = np.full(n, -1, np.int32)
     device[gpu] = [index[k] for k in zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())]
     compiled = compile_graph(graph)
-    delay = np.empty(n, np.int64)
-    delay[compiled.order] = compiled.delay
+    lag = np.empty(len(graph.edges), np.int64)
+    lag[compiled.edge_id] = compiled.lag
+    offset = np.empty(n, np.int64)
+    offset[compiled.order] = compiled.offset
     e = graph.edges
     iters = int(anchors.groupby("rank").size().max()) if anchors is not None and len(anchors) else 1
     return PackTables(m.clocks.astype(np.int64), list(m.clocks).index(m.default_mhz), dur, energy, device,
                       np.repeat(m.idle_power_w[None, :], len(keys), axis=0), is_pack,
                       e["src"].to_numpy(np.int64), e["dst"].to_numpy(np.int64), e["from_start"].to_numpy(bool),
-                      delay, keys, graph, compiled, anchors, iters)
+                      lag, offset, keys, graph, compiled, anchors, iters)
 
 
 def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
@@ -164,19 +168,18 @@ def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns
 
 
 @numba.njit(cache=True)
-def _forward_clocked(indptr, src, from_start, delay, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
+def _forward_clocked(indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
                      start, finish, used):
     n = dur.shape[0]
     for v in range(n):
-        best = 0.0
-        arg = -1
+        s = offset[v]
+        first = True
         for k in range(indptr[v], indptr[v + 1]):
             u = src[k]
-            tt = start[u] if from_start[k] else finish[u]
-            if arg == -1 or tt > best:
-                best = tt
-                arg = u
-        s = best + delay[v]
+            tt = (start[u] if from_start[k] else finish[u]) + lag[k]
+            if first or tt > s:
+                s = tt
+                first = False
         start[v] = s
         g = dev[v]
         if g < 0 or not scaled[v]:
@@ -248,7 +251,8 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
     en = t.energy_j[order]
     dev = t.device[order].astype(np.int64)
     scaled = t.is_pack[order]
-    delay = c.delay.astype(np.float64)
+    lag = c.lag.astype(np.float64)
+    offset = c.offset.astype(np.float64)
     n = len(order)
     start, finish, used = np.empty(n), np.empty(n), np.empty(n)
     # first pass at the default clocks gives the iteration marks the policy is timed from
@@ -258,7 +262,7 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
             tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
         else:
             tl = clock_timelines(t, policy, marks, transition_ms)
-        _forward_clocked(c.indptr, c.src, c.from_start, delay, dev, scaled, dur, en, t.default_index,
+        _forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
                          tl[0], tl[1], tl[2], start, finish, used)
         by_id_start = start[c.pos]
         new = _iteration_marks(t, by_id_start)

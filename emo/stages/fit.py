@@ -1,29 +1,68 @@
 """fit: per pack signature x calibrated clock, predicted time and energy (emo.model: NNLS mix of the
-microbenchmarks, anchored at each signature's measured default-clock time), with the energy level
-calibrated against a measured whole iteration at the default clock, then the default-clock
-prediction of the whole workload through the pack-graph what-if (emo.model.predict) as a check."""
+microbenchmarks, anchored at each signature's measured default-clock time), with its energy levels
+calibrated against measured whole iterations, then the default-clock prediction of the whole
+workload through the pack-graph what-if (emo.model.predict) as a check.
+
+Energy levels. A pack's energy cannot be measured (sensors are far slower than 5 ms), and neither
+can the GPUs' power in the gaps between kernels: the idle microbenchmark holds a running kernel, so
+its power is an upper bound of a truly idle GPU's. The predictor's energy of an iteration is
+I + Y: I the idle power integrated over the makespan, Y the packs' dynamic energy. Two measured
+iterations, at the default clock and at ~0.7 of the max clock (stage profile), give two equations
+a I(f) + k Y(f) = E(f) for the idle level a and the dynamic level k (both > 0), applied to the
+model table (idle_power_w, idle_energy_j scaled by a, column idle_level; dynamic_energy_j by k,
+column energy_level). When the two points cannot separate them (a or k would be <= 0), a = 1 and
+k comes from the default-clock iteration alone (emo.model.calibrate_energy_level).
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from emo.device import COUNTERS
 from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
-from emo.model.predict import load_pack_tables, predict
+from emo.model.predict import pack_tables, predict
+from emo.graph import Graph
+from emo.policy import FrequencyPolicy
 
 
-def fit_model(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, baseline: dict,
-              iterations: int, devices: int, default_mhz: int) -> tuple[pd.DataFrame, float]:
-    """The model table (emo.model.MODEL_COLUMNS) with its energy level, and the level."""
+def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int) -> pd.DataFrame:
+    """The model table at energy levels 1, anchored at each signature's median pack time."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
-    model = fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default,
-                           default_mhz=default_mhz)
-    occurrences = packs.groupby("signature")["dur_ns"].sum() / (time_default * 1e9) / iterations
-    return calibrate_energy_level(model, occurrences, float(baseline["iteration_energy_j"]),
-                                  float(baseline["iteration_time_s"]), devices=devices)
+    return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz)
+
+
+def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> pd.DataFrame:
+    out = model.copy()
+    unit = out["dynamic_energy_j"] / out["energy_level"]
+    out["idle_power_w"] = out["idle_power_w"] / out.get("idle_level", 1.0) * idle_level
+    out["idle_energy_j"] = out["idle_energy_j"] / out.get("idle_level", 1.0) * idle_level
+    out["dynamic_energy_j"] = unit * energy_level
+    out["energy_level"] = energy_level
+    out["idle_level"] = idle_level
+    out["energy_j"] = out["idle_energy_j"] + out["dynamic_energy_j"]
+    return out
+
+
+def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
+                  baseline: dict, gpu: str) -> tuple[float, float, str]:
+    """(idle level a, dynamic level k, how) from the measured iterations (module docstring)."""
+    t = pack_tables(graph, packs, model, anchors)
+    points = [(None, baseline)] + ([(baseline["low"]["sm_mhz"], baseline["low"])] if "low" in baseline else [])
+    rows, rhs = [], []
+    for mhz, meas in points:
+        pol = None if mhz is None else FrequencyPolicy.static(gpu, [k[0] for k in t.device_keys], mhz)
+        p = predict(t, pol)
+        rows.append([p.idle_energy_j / p.iterations, p.dynamic_energy_j / p.iterations])
+        rhs.append(float(meas["iteration_energy_j"]))
+    if len(rows) == 2:
+        a, k = np.linalg.solve(np.array(rows), np.array(rhs))
+        if a > 0 and k > 0:
+            return float(a), float(k), "two-point"
+    return 1.0, float(np.nan), "default-clock"
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -32,16 +71,35 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     packs = pd.read_parquet(inputs["packs"])
     baseline = json.loads(Path(inputs["baseline"]).read_text())
     anchors = pd.read_parquet(inputs["iterations"])
+    graph = Graph.load(inputs["packs"].parent)
     iterations = int(anchors.groupby("rank").size().max()) if len(anchors) else 1
-    devices = int(packs[["rank", "device"]].drop_duplicates().shape[0])
-    model, level = fit_model(bench, metrics, packs, baseline, iterations, devices, int(cfg["gpu"]["default_mhz"]))
+    devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
+    model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]))
+    a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    if how == "two-point":
+        model = with_levels(model, a, k)
+    else:
+        occurrences = packs.groupby("signature")["dur_ns"].sum() / (
+            packs.groupby("signature")["dur_ns"].median()) / iterations
+        model, k = calibrate_energy_level(model, occurrences, float(baseline["iteration_energy_j"]),
+                                          float(baseline["iteration_time_s"]), devices=devices)
+        model = with_levels(model, 1.0, k)
     write_parquet(out / "model.parquet", model)
-    pred = predict(load_pack_tables(inputs["packs"].parent, out))
-    check = {"predicted_iteration_s": pred.time_s, "predicted_energy_j": pred.energy_j,
-             "measured_iteration_s": baseline["iteration_time_s"], "measured_energy_j": baseline["iteration_energy_j"],
-             "time_error_pct": 100 * (pred.time_s / baseline["iteration_time_s"] - 1),
-             "energy_error_pct": 100 * (pred.energy_j / baseline["iteration_energy_j"] - 1)}
+    t = pack_tables(graph, packs, model, anchors)
+    check = {"energy_levels": how, "idle_level": a, "energy_level": k}
+    for name, meas in (("default", baseline), ("low", baseline.get("low"))):
+        if meas is None:
+            continue
+        pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], [d[0] for d in t.device_keys], meas["sm_mhz"])
+        p = predict(t, pol)
+        check[name] = {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
+                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": meas["iteration_energy_j"],
+                       "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
+                       "energy_error_pct": 100 * (p.energy_j / meas["iteration_energy_j"] - 1)}
     write_json(out / "check.json", check)
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
-            "energy_level": level, "fit_residual_max": float(model["fit_residual"].max()),
-            "default_time_error_pct": check["time_error_pct"], "default_energy_error_pct": check["energy_error_pct"]}
+            "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),
+            "default_time_error_pct": check["default"]["time_error_pct"],
+            "default_energy_error_pct": check["default"]["energy_error_pct"],
+            **({"low_time_error_pct": check["low"]["time_error_pct"],
+                "low_energy_error_pct": check["low"]["energy_error_pct"]} if "low" in check else {})}

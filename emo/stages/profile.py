@@ -1,7 +1,8 @@
 """profile: the Table II counter vector of the first occurrence of every distinct pack signature,
 through the device's range profiler (ranges named by rank and launch ordinal, as on hardware), with
 the profiling cost; plus the baseline iteration measured over a window long enough for the energy
-counter (`model.min_seconds` x 2 at least), which the fit's energy-level calibration uses."""
+counter (BASELINE_SECONDS: a counter that updates every ~100 ms then errs by < 2 %, typically < 1 %),
+which the fit's energy-level calibration uses."""
 from __future__ import annotations
 
 import json
@@ -29,14 +30,39 @@ def profile_first_occurrences(device, workload, packs: pd.DataFrame, events: pd.
     return pd.DataFrame(rows, columns=["signature", "rank", "kernels", *COUNTERS, "passes", "cost_s"])
 
 
-def measure_baseline(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1) -> dict:
-    """Time and energy of one iteration at the default clock, over >= 2 * min_seconds of iterations."""
-    n = max(3, math.ceil(2 * min_seconds / max(iteration_s, 1e-6)))
-    device.set_policy(None)
+BASELINE_SECONDS = 5.0
+LOW_CLOCK_FRACTION = 0.7  # the second calibration point of the energy levels (emo.stages.fit)
+
+
+def measure_iteration(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
+                      sm_mhz: int | None = None) -> dict:
+    """Time and energy of one iteration at a static clock (None: default clocks), measured over
+    >= BASELINE_SECONDS (and >= min_seconds) of iterations."""
+    n = max(3, math.ceil(max(BASELINE_SECONDS, min_seconds) / max(iteration_s, 1e-6)))
+    if sm_mhz is None:
+        device.set_policy(None)
+    else:
+        from emo.policy import FrequencyPolicy
+
+        device.set_policy(FrequencyPolicy.static(device.name, MAX_DEVICES, sm_mhz))
     res = device.run(workload, n, warmup=warmup)
-    return {"iterations": n, "time_s": res.time_s, "energy_j": res.energy_j,
-            "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
+    device.set_policy(None)
+    return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
+            "energy_j": res.energy_j, "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
             "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
+
+
+MAX_DEVICES = 64
+
+
+def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1) -> dict:
+    """The default-clock iteration (top-level keys) and one at ~LOW_CLOCK_FRACTION of the max clock
+    (key `low`): two points for the fit's energy levels."""
+    base = measure_iteration(device, workload, iteration_s, min_seconds, warmup)
+    clocks = device.supported_clocks()
+    low = min(clocks, key=lambda c: abs(c - LOW_CLOCK_FRACTION * max(clocks)))
+    base["low"] = measure_iteration(device, workload, iteration_s / LOW_CLOCK_FRACTION, min_seconds, warmup, low)
+    return base
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -51,7 +77,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     try:
         metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes)
         it_s = float(measured["time_s"]) / int(measured["iterations"])
-        baseline = measure_baseline(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
+        baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
                                     int(cfg["trace"]["warmup"]))
     finally:
         device.close()

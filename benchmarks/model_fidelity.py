@@ -1,0 +1,188 @@
+"""Fidelity of EMO's energy-latency model on the virtual GPU, and the packing/sampling ablation.
+
+For each GPU model (a100, h100, rtx3080ti) and workload (tp 2/4/8, pp 2/4/8, offload) it runs the
+pipeline stages in-process (trace, graph, pack, profile, fit; calibrate once per GPU), then
+predicts with emo.model.predict and measures on the virtual GPU:
+  (a) static policies at every supported clock >= half the max;
+  (b) five random policies that change every GPU's clock every 20 ms between half and full clock.
+Measured = the virtual GPU's exact energy and time over the measured iterations (its true energy
+integral, so the energy counter's 100 ms granularity is not counted as model error). Prints the
+MAPE of time and energy per case, the worst case, and the ablation: kernels, packs, distinct
+signatures, and profiling cost for raw per-kernel profiling, packing alone and packing with
+sampling (first occurrence of each signature only).
+
+    python benchmarks/model_fidelity.py [--quick] [--gpus a100,h100] [--jobs 2]
+
+Last line: `worst MAPE %: X`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+WORKLOADS = {
+    "tp2": ["workload=tp", "workload.tp=2"], "tp4": ["workload=tp", "workload.tp=4"],
+    "tp8": ["workload=tp", "workload.tp=8"], "pp2": ["workload=pp", "workload.pp=2"],
+    "pp4": ["workload=pp", "workload.pp=4"], "pp8": ["workload=pp", "workload.pp=8"],
+    "offload": ["workload=offload"],
+}
+GPUS = ("a100", "h100", "rtx3080ti")
+
+
+def stage(name, cfg, inputs, out: Path) -> dict:
+    import importlib
+
+    out.mkdir(parents=True, exist_ok=True)
+    return importlib.import_module(f"emo.stages.{name}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out) or {}
+
+
+def calibrate(gpu: str, root: Path, quick: bool) -> Path:
+    from emo.plan import compose
+
+    out = root / f"calibrate-{gpu}"
+    if not (out / "bench.parquet").exists():
+        cfg = compose([f"gpu={gpu}", "tracking.enabled=false"])
+        stage("calibrate", cfg, {}, out)
+    return out / "bench.parquet"
+
+
+def measure(device, workload, policy, iterations: int) -> tuple[float, float]:
+    """Per-iteration time and exact energy (all GPUs) of `iterations` iterations after one warm-up."""
+    device.set_policy(policy)
+    device.run(workload, iterations, warmup=1)
+    sim = device.last_sim
+    e = sum(float(device.meters[g.idx].true_j(sim.t_end) - device.meters[g.idx].true_j(sim.t_start)) for g in sim.gpus)
+    return (sim.t_end - sim.t_start) * 1e-9 / iterations, e / iterations
+
+
+def random_policy(gpu: str, devices: int, clocks: list[int], period_ms: float, rng) -> "FrequencyPolicy":
+    from emo.policy import FrequencyPolicy, Step
+
+    fmax = max(clocks)
+    ok = [c for c in clocks if c >= fmax / 2]
+    n = max(int(np.ceil(period_ms / 20.0)), 1)
+    steps = {d: [Step(20.0 * i, int(rng.choice(ok))) for i in range(n)] for d in range(devices)}
+    return FrequencyPolicy(gpu=gpu, steps=steps, period_ms=period_ms, lead_ms=10.0)
+
+
+def case(args) -> dict:
+    gpu, wl, bench, quick, root = args
+    from emo.device import KernelRange, open_device
+    from emo.model.predict import load_pack_tables, predict
+    from emo.pack.ranges import kernel_ordinals, pack_ranges
+    from emo.plan import compose
+    from emo.policy import FrequencyPolicy
+    import pandas as pd
+
+    t_start = time.perf_counter()
+    cfg = compose([f"gpu={gpu}", *WORKLOADS[wl], "tracking.enabled=false"])
+    d = Path(root) / f"{gpu}-{wl}"
+    stage("trace", cfg, {}, d / "trace")
+    stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
+    pk = stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    pr = stage("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
+                                "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"}, d / "profile")
+    stage("fit", cfg, {"bench": bench, "metrics": d / "profile/metrics.parquet", "packs": d / "pack/packs.parquet",
+                       "baseline": d / "profile/baseline.json", "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    tables = load_pack_tables(d / "pack", d / "fit")
+
+    device = open_device(cfg["gpu"])
+    clocks = device.supported_clocks()
+    fmax = max(clocks)
+    devices = len(tables.device_keys)
+    period_ms = pr["baseline_iteration_s"] * 1e3
+    # enough iterations for the policy's steady state, at least ~1 s of virtual time
+    iters = int(max(3, min(12, np.ceil(1.0 / pr["baseline_iteration_s"]))))
+    static = [c for c in clocks if c >= fmax / 2][::-1]
+    if quick:
+        static = static[::6]
+    rows = []
+    for c in static:
+        pol = FrequencyPolicy.static(gpu, devices, c)
+        p = predict(tables, pol)
+        mt, me = measure(device, cfg["workload"], pol, iters)
+        rows.append(("static", c, p.time_s, mt, p.energy_j, me))
+    rng = np.random.default_rng(7)
+    for i in range(2 if quick else 5):
+        pol = random_policy(gpu, devices, clocks, period_ms, rng)
+        p = predict(tables, pol)
+        mt, me = measure(device, cfg["workload"], pol, iters)
+        rows.append(("random", i, p.time_s, mt, p.energy_j, me))
+    device.close()
+    r = pd.DataFrame(rows, columns=["set", "which", "pred_t", "meas_t", "pred_e", "meas_e"])
+    r["err_t"] = 100 * (r["pred_t"] / r["meas_t"] - 1)
+    r["err_e"] = 100 * (r["pred_e"] / r["meas_e"] - 1)
+
+    # ablation: profiling cost of every kernel, every pack, first occurrences only
+    events = pd.read_parquet(d / "trace/events.parquet")
+    nodes = pd.read_parquet(d / "graph/nodes.parquet")
+    packs = pd.read_parquet(d / "pack/packs.parquet")
+    ords = kernel_ordinals(events)
+    k = nodes[nodes["kind"] == "kernel"]
+    ko = ords.loc[k["event"].to_numpy()]
+    raw = [KernelRange(int(a), (int(b),)) for a, b in zip(ko["rank"], ko["ordinal"])]
+    every = pack_ranges(packs, nodes["event"].to_numpy(np.int64), ords)
+    costs = {}
+    for name, ranges in (("raw", raw), ("packs", every)):
+        dev = open_device(cfg["gpu"])
+        costs[name] = float(sum(x.cost_s for x in dev.profile_ranges(cfg["workload"], ranges)))
+        dev.close()
+    costs["sampled"] = float(pr["profiling_cost_s"])
+    out = {"gpu": gpu, "workload": wl, "kernels": pk["kernels"], "packs": pk["packs"], "signatures": pk["signatures"],
+           "iterations_traced": tables.iterations, **{f"cost_{k}_s": v for k, v in costs.items()},
+           "rows": r, "wall_s": time.perf_counter() - t_start}
+    for s in ("static", "random"):
+        q = r[r["set"] == s]
+        out[f"{s}_t"] = float(q["err_t"].abs().mean())
+        out[f"{s}_e"] = float(q["err_e"].abs().mean())
+        out[f"{s}_t_max"] = float(q["err_t"].abs().max())
+        out[f"{s}_e_max"] = float(q["err_e"].abs().max())
+    return out
+
+
+def main(argv=None) -> float:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a100 only, every 6th static clock, 2 random policies")
+    ap.add_argument("--gpus", default=None, help="comma-separated GPU models (default: a100,h100,rtx3080ti)")
+    ap.add_argument("--workloads", default=None, help=f"comma-separated, from {','.join(WORKLOADS)}")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args(argv)
+    gpus = a.gpus.split(",") if a.gpus else (["a100"] if a.quick else list(GPUS))
+    wls = a.workloads.split(",") if a.workloads else list(WORKLOADS)
+    root = Path(tempfile.mkdtemp(prefix="emo-fidelity-"))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(a.jobs) as ex:
+        benches = dict(zip(gpus, ex.map(calibrate, gpus, [root] * len(gpus), [a.quick] * len(gpus))))
+        print(f"calibrated {', '.join(gpus)} in {time.perf_counter() - t0:.0f} s", flush=True)
+        jobs = [(g, w, benches[g], a.quick, str(root)) for g in gpus for w in wls]
+        results = []
+        print(f"{'gpu':10} {'workload':8} {'static T%':>9} {'static E%':>9} {'random T%':>9} {'random E%':>9}"
+              f" {'max T%':>7} {'max E%':>7}  kernels packs sigs  raw_s packs_s sampled_s  raw/sampled", flush=True)
+        for r in ex.map(case, jobs):
+            results.append(r)
+            print(f"{r['gpu']:10} {r['workload']:8} {r['static_t']:9.2f} {r['static_e']:9.2f} {r['random_t']:9.2f}"
+                  f" {r['random_e']:9.2f} {max(r['static_t_max'], r['random_t_max']):7.2f}"
+                  f" {max(r['static_e_max'], r['random_e_max']):7.2f}  {r['kernels']:7d} {r['packs']:5d}"
+                  f" {r['signatures']:4d} {r['cost_raw_s']:6.1f} {r['cost_packs_s']:7.1f} {r['cost_sampled_s']:9.2f}"
+                  f"  {r['cost_raw_s'] / max(r['cost_sampled_s'], 1e-9):10.0f}x", flush=True)
+    worst, name = 0.0, ""
+    for r in results:
+        for key in ("static_t", "static_e", "random_t", "random_e"):
+            if r[key] > worst:
+                worst, name = r[key], f"{r['gpu']} {r['workload']} {key.replace('_t', ' time').replace('_e', ' energy')}"
+    print(f"worst case: {name} (MAPE {worst:.2f} %); signed errors there:")
+    w = next(r for r in results if name.startswith(f"{r['gpu']} {r['workload']} "))
+    print(w["rows"].round(4).to_string(index=False))
+    print(f"total {time.perf_counter() - t0:.0f} s; artifacts in {root}")
+    print(f"worst MAPE %: {worst:.2f}")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)
