@@ -143,3 +143,24 @@ def test_duplicate_rank_in_folder(tmp_path):
     _write(tmp_path, "b.json", doc)
     with pytest.raises(ValueError, match="same rank"):
         read_trace(tmp_path)
+
+
+def test_older_capitalised_categories(tmp_path):
+    doc = _small_doc()
+    old = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy"}
+    for e in doc["traceEvents"]:
+        e["cat"] = old.get(e.get("cat"), e.get("cat"))
+    new = read_trace(ES1)
+    ev = read_trace(_write(tmp_path, "t.json", doc))
+    assert ev["kind"].value_counts().to_dict() == new["kind"].value_counts().to_dict()
+
+
+def test_driver_launches_link_like_runtime_ones(tmp_path):
+    from emo.graph import build_graph
+
+    doc = _small_doc()
+    for e in doc["traceEvents"]:
+        if e.get("name") == "cudaLaunchKernel":
+            e["name"], e["cat"] = "cuLaunchKernel", "cuda_driver"
+    g = build_graph(read_trace(_write(tmp_path, "t.json", doc)))
+    assert (g.edges["kind"] == "launch").sum() == (g.nodes["kind"].isin(["kernel", "memcpy"])).sum()

@@ -213,13 +213,11 @@ class _Builder:
         # event record -> waiter: find the record call, then the last op on the recorded stream before it
         rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
             ["rank", "wait_event_corr", "rec_t"]]
-        es = s[(s["sync_kind"] == "Event Sync") & (s["wait_event_corr"] >= 0) & (s["wait_stream"] >= 0)]
-        es = es.merge(rec, on=["rank", "wait_event_corr"])
+        es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
         waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
                                                         "stream": es["wait_stream"], "t": es["rec_t"],
                                                         "call_row": es["call_row"]})))
-        sw = s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_event_corr"] >= 0) & (s["wait_stream"] >= 0)]
-        sw = sw.merge(rec, on=["rank", "wait_event_corr"])
+        sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
         if len(sw):
             src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
                                                      "stream": sw["wait_stream"], "t": sw["rec_t"],
@@ -257,6 +255,16 @@ class _Builder:
             len(x) for x in waits) else pd.DataFrame({"call_row": [], "op_row": []}, dtype=np.int64)
         w["call_row"] = self.top_of[w["call_row"].to_numpy(np.int64)]
         return w.drop_duplicates().astype(np.int64)
+
+    @staticmethod
+    def _with_record(rows: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+        """Each waiting sync row with `rec_t`, when its cudaEventRecord was called: found by
+        wait_on_cuda_event_record_corr_id where the trace has it; otherwise the closest preceding
+        record on the waited stream is taken to be right before the wait call itself."""
+        known = rows[rows["wait_event_corr"] >= 0].merge(rec, on=["rank", "wait_event_corr"], how="left")
+        known["rec_t"] = known["rec_t"].fillna(known["call_t"])
+        unknown = rows[rows["wait_event_corr"] < 0].assign(rec_t=lambda d: d["call_t"])
+        return pd.concat([known, unknown], ignore_index=True).astype({"rec_t": np.int64})
 
     def _inferred_stream_waits(self, calls: pd.DataFrame) -> None:
         """cudaStreamWaitEvent without a cuda_sync row (no record correlation in the trace): the

@@ -63,6 +63,7 @@ class Result:
     slack_ns: np.ndarray          # per node id
     replay_error_ns: int          # max |replayed - recorded| start over GPU nodes (recorded durations only)
     delay_ns: np.ndarray          # per node id: start minus the time its binding constraint was met
+    energy_j: float | None = None  # sum of the per-node energies passed in, if any
 
 
 @numba.njit(cache=True)
@@ -213,8 +214,12 @@ def compile_graph(graph: Graph) -> Compiled:
                     device=dev, stream=nodes["stream"].to_numpy(np.int64)[order], n=n)
 
 
-def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True) -> Result:
-    """Replay the graph with new per-node durations (indexed by node id; None = as recorded)."""
+def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True,
+           energy_j: np.ndarray | None = None) -> Result:
+    """Replay the graph with new per-node durations (indexed by node id; None = as recorded).
+
+    `energy_j` (per node id, optional) is summed into Result.energy_j, so a caller trying clocks
+    gets the time and the energy of a candidate from one call."""
     c = compiled
     dur = c.dur if dur_ns is None else np.asarray(dur_ns, np.int64)[c.order]
     start = np.empty(c.n, np.int64)
@@ -236,7 +241,8 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
                   critical_pred=crit_ids[to_id], critical_edge=crit_edge[to_id], critical_path=path_ids,
                   slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
-                  replay_error_ns=replay, delay_ns=(c.offset + np.where(crit >= 0, c.lag[np.maximum(crit, 0)], 0))[to_id])
+                  replay_error_ns=replay, delay_ns=(c.offset + np.where(crit >= 0, c.lag[np.maximum(crit, 0)], 0))[to_id],
+                  energy_j=None if energy_j is None else float(np.sum(energy_j)))
 
 
 def replay_error_ns(compiled: Compiled) -> int:

@@ -130,11 +130,11 @@ def _read_kineto(path: Path, rank: int | None) -> pd.DataFrame:
     stream = np.where(gpu, np.where((col["stream"] < 0) & ~is_sync, tid, col["stream"]), -1)
     sync_kind = np.full(n, "", dtype=object)
     pg = np.full(n, "", dtype=object)
-    for j, i in enumerate(need):
-        if is_sync[i]:
-            sync_kind[i] = str(args[j].get("cuda_sync_kind", name[i]))
-        elif kind[i] == "kernel" and ("Process Group Name" in args[j] or "pg_name" in args[j]):
-            pg[i] = str(args[j].get("Process Group Name", args[j].get("pg_name", "")))
+    need_kind = kind_arr[need]
+    for j in np.flatnonzero(need_kind == "sync"):
+        sync_kind[need[j]] = str(args[j].get("cuda_sync_kind", name[need[j]]))
+    kj = np.flatnonzero(need_kind == "kernel")
+    pg[need[kj]] = [str(args[j].get("Process Group Name", args[j].get("pg_name", ""))) for j in kj]
     return normalise({
         "rank": np.full(n, rank, np.int32), "device": device, "stream": stream, "pid": pid, "thread": tid,
         "kind": kind_arr, "name": name, "start_ns": ts, "dur_ns": dur,
