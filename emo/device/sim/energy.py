@@ -10,6 +10,7 @@ so readings are deterministic for a seed.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 
@@ -66,42 +67,60 @@ def _table(rows: list[tuple], width: int) -> np.ndarray:
 
 
 class EnergyMeter:
-    """Cumulative energy of one GPU over virtual time (ns) and its NVML-like readouts."""
+    """Cumulative energy of one GPU over virtual time (ns) and its NVML-like readouts.
+
+    The history is kept as contiguous chunks (one per run or idle period); the counter's update
+    ticks are evaluated as the history grows, so a reading costs O(log) however long the device
+    has lived (calibration makes thousands of runs on one device).
+    """
 
     def __init__(self, period_ms: float, window_ms: float, noise: float, seed: int, gpu: int):
         self.period = period_ms * 1e6
         self.window = window_ms * 1e6
         self.noise = float(noise)
-        self.seed = (int(seed), int(gpu))
-        self.phase = float(np.random.default_rng([*self.seed, 1]).uniform(0, self.period))
-        self._t: list[np.ndarray] = [np.array([0.0])]
-        self._e: list[np.ndarray] = [np.array([0.0])]
+        self.phase = float(np.random.default_rng([int(seed), int(gpu), 1]).uniform(0, self.period))
+        self._rng = np.random.default_rng([int(seed), int(gpu), 2])
+        self._chunk_t0: list[float] = [0.0]
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = [(np.array([0.0]), np.array([0.0]))]
         self.t_known = 0.0
         self.e_known = 0.0
-        self._cat = None
+        self._tick_t: list[float] = []  # update times so far
+        self._tick_counter: list[float] = []  # counter value (J, noisy, unquantised) at each update
+        self._tick_noise: list[float] = []  # the power sensor's noise factor at each update
+        self._last_true = 0.0
 
     def append(self, t: np.ndarray, e_rel: np.ndarray) -> None:
         """Extend the history by breakpoints `t` (starting at t_known) and cumulative energy e_rel (J)."""
         if t.size == 0:
             return
-        self._t.append(t)
-        self._e.append(self.e_known + e_rel)
+        e = self.e_known + e_rel
+        self._chunk_t0.append(float(t[0]))
+        self._chunks.append((t, e))
+        k0 = math.floor((self.t_known - self.phase) / self.period) + 1
+        k1 = math.floor((float(t[-1]) - self.phase) / self.period)
+        if k1 >= max(k0, 0):
+            ticks = self.phase + np.arange(max(k0, 0), k1 + 1) * self.period
+            true = np.interp(ticks, t, e)
+            inc = np.diff(true, prepend=self._last_true)
+            eps = self._rng.standard_normal((2, ticks.size))
+            if self.noise > 0:
+                inc = np.maximum(inc * (1.0 + self.noise * eps[0]), 0.0)
+            base = self._tick_counter[-1] if self._tick_counter else 0.0
+            self._tick_t.extend(ticks.tolist())
+            self._tick_counter.extend((base + np.cumsum(inc)).tolist())
+            self._tick_noise.extend((1.0 + self.noise * eps[1]).tolist())
+            self._last_true = float(true[-1])
         self.t_known = float(t[-1])
-        self.e_known = float(self.e_known + e_rel[-1])
-        self._cat = None
+        self.e_known = float(e[-1])
 
     def idle(self, t1: float, watts: float) -> None:
         if t1 > self.t_known:
             self.append(np.array([self.t_known, t1]), np.array([0.0, watts * (t1 - self.t_known) * 1e-9]))
 
-    def _arrays(self):
-        if self._cat is None:
-            self._cat = (np.concatenate(self._t), np.concatenate(self._e))
-        return self._cat
-
-    def true_j(self, t) -> np.ndarray:
-        ts, es = self._arrays()
-        return np.interp(t, ts, es)
+    def true_j(self, t: float) -> float:
+        i = max(bisect.bisect_right(self._chunk_t0, t) - 1, 0)
+        ts, es = self._chunks[i]
+        return float(np.interp(t, ts, es))
 
     def last_update(self, t: float) -> float:
         k = math.floor((t - self.phase) / self.period)
@@ -111,30 +130,23 @@ class EnergyMeter:
         k = math.ceil((t - self.phase) / self.period)
         return float(self.phase + max(k, 0) * self.period)
 
-    def _eps(self, n: int, stream: int) -> np.ndarray:
-        return np.random.default_rng([*self.seed, stream]).standard_normal(n)
+    def _tick(self, t: float) -> int:
+        """Index of the last update at or before t (and before the known history ends), or -1."""
+        return bisect.bisect_right(self._tick_t, min(t, self.t_known)) - 1
 
     def counter_j(self, t: float) -> float:
         """The energy counter at time t: value at the last update, noisy increments, in whole mJ."""
-        u = self.last_update(min(t, self.t_known))
-        if u < 0:
+        k = self._tick(t)
+        if k < 0:
             return 0.0
-        k = int(round((u - self.phase) / self.period))
-        ups = self.phase + np.arange(k + 1) * self.period
-        e = self.true_j(ups)
-        if self.noise > 0:
-            inc = np.diff(e, prepend=0.0) * (1.0 + self.noise * self._eps(k + 1, 2))
-            e = np.cumsum(np.maximum(inc, 0.0))
-        return float(np.floor(e[-1] * 1000.0)) / 1000.0
+        return math.floor(self._tick_counter[k] * 1000.0) / 1000.0
 
     def power_w(self, t: float) -> float:
         """The power sensor: mean power over the window ending at the last update before t."""
-        u = self.last_update(min(t, self.t_known))
-        if u < 0:
+        k = self._tick(t)
+        if k < 0:
             return 0.0
+        u = self._tick_t[k]
         a = max(u - self.window, 0.0)
         p = (self.true_j(u) - self.true_j(a)) / max((u - a) * 1e-9, 1e-12)
-        if self.noise > 0:
-            k = int(round((u - self.phase) / self.period))
-            p *= 1.0 + self.noise * self._eps(k + 1, 3)[-1]
-        return float(p)
+        return float(p * self._tick_noise[k])
