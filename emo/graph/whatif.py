@@ -162,9 +162,10 @@ def _recorded_lags(indptr, src, fs, ekind, dur, rec, tol):
     for code in range(len(EDGE_KINDS)):
         g = gap[binding & (ekind == code) & (gap >= 0)]
         typical[code] = int(np.median(g)) if len(g) else 0
-    # the edge that bound a start is the one met latest once its kind's typical latency is added
-    # (a kernel launched early but whose stream event came late waits on the event, and vice versa)
-    tt = t + typical[ekind]
+    # the edge that bound a start is the one met latest once its kind's typical latency (at most
+    # its own recorded gap) is added: a kernel launched early but whose stream event came late
+    # waits on the event, and vice versa
+    tt = t + np.minimum(typical[ekind], np.maximum(gap, 0))
     ttmax = np.full(n, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(ttmax, dst, tt)
     binding = tt == ttmax[dst]
