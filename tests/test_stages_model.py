@@ -1,0 +1,145 @@
+"""The stages calibrate -> pack -> profile -> fit on a small virtual workload, the predictor on their
+artifacts, and what each stage's hash covers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from emo.device import COUNTERS, KernelRange, open_device
+from emo.graph import Graph
+from emo.graph.whatif import whatif
+from emo.model.predict import load_pack_tables, predict
+from emo.plan import compose, plan
+from emo.policy import FrequencyPolicy, Step
+from emo.stages import calibrate as calibrate_stage
+
+SMALL = ["workload.model.layers=1", "workload.model.seq=1024", "tracking.enabled=false"]
+
+
+def run(stage, cfg, inputs, out: Path) -> dict:
+    import importlib
+
+    out.mkdir(parents=True, exist_ok=True)
+    return importlib.import_module(f"emo.stages.{stage}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chain")
+    cfg = compose(SMALL + ["model.clocks_stride=8", "model.repeats=1"])
+    m = {"calibrate": run("calibrate", cfg, {}, d / "calibrate")}
+    m["trace"] = run("trace", cfg, {}, d / "trace")
+    m["graph"] = run("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
+    m["pack"] = run("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    m["profile"] = run("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
+                                        "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"},
+                       d / "profile")
+    m["fit"] = run("fit", cfg, {"bench": d / "calibrate/bench.parquet", "metrics": d / "profile/metrics.parquet",
+                                "packs": d / "pack/packs.parquet", "baseline": d / "profile/baseline.json",
+                                "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    return cfg, d, m
+
+
+def test_calibration_table(chain):
+    cfg, d, m = chain
+    bench = pd.read_parquet(d / "calibrate/bench.parquet")
+    assert {"bench", "sm_mhz", "time_s", "energy_j", *COUNTERS} <= set(bench.columns)
+    clocks = sorted(bench["sm_mhz"].unique())
+    assert clocks[-1] == cfg["gpu"]["default_mhz"] and len(clocks) == m["calibrate"]["clocks"] > 1
+    assert (bench["time_s"] > 0).all() and (bench["energy_j"] > 0).all()
+    fp32 = bench[bench["bench"] == "fp32_fma_high"].groupby("sm_mhz")["time_s"].median()
+    assert fp32.iloc[0] > 1.5 * fp32.iloc[-1]  # compute-bound: slower at low clocks
+
+
+def test_calibrated_clocks_counts_down_from_default():
+    assert calibrate_stage.calibrated_clocks([100, 200, 300, 400, 500], 500, 2) == [100, 300, 500]
+    assert calibrate_stage.calibrated_clocks([100, 200, 300], 300, 1) == [100, 200, 300]
+    with pytest.raises(ValueError, match="clocks_stride"):
+        calibrate_stage.calibrated_clocks([100], 100, 0)
+
+
+def test_packs_and_profile(chain):
+    cfg, d, m = chain
+    packs = pd.read_parquet(d / "pack/packs.parquet")
+    metrics = pd.read_parquet(d / "profile/metrics.parquet")
+    assert set(metrics["signature"]) == set(packs["signature"])  # every signature profiled once
+    assert len(metrics) == packs["signature"].nunique() == packs["first_occurrence"].sum()
+    assert (metrics["passes"] >= 1).all() and (metrics["cost_s"] > 0).all()
+    assert m["pack"]["kernels"] >= len(packs) and (packs["dur_ns"] <= 5e6).sum() >= len(packs) - packs["kernels"].eq(1).sum()
+
+
+def test_ranges_name_the_packs_kernels(chain):
+    """(rank, launch ordinal) from the trace finds the very kernels of the pack in the program."""
+    from emo.device.sim.profiling import launch_table
+    from emo.pack.ranges import kernel_ordinals, pack_ranges
+    from emo.workloads import build_program
+
+    cfg, d, _ = chain
+    packs = pd.read_parquet(d / "pack/packs.parquet")
+    nodes = Graph.load(d / "graph").nodes
+    ranges = pack_ranges(packs, nodes["event"].to_numpy(np.int64), kernel_ordinals(pd.read_parquet(d / "trace/events.parquet")))
+    prog = build_program(cfg["workload"], cfg["gpu"]["name"])
+    table = launch_table(prog)
+    names = nodes["name"].to_numpy(dtype=object)
+    for r, members in zip(ranges, packs["members"]):
+        assert [prog.kernels[table[r.rank][o]].name for o in r.ordinals] == list(names[np.asarray(members)])
+
+
+def test_profile_ranges_rejects_bad_ranges(chain):
+    cfg, _, _ = chain
+    dev = open_device(cfg["gpu"])
+    with pytest.raises(ValueError, match="out of range"):
+        dev.profile_ranges(cfg["workload"], [KernelRange(0, (10**7,))])
+    with pytest.raises(ValueError, match="rank"):
+        dev.profile_ranges(cfg["workload"], [KernelRange(99, (0,))])
+
+
+def test_fit_reproduces_the_measured_iterations(chain):
+    _, d, m = chain
+    check = json.loads((d / "fit/check.json").read_text())
+    assert abs(check["default"]["time_error_pct"]) < 0.5 and abs(check["default"]["energy_error_pct"]) < 1.0
+    assert abs(check["low"]["energy_error_pct"]) < 1.0
+    model = pd.read_parquet(d / "fit/model.parquet")
+    assert (model["time_s"] > 0).all() and (model["dynamic_energy_j"] >= 0).all()
+
+
+def test_predictor(chain):
+    cfg, d, _ = chain
+    t = load_pack_tables(d / "pack", d / "fit")
+    n, c = t.dur_ns.shape
+    assert t.energy_j.shape == (n, c) and t.idle_power_w.shape == (len(t.device_keys), c)
+    assert (t.energy_j[~t.is_pack] == 0).all() and (np.ptp(t.dur_ns[~t.is_pack], axis=1) == 0).all()
+    base = predict(t)
+    assert base.time_s * base.iterations * 1e9 == pytest.approx(whatif(t.compiled, slack=False).makespan_ns, rel=1e-9)
+    gpu = cfg["gpu"]["name"]
+    devs = [k[0] for k in t.device_keys]
+    times = [predict(t, FrequencyPolicy.static(gpu, devs, f)).time_s for f in (1410, 1200, 1005, 810)]
+    assert all(a < b for a, b in zip(times, times[1:]))  # slower at every lower clock
+    # a static policy equals the what-if with every pack at that clock once the change has landed
+    ci = list(t.clocks_mhz).index(int(t.clocks_mhz[0]))
+    low = predict(t, FrequencyPolicy.static(gpu, devs, int(t.clocks_mhz[0])), transition_ms=0.0)
+    assert low.makespan_ns == pytest.approx(whatif(t.compiled, t.dur_ns[:, ci].round().astype(np.int64), slack=False).makespan_ns, rel=1e-6)
+    # a change that lands later leaves more of the iteration at the default clock: faster
+    pol = FrequencyPolicy(gpu=gpu, steps={g: [Step(0.0, 1410), Step(20.0, 810)] for g in devs}, lead_ms=10.0)
+    assert predict(t, pol, transition_ms=30.0).time_s < predict(t, pol, transition_ms=5.0).time_s
+    # lead time: the same clock requested 10 ms early lands earlier: slower
+    nolead = FrequencyPolicy(gpu=gpu, steps=pol.steps, lead_ms=0.0)
+    assert predict(t, pol).time_s > predict(t, nolead).time_s
+
+
+def test_hashes_calibrate_per_gpu_pack_per_delta():
+    base = plan(compose([]))
+    wl = plan(compose(["workload.tp=4"]))
+    dm = plan(compose(["packing.delta_max_ms=2.5"]))
+    gpu = plan(compose(["gpu=h100"]))
+    assert base["calibrate"].hash == wl["calibrate"].hash == dm["calibrate"].hash != gpu["calibrate"].hash
+    for s in ("trace", "graph", "pack", "profile", "fit"):
+        assert base[s].hash != wl[s].hash  # the workload re-runs trace -> fit
+    for s in ("trace", "graph"):
+        assert base[s].hash == dm[s].hash  # delta_max re-runs pack -> fit only
+    for s in ("pack", "profile", "fit"):
+        assert base[s].hash != dm[s].hash
