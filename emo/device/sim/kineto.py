@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from emo.device.sim.engine import RT_CBID, RT_NAMES, SimResult
@@ -48,6 +49,13 @@ def _us(t_ns: float) -> float:
 
 def _dur(d_ns: float) -> float:
     return round(d_ns * 1e-3, 3)
+
+
+def _us_many(t0_ns, d_ns) -> tuple[list, list]:
+    """Vectorised _us/_dur for many events."""
+    t0 = np.asarray(t0_ns, dtype=np.float64)
+    d = np.asarray(d_ns, dtype=np.float64)
+    return np.round(OFFSET_US + t0 * 1e-3, 3).tolist(), np.round(d * 1e-3, 3).tolist()
 
 
 def device_properties(dev, n: int) -> list[dict]:
@@ -104,8 +112,10 @@ def rank_events(res: SimResult, program, dev, rank: int, first_step: int = 0) ->
     for i, (a, b) in enumerate(zip(it_t, ends)):
         app({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{first_step + i}", "pid": pid, "tid": tid,
              "ts": _us(a), "dur": _dur(b - a), "args": {"External id": 0, "Record function id": 0}})
-    for name, t0, d, ext in rec.cpu_ops:
-        app({"ph": "X", "cat": "cpu_op", "name": name, "pid": pid, "tid": tid, "ts": _us(t0), "dur": _dur(d),
+    cpu = rec.cpu_ops
+    tss, durs = _us_many([c[1] for c in cpu], [c[2] for c in cpu])
+    for (name, _, _, ext), ts, du in zip(cpu, tss, durs):
+        app({"ph": "X", "cat": "cpu_op", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": du,
              "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
     for name, t0, d, ext in rec.annotations:
         app({"ph": "X", "cat": "user_annotation", "name": name, "pid": pid, "tid": tid, "ts": _us(t0), "dur": _dur(d),
@@ -119,12 +129,14 @@ def rank_events(res: SimResult, program, dev, rank: int, first_step: int = 0) ->
              "tid": tid, "ts": _us(t0 + 300.0), "dur": _dur(d - 600.0),
              "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
     pre_post = (dev.phys.cpu_op_pre_us + dev.phys.cpu_op_post_us) * 1e3
-    for code, t0, d, corr, ext, _arg, op_t0, op_name in rec.host:
+    host = rec.host
+    tss, durs = _us_many([h[1] for h in host], [h[2] for h in host])
+    op_ts, op_durs = _us_many([h[6] for h in host], [h[2] + pre_post for h in host])
+    for (code, t0, d, corr, ext, _arg, op_t0, op_name), ts, du, ots, odu in zip(host, tss, durs, op_ts, op_durs):
         if op_name:  # the framework op around a kernel launch
-            app({"ph": "X", "cat": "cpu_op", "name": op_name, "pid": pid, "tid": tid, "ts": _us(op_t0),
-                 "dur": _dur(d + pre_post), "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
-        ts = _us(t0)
-        app({"ph": "X", "cat": "cuda_runtime", "name": RT_NAMES[code], "pid": pid, "tid": tid, "ts": ts, "dur": _dur(d),
+            app({"ph": "X", "cat": "cpu_op", "name": op_name, "pid": pid, "tid": tid, "ts": ots,
+                 "dur": odu, "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}})
+        app({"ph": "X", "cat": "cuda_runtime", "name": RT_NAMES[code], "pid": pid, "tid": tid, "ts": ts, "dur": du,
              "args": {"External id": ext, "cbid": RT_CBID[code], "correlation": corr}})
         if code <= 2:
             app({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": ts, "cat": "ac2g", "name": "ac2g"})
@@ -139,10 +151,11 @@ def rank_events(res: SimResult, program, dev, rank: int, first_step: int = 0) ->
         kinfo.append({"registers per thread": regs, "shared memory": 0, "blocks per SM": round(blocks / sms, 6),
                       "warps per SM": round(blocks * threads / 32 / sms, 6), "grid": list(k.grid),
                       "block": list(k.block), "est. achieved occupancy %": int(round(wps / mw * 100))})
-    for corr, kid, sid, t0, t1, ext, *_ in rec.kernels:
-        ts = _us(t0)
+    kern = rec.kernels
+    tss, durs = _us_many([k[3] for k in kern], [k[4] - k[3] for k in kern])
+    for (corr, kid, sid, t0, t1, ext, *_), ts, du in zip(kern, tss, durs):
         app({"ph": "X", "cat": "kernel", "name": kspecs[kid].name, "pid": dev_id, "tid": sid, "ts": ts,
-             "dur": _dur(t1 - t0), "args": {"External id": ext, "queued": 0, "device": dev_id, "context": 1,
+             "dur": du, "args": {"External id": ext, "queued": 0, "device": dev_id, "context": 1,
                                              "stream": sid, "correlation": corr, **kinfo[kid]}})
         app({"ph": "f", "id": corr, "pid": dev_id, "tid": sid, "ts": ts, "cat": "ac2g", "name": "ac2g", "bp": "e"})
     for corr, cidx, sid, t0, t1, ext in rec.colls:
@@ -214,7 +227,7 @@ def write_traces(res: SimResult, program, dev, out_dir: Path, first_step: int = 
         data = orjson.dumps(trace_document(res, program, dev, r, first_step))
         path = out_dir / f"rank{r}.pt.trace.json.gz"
         with atomic_path(path) as tmp:
-            with gzip.open(tmp, "wb", compresslevel=3) as f:
+            with gzip.open(tmp, "wb", compresslevel=1) as f:
                 f.write(data)
         paths.append(path)
     return paths
