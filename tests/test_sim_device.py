@@ -233,3 +233,18 @@ def test_profile_range_reports_table_ii_counters_and_costs_time() -> None:
     assert tuple(res.counters) == COUNTERS
     assert res.counters["tensor_inst"] > 0 and res.counters["dram_read_bytes"] == pytest.approx(9e8)
     assert res.passes > 1 and res.cost_s > 0 and dev.time_s() == pytest.approx(t0 + res.cost_s)
+
+
+def test_counter_noise_keeps_it_monotonic_and_unbiased() -> None:
+    p = Program(name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]],
+                kernels=[GEMM])
+    clean = SimDevice(gpu_cfg(noise=0.0)).run(p, 100)
+    dev = SimDevice(gpu_cfg(noise=0.05))
+    noisy = dev.run(p, 100)
+    assert noisy.energy_j != clean.energy_j
+    assert noisy.energy_j == pytest.approx(clean.energy_j, rel=0.03)  # ~20 updates: noise averages down
+    readings = []
+    for _ in range(30):
+        dev.sleep(0.05)
+        readings.append(dev.energy_j(0))
+    assert readings == sorted(readings)
