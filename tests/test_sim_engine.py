@@ -43,7 +43,7 @@ def test_clock_change_lands_5_to_15_ms_after_the_request() -> None:
     for seed in range(12):
         dev = SimDevice(gpu_cfg(seed=seed))
         prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 60 + [(Op.DEVICE_SYNC,)])
-        dev.set_policy(FrequencyPolicy("a100", {0: [Step(20.0, 1005)]}))
+        dev.set_policy(FrequencyPolicy("a100", {0: [Step(0.0, 1410), Step(20.0, 1005)]}))
         res = dev.simulate(prog, 1, policy=dev.policy)
         g = res.gpus[0]
         t_iter = res.ranks[0].iter_t[0]
@@ -212,3 +212,24 @@ def test_waiting_for_a_peer_costs_only_idle_like_power() -> None:
     res = dev.simulate(two_rank_program(compute=1, coll_bytes=1 << 20, late_ns=50_000_000, chunks=1), 1)
     wait = [x for x in res.gpus[0].xsegs if x[1] - x[0] > 40e6]
     assert wait and all(w[2] < 0.1 * dev.tdp_w for w in wait)  # NCCL spinning on top of the idle board
+
+
+def test_policy_is_applied_like_the_runtime_applier() -> None:
+    """Steps due within lead_ms of t = 0 are issued lead_ms before the expected end of the previous
+    iteration (period_ms); requests not yet issued when the next iteration starts are dropped."""
+    prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 40 + [(Op.DEVICE_SYNC,)])
+    dev = SimDevice(gpu_cfg())
+    base = dev.simulate(prog, 3)
+    period_ms = (base.ranks[0].iter_t[2] - base.ranks[0].iter_t[1]) / 1e6
+    pol = FrequencyPolicy("a100", {0: [Step(0.0, 1005), Step(period_ms / 2, 1410), Step(10 * period_ms, 705)]},
+                          period_ms=period_ms, lead_ms=15.0)
+    res = SimDevice(gpu_cfg()).simulate(prog, 4, policy=pol)
+    marks = res.ranks[0].iter_t
+    g = res.gpus[0]
+    lands = {(round(t), ci) for t, ci in zip(g.clock_t[1:], g.clock_ci[1:])}
+    ci1005 = SimDevice(gpu_cfg()).clocks.index(1005)
+    assert ci1005 in g.clock_ci and SimDevice(gpu_cfg()).clocks.index(705) not in g.clock_ci  # never issued
+    # from the second iteration on, 1005 lands within 10 ms before the iteration starts (issued 15 ms early)
+    for m in marks[2:]:
+        before = [t for t, ci in zip(g.clock_t, g.clock_ci) if ci == ci1005 and m - 16e6 < t <= m + 2e6]
+        assert before, (m, sorted(lands))

@@ -20,6 +20,7 @@ from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
 from emo.device.sim.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
+from emo.runtime import issue_plan
 
 MAX_GPUS = 64
 
@@ -70,6 +71,7 @@ class SimDevice:
         self.tdp_w = float(cfg["tdp_w"])
         self.cap_w = self.tdp_w
         self.policy: FrequencyPolicy | None = None
+        self._applier_started: set[int] = set()
         self.now = 0.0  # virtual ns
         self.idle_w = self.gp.idle_power_w()
         self._runs = 0
@@ -96,6 +98,7 @@ class SimDevice:
         if policy is not None and policy.gpu and policy.gpu != self.name:
             raise ValueError(f"policy is for GPU {policy.gpu!r}, this device is {self.name!r}")
         self.policy = policy
+        self._applier_started = set()  # GPUs whose applier has seen its first iteration mark
         if policy is None:
             self._lock_all(self.default_ci)
 
@@ -193,18 +196,24 @@ class SimDevice:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         tab, dur, thr = self.tables(program.kernels)
-        steps = None
-        lead_ns = 0.0
+        plan = None
         if policy is not None:
-            steps = {g: [(s.t_ms, self.clock_index(s.sm_mhz)) for s in policy.steps.get(g, [])]
-                     for g in range(program.ranks)}
-            lead_ns = policy.lead_ms * 1e6
+            plan = {}
+            for g in range(program.ranks):
+                steps = sorted(policy.steps.get(g, []), key=lambda s: s.t_ms)
+                if not steps:
+                    continue
+                issues = [(i.at_s * 1e9, self.clock_index(i.sm_mhz))
+                          for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)]
+                first = None if g in self._applier_started else self.clock_index(steps[0].sm_mhz)
+                plan[g] = (first, issues)
+                self._applier_started.add(g)
         rng = np.random.default_rng([self.seed, self._runs])
         self._runs += 1
         wall = time.perf_counter()
         eng = Engine(program, dur=dur, thr=thr, phys=self.phys, gphys=self.gp,
                      clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
-                     t_start=self.now, iterations=iterations, policy_steps=steps, lead_ns=lead_ns, rng=rng,
+                     t_start=self.now, iterations=iterations, policy_plan=plan, rng=rng,
                      coll_ns={})
         with _no_gc():  # millions of short-lived tuples: the cyclic GC would rescan them over and over
             res = eng.run()

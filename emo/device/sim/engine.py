@@ -121,15 +121,15 @@ class Engine:
 
     def __init__(self, program: Program, *, dur: list[list[float]], thr: list[list[int]],
                  phys, gphys, clock_ci: list[int], last_issue: list[float], t_start: float,
-                 iterations: int, policy_steps: dict[int, list[tuple[float, int]]] | None,
-                 lead_ns: float, rng: np.random.Generator, coll_ns):
+                 iterations: int, policy_plan: dict[int, tuple[int | None, list[tuple[float, int]]]] | None,
+                 rng: np.random.Generator, coll_ns):
         self.prog = program
         self.dur, self.thr = dur, thr
         self.phys, self.gphys = phys, gphys
         self.iterations = iterations
         self.t_start = t_start
-        self.policy = policy_steps or {}
-        self.lead_ns = lead_ns
+        # per GPU: (clock to request at the very first iteration mark or None, [(issue offset ns, clock)])
+        self.policy = policy_plan or {}
         self.rng = rng
         self.coll_ns = coll_ns  # (coll_idx, ci) -> ns
         n = program.ranks
@@ -207,7 +207,13 @@ class Engine:
                 a.try_t = -1.0
                 self._advance(a, t)
             elif kind == E_CLOCK:
-                self._clock(gpus[a], t, b[0], b[1])
+                ci, issue, k_it = b
+                marks = self.ranks[a].iter_t
+                if 0 <= k_it < len(marks) - 1 and marks[k_it + 1] <= issue:
+                    continue  # the next iteration began before this was issued: the applier dropped it
+                if done[a] and issue > self.ranks[a].host_end:
+                    continue  # the program had ended: the applier was closed
+                self._clock(gpus[a], t, ci, issue)
             else:  # E_HOST
                 self.wake[a] = t
                 try:
@@ -383,8 +389,7 @@ class Engine:
         iters: list = []
         rec.log = hostplan.HostLog(p, iters, 0, 0)
         heap, cnt, hpush = self.heap, self.cnt, heapq.heappush
-        steps = self.policy.get(r, [])
-        lead = self.lead_ns
+        first_ci, issues = self.policy.get(r, (None, []))
         rng = self.rng
         dlo, dhi = self.phys.clock_delay_ms
         iter_app = rec.iter_t.append
@@ -440,12 +445,16 @@ class Engine:
                     if not a.q and not a.busy:
                         hpush(heap, (rel, next(cnt), 2, a, None))
                     a.q.append((2, rel, cb + ci, b[0], b[1], eb + ei))
-                elif c == 9:  # ITER: the policy's t = 0; requests land 5-15 ms after they are issued
+                elif c == 9:  # ITER: the policy's t = 0, applied as emo.runtime's applier does
                     t_it = ti + shift
+                    k_it = len(rec.iter_t)
                     iter_app(t_it)
-                    for t_ms, ci_ in steps:
-                        issue = max(t_it, t_it + t_ms * 1e6 - lead)
-                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci_, issue)))
+                    if first_ci is not None:  # the applier's very first mark: the first step's clock now
+                        hpush(heap, (t_it + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (first_ci, t_it, -1)))
+                        first_ci = None
+                    for at, ci_ in issues:  # each lands 5-15 ms after it is issued
+                        issue = t_it + at
+                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci_, issue, k_it)))
                 else:  # blocking: cudaMemcpy, stream / event / device synchronize
                     t0 = ti + shift
                     ready = t0
