@@ -195,7 +195,7 @@ def plot_timeline(results: Path, validate_hash: str, out: Path, title: str) -> P
             part = sub[crit[sel] == is_crit]
             for s, g in part.groupby("stream"):
                 ax.broken_barh(list(zip((g["start"] - t0) / 1e6, (g["finish"] - g["start"]) / 1e6)),
-                               (streams[s], 0.8), facecolors=color, label="critical path" if is_crit else None)
+                               (streams[s], 0.8), facecolors=color, edgecolor="white", linewidth=0.2)
         ax.set_yticks([i + 0.4 for i in streams.values()], [f"s{s}" for s in streams])
         ax.set_ylabel(f"GPU {rank}")
         steps = policy.steps.get(int(rank)) or policy.steps.get(0) or []
@@ -205,7 +205,7 @@ def plot_timeline(results: Path, validate_hash: str, out: Path, title: str) -> P
             ys = [s.sm_mhz for s in steps] + [steps[-1].sm_mhz]
             tw.step(xs, ys, where="post", color="tab:green", lw=1.5)
             tw.set_ylabel("SM MHz", color="tab:green", fontsize=8)
-    axes[0, 0].set_title(title)
+    axes[0, 0].set_title(f"{title}: kernels per stream (critical path red), SM clock (green)")
     axes[-1, 0].set_xlabel("time in iteration (ms, max-clock baseline)")
     path = out / f"timeline_{_slug(title)}.png"
     fig.tight_layout()
