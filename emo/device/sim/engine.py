@@ -39,7 +39,7 @@ RT_CBID = (211, 211, 41, 135, 147, 131, 133, 165)
 
 
 class _Stream:
-    __slots__ = ("gpu", "sid", "q", "busy", "blocked", "sm_wait", "try_t", "drain_waiters", "rec_trace")
+    __slots__ = ("gpu", "sid", "q", "busy", "blocked", "sm_wait", "try_t", "drain_waiters")
 
     def __init__(self, gpu: int, sid: int):
         self.gpu, self.sid = gpu, sid
