@@ -233,3 +233,12 @@ def test_policy_is_applied_like_the_runtime_applier() -> None:
     for m in marks[2:]:
         before = [t for t, ci in zip(g.clock_t, g.clock_ci) if ci == ci1005 and m - 16e6 < t <= m + 2e6]
         assert before, (m, sorted(lands))
+
+
+def test_a_collective_launched_twice_by_one_rank_is_an_error() -> None:
+    p = Program(name="twice", ranks=2, ops=[[], []])
+    c = p.collective(CollectiveSpec("allreduce", (0, 1), 1 << 20))
+    p.ops[0] = [(Op.ITER,), (Op.COLLECTIVE, 20, c), (Op.COLLECTIVE, 21, c), (Op.DEVICE_SYNC,)]
+    p.ops[1] = [(Op.ITER,), (Op.CPU, 10_000_000, "late"), (Op.COLLECTIVE, 20, c), (Op.DEVICE_SYNC,)]
+    with pytest.raises(ValueError, match="launched twice"):
+        SimDevice(gpu_cfg()).simulate(p, 1)

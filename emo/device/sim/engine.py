@@ -339,6 +339,9 @@ class Engine:
         if len(entry) < len(spec.ranks):
             return
         del self.colls[key]
+        if len({e[0].idx for e in entry}) != len(entry):
+            raise ValueError(f"program {self.prog.name!r}: collective {cidx} launched twice by one rank in "
+                             f"iteration {key[0]} (collective ids are per iteration: one launch per participant)")
         last = max(e[3] for e in entry)
         ci = min(e[0].req_ci for e in entry)  # the slowest SM clock paces the ring
         ck = (cidx, ci)
