@@ -27,11 +27,15 @@ MAX_GPUS = 64
 
 @contextlib.contextmanager
 def _no_gc():
+    """Cyclic GC off while the engine allocates millions of records; afterwards they go straight to
+    the oldest generation (freeze + unfreeze), so re-enabling it does not scan them all at once."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if enabled:
             gc.enable()
 
@@ -215,7 +219,7 @@ class SimDevice:
                      clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
                      t_start=self.now, iterations=iterations, policy_plan=plan, rng=rng,
                      coll_ns={})
-        with _no_gc():  # millions of short-lived tuples: the cyclic GC would rescan them over and over
+        with _no_gc():
             res = eng.run()
         self.last_sim_seconds = time.perf_counter() - wall
         t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
