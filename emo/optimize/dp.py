@@ -31,9 +31,13 @@ MIN_STEPS = 256
 
 def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
              replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
-             max_starts: int = 32, polish_starts: int = 3, kicks: int = 200,
-             time_limit_s: float | None = None) -> Solution:
-    """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline."""
+             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200,
+             time_limit_s: float | None = 30.0) -> Solution:
+    """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
+
+    `time_limit_s` is soft: the DP and one polished start always finish; further starts, polish
+    rounds and trades stop when it is reached (None: no limit).
+    """
     if budget < 0:
         raise ValueError(f"budget must be >= 0 (got {budget})")
     if budget_step_ms <= 0:
@@ -59,23 +63,29 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     info["budget_step_ms"] = step * 1e-6
     todo = np.arange(items.k)
     rows = np.arange(items.k)
+    useful = items.useful
     starts: list[tuple[float, str, np.ndarray]] = []
     for view, lf in views.items():
         d = passes.local_delays(*args, dur_ref, p.base_start, p.base_finish, lf - p.base_finish, p.dur_ns,
-                                items.item_of, items.lo, items.hi, todo)
-        q = np.ceil(np.maximum(d - TOL_NS, 0.0) / step - 1e-9).astype(np.int64)
-        q = np.minimum(q, B + 1)  # an option that never fits
+                                items.item_of, items.lo, items.hi, todo, useful, B * step + TOL_NS)
+        q = _quantise(d, step, B)
         # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
         best, arg = passes.knapsack(q, items.energy, B)
         objective = best + items.ext_power_w * np.arange(B + 1) * step * 1e-9
         order = np.argsort(objective, kind="stable")
+        repairs = 0
         for t in order[np.isfinite(objective[order])][:max_starts]:
             cand = passes.backtrack(q, arg, int(t))
             info["dp_tries"] += 1
             _, _, mk = passes.forward(*args, durations(p, items, cand))
             if mk > deadline + TOL_NS:  # 4. shared slack: the pick ends late, repair it
+                if repairs >= max_repairs:
+                    continue
+                repairs += 1
                 cand = _repair(p, items, cand, deadline, info)
                 _, _, mk = passes.forward(*args, durations(p, items, cand))
+                if view == "total" and mk > deadline + TOL_NS:
+                    continue
             e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
             starts.append((e, view, cand))
     starts.sort(key=lambda s: s[0])
@@ -84,6 +94,8 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     for e0, v, cand in starts:
         if len(seen) >= polish_starts or cand.tobytes() in seen:
             continue
+        if seen and time_limit_s is not None and time.perf_counter() - t_start > 0.3 * time_limit_s:
+            break  # more starts only while time is plentiful
         seen.add(cand.tobytes())
         # 5. polish the best few starts
         cand = _polish(p, items, cand, deadline, polish_rounds, info, t_start, time_limit_s)
@@ -92,39 +104,55 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
         if e < best_e:
             best_e, choice, view = e, cand, v
     info["start_view"] = view
-    if kicks:
-        choice = _kick(p, items, choice, deadline, kicks, info, t_start, time_limit_s, step)
+    if kicks:  # trades get at most twice the time spent so far
+        spent = time.perf_counter() - t_start
+        limit = spent * 3 if time_limit_s is None else min(time_limit_s, spent * 3)
+        choice = _kick(p, items, choice, deadline, kicks, info, t_start, max(limit, 0.5), step)
     sol = Solution(p, items, choice, "emo", budget, info=info)
     sol.solve_s = time.perf_counter() - t_start
     return sol
 
 
+def _quantise(d: np.ndarray, step: float, B: int) -> np.ndarray:
+    """Delays in budget steps, rounded up; B + 1 (never fits) for what is past the budget."""
+    q = np.full(d.shape, B + 1, dtype=np.int64)
+    ok = d <= (B + 1) * step
+    q[ok] = np.ceil(np.maximum(d[ok] - TOL_NS, 0.0) / step - 1e-9)
+    return np.minimum(q, B + 1)
+
+
 def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict) -> np.ndarray:
-    """Raise clocks on the critical path until the iteration meets the deadline (all-max does)."""
+    """Raise clocks on the critical path until the iteration meets the deadline (all-max does):
+    each round, the slowed critical items with the least energy per ns of critical time won back,
+    enough of them to cover the overshoot, one clock step faster each."""
     choice = choice.copy()
+    C = p.n_clocks
     while True:
         dur = durations(p, items, choice)
         s, f, mk = passes.forward(*p.graph, dur)
         if mk <= deadline + TOL_NS:
             return choice
         lf = passes.latest_finish(*p.graph, dur, mk)
-        crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
-        crit &= choice[np.maximum(items.item_of, 0)] != p.ref
-        ks = np.unique(items.item_of[crit])
-        if len(ks) == 0:  # nothing slowed is critical: cannot happen unless durations are non-monotone
+        crit = np.flatnonzero((lf - f <= TOL_NS) & (items.item_of >= 0))
+        crit = crit[choice[items.item_of[crit]] != p.ref]
+        if len(crit) == 0:  # nothing slowed is critical: only with non-monotone durations
+            info["critical_repairs"] += 1
             return np.full(items.k, p.ref, dtype=np.int64)
-        best_k, best_c, best_ratio = -1, -1, np.inf
-        for k in ks:
-            nodes = np.flatnonzero(crit & (items.item_of == k))
-            cur = p.dur_ns[nodes, choice[k]].sum()
-            faster = [c for c in range(p.n_clocks) if p.dur_ns[nodes, c].sum() < cur - TOL_NS]
-            c = min(faster, key=lambda c: abs(c - choice[k])) if faster else p.ref  # the nearest faster clock
-            gain = cur - p.dur_ns[nodes, c].sum()
-            ratio = (items.energy[k, c] - items.energy[k, choice[k]]) / max(gain, TOL_NS)
-            if ratio < best_ratio:
-                best_k, best_c, best_ratio = k, c, ratio
-        choice[best_k] = best_c
-        info["critical_repairs"] += 1
+        ks, inv = np.unique(items.item_of[crit], return_inverse=True)
+        cd = np.zeros((len(ks), C))
+        np.add.at(cd, inv, p.dur_ns[crit])  # critical time of each slowed item at each clock
+        cur = cd[np.arange(len(ks)), choice[ks]]
+        # the nearest faster clock of each item (by its critical time), else the default
+        faster = (cd < cur[:, None] - TOL_NS) & (np.arange(C)[None, :] > choice[ks][:, None])
+        nxt = np.where(faster.any(axis=1), np.argmax(faster, axis=1), p.ref)
+        gain = np.maximum(cur - cd[np.arange(len(ks)), nxt], TOL_NS)
+        ratio = (items.energy[ks, nxt] - items.energy[ks, choice[ks]]) / gain
+        order = np.argsort(ratio, kind="stable")
+        # half the overshoot per round: won-back time rarely adds up (other paths take over)
+        need = np.searchsorted(np.cumsum(gain[order]), 0.5 * (mk - deadline)) + 1
+        take = order[:need]
+        choice[ks[take]] = nxt[take]
+        info["critical_repairs"] += len(take)
 
 
 def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, rounds: int, info: dict,
@@ -140,8 +168,10 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
         dur = durations(p, items, choice)
         s, f, mk = passes.forward(*p.graph, dur)
         slack = passes.latest_finish(*p.graph, dur, mk) - f
-        d = passes.local_delays(*p.graph, dur, s, f, slack, p.dur_ns,
-                                items.item_of, items.lo, items.hi, rows)
+        useful = items.useful
+        useful[rows, choice] = True
+        d = passes.local_delays(*p.graph, dur, s, f, slack, p.dur_ns, items.item_of, items.lo, items.hi, rows,
+                                useful, deadline - mk + TOL_NS)
         d = np.where(d <= TOL_NS, 0.0, d)
         cost = items.energy + items.ext_power_w * d * 1e-9  # a move that lengthens the iteration pays idle power
         cost[mk + d > deadline + TOL_NS] = np.inf
@@ -194,8 +224,11 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
     best_e, _ = _energy(p, items, choice)
     out = choice
     for lf in (passes.free_finish(*args, dur, s, mk), passes.latest_finish(*args, dur, mk)):
-        d = passes.local_delays(*args, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k))
-        q = np.minimum(np.ceil(np.maximum(d - TOL_NS, 0.0) / step - 1e-9).astype(np.int64), B + 1)
+        useful = items.useful
+        useful[np.arange(items.k), choice] = True
+        d = passes.local_delays(*args, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k),
+                                useful, B * step + TOL_NS)
+        q = _quantise(d, step, B)
         if frozen >= 0:
             q[frozen] = B + 1
             q[frozen, choice[frozen]] = 0

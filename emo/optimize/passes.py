@@ -6,6 +6,7 @@ Every array is internal order: node i's predecessors all have smaller indices.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -98,26 +99,23 @@ def free_finish(ptr, idx, fs, delay, dur, start, deadline):
 
 
 @njit(cache=True)
-def local_delays(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo):
-    """delay[k, c]: how far past its deadline the iteration would end if only item k ran at clock c.
-
-    A what-if pass over the item's span of the order only: nodes it touches get new times, and a
-    touched node x ends the iteration at its new finish + its tail, i.e. late by
-    (new finish - finish) - slack; the tail past the span holds no node of the item, so this is exact.
-    """
+def _local_chunk(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
+                 limit, out, first, last):
     n = len(cur_dur)
-    K = len(lo)
     C = dur_table.shape[1]
-    out = np.zeros((K, C))
     stamp = np.full(n, -1, np.int64)
     ns = np.zeros(n)
     nf = np.zeros(n)
     tag = 0
-    for kk in range(len(todo)):
+    for kk in range(first, last):
         k = todo[kk]
         if lo[k] < 0:
             continue
-        for c in range(C):
+        over = False
+        for c in range(C - 1, -1, -1):  # fastest first: once past the limit, slower clocks are too
+            if over or not useful[k, c]:
+                out[k, c] = np.inf
+                continue
             tag += 1
             worst = 0.0
             for v in range(lo[k], hi[k] + 1):
@@ -145,7 +143,32 @@ def local_delays(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, 
                     if late > worst:
                         worst = late
             out[k, c] = worst
+            if worst > limit:
+                over = True
+
+
+def local_delays(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful, limit):
+    """delay[k, c]: how far past its deadline the iteration would end if only item k ran at clock c
+    (inf: not evaluated, because the clock is not useful for the item or a faster one is already
+    past `limit`).
+
+    A what-if pass over the item's span of the order only: nodes it touches get new times, and a
+    touched node x ends the iteration at its new finish + its tail, i.e. late by
+    (new finish - finish) - slack; the tail past the span holds no node of the item, so this is exact.
+    """
+    out = np.zeros((len(lo), dur_table.shape[1]))
+    chunks = max(1, min(len(todo), 4 * numba.get_num_threads()))
+    _local_all(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
+               float(limit), out, chunks)
     return out
+
+
+@njit(cache=True, parallel=True)
+def _local_all(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
+               limit, out, chunks):
+    for j in numba.prange(chunks):  # items split across threads, each chunk with its own scratch
+        _local_chunk(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo,
+                     useful, limit, out, j * len(todo) // chunks, (j + 1) * len(todo) // chunks)
 
 
 @njit(cache=True)

@@ -152,6 +152,16 @@ class Items:
     def k(self) -> int:
         return len(self.group)
 
+    @property
+    def useful(self) -> np.ndarray:
+        """bool[K, C]: clocks that use less energy than every faster clock (others are slower and
+        cost more: never worth a delay)."""
+        e = self.energy
+        faster_min = np.minimum.accumulate(e[:, ::-1], axis=1)[:, ::-1]  # min over c' >= c
+        out = np.ones_like(e, dtype=bool)
+        out[:, :-1] = e[:, :-1] < faster_min[:, 1:]
+        return out
+
 
 def symmetric_groups(p: Problem, decimals: int = 3) -> list[list[int]]:
     """Devices whose node sequences are identical (same baseline timing, same tables) share a clock
