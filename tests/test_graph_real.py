@@ -113,3 +113,11 @@ def test_node_ids_and_dtypes():
     assert (g.nodes.index.to_numpy() == np.arange(len(g.nodes))).all()
     assert str(g.nodes["start_ns"].dtype) == "int64" and str(g.edges["src"].dtype) == "int64"
     assert g.edges["src"].between(0, len(g.nodes) - 1).all()
+
+
+def test_saved_graph_keeps_its_summary(dlrm, tmp_path):
+    g, r, s = dlrm
+    g.save(tmp_path)
+    s2 = summary(Graph.load(tmp_path))
+    for key in ("critical_path_us", "makespan_us", "replay_error_us", "collectives_matched", "ranks", "slack_us"):
+        assert s2[key] == s[key], key

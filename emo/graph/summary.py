@@ -93,8 +93,9 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
         "breakdown_us": {k: _us(v) for k, v in breakdown.items()},
         "replay_error_us": _us(result.replay_error_ns),
         "ranks": [int(r) for r in graph.meta.get("ranks", sorted(n.loc[n["rank"] >= 0, "rank"].unique()))],
-        "collectives": int(graph.meta.get("collectives", 0)),
-        "collectives_matched": int(graph.meta.get("collectives_matched", 0)),
+        # a graph loaded from Parquet has no meta: the rendezvous nodes are the matched collectives
+        "collectives": int(graph.meta.get("collectives", (n["kind"] == "rendezvous").sum())),
+        "collectives_matched": int(graph.meta.get("collectives_matched", (n["kind"] == "rendezvous").sum())),
         "slack_us": dict(sorted(slack.items())),
         "nodes": int(len(n)),
         "edges": int(len(graph.edges)),
