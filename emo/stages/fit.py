@@ -4,17 +4,20 @@ calibrated against measured whole iterations, then the default-clock prediction 
 workload through the pack-graph what-if (emo.model.predict) as a check.
 
 Energy levels. A pack's energy cannot be measured (sensors are far slower than 5 ms), and neither
-can the GPUs' power in the gaps between kernels: the idle microbenchmark holds a running kernel, so
-its power is an upper bound of a truly idle GPU's. The predictor's energy of an iteration is
-I + Y: I the idle power integrated over the makespan, Y the packs' dynamic energy. Two measured
-iterations, at the default clock and at ~0.7 of the max clock (stage profile), give two equations
-a I(f) + k Y(f) = E(f) for the idle level a and the dynamic level k (both > 0), applied to the
-model table (idle_power_w, idle_energy_j scaled by a, column idle_level; dynamic_energy_j by k,
-column energy_level). When the two points cannot separate them (a or k would be <= 0), a = 1 and
-k comes from the default-clock iteration alone (emo.model.calibrate_energy_level).
+can a GPU's power in the gaps between kernels: the idle microbenchmark holds a running kernel, so
+its power P_b(f) bounds a truly idle GPU's from above. With the model at level 1, an iteration
+costs I + Y: I = P_b integrated over every GPU's makespan, Y = the packs' dynamic energy above P_b;
+B = the part of I spent while packs run. If the gaps draw a P_b and the packs' dynamic energy is
+k Y, an iteration costs  E = a (I - B) + B + k Y.  Two measured iterations, at the default clock
+and at ~0.7 of the max clock (stage profile), give a and k, applied to the model table: idle_power_w
+= a P_b (column idle_level = a), dynamic_energy_j = k x dynamic + (1 - a) P_b x time (so a pack's
+total is unchanged by a; column energy_level = k). a must lie in (0, 1]: when the points cannot
+separate the levels (a GPU busy all the time has I ~ B), a = 1 and k is fitted to both points; if
+even that fails, k comes from the default-clock iteration alone (emo.model.calibrate_energy_level).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,11 +39,15 @@ def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, de
 
 
 def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> pd.DataFrame:
+    """The level-1 model with the GPU's power between kernels at idle_level x the idle benchmark's,
+    and each signature's energy above it: energy_level x its dynamic energy + what the idle
+    benchmark draws above that level while the pack runs."""
     out = model.copy()
     unit = out["dynamic_energy_j"] / out["energy_level"]
-    out["idle_power_w"] = out["idle_power_w"] / out.get("idle_level", 1.0) * idle_level
-    out["idle_energy_j"] = out["idle_energy_j"] / out.get("idle_level", 1.0) * idle_level
-    out["dynamic_energy_j"] = unit * energy_level
+    p_bench = out["idle_power_w"] / out.get("idle_level", 1.0)
+    out["idle_power_w"] = p_bench * idle_level
+    out["idle_energy_j"] = out["idle_power_w"] * out["time_s"]
+    out["dynamic_energy_j"] = unit * energy_level + (1.0 - idle_level) * p_bench * out["time_s"]
     out["energy_level"] = energy_level
     out["idle_level"] = idle_level
     out["energy_j"] = out["idle_energy_j"] + out["dynamic_energy_j"]
@@ -51,18 +58,27 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
                   baseline: dict, gpu: str) -> tuple[float, float, str]:
     """(idle level a, dynamic level k, how) from the measured iterations (module docstring)."""
     t = pack_tables(graph, packs, model, anchors)
+    busy = t.energy_j.copy()
+    busy[t.is_pack] = t.idle_power_w[0][None, :] * t.dur_ns[t.is_pack] * 1e-9  # idle-benchmark power while packs run
+    tb = dataclasses.replace(t, energy_j=busy)
     points = [(None, baseline)] + ([(baseline["low"]["sm_mhz"], baseline["low"])] if "low" in baseline else [])
     rows, rhs = [], []
     for mhz, meas in points:
         pol = None if mhz is None else FrequencyPolicy.static(gpu, [k[0] for k in t.device_keys], mhz)
-        p = predict(t, pol)
-        rows.append([p.idle_energy_j / p.iterations, p.dynamic_energy_j / p.iterations])
-        rhs.append(float(meas["iteration_energy_j"]))
-    if len(rows) == 2:
-        a, k = np.linalg.solve(np.array(rows), np.array(rhs))
-        if a > 0 and k > 0:
+        p, b = predict(t, pol), predict(tb, pol)
+        i, y, bb = (p.idle_energy_j / p.iterations, p.dynamic_energy_j / p.iterations, b.dynamic_energy_j / b.iterations)
+        rows.append([i - bb, y])
+        rhs.append(float(meas["iteration_energy_j"]) - bb)
+    rows, rhs = np.array(rows), np.array(rhs)
+    if len(rows) == 2 and abs(np.linalg.det(rows)) > 1e-9 * np.abs(rows).max() ** 2:
+        a, k = np.linalg.solve(rows, rhs)
+        if 0 < a <= 1 and k > 0:
             return float(a), float(k), "two-point"
-    return 1.0, float(np.nan), "default-clock"
+    # a GPU between kernels draws at most the idle benchmark's power (it holds a kernel): when the
+    # points cannot separate the levels (a GPU busy all the time), keep a = 1 and fit k to them all
+    y, r = rows[:, 1], rhs - rows[:, 0]
+    k = float(y @ r / (y @ y)) if (y @ y) > 0 else float("nan")
+    return (1.0, k, "dynamic-only") if k > 0 else (1.0, float("nan"), "default-clock")
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -76,7 +92,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
     model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]))
     a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
-    if how == "two-point":
+    if how != "default-clock":
         model = with_levels(model, a, k)
     else:
         occurrences = packs.groupby("signature")["dur_ns"].sum() / (
