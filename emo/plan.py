@@ -24,7 +24,7 @@ STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "calibrate": (("gpu", "model"), (), ("emo/stages/calibrate.py", "emo/device", "emo/microbench.py", "microbench")),
     "pack": (("packing",), ("trace", "graph"), ("emo/stages/pack.py", "emo/pack", "emo/graph")),
     "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack"), ("emo/stages/profile.py", "emo/device", "emo/workloads", "emo/pack")),
-    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack")),
+    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack", "emo/graph", "emo/policy.py")),
 }
 
 
