@@ -8,11 +8,11 @@ dynamic_energy_j[s, f] above idle; other nodes (collectives, copies, host) keep 
 duration and add nothing above idle (their share is in the calibrated energy level). Every GPU pays
 its idle power at its clock over the whole makespan.
 
-The clock a GPU runs at follows the policy as the hardware applies it: at each iteration's start
-(the host's ProfilerStep mark, `emo.pack.iterations`) every step is requested `lead_ms` before its
-time (never before the mark) and lands `transition_delay_ms` later (5-15 ms on NVIDIA GPUs: the
-mean, 10 ms, by default); the last request wins, and a pack that spans a change runs at each clock
-in turn. Iteration marks move with the host, which waits for the GPU at synchronisations, so the
+The clock a GPU runs at follows the policy as emo.runtime's applier applies it (`clock_timelines`):
+relative to each iteration's start (the host's ProfilerStep mark, `emo.pack.iterations`) every step
+is requested `lead_ms` before its time (wrapped into the previous iteration by period_ms), and lands
+`transition_ms` later (5-15 ms on NVIDIA GPUs: the mean, 10 ms, by default); the last request wins,
+and a pack that spans a change runs at each clock in turn. Iteration marks move with the host, which waits for the GPU at synchronisations, so the
 pass is repeated until the marks stop moving (two or three passes).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from emo.graph.graph import Graph
 from emo.graph.whatif import Compiled, compile_graph
 from emo.model.fit import model_arrays
 from emo.policy import FrequencyPolicy
+from emo.runtime import issue_plan
 
 DEFAULT_TRANSITION_MS = 10.0
 
@@ -134,35 +135,46 @@ def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
 
 # --------------------------------------------------------------------------- clock timelines
 def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns: np.ndarray,
-                    transition_ms: float = DEFAULT_TRANSITION_MS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    transition_ms: float = DEFAULT_TRANSITION_MS,
+                    end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
-    (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks."""
+    (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
+
+    The requests are those of emo.runtime's applier (`issue_plan`: relative to each mark, lead_ms
+    early, wrapped by period_ms, repeated clocks dropped); one not yet issued when the next mark
+    comes (or after the run's end) is dropped; each lands `transition_ms` after it is issued and the
+    last one issued wins. The traced iterations follow a warm-up iteration under the same policy,
+    taken to be as long as the first traced one."""
     d = len(t.device_keys)
     clocks = t.clocks_mhz
     snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
+    lag = transition_ms * 1e6
+    by_gpu: dict[int, list] = {}
+    if policy is not None:
+        for dev_id, steps in policy.steps.items():
+            if steps:
+                by_gpu[t.policy_device(int(dev_id))] = sorted(steps, key=lambda x: x.t_ms)
     ptr, ts, cis = [0], [], []
     for g in range(d):
-        steps = []
-        if policy is not None:
-            for dev_id, s in policy.steps.items():
-                if t.policy_device(int(dev_id)) == g:
-                    steps = sorted(s, key=lambda x: x.t_ms)
-        if not steps:
+        steps = by_gpu.get(g)
+        if not steps or iter_start_ns.shape[1] == 0:
             ts.append(-np.inf)
-            cis.append(t.default_index)
-        else:
-            # the previous iteration (warm-up) left its last step's clock in place
-            ts.append(-np.inf)
-            cis.append(snap(steps[-1].sm_mhz))
-            lead = (policy.lead_ms if policy is not None else 0.0) * 1e6
-            for mark in iter_start_ns[g]:
-                for s in steps:
-                    issue = max(mark, mark + s.t_ms * 1e6 - lead)
-                    ts.append(issue + transition_ms * 1e6)
-                    cis.append(snap(s.sm_mhz))
-        o = np.argsort(np.asarray(ts[ptr[-1]:]), kind="stable")
-        ts[ptr[-1]:] = list(np.asarray(ts[ptr[-1]:])[o])
-        cis[ptr[-1]:] = list(np.asarray(cis[ptr[-1]:])[o])
+            cis.append(t.default_index if not steps else snap(steps[-1].sm_mhz))
+            ptr.append(len(ts))
+            continue
+        plan = [(i.at_s * 1e9, snap(i.sm_mhz)) for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)]
+        marks = list(iter_start_ns[g])
+        first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
+        marks = [marks[0] - first_len] + marks  # the warm-up iteration
+        issued = []
+        for k, m in enumerate(marks):
+            nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
+            issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
+        issued.sort(key=lambda x: x[0])
+        ts.append(-np.inf)
+        cis.append(snap(steps[0].sm_mhz))  # the very first mark (before warm-up) requested the first step
+        ts += [i + lag for i, _ in issued]
+        cis += [ci for _, ci in issued]
         ptr.append(len(ts))
     return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
 
@@ -261,11 +273,12 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
         if marks is None:
             tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
         else:
-            tl = clock_timelines(t, policy, marks, transition_ms)
+            tl = clock_timelines(t, policy, marks, transition_ms, end_ns=end)
         _forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
                          tl[0], tl[1], tl[2], start, finish, used)
         by_id_start = start[c.pos]
         new = _iteration_marks(t, by_id_start)
+        end = float(finish.max())
         if policy is None:
             break
         if marks is not None and np.max(np.abs(new - marks), initial=0.0) < 1e3:
