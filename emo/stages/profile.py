@@ -35,7 +35,7 @@ LOW_CLOCK_FRACTION = 0.7  # the second calibration point of the energy levels (e
 
 
 def measure_iteration(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
-                      sm_mhz: int | None = None) -> dict:
+                      sm_mhz: int | None = None, gpus: list[int] = (0,)) -> dict:
     """Time and energy of one iteration at a static clock (None: default clocks), measured over
     >= BASELINE_SECONDS (and >= min_seconds) of iterations."""
     n = max(3, math.ceil(max(BASELINE_SECONDS, min_seconds) / max(iteration_s, 1e-6)))
@@ -44,7 +44,7 @@ def measure_iteration(device, workload, iteration_s: float, min_seconds: float, 
     else:
         from emo.policy import FrequencyPolicy
 
-        device.set_policy(FrequencyPolicy.static(device.name, MAX_DEVICES, sm_mhz))
+        device.set_policy(FrequencyPolicy.static(device.name, list(gpus), sm_mhz))
     res = device.run(workload, n, warmup=warmup)
     device.set_policy(None)
     return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
@@ -52,16 +52,14 @@ def measure_iteration(device, workload, iteration_s: float, min_seconds: float, 
             "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
 
 
-MAX_DEVICES = 64
-
-
-def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1) -> dict:
+def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
+                      gpus: list[int] = (0,)) -> dict:
     """The default-clock iteration (top-level keys) and one at ~LOW_CLOCK_FRACTION of the max clock
     (key `low`): two points for the fit's energy levels."""
     base = measure_iteration(device, workload, iteration_s, min_seconds, warmup)
     clocks = device.supported_clocks()
     low = min(clocks, key=lambda c: abs(c - LOW_CLOCK_FRACTION * max(clocks)))
-    base["low"] = measure_iteration(device, workload, iteration_s / LOW_CLOCK_FRACTION, min_seconds, warmup, low)
+    base["low"] = measure_iteration(device, workload, iteration_s / LOW_CLOCK_FRACTION, min_seconds, warmup, low, gpus)
     return base
 
 
@@ -77,8 +75,9 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     try:
         metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes)
         it_s = float(measured["time_s"]) / int(measured["iterations"])
+        gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
         baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
-                                    int(cfg["trace"]["warmup"]))
+                                     int(cfg["trace"]["warmup"]), gpus)
     finally:
         device.close()
     write_parquet(out / "metrics.parquet", metrics)
