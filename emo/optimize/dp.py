@@ -54,24 +54,32 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     #    total slack (optimistic where windows share slack) and free slack (additive: always safe)
     dur_ref = p.dur_ns[:, p.ref].copy()
     args = p.graph
-    views = {
-        "total": passes.latest_finish(*args, dur_ref, p.makespan0_ns),
-        "free": passes.free_finish(*args, dur_ref, p.base_start, p.makespan0_ns),
-    }
     B = int(np.floor((deadline - p.makespan0_ns) / step + 1e-9))
     info["budget_steps"] = B
     info["budget_step_ms"] = step * 1e-6
+    s0, f0, T0 = p.base_start, p.base_finish, p.makespan0_ns
+    # (name, start, finish, latest finish, budget steps left) of each view
+    views = [("total", s0, f0, passes.latest_finish(*args, dur_ref, T0), B),
+             ("free", s0, f0, passes.free_finish(*args, dur_ref, s0, T0), B)]
+    # the max-clock timeline stretched by a share of the budget: every GPU slows down at once, as in
+    # a pipeline where all stages are critical in turn; free slack against it is additive and the
+    # rest of the budget goes to the DP
+    for share in (0.5, 1.0) if budget > 0 else ():
+        sc = 1.0 + share * budget
+        ss = s0 * sc
+        views.append((f"stretch{share:g}", ss, ss + dur_ref, passes.free_finish(*args, dur_ref, ss, T0 * sc),
+                      int(np.floor((deadline - T0 * sc) / step + 1e-9))))
     todo = np.arange(items.k)
     rows = np.arange(items.k)
     useful = items.useful
     starts: list[tuple[float, str, np.ndarray]] = []
-    for view, lf in views.items():
-        d = passes.local_delays(*args, dur_ref, p.base_start, p.base_finish, lf - p.base_finish, p.dur_ns,
-                                items.item_of, items.lo, items.hi, todo, useful, B * step + TOL_NS)
-        q = _quantise(d, step, B)
+    for view, vs, vf, lf, vb in views:
+        d = passes.local_delays(*args, dur_ref, vs, vf, lf - vf, p.dur_ns, items.item_of, items.lo, items.hi, todo,
+                                useful, vb * step + TOL_NS)
+        q = _quantise(d, step, vb)
         # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
-        best, arg = passes.knapsack(q, items.energy, B)
-        objective = best + items.ext_power_w * np.arange(B + 1) * step * 1e-9
+        best, arg = passes.knapsack(q, items.energy, vb)
+        objective = best + items.ext_power_w * np.arange(vb + 1) * step * 1e-9
         order = np.argsort(objective, kind="stable")
         repairs = 0
         for t in order[np.isfinite(objective[order])][:max_starts]:
@@ -84,10 +92,17 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
                 repairs += 1
                 cand = _repair(p, items, cand, deadline, info)
                 _, _, mk = passes.forward(*args, durations(p, items, cand))
-                if view == "total" and mk > deadline + TOL_NS:
+                if mk > deadline + TOL_NS:
                     continue
             e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
             starts.append((e, view, cand))
+    # crash from the slow end: every item at its least-energy clock, then the critical path sped up
+    # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
+    cand = _repair(p, items, np.argmin(items.energy, axis=1), deadline, info)
+    _, _, mk = passes.forward(*args, durations(p, items, cand))
+    if mk <= deadline + TOL_NS:
+        e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        starts.append((e, "crash", cand))
     starts.sort(key=lambda s: s[0])
     best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
     seen: set[bytes] = set()

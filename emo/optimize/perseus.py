@@ -1,0 +1,229 @@
+"""The Perseus baseline: lowtime's Phillips–Dessouky time–cost tradeoff on the same DAG.
+
+Each *unit* picks its own clock: a pack ("pack" level) or a pass ("pass" level, as in Perseus: a
+maximal run of one GPU's work between dependencies on other GPUs or the host, i.e. a forward or
+backward pass of a pipeline stage, or the compute between two collectives). A unit's options are its
+members' summed duration and energy above idle at each clock (Perseus subtracts blocking power the
+same way); host nodes are fixed. lowtime walks the tradeoff from all-slowest toward all-fastest,
+one time quantum per iteration; we stop at the first iteration whose schedule, checked with the
+exact what-if pass, meets the deadline.
+
+lowtime's Rust min-cut can panic on some inputs (pyo3 `PanicException`, a BaseException): we catch
+it, rerun that cut with lowtime's pure-Python reference min-cut, and count the fallbacks.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from importlib import metadata
+
+import numpy as np
+
+from emo.optimize.problem import Problem, evaluate, make_items
+from emo.optimize.solution import Solution
+
+log = logging.getLogger("emo")
+
+
+def lowtime_version() -> str | None:
+    try:
+        return metadata.version("lowtime")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def units(p: Problem, level: str) -> np.ndarray:
+    """Unit id per node in the caller's order (-1 for host nodes): one per pack, or one per pass."""
+    gpu = p.device >= 0
+    unit = np.full(p.n, -1, dtype=np.int64)
+    if level == "pack":
+        unit[gpu] = np.arange(int(gpu.sum()))
+    elif level == "pass":
+        # a GPU node opens a new pass unless its only predecessors are on its own GPU and exactly one
+        # of them is the previous node of the pass
+        last_on = np.full(p.devices, -1, dtype=np.int64)
+        nxt = 0
+        for v in np.flatnonzero(gpu):
+            d = p.device[v]
+            preds = p.pred_idx[p.pred_ptr[v]:p.pred_ptr[v + 1]]
+            same = preds[p.device[preds] == d]
+            cont = last_on[d] >= 0 and len(preds) == len(same) and last_on[d] in set(same.tolist())
+            if not cont:
+                nxt += 1
+            unit[v] = nxt - 1
+            last_on[d] = v
+    else:
+        raise ValueError(f"perseus level must be 'pack' or 'pass' (got {level!r})")
+    out = np.full(p.n, -1, dtype=np.int64)
+    out[p.perm] = unit
+    return out
+
+
+def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None,
+                     max_iterations: int = 100000) -> Solution:
+    """Perseus (lowtime) at `level` granularity. Raises ImportError if lowtime is not installed."""
+    import networkx as nx
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
+    from lowtime.solver import PhillipsDessouky
+
+    t0 = time.perf_counter()
+    unit_caller = units(p, level)
+    items = make_items(p, 0.0, replicate=False, windows=unit_caller)
+    unit = items.item_of  # internal order: item index per GPU node
+    K, C = items.k, p.n_clocks
+    delay = p.delay_ns
+    udur = np.zeros((K, C))
+    uen = np.zeros((K, C))
+    gpu = unit >= 0
+    np.add.at(udur, unit[gpu], p.dur_ns[gpu] + delay[gpu][:, None])
+    np.add.at(uen, unit[gpu], p.energy_j[gpu])
+    if unit_time_ms is None:  # 1 ms as in Perseus, finer for units shorter than 10 ms (≥ 10 µs)
+        shortest = float(np.min(udur[:, p.ref][udur[:, p.ref] > 0], initial=1e10)) * 1e-6
+        unit_time_ms = max(1e-2, min(1.0, shortest / 10))
+    ut = unit_time_ms * 1e6
+
+    # AON DAG over units and host nodes; a node with start-to-start successors gets a zero-length
+    # start marker (lowtime knows finish-to-start only)
+    key = np.where(gpu, unit, K + np.arange(p.n))  # graph node of each problem node
+    g = nx.DiGraph()
+    specs: dict[int, OperationSpec] = {}
+
+    def spec_for(times_ns: np.ndarray, costs: np.ndarray) -> OperationSpec:
+        opts = [ExecutionOption(real_time=float(t), unit_time=ut, cost=float(e), knob=int(c))
+                for c, (t, e) in enumerate(zip(times_ns, costs))]
+        cand = CandidateExecutionOptions(options=opts)
+        return OperationSpec(options=cand, cost_model=HullCost(cand))
+
+    for k in range(K):
+        g.add_node(int(k), op=Operation(spec=spec_for(udur[k], uen[k])))
+    host = np.flatnonzero(~gpu)
+    for v in host:
+        g.add_node(int(key[v]), op=Operation(spec=spec_for(np.array([p.dur_ns[v, p.ref] + delay[v]]), np.array([0.0]))))
+    marker_base = K + p.n
+    src = np.repeat(np.arange(p.n), np.diff(p.pred_ptr))
+    src, dst, fs = p.pred_idx, np.repeat(np.arange(p.n), np.diff(p.pred_ptr)), p.pred_fs
+    for u, v, f in zip(src.tolist(), dst.tolist(), fs.tolist()):
+        a, b = int(key[u]), int(key[v])
+        if f:
+            m = marker_base + u
+            if m not in g:
+                g.add_node(m, op=Operation(spec=spec_for(np.array([0.0]), np.array([0.0]))))
+                for w in p.pred_idx[p.pred_ptr[u]:p.pred_ptr[u + 1]].tolist():
+                    if int(key[w]) != a:
+                        g.add_edge(int(key[w]), m)
+                g.add_edge(m, a)
+            a = m
+        if a != b:
+            g.add_edge(a, b)
+    src_id, sink_id = marker_base + p.n, marker_base + p.n + 1
+    from lowtime.graph_utils import add_sink_node, add_source_node
+
+    add_source_node(g, src_id)
+    add_sink_node(g, sink_id)
+    g.graph["source_node"], g.graph["sink_node"] = src_id, sink_id
+    if not nx.is_directed_acyclic_graph(g):
+        raise ValueError(f"perseus: the {level}-level graph has a cycle (a {level} both feeds and waits on another)")
+    build_s = time.perf_counter() - t0
+
+    deadline = p.makespan0_ns * (1 + budget)
+    fallbacks = [0]
+    choice = None
+    iters = 0
+    with _rust_fallback(fallbacks):
+        solver = PhillipsDessouky(g, attr_name="op")
+        for res in solver.run():
+            iters += 1
+            if res.real_time <= deadline * 1.02 or iters >= max_iterations:
+                cand = np.array([g.nodes[k]["op"].assigned_knob for k in range(K)], dtype=np.int64)
+                ev = evaluate(p, items, cand)
+                if ev.makespan_ns <= deadline * (1 + 1e-9) + 1.0:
+                    choice = cand
+                    break
+            if iters >= max_iterations:
+                break
+    info = {"perseus_level": level, "lowtime_version": lowtime_version(), "pd_iterations": iters,
+            "unit_time_ms": unit_time_ms, "units": int(K), "rust_panics": fallbacks[0],
+            "build_s": build_s}
+    if choice is None:  # lowtime never reached the deadline: fall back to max clocks
+        info["perseus_note"] = "no lowtime iterate met the deadline; max clocks"
+        choice = np.full(K, p.ref, dtype=np.int64)
+    if fallbacks[0]:
+        log.warning("perseus: lowtime's Rust min-cut panicked %d times; used its Python min-cut", fallbacks[0])
+    sol = Solution(p, items, choice, f"perseus-{level}", budget, info=info)
+    sol.solve_s = time.perf_counter() - t0
+    return sol
+
+
+class HullCost:
+    """lowtime cost model: the lower convex hull of a unit's (quantised time, energy) options,
+    linearly interpolated (convex, as Phillips–Dessouky needs; exact at the options)."""
+
+    def __init__(self, options) -> None:
+        pts = sorted({(o.quant_time, o.cost) for o in options.options})
+        hull: list[tuple[int, float]] = []
+        for x, y in pts:
+            if hull and hull[-1][0] == x:
+                if y < hull[-1][1]:
+                    hull[-1] = (x, y)
+                continue
+            while len(hull) >= 2 and _cross(hull[-2], hull[-1], (x, y)) <= 0:
+                hull.pop()
+            hull.append((x, y))
+        self.x = np.array([h[0] for h in hull], dtype=np.float64)
+        self.y = np.array([h[1] for h in hull], dtype=np.float64)
+
+    def __call__(self, quant_time: int) -> float:
+        if len(self.x) == 1:
+            return float(self.y[0])
+        x = float(quant_time)
+        if x <= self.x[0]:  # linear extension keeps the model convex outside the options
+            s = (self.y[1] - self.y[0]) / (self.x[1] - self.x[0])
+            return float(self.y[0] + s * (x - self.x[0]))
+        if x >= self.x[-1]:
+            s = (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])
+            return float(self.y[-1] + s * (x - self.x[-1]))
+        return float(np.interp(x, self.x, self.y))
+
+
+def _cross(o, a, b) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+@contextlib.contextmanager
+def _rust_fallback(counter: list[int]):
+    """Swap lowtime's Rust min-cut for one that falls back to the Python reference on a panic."""
+    import networkx as nx
+    from lowtime import solver as lt_solver
+
+    rust = lt_solver._lowtime_rs
+
+    class Runner:
+        def __init__(self, fp_error, nodes, source, sink, edges):
+            self.args = (fp_error, nodes, source, sink, edges)
+
+        def find_min_cut(self):
+            try:
+                return rust.PhillipsDessouky(*self.args).find_min_cut()
+            except Exception:
+                raise  # LowtimeFlowError and friends: lowtime's own signals
+            except BaseException as e:  # pyo3 PanicException derives from BaseException
+                if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                    raise
+                counter[0] += 1
+                _, nodes, source, sink, edges = self.args
+                dag = nx.DiGraph()
+                dag.add_nodes_from(nodes)
+                for (u, v), (cap, flow, ub, lb) in edges:
+                    dag.add_edge(u, v, capacity=cap, flow=flow, ub=ub, lb=lb)
+                dag.graph["source_node"], dag.graph["sink_node"] = source, sink
+                return lt_solver.PhillipsDessouky.find_min_cut(None, dag)
+
+    class Shim:
+        PhillipsDessouky = Runner
+
+    lt_solver._lowtime_rs = Shim
+    try:
+        yield
+    finally:
+        lt_solver._lowtime_rs = rust
