@@ -31,7 +31,7 @@ MIN_STEPS = 256
 
 def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
              replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
-             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200,
+             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200, crash_share: float = 0.5,
              time_limit_s: float | None = 30.0) -> Solution:
     """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
 
@@ -98,7 +98,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
             starts.append((e, view, cand))
     # crash from the slow end: every item at its least-energy clock, then the critical path sped up
     # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
-    cand = _repair(p, items, np.argmin(items.energy, axis=1), deadline, info)
+    cand = _repair(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
     _, _, mk = passes.forward(*args, durations(p, items, cand))
     if mk <= deadline + TOL_NS:
         e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
@@ -136,7 +136,7 @@ def _quantise(d: np.ndarray, step: float, B: int) -> np.ndarray:
     return np.minimum(q, B + 1)
 
 
-def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict) -> np.ndarray:
+def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict, share: float = 0.5) -> np.ndarray:
     """Raise clocks on the critical path until the iteration meets the deadline (all-max does):
     each round, the slowed critical items with the least energy per ns of critical time won back,
     enough of them to cover the overshoot, one clock step faster each."""
@@ -164,7 +164,7 @@ def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info:
         ratio = (items.energy[ks, nxt] - items.energy[ks, choice[ks]]) / gain
         order = np.argsort(ratio, kind="stable")
         # half the overshoot per round: won-back time rarely adds up (other paths take over)
-        need = np.searchsorted(np.cumsum(gain[order]), 0.5 * (mk - deadline)) + 1
+        need = np.searchsorted(np.cumsum(gain[order]), share * (mk - deadline)) + 1
         take = order[:need]
         choice[ks[take]] = nxt[take]
         info["critical_repairs"] += len(take)
