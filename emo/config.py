@@ -137,6 +137,10 @@ class OptimizerConfig:
     change_interval_ms: float = 20.0
     budget_step_ms: float = 1.0
     min_clock_fraction: float = 0.5
+    min_interval_ms: float = 10.0  # ε: the least time between two clock changes of a GPU
+    transition_ms: list[float] = field(default_factory=lambda: [5.0, 15.0])  # a clock request lands after [min, max]
+    time_limit_s: float = 30.0  # soft limit of emo's local search (the DP itself always completes)
+    perseus_level: str = "pass"  # perseus: one clock per "pass" (as in Perseus) or per "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)
 

@@ -1,0 +1,57 @@
+"""From a solution to a FrequencyPolicy: per GPU, clock steps relative to the iteration start.
+
+Windows become steps at their start on the iteration timeline; runs of equal clocks collapse to one
+step. A clock request lands `transition_ms` = (min, max) after it is issued, and the applier issues
+each step `lead_ms` = max ahead, so an undelayed step would land up to (max - min) early. That is
+what we want when the clock goes UP (the faster clock is in place when the critical work starts)
+but not when it goes DOWN (the slower clock would eat into the end of the previous window), so a
+down-step is placed (max - min) later: it lands between its window's start and (max - min) after.
+Steps closer than `min_interval_ms` to the previous one are merged into it, keeping the faster clock.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from emo.optimize.solution import Solution
+from emo.policy import FrequencyPolicy, Step
+
+
+def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[int] | None = None,
+                 transition_ms: tuple[float, float] = (5.0, 15.0), min_interval_ms: float = 10.0,
+                 period_ms: float | None = None, meta: dict | None = None) -> FrequencyPolicy:
+    """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g)."""
+    lo, hi = float(transition_ms[0]), float(transition_ms[1])
+    if lo < 0 or hi < lo:
+        raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
+    spread = hi - lo
+    items = sol.items
+    mhz = sol.item_mhz
+    steps: dict[int, list[Step]] = {}
+    for g, devs in enumerate(items.groups):
+        ks = np.flatnonzero(items.group == g)
+        ks = ks[np.argsort(items.window[ks], kind="stable")]
+        raw: list[Step] = []
+        for k in ks:
+            t = float(items.window[k]) * window_ms
+            c = int(mhz[k])
+            if raw and raw[-1].sm_mhz == c:
+                continue
+            if raw and c < raw[-1].sm_mhz:
+                t += spread  # down-steps land inside their own window, never before it
+            if raw and t - raw[-1].t_ms < min_interval_ms:
+                raw[-1] = Step(raw[-1].t_ms, max(raw[-1].sm_mhz, c))
+                if len(raw) > 1 and raw[-2].sm_mhz == raw[-1].sm_mhz:
+                    raw.pop()
+                continue
+            raw.append(Step(t, c))
+        if not raw:
+            raw = [Step(0.0, int(sol.problem.clocks_mhz[sol.problem.ref]))]
+        for d in devs:
+            steps[int(device_ids[d]) if device_ids is not None else int(d)] = list(raw)
+    s = sol.summary()
+    return FrequencyPolicy(
+        gpu=gpu, steps=steps, period_ms=float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6),
+        budget=float(sol.budget), lead_ms=hi, meta={"method": sol.method, "window_ms": window_ms,
+                                                     "transition_ms": [lo, hi], "min_interval_ms": min_interval_ms,
+                                                     "model_saving": s["predicted_saving"],
+                                                     "model_slowdown": s["predicted_slowdown"], **(meta or {})})

@@ -1,0 +1,72 @@
+"""One entry point for the optimize stage and the benchmarks: PackTables + optimizer config + budget
+-> (FrequencyPolicy, summary)."""
+from __future__ import annotations
+
+import numpy as np
+
+from emo.optimize.dp import optimize
+from emo.optimize.perseus import optimize_perseus
+from emo.optimize.policy import build_policy
+from emo.optimize.problem import Items, Problem
+from emo.optimize.solution import Solution
+from emo.optimize.static import optimize_static
+from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables
+from emo.policy import FrequencyPolicy
+
+METHODS = ("emo", "static", "perseus")
+
+
+def policy_device_ids(tables) -> list[int]:
+    """The policy's device id of each dense GPU index: the rank when ranks tell GPUs apart (one GPU
+    per rank), else the device index (one rank driving several GPUs)."""
+    ranks = [k[0] for k in tables.device_keys]
+    return ranks if len(set(ranks)) == len(ranks) else [k[1] for k in tables.device_keys]
+
+
+def project(sol: Solution, items: Items) -> np.ndarray:
+    """A per-unit solution (Perseus) onto windows: each window takes the duration-weighted mean clock
+    of its nodes, rounded up to a candidate clock (what a clock applier with ε can follow)."""
+    p: Problem = sol.problem
+    node_c = np.where(sol.items.item_of >= 0, sol.choice[np.maximum(sol.items.item_of, 0)], p.ref)
+    gpu = items.item_of >= 0
+    w = p.dur_ns[np.arange(p.n), node_c][gpu]
+    num = np.zeros(items.k)
+    den = np.zeros(items.k)
+    np.add.at(num, items.item_of[gpu], w * p.clocks_mhz[node_c[gpu]])
+    np.add.at(den, items.item_of[gpu], w)
+    mean = np.where(den > 0, num / np.maximum(den, 1e-300), p.clocks_mhz[p.ref])
+    return np.minimum(np.searchsorted(p.clocks_mhz, mean - 1e-6), p.n_clocks - 1)
+
+
+def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolicy, dict]:
+    name = opt.get("name", "emo")
+    if name not in METHODS:
+        raise ValueError(f"optimizer.name: unknown offline method {name!r} (expected one of {', '.join(METHODS)})")
+    if not 0 <= budget < 1:
+        raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
+    interval = float(opt.get("change_interval_ms", 20.0))
+    min_interval = float(opt.get("min_interval_ms", 10.0))
+    if interval < min_interval:
+        raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
+    p = problem_from_tables(tables, float(opt.get("min_clock_fraction", 0.5)))
+    timing = baseline_timing(p, tables)
+    items = iteration_items(p, timing, interval)
+    extra: dict = {}
+    if name == "emo":
+        sol = optimize(p, budget, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
+                       time_limit_s=opt.get("time_limit_s", 30.0))
+    elif name == "static":
+        sol = optimize_static(p, budget, items=items)
+        extra = {"static_curve": sol.info.pop("static_curve")}
+    else:
+        raw = optimize_perseus(p, budget, level=str(opt.get("perseus_level", "pass")))
+        sol = Solution(p, items, project(raw, items), raw.method, budget, info=dict(raw.info))
+        sol.solve_s = raw.solve_s
+        extra = {"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6}
+    tr = opt.get("transition_ms", [5.0, 15.0])
+    policy = build_policy(sol, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
+                          transition_ms=(float(tr[0]), float(tr[1])), min_interval_ms=min_interval,
+                          period_ms=timing.period_ns * 1e-6 * sol.makespan_ns / p.makespan0_ns)
+    summary = {**sol.summary(), **extra, "packs": int(np.sum(tables.is_pack)), "nodes": int(p.n),
+               "clocks": [int(c) for c in p.clocks_mhz], "steps": {str(d): len(s) for d, s in policy.steps.items()}}
+    return policy, summary

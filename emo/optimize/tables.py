@@ -1,0 +1,69 @@
+"""From the model's PackTables (emo.model.predict) to a Problem, with windows that repeat every
+iteration: a frequency policy is one iteration's schedule, replayed from each iteration mark, so a
+window is (clock group, offset from the iteration mark // change interval) over all traced iterations."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emo.optimize.problem import Items, Problem, build_problem, make_items
+
+
+@dataclass
+class Timing:
+    """Iteration marks of every GPU on the baseline timeline (caller's node order, ns)."""
+
+    marks_ns: np.ndarray  # float64[D, I]
+    period_ns: float  # mean iteration time at the default clock
+
+
+def problem_from_tables(t, min_clock_fraction: float = 0.5) -> Problem:
+    """A Problem over the pack graph of `t` (a PackTables)."""
+    return build_problem(t.src, t.dst, t.device, t.dur_ns, t.energy_j, t.idle_power_w, t.clocks_mhz,
+                         from_start=t.from_start, delay_ns=t.delay_ns, min_clock_fraction=min_clock_fraction,
+                         default_mhz=int(t.clocks_mhz[t.default_index]))
+
+
+def baseline_timing(p: Problem, t) -> Timing:
+    """Each GPU's iteration marks from the pack stage's anchors (host node + offset), at max clocks."""
+    start = np.empty(p.n)
+    start[p.perm] = p.base_start
+    D = p.devices
+    a = getattr(t, "anchors", None)
+    if a is None or not len(a):
+        return Timing(np.zeros((D, 1)), p.makespan0_ns)
+    iters = int(a.groupby("rank").size().max())
+    marks = np.zeros((D, iters))
+    for g, (rank, _) in enumerate(t.device_keys):
+        r = a[a["rank"] == rank]
+        if r.empty:
+            r = a[a["rank"] == a["rank"].min()]
+        r = r.sort_values("iteration")
+        m = start[r["node"].to_numpy(np.int64)] + r["offset_ns"].to_numpy(np.float64)
+        marks[g, :len(m)] = m
+        marks[g, len(m):] = m[-1]
+    period = float(np.mean(np.diff(marks, axis=1))) if iters > 1 else max(p.makespan0_ns - marks.min(), 1.0)
+    return Timing(marks, period)
+
+
+def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True) -> Items:
+    """Items = (group, window of the iteration): node v of GPU g in iteration i (the last mark at or
+    before its baseline start) falls in window (start - mark_i) // interval. Work before the first
+    mark is counted as the end of an iteration (it runs under the previous iteration's last steps)."""
+    if interval_ms <= 0:
+        raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
+    step = interval_ms * 1e6
+    start = np.empty(p.n)
+    start[p.perm] = p.base_start
+    dev = np.empty(p.n, dtype=np.int64)
+    dev[p.perm] = p.device
+    win = np.full(p.n, -1, dtype=np.int64)
+    nwin = max(1, int(np.ceil(timing.period_ns / step)))
+    for g in range(p.devices):
+        v = np.flatnonzero(dev == g)
+        m = timing.marks_ns[g]
+        i = np.searchsorted(m, start[v], side="right") - 1
+        off = np.where(i >= 0, start[v] - m[np.maximum(i, 0)], start[v] - m[0] + timing.period_ns)
+        win[v] = np.clip((off // step).astype(np.int64), 0, nwin - 1)
+    return make_items(p, interval_ms, replicate=replicate, windows=win)
