@@ -12,6 +12,7 @@ import gzip
 import re
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -45,8 +46,29 @@ def no_gc():
             gc.enable()
 
 
-def load_json(path: Path) -> dict:
-    """Parse one trace file; every way it can be unreadable becomes a one-line ValueError."""
+class _Event(msgspec.Struct):
+    """The fields EMO reads of a trace event; `args` stays raw bytes until a kind needs it."""
+
+    ph: object = None
+    cat: object = None
+    name: object = None
+    ts: object = None
+    dur: object = None
+    pid: object = None
+    tid: object = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Trace(msgspec.Struct):
+    traceEvents: list[_Event]
+    distributedInfo: object = None
+
+
+_TRACE = msgspec.json.Decoder(_Trace)
+_EVENTS = msgspec.json.Decoder(list[_Event])  # the bare-array Chrome trace form
+
+
+def read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
@@ -55,6 +77,27 @@ def load_json(path: Path) -> dict:
         raise ValueError(f"{path}: cannot read ({e})") from None
     if not raw.strip():
         raise ValueError(f"{path}: empty file")
+    return raw
+
+
+def decode_events(path: Path) -> tuple[list[_Event], dict]:
+    """The events and distributedInfo of one trace file (typed decoding: 4x faster than dicts)."""
+    raw = read_bytes(path)
+    try:
+        if raw.lstrip()[:1] == b"[":
+            return _EVENTS.decode(raw), {}
+        doc = _TRACE.decode(raw)
+    except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
+        raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
+    except msgspec.DecodeError as e:
+        raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    return doc.traceEvents, info
+
+
+def load_json(path: Path) -> dict:
+    """Parse one trace file; every way it can be unreadable becomes a one-line ValueError."""
+    raw = read_bytes(path)
     try:
         with no_gc():
             doc = orjson.loads(raw)
@@ -91,44 +134,38 @@ def read_kineto(path: Path, rank: int | None = None) -> pd.DataFrame:
 
 
 def _read_kineto(path: Path, rank: int | None) -> pd.DataFrame:
-    doc = load_json(path)
-    info = doc.get("distributedInfo") or {}
+    events, info = decode_events(path)
     rank = _int(info.get("rank"), rank if rank is not None else 0)
-    raw = doc["traceEvents"]
     kc = _KIND_OF_CAT
-    # one pass pulling every field EMO reads (a pass per field costs ~5x more on large traces)
-    rows = [(ev.get("cat"), ev.get("ts"), ev.get("dur"), ev.get("name"), ev.get("pid"), ev.get("tid"),
-             ev.get("args"), i) for i, ev in enumerate(raw) if type(ev) is dict and ev.get("ph") == "X"]
-    cols = list(zip(*rows)) if rows else [()] * 8
-    kinds = [kc.get(c) or kc.get(str(c).lower()) for c in cols[0]]
-    keep = np.array([k is not None for k in kinds], dtype=bool)
-    kind_arr = np.array(kinds, dtype=object)[keep]
-    pick = np.flatnonzero(keep)
-    index = np.array(cols[7], dtype=np.int64)[pick]
-    obj = [np.array(c, dtype=object)[pick] for c in cols[1:4]]
-    for field, values in zip(("ts", "dur", "name"), obj):
-        missing = np.flatnonzero(values == None)  # noqa: E711 (elementwise on an object array)
-        if len(missing):
-            i = int(index[missing[0]])
-            raise ValueError(f"{path}: event #{i} ({raw[i].get('cat')}) lacks the field '{field}'")
+    # keep complete events of a known category; then build each column straight from the structs
+    pairs = [(i, k) for i, ev in enumerate(events) if ev.ph == "X" and (k := kc.get(ev.cat) or _kind(kc, ev.cat))]
+    index, kinds = (list(x) for x in zip(*pairs)) if pairs else ([], [])
+    kept = [events[i] for i in index]
+    n = len(kept)
+    kind_arr = np.array(kinds, dtype=object)
+    names = [ev.name for ev in kept]
     try:
-        ts = _us_to_ns(np.array(obj[0].tolist()))
-        dur = _us_to_ns(np.array(obj[1].tolist()))
+        if names.count(None):
+            raise TypeError
+        ts_us = np.fromiter((ev.ts for ev in kept), dtype=np.float64, count=n)
+        dur_us = np.fromiter((ev.dur for ev in kept), dtype=np.float64, count=n)
+        if np.isnan(ts_us).any() or np.isnan(dur_us).any():  # fromiter reads a missing (None) value as NaN
+            raise TypeError
+        ts, dur = _us_to_ns(ts_us), _us_to_ns(dur_us)
     except (TypeError, ValueError):
-        _explain_bad_event(path, raw, index.tolist())
+        _explain_bad_event(path, events, index)
         raise
-    name = obj[2]
+    name = np.array(names, dtype=object)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
         raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a negative duration")
     hip = [n for n, k in zip(name, kind_arr) if k == "runtime" and _HIP.match(str(n))]
     if hip:
         raise ValueError(f"{path}: a ROCm/HIP trace ({hip[0]}); EMO reads NVIDIA CUDA traces only")
-    n = len(kind_arr)
-    pid = _ints(np.array(cols[4], dtype=object)[pick].tolist())
-    tid = _ints(np.array(cols[5], dtype=object)[pick].tolist())
+    pid = _ints([ev.pid for ev in kept])
+    tid = _ints([ev.tid for ev in kept])
     need = np.flatnonzero(np.isin(kind_arr, list(_ARG_KINDS)))
-    args = [a or _EMPTY for a in np.array(cols[6], dtype=object)[pick][need].tolist()]
+    args = [_args(path, kept[j].args) for j in need.tolist()]
     vals = _int_table([tuple(a.get(k, -1) for k in _ARG_INTS) for a in args], len(_ARG_INTS))
     col = {k: np.full(n, -1, np.int64) for k in _ARG_INTS}
     for j, k in enumerate(_ARG_INTS):
@@ -151,6 +188,10 @@ def _read_kineto(path: Path, rank: int | None) -> pd.DataFrame:
         "wait_event_corr": col["wait_on_cuda_event_record_corr_id"], "wait_stream": col["wait_on_stream"],
         "process_group": pg, "bytes": col["bytes"],
     })
+
+
+def _kind(kc: dict, cat) -> str | None:
+    return kc.get(cat) or (kc.get(cat.lower()) if isinstance(cat, str) else None)
 
 
 def _int_table(rows: list[tuple], width: int) -> np.ndarray:
@@ -178,11 +219,19 @@ def _ints(values: list) -> np.ndarray:
         return np.array([_int(v) for v in values], dtype=np.int64)
 
 
-def _explain_bad_event(path: Path, raw: list, keep: list[int]) -> None:
+def _args(path: Path, raw: msgspec.Raw) -> dict:
+    try:
+        a = orjson.loads(bytes(raw))
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"{path}: malformed event args ({e})") from None
+    return a if isinstance(a, dict) else _EMPTY
+
+
+def _explain_bad_event(path: Path, events: list, keep: list[int]) -> None:
     for i in keep:
-        ev = raw[i]
+        ev = events[i]
         for field in ("ts", "dur", "name"):
-            if field not in ev:
-                raise ValueError(f"{path}: event #{i} ({ev.get('cat')}) lacks the field '{field}'") from None
-        if not isinstance(ev["ts"], (int, float)) or not isinstance(ev["dur"], (int, float)):
-            raise ValueError(f"{path}: event #{i} ({ev.get('cat')} {ev['name']!r}) has a non-numeric ts/dur") from None
+            if getattr(ev, field) is None:
+                raise ValueError(f"{path}: event #{i} ({ev.cat}) lacks the field '{field}'") from None
+        if not isinstance(ev.ts, (int, float)) or not isinstance(ev.dur, (int, float)):
+            raise ValueError(f"{path}: event #{i} ({ev.cat} {ev.name!r}) has a non-numeric ts/dur") from None
