@@ -94,14 +94,14 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
                 _, _, mk = passes.forward(*args, durations(p, items, cand))
                 if mk > deadline + TOL_NS:
                     continue
-            e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+            e = items.total(cand, mk, p.makespan0_ns)
             starts.append((e, view, cand))
     # crash from the slow end: every item at its least-energy clock, then the critical path sped up
     # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
     cand = _repair(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
     _, _, mk = passes.forward(*args, durations(p, items, cand))
     if mk <= deadline + TOL_NS:
-        e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        e = items.total(cand, mk, p.makespan0_ns)
         starts.append((e, "crash", cand))
     starts.sort(key=lambda s: s[0])
     best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
@@ -115,7 +115,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
         # 5. polish the best few starts
         cand = _polish(p, items, cand, deadline, polish_rounds, info, t_start, time_limit_s)
         _, _, mk = passes.forward(*args, durations(p, items, cand))
-        e = float(items.energy[rows, cand].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        e = items.total(cand, mk, p.makespan0_ns)
         if e < best_e:
             best_e, choice, view = e, cand, v
     info["start_view"] = view
@@ -206,12 +206,12 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
                 batch.append(k)
                 last_hi = max(last_hi, items.hi[k])
         batch = np.array(sorted(batch, key=lambda k: -gain[k]), dtype=np.int64)
-        base_e = float(items.energy[rows, choice].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+        base_e = items.total(choice, mk, p.makespan0_ns)
         while len(batch):
             trial = choice.copy()
             trial[batch] = new[batch]
             _, _, mk2 = passes.forward(*p.graph, durations(p, items, trial))
-            e2 = float(items.energy[rows, trial].sum()) + items.ext_power_w * max(0.0, mk2 - p.makespan0_ns) * 1e-9
+            e2 = items.total(trial, mk2, p.makespan0_ns)
             if mk2 <= deadline + TOL_NS and e2 < base_e:
                 choice = trial
                 info["polish_moves"] += len(batch)
@@ -224,7 +224,7 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
 
 def _energy(p: Problem, items: Items, choice: np.ndarray) -> tuple[float, float]:
     _, _, mk = passes.forward(*p.graph, durations(p, items, choice))
-    e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, mk - p.makespan0_ns) * 1e-9
+    e = items.total(choice, mk, p.makespan0_ns)
     return e, mk
 
 

@@ -25,6 +25,7 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
         raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
     spread = hi - lo
     items = sol.items
+    period = float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6)
     mhz = sol.item_mhz
     steps: dict[int, list[Step]] = {}
     for g, devs in enumerate(items.groups):
@@ -38,6 +39,8 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
                 continue
             if raw and c < raw[-1].sm_mhz:
                 t += spread  # down-steps land inside their own window, never before it
+                if t >= min(period, (items.window[k] + 1) * window_ms):
+                    continue  # the window ends before a slower clock could land: stay fast
             if raw and t - raw[-1].t_ms < min_interval_ms:
                 raw[-1] = Step(raw[-1].t_ms, max(raw[-1].sm_mhz, c))
                 if len(raw) > 1 and raw[-2].sm_mhz == raw[-1].sm_mhz:
@@ -50,7 +53,7 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
             steps[int(device_ids[d]) if device_ids is not None else int(d)] = list(raw)
     s = sol.summary()
     return FrequencyPolicy(
-        gpu=gpu, steps=steps, period_ms=float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6),
+        gpu=gpu, steps=steps, period_ms=period,
         budget=float(sol.budget), lead_ms=hi, meta={"method": sol.method, "window_ms": window_ms,
                                                      "transition_ms": [lo, hi], "min_interval_ms": min_interval_ms,
                                                      "model_saving": s["predicted_saving"],

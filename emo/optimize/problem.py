@@ -145,8 +145,16 @@ class Items:
     energy: np.ndarray  # float64[K, C]: node energies + idle energy of the window at each clock
     lo: np.ndarray  # int64[K]: first internal node of the item (-1: no nodes)
     hi: np.ndarray  # int64[K]: last internal node of the item
-    ext_power_w: float  # idle power of all GPUs at the default clock: cost of a longer iteration
+    ext_power_w: float  # idle power of all GPUs at the default clock: the DP's price of a longer iteration
     interval_ns: float
+    idle_energy: np.ndarray = None  # float64[K, C]: the idle part of `energy`
+
+    def total(self, choice: np.ndarray, makespan_ns: float, makespan0_ns: float) -> float:
+        """Energy of a choice whose iteration takes makespan_ns: every window stretches with the
+        iteration, paying idle power at its own clock for the extra time."""
+        rows = np.arange(self.k)
+        stretch = max(0.0, makespan_ns / makespan0_ns - 1.0) if makespan0_ns > 0 else 0.0
+        return float(self.energy[rows, choice].sum() + stretch * self.idle_energy[rows, choice].sum())
 
     @property
     def k(self) -> int:
@@ -163,22 +171,36 @@ class Items:
         return out
 
 
-def symmetric_groups(p: Problem, decimals: int = 3) -> list[list[int]]:
-    """Devices whose node sequences are identical (same baseline timing, same tables) share a clock
-    schedule: tensor-parallel ranks. Everything else is its own group."""
-    sig: dict[bytes, list[int]] = {}
+def symmetric_groups(p: Problem, tol: float = 0.05, bin_ms: float = 5.0) -> list[list[int]]:
+    """Devices that do the same work at the same time share a clock schedule: tensor-parallel ranks.
+    Recorded ranks differ in detail (a few extra kernels on rank 0, jitter), so devices are compared
+    by their busy-time and energy profiles over `bin_ms` bins of the baseline timeline at the
+    fastest and the slowest clock: within `tol` (L1, relative) they are one group."""
+    nb = max(1, int(np.ceil(p.makespan0_ns / (bin_ms * 1e6))))
+    b = np.minimum((p.base_start // (bin_ms * 1e6)).astype(np.int64), nb - 1)
+    prof = np.zeros((p.devices, 4, nb))
+    gpu = p.device >= 0
+    for j, col in enumerate((p.dur_ns[:, p.ref], p.dur_ns[:, 0], p.energy_j[:, p.ref], p.energy_j[:, 0])):
+        np.add.at(prof, (p.device[gpu], j, b[gpu]), col[gpu])
+    groups: list[list[int]] = []
     for d in range(p.devices):
-        m = p.device == d
-        key = np.concatenate([np.round(p.base_start[m] * 1e-3, decimals), np.round(p.dur_ns[m].ravel() * 1e-3, decimals),
-                              np.round(p.energy_j[m].ravel() * 1e3, decimals)]).tobytes()
-        sig.setdefault(key, []).append(d)
-    return sorted(sig.values())
+        for g in groups:
+            r = prof[g[0]]
+            scale = np.maximum(r.sum(axis=1), 1e-300)
+            if prof[d].sum() > 0 and np.all(np.abs(prof[d] - r).sum(axis=1) <= tol * scale):
+                g.append(d)
+                break
+        else:
+            groups.append([d])
+    return groups
 
 
 def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, windows: np.ndarray | None = None,
-               groups: list[list[int]] | None = None) -> Items:
-    """Items for change points every `interval_ms` of the baseline timeline (or explicit per-node
-    `windows`, e.g. one per pack for a pack-level baseline)."""
+               groups: list[list[int]] | None = None, window_len_ns: np.ndarray | None = None) -> Items:
+    """Items for change points every `interval_ms` of the baseline timeline, or explicit per-node
+    `windows` (e.g. one per pack for a pack-level baseline). With `window_len_ns` (the GPU time each
+    window index covers in all, e.g. its length × iterations) every (group, window) is an item, empty
+    ones too, and pays idle power over that time."""
     if interval_ms <= 0 and windows is None:
         raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
     groups = groups or (symmetric_groups(p) if replicate else [[d] for d in range(p.devices)])
@@ -202,15 +224,22 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
             raise ValueError(f"windows: {len(w)} entries for {p.n} nodes")
         w = w[p.perm]
         g_of = gdev[np.where(gpu, p.device, 0)]
-        nwin = int(w.max()) + 1 if len(w) else 1
+        nwin = len(window_len_ns) if window_len_ns is not None else (int(w.max()) + 1 if len(w) else 1)
+        if len(w) and w.max() >= nwin:
+            raise ValueError(f"windows: index {w.max()} beyond the {nwin} window lengths given")
         key = np.where(gpu & (w >= 0), g_of * nwin + w, -1)
-        all_keys = np.unique(key[key >= 0])
-        kk = np.searchsorted(all_keys, key[key >= 0])
-        t0 = np.full(len(all_keys), np.inf)
-        last = np.zeros(len(all_keys))
-        np.minimum.at(t0, kk, p.base_start[key >= 0])
-        np.maximum.at(last, kk, p.base_finish[key >= 0])
-        length = last - t0
+        if window_len_ns is not None:
+            all_keys = np.arange(len(groups) * nwin)
+            t0 = (all_keys % nwin) * step
+            length = np.asarray(window_len_ns, dtype=np.float64)[all_keys % nwin]
+        else:
+            all_keys = np.unique(key[key >= 0])
+            kk = np.searchsorted(all_keys, key[key >= 0])
+            t0 = np.full(len(all_keys), np.inf)
+            last = np.zeros(len(all_keys))
+            np.minimum.at(t0, kk, p.base_start[key >= 0])
+            np.maximum.at(last, kk, p.base_finish[key >= 0])
+            length = last - t0
     item_of = np.full(p.n, -1, dtype=np.int64)
     item_of[key >= 0] = np.searchsorted(all_keys, key[key >= 0])
     K = len(all_keys)
@@ -220,7 +249,8 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
     idle_g = np.zeros((len(groups), p.n_clocks))
     for g, ds in enumerate(groups):
         idle_g[g] = p.idle_power_w[ds].sum(axis=0)
-    energy += idle_g[group] * (length * 1e-9)[:, None]
+    idle_energy = idle_g[group] * (length * 1e-9)[:, None]
+    energy += idle_energy
     lo = np.full(K, -1, dtype=np.int64)
     hi = np.full(K, -1, dtype=np.int64)
     nodes = np.flatnonzero(item_of >= 0)
@@ -230,7 +260,7 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
         np.maximum.at(hi, item_of[nodes], nodes)
         lo = np.where(hi >= 0, lo_v, -1)
     return Items(groups, gdev, item_of, group.astype(np.int64), (all_keys % nwin).astype(np.int64), t0.astype(np.float64),
-                 length.astype(np.float64), energy, lo, hi, float(p.idle_power_w[:, p.ref].sum()), step)
+                 length.astype(np.float64), energy, lo, hi, float(p.idle_power_w[:, p.ref].sum()), step, idle_energy)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -251,5 +281,5 @@ def evaluate(p: Problem, items: Items, choice: np.ndarray) -> Evaluation:
     """The exact makespan (full what-if pass) and energy of a clock choice per item."""
     choice = np.asarray(choice, dtype=np.int64)
     s, f, t = passes.forward(*p.graph, durations(p, items, choice))
-    e = float(items.energy[np.arange(items.k), choice].sum()) + items.ext_power_w * max(0.0, t - p.makespan0_ns) * 1e-9
+    e = items.total(choice, t, p.makespan0_ns)
     return Evaluation(t, e, s, f)

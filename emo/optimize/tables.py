@@ -19,9 +19,13 @@ class Timing:
 
 
 def problem_from_tables(t, min_clock_fraction: float = 0.5) -> Problem:
-    """A Problem over the pack graph of `t` (a PackTables)."""
+    """A Problem over the pack graph of `t` (a PackTables), with the what-if's fixed delays."""
+    delay = getattr(t, "delay_ns", None)
+    if delay is None:  # the compiled what-if holds them in topological order
+        delay = np.empty(len(t.device))
+        delay[t.compiled.order] = t.compiled.delay
     return build_problem(t.src, t.dst, t.device, t.dur_ns, t.energy_j, t.idle_power_w, t.clocks_mhz,
-                         from_start=t.from_start, delay_ns=t.delay_ns, min_clock_fraction=min_clock_fraction,
+                         from_start=t.from_start, delay_ns=delay, min_clock_fraction=min_clock_fraction,
                          default_mhz=int(t.clocks_mhz[t.default_index]))
 
 
@@ -66,4 +70,9 @@ def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate
         i = np.searchsorted(m, start[v], side="right") - 1
         off = np.where(i >= 0, start[v] - m[np.maximum(i, 0)], start[v] - m[0] + timing.period_ns)
         win[v] = np.clip((off // step).astype(np.int64), 0, nwin - 1)
-    return make_items(p, interval_ms, replicate=replicate, windows=win)
+    # idle time each window index covers: its share of the period, in every iteration
+    iters = timing.marks_ns.shape[1]
+    edges = np.minimum(np.arange(nwin + 1) * step, timing.period_ns)
+    lens = np.diff(edges) * iters
+    lens[-1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
+    return make_items(p, interval_ms, replicate=replicate, windows=win, window_len_ns=lens)

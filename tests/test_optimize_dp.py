@@ -1,0 +1,83 @@
+"""EMO's DP against the exact MILP, budgets, feasibility, symmetric groups, bad input."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emo.optimize import build_problem, make_items, optimize, optimize_static, solve_exact
+from emo.optimize.instances import perseus_profile, pipeline_problem, random_problem
+from emo.optimize.problem import evaluate
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+GPT3 = SHARED / "data/dvfs/perseus_stage_profiles/gpt3-175b+a100_sxm_bf16.csv"
+
+
+@pytest.mark.parametrize("seed,gpus", [(0, 1), (1, 2), (5, 3), (11, 3)])
+@pytest.mark.parametrize("budget", [0.0, 0.02, 0.05])
+def test_dp_within_one_percent_of_exact(seed, gpus, budget):
+    p, _ = random_problem(seed, gpus=gpus, kernels=10)
+    items = make_items(p, p.makespan0_ns / 6e6)
+    dp = optimize(p, budget, items=items)
+    ex = solve_exact(p, budget, items=items)
+    assert dp.feasible and ex.feasible
+    assert dp.energy_j <= ex.energy_j * 1.01
+    assert dp.energy_j >= ex.energy_j * (1 - 1e-6)  # the MILP is optimal: nothing beats it
+
+
+@pytest.mark.skipif(not GPT3.exists(), reason="needs ../shared/data/dvfs (Perseus stage profiles)")
+def test_pipeline_from_measured_profiles_saves_within_budget():
+    t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
+    p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
+    for budget in (0.0, 0.05):
+        sol = optimize(p, budget)
+        s = sol.summary()
+        assert sol.feasible and s["predicted_slowdown"] <= budget + 1e-9
+        assert s["predicted_saving"] > (0.03 if budget == 0 else 0.10)  # pipeline bubbles, then the budget
+        static = optimize_static(p, budget, items=sol.items)
+        assert sol.energy_j <= static.energy_j + 1e-9
+
+
+def test_no_slowdown_budget_keeps_the_makespan():
+    p, _ = random_problem(3, gpus=2, kernels=14)
+    sol = optimize(p, 0.0)
+    assert sol.makespan_ns <= p.makespan0_ns + 1.0
+    assert sol.energy_j < sol.baseline().energy_j  # CPU stalls leave slack to use for free
+
+
+def test_symmetric_gpus_share_one_schedule():
+    # two identical chains: tensor-parallel ranks; a third, different one stays on its own
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1e6, 4e6, 8)
+    clocks = np.array([705, 1005, 1410])
+    f = clocks / 1410
+    dur1 = base[:, None] / f[None, :]
+    dev = np.repeat([0, 1, 2], 8)
+    dur = np.vstack([dur1, dur1, dur1 * 0.5])
+    en = dur * 1e-9 * 200 * f[None, :] ** 2
+    src = [i for d in range(3) for i in range(d * 8, d * 8 + 7)]
+    dst = [i + 1 for i in src]
+    p = build_problem(src, dst, dev, dur, en, np.full((3, 3), 60.0), clocks)
+    it = make_items(p, 5.0)
+    assert it.groups == [[0, 1], [2]]
+    sol = optimize(p, 0.05, items=it)
+    mhz = sol.node_mhz()
+    assert np.array_equal(mhz[:8], mhz[8:16])
+
+
+def test_evaluate_matches_durations():
+    p, _ = random_problem(2, gpus=2, kernels=8)
+    it = make_items(p, 10.0)
+    ev = evaluate(p, it, np.full(it.k, p.ref))
+    assert ev.makespan_ns == pytest.approx(p.makespan0_ns)
+    slow = evaluate(p, it, np.zeros(it.k, dtype=int))
+    assert slow.makespan_ns > ev.makespan_ns
+
+
+def test_bad_input_one_line_errors():
+    with pytest.raises(ValueError, match="cycle"):
+        build_problem([0, 1], [1, 0], [0, 0], np.ones((2, 2)), np.ones((2, 2)), np.ones((1, 2)), [1000, 1410])
+    with pytest.raises(ValueError, match="do not match"):
+        build_problem([0], [1], [0, 0], np.ones((2, 3)), np.ones((2, 2)), np.ones((1, 2)), [1000, 1410])
+    p, _ = random_problem(0, gpus=1, kernels=4)
+    with pytest.raises(ValueError, match="budget"):
+        optimize(p, -0.1)

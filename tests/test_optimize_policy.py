@@ -1,0 +1,50 @@
+"""Policies from solutions: steps per GPU, transition lead, ε, and the baselines' policies."""
+import numpy as np
+import pytest
+
+from emo.optimize import build_policy, make_items, optimize, optimize_static
+from emo.optimize.instances import random_problem
+from emo.optimize.solution import Solution
+from emo.policy import FrequencyPolicy
+
+
+def _sol(choice_by_window, interval=20.0):
+    p, _ = random_problem(4, gpus=1, kernels=12)
+    it = make_items(p, interval)
+    mhz = list(p.clocks_mhz)
+    choice = np.array([mhz.index(choice_by_window[w % len(choice_by_window)]) for w in it.window])
+    return Solution(p, it, choice, "emo", 0.02), p
+
+
+def test_steps_collapse_lead_and_down_steps_land_inside_their_window():
+    p, _ = random_problem(4, gpus=1, kernels=12)
+    hi, lo = int(p.clocks_mhz[-1]), int(p.clocks_mhz[2])
+    sol, _ = _sol([hi, lo, lo, hi])
+    pol = build_policy(sol, "a100", window_ms=20.0, transition_ms=(5.0, 15.0), min_interval_ms=10.0)
+    steps = pol.steps[0]
+    assert pol.lead_ms == 15.0
+    assert steps[0] == type(steps[0])(0.0, hi)
+    assert steps[1].sm_mhz == lo and steps[1].t_ms == pytest.approx(20.0 + 10.0)  # down: +(max-min)
+    assert steps[2].sm_mhz == hi and steps[2].t_ms == pytest.approx(60.0)  # up: at the window start
+    assert all(b.sm_mhz != a.sm_mhz for a, b in zip(steps, steps[1:]))
+    assert FrequencyPolicy.from_dict(pol.to_dict()).steps == pol.steps
+
+
+def test_min_interval_merges_keeping_the_faster_clock():
+    p, _ = random_problem(4, gpus=1, kernels=12)
+    hi, lo = int(p.clocks_mhz[-1]), int(p.clocks_mhz[0])
+    sol, _ = _sol([hi, lo], interval=5.0)
+    pol = build_policy(sol, "a100", window_ms=5.0, transition_ms=(5.0, 15.0), min_interval_ms=12.0)
+    ts = [s.t_ms for s in pol.steps[0]]
+    assert all(b - a >= 12.0 - 1e-9 for a, b in zip(ts, ts[1:]))
+
+
+def test_static_is_one_step_and_never_beats_emo():
+    p, _ = random_problem(6, gpus=2, kernels=10)
+    it = make_items(p, 20.0)
+    st = optimize_static(p, 0.05, items=it)
+    em = optimize(p, 0.05, items=it)
+    pol = build_policy(st, "a100", window_ms=20.0)
+    assert all(len(s) == 1 for s in pol.steps.values())
+    assert em.energy_j <= st.energy_j + 1e-9
+    assert st.feasible
