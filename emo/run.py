@@ -62,7 +62,6 @@ def snakemake(overrides: list[str], cores: int, *, dry_run: bool = False, run_id
               until: str | None = None) -> bool:
     """Run the Snakefile through the Snakemake API; True when it succeeded."""
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.enums import RerunTrigger
     from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
                                           ResourceSettings)
     from emo.tracking import RUN_ID_ENV
@@ -77,11 +76,7 @@ def snakemake(overrides: list[str], cores: int, *, dry_run: bool = False, run_id
                 snakefile=ROOT / "Snakefile",
                 workdir=Path.cwd(),
             )
-            # Every rule gets the whole configuration as params, but a stage's folder hash already covers
-            # exactly what it depends on: a params change (another budget) must not re-run the rest.
-            triggers = frozenset(RerunTrigger) - {RerunTrigger.PARAMS}
-            dag = workflow.dag(DAGSettings(until=frozenset([until]) if until else frozenset(), force_incomplete=True,
-                                           rerun_triggers=triggers))
+            dag = workflow.dag(DAGSettings(until=frozenset([until]) if until else frozenset(), force_incomplete=True))
             dag.execute_workflow(executor="dryrun" if dry_run else "local")
         return True
     except Exception as e:  # Snakemake has already printed the failing job and its log

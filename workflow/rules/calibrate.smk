@@ -9,4 +9,4 @@ rule calibrate:
     resources:
         gpu=1,
     script:
-        "../scripts/calibrate.py"
+        "../scripts/stage.py"

@@ -16,4 +16,4 @@ rule fit:
     log:
         P["fit"].log,
     script:
-        "../scripts/fit.py"
+        "../scripts/stage.py"

@@ -11,4 +11,4 @@ rule graph:
     log:
         P["graph"].log,
     script:
-        "../scripts/graph.py"
+        "../scripts/stage.py"

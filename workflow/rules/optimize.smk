@@ -16,4 +16,4 @@ rule optimize:
     log:
         P["optimize"].log,
     script:
-        "../scripts/optimize.py"
+        "../scripts/stage.py"

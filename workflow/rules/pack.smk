@@ -14,4 +14,4 @@ rule pack:
     log:
         P["pack"].log,
     script:
-        "../scripts/pack.py"
+        "../scripts/stage.py"

@@ -15,4 +15,4 @@ rule profile:
     resources:
         gpu=1,
     script:
-        "../scripts/profile.py"
+        "../scripts/stage.py"

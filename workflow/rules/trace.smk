@@ -10,4 +10,4 @@ rule trace:
     resources:
         gpu=1,
     script:
-        "../scripts/trace.py"
+        "../scripts/stage.py"

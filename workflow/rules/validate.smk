@@ -16,4 +16,4 @@ rule validate:
     resources:
         gpu=1,
     script:
-        "../scripts/validate.py"
+        "../scripts/stage.py"
