@@ -26,6 +26,7 @@ STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack"), ("emo/stages/profile.py", "emo/device", "emo/workloads", "emo/pack")),
     "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack", "emo/graph", "emo/policy.py")),
     "optimize": (("optimizer", "budget"), ("pack", "fit"), ("emo/stages/optimize.py", "emo/optimize", "emo/model", "emo/graph", "emo/policy.py")),
+    "validate": (("optimizer", "budget", "validate"), ("optimize",), ("emo/stages/validate.py", "emo/baselines", "emo/device", "emo/workloads", "emo/policy.py")),
 }
 
 
