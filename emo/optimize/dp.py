@@ -119,10 +119,8 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
         if e < best_e:
             best_e, choice, view = e, cand, v
     info["start_view"] = view
-    if kicks:  # trades get at most twice the time spent so far
-        spent = time.perf_counter() - t_start
-        limit = spent * 3 if time_limit_s is None else min(time_limit_s, spent * 3)
-        choice = _kick(p, items, choice, deadline, kicks, info, t_start, max(limit, 0.5), step)
+    if kicks:  # a fixed number of trades (deterministic), within the soft time limit
+        choice = _kick(p, items, choice, deadline, kicks, info, t_start, time_limit_s, step)
     sol = Solution(p, items, choice, "emo", budget, info=info)
     sol.solve_s = time.perf_counter() - t_start
     return sol
@@ -283,6 +281,9 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
         for k in ks:
             if (key, k) in tried or info["kicks"] >= kicks:
                 continue
+            if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
+                info["kicks_stopped"] = "time limit"
+                break
             tried.add((key, k))
             info["kicks"] += 1
             trial = choice.copy()
