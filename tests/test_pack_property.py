@@ -40,3 +40,16 @@ def test_real_traces(name):
     if not path.exists():
         pytest.skip(f"{path} not present")
     check(build_graph(read_trace(path)), name)
+
+
+@pytest.mark.parametrize("overrides", [["workload=tp", "workload.model.layers=1", "workload.model.seq=1024"],
+                                       ["workload=pp", "workload.pp=2", "workload.model.layers=2",
+                                        "workload.microbatches=2", "workload.model.seq=512"],
+                                       ["workload=offload", "workload.model.layers=2", "workload.decode_tokens=2"]])
+def test_virtual_traces(overrides, tmp_path):
+    from emo.device import open_device
+    from emo.plan import compose
+
+    cfg = compose(overrides)
+    open_device(cfg["gpu"]).run(cfg["workload"], 2, warmup=1, trace_dir=tmp_path)
+    check(build_graph(read_trace(tmp_path)), cfg["workload"]["kind"], trials=10)

@@ -45,11 +45,13 @@ def build_pack_graph(graph: Graph, compiled: Compiled, replay: Result, pack_of: 
     node_of_pack[packs["pack"].to_numpy(np.int64)] = new_id[packs["first_node"].to_numpy(np.int64)]
     node_map = np.where(packed, node_of_pack[np.maximum(pack_of, 0)], new_id)
 
-    delay = np.empty(n, np.int64)
-    delay[compiled.order] = compiled.delay
+    # the gap before each non-first member, as replayed (its stream edge's lag: launch queueing;
+    # a few ns negative where the trace's rounding made it so)
     inner = np.zeros(len(packs), np.int64)
     nonfirst = packed & ~is_first
-    np.add.at(inner, pack_of[nonfirst], delay[nonfirst])
+    gap = np.zeros(n, np.int64)
+    gap[nonfirst] = replay.start_ns[nonfirst] - replay.finish_ns[replay.critical_pred[nonfirst]]
+    np.add.at(inner, pack_of[nonfirst], gap[nonfirst])
 
     kept = np.flatnonzero(keep)
     out = nodes.iloc[kept].copy()
