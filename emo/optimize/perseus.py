@@ -24,6 +24,9 @@ from emo.optimize.problem import Problem, evaluate, make_items
 from emo.optimize.solution import Solution
 
 log = logging.getLogger("emo")
+# costs in mJ: lowtime stops when one iteration's cost change is below 1e-6 and caps flow capacities at
+# 1e4, so a time quantum must cost between the two (per-quantum energy changes are ~1e-4..1 J)
+COST_SCALE = 1e3
 
 
 def lowtime_version() -> str | None:
@@ -90,7 +93,7 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     specs: dict[int, OperationSpec] = {}
 
     def spec_for(times_ns: np.ndarray, costs: np.ndarray) -> OperationSpec:
-        opts = [ExecutionOption(real_time=float(t), unit_time=ut, cost=float(e), knob=int(c))
+        opts = [ExecutionOption(real_time=float(t), unit_time=ut, cost=float(e) * COST_SCALE, knob=int(c))
                 for c, (t, e) in enumerate(zip(times_ns, costs))]
         cand = CandidateExecutionOptions(options=opts)
         return OperationSpec(options=cand, cost_model=HullCost(cand))
