@@ -268,6 +268,7 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
     best_e, _ = _energy(p, items, choice)
     info["kicks"] = info["kicks_kept"] = 0
     tried: set[tuple[bytes, int]] = set()
+    stale, max_stale = 0, 20  # stop after this many trades in a row that saved nothing
     while info["kicks"] < kicks:
         if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
             break
@@ -295,7 +296,11 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
             if mk2 <= deadline + TOL_NS and e < best_e - 1e-12 * abs(best_e):
                 best_e, choice, improved = e, trial, True
                 info["kicks_kept"] += 1
+                stale = 0
                 break
-        if not improved:
+            stale += 1
+            if stale >= max_stale:
+                break
+        if not improved or stale >= max_stale:
             break
     return choice
