@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from emo.plan import compose, plan  # noqa: E402
-from emo.run import snakemake  # noqa: E402
 
 METHODS = ("emo", "static", "zeus", "perseus", "geepafs")
 TOLERANCE_PCT = 0.5
@@ -44,18 +46,29 @@ def cells(quick: bool) -> list[tuple[str, str, list[str], float]]:
     return out
 
 
-def run_cell(overrides: list[str], cores: int) -> dict | None:
-    cfg = compose(overrides)
-    result = Path(plan(cfg)["validate"].out("result.json"))
-    if not result.exists() and not snakemake(overrides, cores):
-        return None
+def run_cell(overrides: list[str], cores: int, timeout_s: float, log: Path) -> dict | str:
+    """The cell's validate metrics; runs `emo run` in its own process group (killed on timeout) when
+    the result is not there yet. A string says why there is none."""
+    result = Path(plan(compose(overrides))["validate"].out("result.json"))
+    if not result.exists():
+        with open(log, "a") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "emo.cli", "run", "-c", str(cores), *overrides],
+                                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=log.parent)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return f"timeout {timeout_s:.0f} s"
+        if rc != 0 or not result.exists():
+            return "failed"
     return json.loads(result.read_text())["metrics"]
 
 
 def ahead(row: dict[str, dict | None], budget_pct: float) -> tuple[bool, str]:
     emo = row.get("emo")
     if emo is None:
-        return False, "EMO failed"
+        return False, "EMO did not finish"
     if emo["pl_pct"] > budget_pct + TOLERANCE_PCT:
         return False, f"EMO PL {emo['pl_pct']:.2f} % over budget"
     beaten = [m for m, r in row.items() if m != "emo" and r is not None
@@ -66,11 +79,13 @@ def ahead(row: dict[str, dict | None], budget_pct: float) -> tuple[bool, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="TP2, PP2 and offload only")
-    ap.add_argument("--results", default=str(ROOT / "results" / "paper_tables"), help="stage folders (reused)")
+    ap.add_argument("--results", default=str(ROOT / "results" / "paper_tables"), help="stage folders (reused); the pipeline's log goes to paper_tables.log there")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--track", action="store_true", help="also log to MLflow (slower)")
+    ap.add_argument("--cell-timeout", type=float, default=900.0, help="seconds per method x cell (the pipeline)")
     args = ap.parse_args()
+    args.results = str(Path(args.results).resolve())
     methods = [m for m in args.methods.split(",") if m]
     missing = [m for m in methods if not (ROOT / "conf" / "optimizer" / f"{m}.yaml").exists()]
     if missing:
@@ -78,14 +93,17 @@ def main() -> int:
         methods = [m for m in methods if m not in missing]
     common = [f"results={args.results}", f"tracking.enabled={str(args.track).lower()}", "validate.pareto_points=0"]
 
+    Path(args.results).mkdir(parents=True, exist_ok=True)
+    log = Path(args.results) / "paper_tables.log"
     rows = []
     for table, label, wl, budget in cells(args.quick):
         row: dict[str, dict | None] = {}
         for m in methods:
             t0 = time.perf_counter()
-            row[m] = run_cell(wl + [f"optimizer={m}", f"budget={budget}"] + common, args.cores)
-            print(f"  {label:<14} {budget:>4.0%} {m:<8} "
-                  + ("failed" if row[m] is None else f"ES {row[m]['es_pct']:6.2f} %  PL {row[m]['pl_pct']:5.2f} %")
+            got = run_cell(wl + [f"optimizer={m}", f"budget={budget}"] + common, args.cores, args.cell_timeout, log)
+            row[m] = got if isinstance(got, dict) else None
+            print(f"cell {label:<14} {budget:>4.0%} {m:<8} "
+                  + (got if isinstance(got, str) else f"ES {got['es_pct']:6.2f} %  PL {got['pl_pct']:5.2f} %")
                   + f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         rows.append((table, label, budget, row))
 
@@ -98,7 +116,7 @@ def main() -> int:
         for m in methods:
             r = row[m]
             if r is None:
-                cells_txt.append(f"{'failed':>{width}}")
+                cells_txt.append(f"{'-':>{width}}")
                 continue
             flag = "!" if r["pl_pct"] > budget_pct + TOLERANCE_PCT else " "
             cells_txt.append(f"{r['es_pct']:>{width - 8}.1f}/{r['pl_pct']:>5.1f}{flag}")
