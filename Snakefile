@@ -9,12 +9,6 @@ P = plan(EMO)
 config["resolved"] = EMO  # what the stages read (workflow/scripts/stage.py)
 
 
-def stage_params(stage):
-    """What the stage's folder hash covers, as plain dicts: Snakemake re-runs a rule when its params
-    change, so they hold exactly the configuration the stage depends on, no more."""
-    return {"hash": P[stage].hash, "covers": P[stage].covers}
-
-
 rule all:
     input:
         P["validate"].out("result.json"),  # offline methods pull trace -> ... -> optimize; online ones only validate

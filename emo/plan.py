@@ -84,6 +84,11 @@ class StagePlan:
         return str(self.dir / name)
 
     @property
+    def params(self) -> dict:
+        """A rule's params: exactly what the hash covers (Snakemake re-runs a rule when they change)."""
+        return {"hash": self.hash, "covers": self.covers}
+
+    @property
     def log(self) -> str:
         return str(self.dir.parent / "logs" / f"{self.hash}.log")
 

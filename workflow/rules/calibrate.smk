@@ -3,7 +3,7 @@ rule calibrate:
         bench=P["calibrate"].out("bench.parquet"),
         config=P["calibrate"].out("config.json"),
     params:
-        emo=stage_params("calibrate"),
+        emo=P["calibrate"].params,
     log:
         P["calibrate"].log,
     resources:

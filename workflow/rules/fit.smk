@@ -12,7 +12,7 @@ rule fit:
         check=P["fit"].out("check.json"),
         config=P["fit"].out("config.json"),
     params:
-        emo=stage_params("fit"),
+        emo=P["fit"].params,
     log:
         P["fit"].log,
     script:

@@ -7,7 +7,7 @@ rule graph:
         summary=P["graph"].out("summary.json"),
         config=P["graph"].out("config.json"),
     params:
-        emo=stage_params("graph"),
+        emo=P["graph"].params,
     log:
         P["graph"].log,
     script:

@@ -12,7 +12,7 @@ rule optimize:
         summary=P["optimize"].out("summary.json"),
         config=P["optimize"].out("config.json"),
     params:
-        emo=stage_params("optimize"),
+        emo=P["optimize"].params,
     log:
         P["optimize"].log,
     script:

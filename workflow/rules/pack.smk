@@ -10,7 +10,7 @@ rule pack:
         iterations=P["pack"].out("iterations.parquet"),
         config=P["pack"].out("config.json"),
     params:
-        emo=stage_params("pack"),
+        emo=P["pack"].params,
     log:
         P["pack"].log,
     script:

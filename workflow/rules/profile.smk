@@ -9,7 +9,7 @@ rule profile:
         baseline=P["profile"].out("baseline.json"),
         config=P["profile"].out("config.json"),
     params:
-        emo=stage_params("profile"),
+        emo=P["profile"].params,
     log:
         P["profile"].log,
     resources:

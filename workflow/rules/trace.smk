@@ -4,7 +4,7 @@ rule trace:
         measured=P["trace"].out("measured.json"),
         config=P["trace"].out("config.json"),
     params:
-        emo=stage_params("trace"),
+        emo=P["trace"].params,
     log:
         P["trace"].log,
     resources:

@@ -10,7 +10,7 @@ rule validate:
         result=P["validate"].out("result.json"),
         config=P["validate"].out("config.json"),
     params:
-        emo=stage_params("validate"),
+        emo=P["validate"].params,
     log:
         P["validate"].log,
     resources:
