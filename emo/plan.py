@@ -24,8 +24,8 @@ STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "calibrate": (("gpu", "model"), (), ("emo/stages/calibrate.py", "emo/device", "emo/microbench.py", "microbench")),
     "pack": (("packing",), ("trace", "graph"), ("emo/stages/pack.py", "emo/pack", "emo/graph")),
     "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack"), ("emo/stages/profile.py", "emo/device", "emo/workloads", "emo/pack")),
-    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack", "emo/graph", "emo/policy.py")),
-    "optimize": (("optimizer", "budget"), ("pack", "fit"), ("emo/stages/optimize.py", "emo/optimize", "emo/model", "emo/graph", "emo/policy.py")),
+    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack", "emo/graph", "emo/policy.py", "emo/runtime.py")),
+    "optimize": (("optimizer", "budget"), ("pack", "fit"), ("emo/stages/optimize.py", "emo/optimize", "emo/model", "emo/graph", "emo/policy.py", "emo/runtime.py")),
     "validate": (("optimizer", "budget", "validate"), ("optimize",), ("emo/stages/validate.py", "emo/baselines", "emo/device", "emo/workloads", "emo/policy.py")),
 }
 
