@@ -60,6 +60,7 @@ def run_cell(overrides: list[str], cores: int, timeout_s: float, log: Path) -> d
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return f"timeout {timeout_s:.0f} s"
+        result = Path(plan(compose(overrides))["validate"].out("result.json"))  # code may have changed meanwhile
         if rc != 0 or not result.exists():
             return "failed"
     return json.loads(result.read_text())["metrics"]
