@@ -90,6 +90,10 @@ class Device(Protocol):
         """Counters of one execution of each range of `workload` (a workload config), as CUPTI range
         profiling of a run of it would give them; each result's cost_s includes its replay passes."""
 
+    def utilization(self, device: int = 0) -> dict[str, float]:
+        """Utilisation over the last run, fractions 0..1 (NVML's utilisation rates): `gpu`, the share
+        of time a kernel ran; `memory`, how busy device memory was (what online governors read)."""
+
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:
         """Run `workload` (a workload config) for warmup + iterations under the current policy;
