@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from emo.model.predict import predict
 from emo.optimize.dp import optimize
 from emo.optimize.perseus import optimize_perseus
 from emo.optimize.policy import build_policy
 from emo.optimize.problem import Items, Problem
 from emo.optimize.solution import Solution
 from emo.optimize.static import optimize_static
-from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables
+from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables, time_tolerance_ns
 from emo.optimize.verify import fit_to_prediction
 from emo.policy import FrequencyPolicy
 
@@ -52,18 +53,22 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     p = problem_from_tables(tables, float(opt.get("min_clock_fraction", 0.5)))
     timing = baseline_timing(p, tables)
     items = iteration_items(p, timing, interval)
-    extra: dict = {}
+    # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
+    # strict 0, microseconds of predicted delay would rule out every lower clock
+    tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
+    plan_budget = budget + tolerance_ns / p.makespan0_ns
+    extra: dict = {"budget": budget, "planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
     if name == "emo":
-        sol = optimize(p, budget, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
+        sol = optimize(p, plan_budget, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
                        time_limit_s=opt.get("time_limit_s", 30.0))
     elif name == "static":
-        sol = optimize_static(p, budget, items=items)
-        extra = {"static_curve": sol.info.pop("static_curve")}
+        sol = optimize_static(p, plan_budget, items=items)
+        extra["static_curve"] = sol.info.pop("static_curve")
     else:
-        raw = optimize_perseus(p, budget, level=str(opt.get("perseus_level", "pass")))
-        sol = Solution(p, items, project(raw, items), raw.method, budget, info=dict(raw.info))
+        raw = optimize_perseus(p, plan_budget, level=str(opt.get("perseus_level", "pass")))
+        sol = Solution(p, items, project(raw, items), raw.method, plan_budget, info=dict(raw.info))
         sol.solve_s = raw.solve_s
-        extra = {"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6}
+        extra.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
     tr = opt.get("transition_ms", [5.0, 15.0])
 
     def build(s: Solution) -> FrequencyPolicy:
@@ -72,8 +77,17 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
 
     if name == "emo":  # the final check: the stage's predictor (wall-clock windows, clock transitions)
-        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=budget, interval_ms=interval,
+        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,
                                                  period_ns=timing.period_ns)
+        # every static schedule is an EMO schedule too: keep the best one when clock transitions (which
+        # the DP does not charge) cost the windowed pick more than it saved (offload at budget 0)
+        uni = optimize_static(p, plan_budget, items=items)
+        uni.info.pop("static_curve")
+        uni, uni_policy, uni_checked = fit_to_prediction(tables, Solution(p, items, uni.choice, "emo", plan_budget, info=sol.info),
+                                                         build, budget=plan_budget, interval_ms=interval, period_ns=timing.period_ns)
+        if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
+            uni.solve_s = sol.solve_s
+            sol, policy, checked = uni, uni_policy, {**uni_checked, "start_view": "uniform"}
         extra.update(checked)
     else:
         policy = build(sol)

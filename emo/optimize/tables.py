@@ -6,8 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import median_abs_deviation
 
+from emo.graph.whatif import ROUNDING_TOLERANCE_NS
 from emo.optimize.problem import Items, Problem, build_problem, make_items
+
+# The time tolerance never exceeds this fraction of the makespan: a trace whose iterations vary by
+# more (data-loader stalls) says little about any one slowdown, and the budget is what the user asked.
+MAX_TIME_TOLERANCE = 1e-3
 
 
 @dataclass
@@ -49,6 +55,28 @@ def baseline_timing(p: Problem, t) -> Timing:
         marks[g, len(m):] = m[-1]
     period = float(np.mean(np.diff(marks, axis=1))) if iters > 1 else max(p.makespan0_ns - marks.min(), 1.0)
     return Timing(marks, period)
+
+
+def iteration_noise_ns(timing: Timing) -> float:
+    """Run-to-run variability of one iteration's time in the trace: the robust standard deviation
+    (scaled MAD, so a slow warm-up iteration does not dominate) of the mark-to-mark iteration times,
+    averaged over GPUs per iteration; 0 with fewer than two full iterations traced."""
+    lengths = np.diff(timing.marks_ns, axis=1)  # [D, I-1]: full iterations only (the tail differs per GPU)
+    if lengths.shape[1] < 2:
+        return 0.0
+    return float(median_abs_deviation(lengths.mean(axis=0), scale="normal"))
+
+
+def time_tolerance_ns(timing: Timing, makespan_ns: float) -> float:
+    """How much later than its deadline a schedule may end and still count as on time, over the
+    whole graph (all traced iterations): per iteration, the iteration time's own variability in the
+    trace, at least the trace's timestamp resolution (what-if rounding). A predicted delay below it
+    is not a slowdown anyone can measure or a replay can resolve, so with a budget of 0 ("no
+    slowdown") a workload whose GPU is on the critical path but memory-bound (a clock step costs it
+    microseconds per iteration) still gets lower clocks. At most MAX_TIME_TOLERANCE of the makespan."""
+    iters = max(timing.marks_ns.shape[1], 1)
+    per_iteration = max(iteration_noise_ns(timing), float(ROUNDING_TOLERANCE_NS))
+    return min(iters * per_iteration, MAX_TIME_TOLERANCE * makespan_ns)
 
 
 def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True) -> Items:
