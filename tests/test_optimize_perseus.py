@@ -62,3 +62,35 @@ def test_rust_panic_falls_back_to_python_min_cut(monkeypatch):
     assert sol.info["rust_panics"] > 0
     assert lt_solver._lowtime_rs is FakeRs  # restored after the solve
     assert sol.energy_j == pytest.approx(ref.energy_j, rel=1e-6)
+
+
+def _host_bridged():
+    """GPU 0 runs a; a host sync waits for it, two host calls follow, the second launches b on GPU 1
+    (start-to-start); c on GPU 1 follows b on its stream. Host nodes: 1, 2."""
+    from emo.optimize.problem import build_problem
+
+    clocks = np.array([705, 1410])
+    dur = np.array([[20e6, 10e6], [1e6, 1e6], [3e6, 3e6], [20e6, 10e6], [20e6, 10e6]])
+    en = np.array([[1.0, 2.0], [0, 0], [0, 0], [1.0, 2.0], [1.0, 2.0]])
+    return build_problem([0, 1, 2, 3], [1, 2, 3, 4], [0, -1, -1, 1, 1], dur, en, np.full((2, 2), 50.0), clocks,
+                         from_start=[False, False, True, False])
+
+
+def test_perseus_dag_keeps_precedence_through_host_calls():
+    from emo.optimize.perseus import gpu_edges
+
+    p = _host_bridged()
+    a, b = gpu_edges(p)
+    pairs = set(zip(p.perm[a].tolist(), p.perm[b].tolist()))
+    assert pairs == {(0, 3), (3, 4)}  # a -> b through the two host calls, b -> c directly
+
+
+def test_perseus_time_quantum_bounds_the_iterations():
+    p = _pipeline()
+    sol = optimize_perseus(p, 0.0, level="pass", max_iterations=20)
+    from emo.optimize.passes import forward
+
+    walk_ms = (forward(*p.graph, p.dur_ns[:, 0].copy())[2] - p.makespan0_ns) * 1e-6
+    assert sol.info["unit_time_ms"] >= walk_ms / 20 - 1e-9
+    assert sol.info["pd_iterations"] <= 40 and sol.info["max_pd_iterations"] == 20
+    assert sol.feasible
