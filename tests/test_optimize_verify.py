@@ -1,0 +1,74 @@
+"""The optimiser's final check with the stage's predictor: a pick that meets the deadline in the DP's
+model (nodes timed at the clock of their baseline window) but not on the wall clock (a slowed pack
+pushes its successor into a slower window) is repaired until the predictor agrees."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
+from emo.model.predict import pack_tables, predict
+from emo.optimize import solve
+from emo.optimize.run import policy_device_ids
+from emo.optimize.policy import build_policy
+from emo.optimize.solution import Solution
+from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables
+from emo.optimize.verify import fit_to_prediction
+
+MS = 1_000_000
+CLOCKS = [705, 1005, 1410]
+
+
+def _tables():
+    """One GPU: pack A (15 ms) then pack X (20 ms) on one stream, beside a 55 ms collective; the host
+    syncs on both. At 1005 MHz A ends at 21 ms, so X starts in the second 20 ms window."""
+    nodes = pd.DataFrame([
+        ("kernel", 0, 0, 7, -1, 0, 15 * MS, "A", 0),
+        ("kernel", 0, 0, 7, -1, 15 * MS, 20 * MS, "X", 1),
+        ("collective", 0, 0, 8, -1, 0, 55 * MS, "L", 2),
+        ("sync", 0, -1, -1, 1, 55 * MS, 10_000, "sync", 3),
+    ], columns=list(NODE_COLUMNS))
+    edges = pd.DataFrame([(0, 1, "stream", False), (1, 3, "sync", False), (2, 3, "sync", False)],
+                         columns=list(EDGE_COLUMNS))
+    graph = Graph(typed(nodes, NODE_COLUMNS), typed(edges, EDGE_COLUMNS))
+    packs = pd.DataFrame({"node": [0, 1], "signature": ["s", "s"], "dur_ns": [15 * MS, 20 * MS]})
+    model = pd.DataFrame({"signature": "s", "sm_mhz": CLOCKS, "time_s": [2.0, 1.41, 1.0],
+                          "dynamic_energy_j": [0.5, 0.8, 1.5], "idle_power_w": [40.0, 50.0, 60.0],
+                          "default_mhz": 1410})
+    return pack_tables(graph, packs, model)
+
+
+def _build(tables, p, timing):
+    def build(s):
+        return build_policy(s, "a100", window_ms=20.0, device_ids=policy_device_ids(tables),
+                            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
+    return build
+
+
+def test_a_pick_late_on_the_wall_clock_is_repaired():
+    t = _tables()
+    p = problem_from_tables(t, 0.5)
+    timing = baseline_timing(p, t)
+    items = iteration_items(p, timing, 20.0)
+    assert items.k == 3  # windows 0-20, 20-40, 40-55 ms
+    sol = Solution(p, items, np.array([1, 0, 0]), "emo", 0.0)  # A and X at 1005, the empty windows at 705
+    assert sol.feasible  # the DP's model: X runs at 1005, the 55 ms collective still ends last
+    build = _build(t, p, timing)
+    base = predict(t, None)
+    assert predict(t, build(sol)).makespan_ns > base.makespan_ns * 1.01  # X lands in window 1 at 705
+    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns)
+    assert info["predictor_slowdown_before"] > 0.01 and info["predictor_drift_raises"] >= 1
+    for x in (5.0, 10.0, 15.0):  # wherever in 5-15 ms the clock requests land
+        assert predict(t, policy, transition_ms=x).makespan_ns <= base.makespan_ns + 1_000
+    assert fixed.choice[1] >= 1  # X's wall-clock window raised to the clock the DP timed X at
+    assert predict(t, policy).energy_j < base.energy_j  # still saves
+
+
+def test_solve_at_budget_zero_keeps_the_predicted_time():
+    t = _tables()
+    opt = {"name": "emo", "change_interval_ms": 20.0, "min_interval_ms": 10.0, "time_limit_s": 5.0}
+    policy, summary = solve(t, opt, 0.0, gpu="a100")
+    base = predict(t, None)
+    assert predict(t, policy).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
+    assert predict(t, policy).energy_j < base.energy_j
+    assert "predictor_slowdown" in summary
