@@ -55,7 +55,7 @@ def test_rows_become_kineto_events():
 
 
 def test_the_project_reader_accepts_the_tracer_output(tmp_path):
-    read_trace = pytest.importorskip("emo.trace").read_trace
+    from emo.trace import read_trace
     from emo.io import write_json
 
     path = tmp_path / "cupti.json.gz"

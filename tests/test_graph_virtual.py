@@ -13,10 +13,8 @@ from emo.graph import build_graph
 from emo.graph.whatif import compile_graph, whatif
 from emo.trace import read_trace
 
-sim = pytest.importorskip("emo.device.sim")
-if not hasattr(sim, "SimDevice"):
-    pytest.skip("emo.device.sim.SimDevice not there yet", allow_module_level=True)
-from emo.workloads import build_program  # noqa: E402
+from emo.device.sim import SimDevice
+from emo.workloads import build_program
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_TP = {"kind": "tp", "tp": 2, "chunks": 2, "model": {"layers": 2, "seq": 1024}}
@@ -36,7 +34,7 @@ def a100():
 
 
 def traced(gpu, program, folder: Path):
-    dev = sim.SimDevice(gpu)
+    dev = SimDevice(gpu)
     try:
         dev.run(program, 2, warmup=1, trace_dir=folder)
     finally:

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from emo.policy import FrequencyPolicy
+from emo.device.sim import SimDevice
 from emo.workloads import build_program
 
-sim = pytest.importorskip("emo.device.sim")
-if not hasattr(sim, "SimDevice"):
-    pytest.skip("emo.device.sim.SimDevice not there yet", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +32,7 @@ def a100():
 
 
 def run(gpu_cfg, workload: dict, mhz: int | None = None, iterations: int = 2, trace_dir: Path | None = None):
-    dev = sim.SimDevice(gpu_cfg)
+    dev = SimDevice(gpu_cfg)
     program = build_program(workload, gpu="a100")
     if mhz is not None:
         dev.set_policy(FrequencyPolicy.static("a100", program.ranks, mhz))
