@@ -83,6 +83,9 @@ def test_perseus_dag_keeps_precedence_through_host_calls():
     a, b = gpu_edges(p)
     pairs = set(zip(p.perm[a].tolist(), p.perm[b].tolist()))
     assert pairs == {(0, 3), (3, 4)}  # a -> b through the two host calls, b -> c directly
+    _, _, gap = gpu_edges(p, with_gaps=True)
+    gaps = dict(zip(zip(p.perm[a].tolist(), p.perm[b].tolist()), gap.tolist()))
+    assert gaps == {(0, 3): 1e6, (3, 4): 0.0}  # the sync's 1 ms; b launches at the start of the 3 ms call
 
 
 def test_perseus_time_quantum_bounds_the_iterations():

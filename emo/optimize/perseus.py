@@ -110,11 +110,23 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
 
     for k in range(K):
         g.add_node(int(k), op=Operation(spec=spec_for(udur[k], uen[k])))
-    a, b = gpu_edges(p)
+    # host time between units as fixed operations on the edges (the longest per pair of units)
+    a, b, gap = gpu_edges(p, with_gaps=True)
     ua, ub = unit[a], unit[b]
     keep = ua != ub
-    g.add_edges_from(set(zip(ua[keep].tolist(), ub[keep].tolist())))
-    src_id, sink_id = K, K + 1
+    gaps: dict[tuple[int, int], float] = {}
+    for x, y, z in zip(ua[keep].tolist(), ub[keep].tolist(), gap[keep].tolist()):
+        gaps[(x, y)] = max(z, gaps.get((x, y), 0.0))
+    nid = K
+    for (x, y), z in gaps.items():
+        if z < 0.5 * ut:  # below half a quantum lowtime would round it away
+            g.add_edge(x, y)
+            continue
+        g.add_node(nid, op=Operation(spec=spec_for(np.array([z]), np.array([0.0]))))
+        g.add_edge(x, nid)
+        g.add_edge(nid, y)
+        nid += 1
+    src_id, sink_id = nid, nid + 1
     from lowtime.graph_utils import add_sink_node, add_source_node
 
     add_source_node(g, src_id)
@@ -233,41 +245,58 @@ def _rust_fallback(counter: list[int]):
         lt_solver._lowtime_rs = rust
 
 
-def gpu_edges(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+def gpu_edges(p: Problem, with_gaps: bool = False):
     """GPU-to-GPU precedence (internal order): the direct edges between GPU nodes, and for a GPU node
     whose successor is a host call, the earliest GPU node of each device reachable from it through
-    host calls only (later ones on that device follow it). Host time is left out."""
+    host calls only (later ones on that device follow it). With `with_gaps`, also the host time
+    along each (the longest such path to that GPU node's launch, from the first node's end)."""
     n, D = p.n, p.devices
     dst = np.repeat(np.arange(n), np.diff(p.pred_ptr))
     src = p.pred_idx
     o = np.argsort(src, kind="stable")
     succ_ptr = np.zeros(n + 1, dtype=np.int64)
     np.add.at(succ_ptr, src + 1, 1)
-    a, b = _gpu_edges(np.cumsum(succ_ptr), dst[o], p.device.astype(np.int64), D)
-    return a, b
+    a, b, gap = _gpu_edges(np.cumsum(succ_ptr), dst[o], p.pred_fs[o], p.device.astype(np.int64), D,
+                           p.dur_ns[:, p.ref].copy(), p.delay_ns.astype(np.float64))
+    return (a, b, gap) if with_gaps else (a, b)
 
 
 @numba.njit(cache=True)
-def _gpu_edges(succ_ptr, succ, device, D):
+def _gpu_edges(succ_ptr, succ, succ_fs, device, D, dur, delay):
     n = len(device)
     first = np.full((n, D), -1, dtype=np.int64)  # host node: earliest GPU node per device through host calls
-    out_a, out_b = [], []
+    dist = np.zeros((n, D))  # host node: from its start to that GPU node's start (less its own delay)
+    out_a, out_b, out_g = [], [], []
     for v in range(n - 1, -1, -1):  # internal order is topological
+        host = device[v] < 0
         for k in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ[k]
+            base = (0.0 if succ_fs[k] or not host else dur[v]) + delay[w]
             if device[w] >= 0:
-                if device[v] >= 0:
+                if not host:
                     out_a.append(v)
                     out_b.append(w)
-                elif first[v, device[w]] < 0 or w < first[v, device[w]]:
-                    first[v, device[w]] = w
+                    out_g.append(0.0)
+                else:
+                    d = device[w]
+                    g = base - delay[w]
+                    if first[v, d] < 0 or w < first[v, d]:
+                        first[v, d] = w
+                        dist[v, d] = g
+                    elif w == first[v, d] and g > dist[v, d]:
+                        dist[v, d] = g
             else:
                 for d in range(D):
                     f = first[w, d]
                     if f >= 0:
-                        if device[v] >= 0:
+                        g = base + dist[w, d]
+                        if not host:
                             out_a.append(v)
                             out_b.append(f)
+                            out_g.append(g)
                         elif first[v, d] < 0 or f < first[v, d]:
                             first[v, d] = f
-    return np.array(out_a, dtype=np.int64), np.array(out_b, dtype=np.int64)
+                            dist[v, d] = g
+                        elif f == first[v, d] and g > dist[v, d]:
+                            dist[v, d] = g
+    return np.array(out_a, dtype=np.int64), np.array(out_b, dtype=np.int64), np.array(out_g)
