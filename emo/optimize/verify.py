@@ -14,11 +14,14 @@ Each round raises at least one window, so the loop ends (at worst at the max-clo
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 
 from emo.model.predict import _iteration_marks, clock_timelines, predict
 from emo.optimize.solution import Solution
+from emo.policy import FrequencyPolicy, Step
 
 TOL_NS = 1_000.0  # the what-if's rounding (emo.graph.whatif.ROUNDING_TOLERANCE_NS)
 
@@ -57,6 +60,22 @@ def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, interval_ns: 
     return win
 
 
+def pessimistic(policy: FrequencyPolicy, spread_ms: float) -> FrequencyPolicy:
+    """The policy as the device may apply it at worst, timed at the mean latency: every up-step
+    lands spread/2 later (its request took the longest) and every down-step spread/2 earlier (the
+    shortest) than the mean would have it."""
+    steps = {}
+    for d, ss in policy.steps.items():
+        ss = sorted(ss, key=lambda s: s.t_ms)
+        out = []
+        for i, s in enumerate(ss):
+            prev = ss[i - 1].sm_mhz  # the first step follows the previous iteration's last one
+            shift = 0.0 if len(ss) == 1 else (0.5 * spread_ms if s.sm_mhz > prev else -0.5 * spread_ms)
+            out.append(Step(max(0.0, s.t_ms + shift) if i else s.t_ms, s.sm_mhz))
+        steps[d] = out
+    return dataclasses.replace(policy, steps=steps)
+
+
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
                       transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), max_rounds: int = 400):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
@@ -80,8 +99,13 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     choice = sol.choice.copy()
     solve_s = sol.solve_s
     info = {"predictor_rounds": 0, "predictor_drift_raises": 0, "predictor_step_raises": 0}
+    lo, hi = min(transitions_ms), max(transitions_ms)
+    mean = 0.5 * (lo + hi)
+
     def worst(policy):
-        return max((predict(tables, policy, transition_ms=x) for x in transitions_ms), key=lambda r: r.makespan_ns)
+        runs = [predict(tables, policy, transition_ms=x) for x in transitions_ms]
+        runs.append(predict(tables, pessimistic(policy, hi - lo), transition_ms=mean))
+        return max(runs, key=lambda r: r.makespan_ns)
 
     policy = build(sol)
     pred = worst(policy)
