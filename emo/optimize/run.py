@@ -89,6 +89,10 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
             uni.solve_s = sol.solve_s
             sol, policy, checked = uni, uni_policy, {**uni_checked, "start_view": "uniform"}
         extra.update(checked)
+    elif name == "perseus":  # its per-unit clocks projected onto windows: the same final check
+        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,
+                                                 period_ns=timing.period_ns)
+        extra.update(checked)
     else:
         policy = build(sol)
     summary = {**sol.summary(), **extra, "packs": int(np.sum(tables.is_pack)), "nodes": int(p.n),
