@@ -176,17 +176,22 @@ def _recorded_lags(indptr, src, fs, ekind, dur, rec, tol):
     return lag, offset, delay
 
 
+def toposort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Node ids in a topological order of the edges src -> dst (Kahn); fewer than n back: a cycle."""
+    by_src = np.argsort(src, kind="stable")
+    indptr_out = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr_out[1:])
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    return _topo_order(n, indptr_out, dst[by_src], indeg)
+
+
 def compile_graph(graph: Graph) -> Compiled:
     """CSR arrays in topological order; raises ValueError on a dependency cycle."""
     nodes, edges = graph.nodes, graph.edges
     n = len(nodes)
     s = edges["src"].to_numpy(np.int64)
     d = edges["dst"].to_numpy(np.int64)
-    by_src = np.argsort(s, kind="stable")
-    indptr_out = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(s, minlength=n), out=indptr_out[1:])
-    indeg = np.bincount(d, minlength=n).astype(np.int64)
-    order = _topo_order(n, indptr_out, d[by_src], indeg)
+    order = toposort(n, s, d)
     if len(order) < n:
         stuck = np.setdiff1d(np.arange(n), order)
         row = nodes.iloc[int(stuck[0])]

@@ -12,40 +12,6 @@ from numba import njit
 
 
 @njit(cache=True)
-def toposort(n, src, dst):
-    """Kahn's algorithm; fewer than n nodes back means a cycle."""
-    indeg = np.zeros(n, np.int64)
-    ptr = np.zeros(n + 1, np.int64)
-    for e in range(len(src)):
-        indeg[dst[e]] += 1
-        ptr[src[e] + 1] += 1
-    for i in range(n):
-        ptr[i + 1] += ptr[i]
-    succ = np.empty(len(src), np.int64)
-    fill = ptr[:-1].copy()
-    for e in range(len(src)):
-        succ[fill[src[e]]] = dst[e]
-        fill[src[e]] += 1
-    out = np.empty(n, np.int64)
-    head = 0
-    tail = 0
-    for i in range(n):
-        if indeg[i] == 0:
-            out[tail] = i
-            tail += 1
-    while head < tail:
-        u = out[head]
-        head += 1
-        for e in range(ptr[u], ptr[u + 1]):
-            v = succ[e]
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                out[tail] = v
-                tail += 1
-    return out[:tail]
-
-
-@njit(cache=True)
 def forward(ptr, idx, fs, delay, dur):
     """Earliest start/finish of every node and the makespan; delay[v] is the fixed time between
     v's last constraint and its start (launch latency, queueing: emo.graph.whatif's model)."""

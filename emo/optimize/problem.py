@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emo.graph.whatif import toposort
 from emo.optimize import passes
 
 
@@ -117,7 +118,7 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
 
 
 def _toposort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    order = passes.toposort(n, src, dst)
+    order = toposort(n, src, dst)
     if len(order) < n:
         raise ValueError(f"graph: dependency cycle among {n - len(order)} nodes")
     return order
