@@ -10,7 +10,9 @@ COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="emo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="emo", description="EMO: energy-minimising GPU clock schedules that keep iteration time. "
+                                "Start with `emo run` (the whole pipeline on the default configuration).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
