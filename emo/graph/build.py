@@ -171,22 +171,20 @@ class _Builder:
                   ).sort_values("t", kind="stable").reset_index(drop=True)
 
     def _last_op_before(self, q: pd.DataFrame) -> pd.DataFrame:
-        q = q.astype({"rank": np.int64, "device": np.int64, "stream": np.int64, "t": np.int64})
         """For queries (rank, device, stream, t): the last op on that stream launched before t."""
-        if q.empty:
-            return q.assign(op_row=pd.Series(dtype=np.int64))
-        q = q.sort_values("t", kind="stable")
-        r = pd.merge_asof(q, self.ops[["rank", "device", "stream", "t", "row"]].rename(columns={"row": "op_row"}),
-                          on="t", by=["rank", "device", "stream"], allow_exact_matches=False)
-        return r.dropna(subset=["op_row"]).astype({"op_row": np.int64})
+        return self._nearest_op(q, "backward")
 
     def _first_op_after(self, q: pd.DataFrame) -> pd.DataFrame:
+        """For queries (rank, device, stream, t): the first op on that stream launched after t."""
+        return self._nearest_op(q, "forward")
+
+    def _nearest_op(self, q: pd.DataFrame, direction: str) -> pd.DataFrame:
         q = q.astype({"rank": np.int64, "device": np.int64, "stream": np.int64, "t": np.int64})
         if q.empty:
             return q.assign(op_row=pd.Series(dtype=np.int64))
         q = q.sort_values("t", kind="stable")
         r = pd.merge_asof(q, self.ops[["rank", "device", "stream", "t", "row"]].rename(columns={"row": "op_row"}),
-                          on="t", by=["rank", "device", "stream"], direction="forward", allow_exact_matches=False)
+                          on="t", by=["rank", "device", "stream"], direction=direction, allow_exact_matches=False)
         return r.dropna(subset=["op_row"]).astype({"op_row": np.int64})
 
     def syncs(self) -> pd.DataFrame:

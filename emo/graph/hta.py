@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from emo.graph.whatif import toposort
 from emo.trace.schema import LAUNCH_CALLS
 
 BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
@@ -290,10 +291,8 @@ def _gpu_edges(df, clip, start_node, end_node, node_ts, edge) -> None:
 
 
 @numba.njit(cache=True)
-def _longest_path_kernel(n, s, d, w):
-    indeg = np.zeros(n, np.int64)
-    for k in range(s.shape[0]):
-        indeg[d[k]] += 1
+def _longest_path_kernel(n, order, s, d, w):
+    """Longest path in topological order; ties keep the first predecessor found (as HTA does)."""
     order_e = np.argsort(s, kind="mergesort")
     indptr = np.zeros(n + 1, np.int64)
     for k in range(s.shape[0]):
@@ -302,35 +301,23 @@ def _longest_path_kernel(n, s, d, w):
         indptr[i + 1] += indptr[i]
     dist = np.zeros(n, np.int64)
     pred = np.full(n, -1, np.int64)
-    queue = np.empty(n, np.int64)
-    head = 0
-    tail = 0
-    for v in range(n):
-        if indeg[v] == 0:
-            queue[tail] = v
-            tail += 1
-    while head < tail:
-        u = queue[head]
-        head += 1
+    for u in order:
         for j in range(indptr[u], indptr[u + 1]):
             k = order_e[j]
             v = d[k]
             if dist[u] + w[k] > dist[v] or (pred[v] == -1 and dist[u] + w[k] >= dist[v]):
                 dist[v] = dist[u] + w[k]
                 pred[v] = u
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                queue[tail] = v
-                tail += 1
-    return dist, pred, tail
+    return dist, pred
 
 
 def _longest_path(n, s, d, w) -> tuple[int, list[int]]:
     if n == 0:
         return 0, []
-    dist, pred, seen = _longest_path_kernel(n, s, d, w)
-    if seen < n:
+    order = toposort(n, s, d)
+    if len(order) < n:
         raise ValueError("dependency cycle in the HTA-compatible graph")
+    dist, pred = _longest_path_kernel(n, order, s, d, w)
     v = int(np.argmax(dist))
     path = [v]
     while pred[v] >= 0:
