@@ -135,6 +135,7 @@ class GeepafsOptions:
 class OptimizerConfig:
     name: str = "emo"  # emo | static | perseus (offline: optimize writes a policy) | zeus | geepafs (online)
     change_interval_ms: float = 20.0
+    change_points: str = "passes"  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms
     budget_step_ms: float = 1.0
     min_clock_fraction: float = 0.5
     min_interval_ms: float = 10.0  # ε: the least time between two clock changes of a GPU

@@ -81,3 +81,32 @@ def test_bad_input_one_line_errors():
     p, _ = random_problem(0, gpus=1, kernels=4)
     with pytest.raises(ValueError, match="budget"):
         optimize(p, -0.1)
+
+
+@pytest.mark.skipif(not GPT3.exists(), reason="needs ../shared/data/dvfs (Perseus stage profiles)")
+def test_pass_aligned_change_points_sit_on_pass_starts():
+    """Each stage's change points are starts of its passes, at least the interval apart; the grid
+    and the passes cover the same iteration; an unknown kind is a one-line error."""
+    from emo.optimize.perseus import units
+    from emo.optimize.tables import baseline_timing, iteration_items
+
+    t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
+    p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
+    timing = baseline_timing(p, None)
+    items = iteration_items(p, timing, 20.0, align="passes")
+    unit = units(p, "pass")
+    start = np.empty(p.n)
+    start[p.perm] = p.base_start
+    for g, ds in enumerate(items.groups):
+        v = np.flatnonzero(unit >= 0)
+        v = v[(np.isin(p.device[np.argsort(p.perm)][v], ds))]
+        firsts = {start[v[unit[v] == u]].min() for u in np.unique(unit[v])}
+        edges = items.edges_ns[g]
+        inner = edges[1:-1][edges[1:-1] < timing.period_ns]
+        assert all(x in firsts for x in inner)
+        assert np.all(np.diff(np.r_[0.0, inner]) >= 20e6)
+        assert edges[-1] == timing.period_ns
+    grid = iteration_items(p, timing, 20.0, align="grid")
+    assert np.allclose(items.len_ns.sum(), grid.len_ns.sum())
+    with pytest.raises(ValueError, match="change_points"):
+        iteration_items(p, timing, 20.0, align="fixed")

@@ -9,11 +9,12 @@ import pandas as pd
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
-from emo.optimize.run import policy_device_ids
+from emo.optimize.dp import optimize
+from emo.optimize.run import fit_budget, policy_device_ids
 from emo.optimize.policy import build_policy
 from emo.optimize.solution import Solution
-from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables
-from emo.optimize.verify import fit_to_prediction
+from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts, problem_from_tables
+from emo.optimize.verify import fit_to_prediction, worst_case
 
 MS = 1_000_000
 CLOCKS = [705, 1005, 1410]
@@ -72,3 +73,41 @@ def test_solve_at_budget_zero_keeps_the_predicted_time():
     assert predict(t, policy).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
     assert predict(t, policy).energy_j < base.energy_j
     assert "predictor_slowdown" in summary
+
+
+def test_windows_follow_the_plan_on_the_wall_clock():
+    """A at 1005 MHz ends 6.3 ms late, so everything after it (and the second window's step) moves
+    by that much on the planned timeline; at max clocks the windows stay on the 20 ms grid."""
+    t = _tables()
+    p = problem_from_tables(t, 0.5)
+    timing = baseline_timing(p, t)
+    items = iteration_items(p, timing, 20.0)
+    fast = planned_window_starts(Solution(p, items, np.full(items.k, p.ref), "emo", 0.0), t, timing, items.edges_ns)
+    np.testing.assert_allclose(fast, [[0.0, 20 * MS, 40 * MS]])
+    slow = Solution(p, items, np.array([1, 2, 2]), "emo", 0.2)
+    shift = slow.start_ns[p.perm.tolist().index(1)] - 15 * MS  # X's start, planned - baseline
+    assert shift > 6 * MS
+    np.testing.assert_allclose(planned_window_starts(slow, t, timing, items.edges_ns)[0, 1:], [20 * MS + shift, 40 * MS + shift])
+
+
+def test_fit_budget_asks_the_dp_again_instead_of_raising_windows():
+    """The DP's pick at the full budget ends late on the wall clock; fit_budget finds a smaller DP
+    budget whose policy keeps the deadline in the worst case and saves at least as much as the
+    window-by-window repair of the full-budget pick."""
+    t = _tables()
+    p = problem_from_tables(t, 0.5)
+    timing = baseline_timing(p, t)
+    items = iteration_items(p, timing, 20.0)
+    build = _build(t, p, timing)
+    base = predict(t, None)
+
+    def solve_at(b, limit):
+        return optimize(p, b, items=items, time_limit_s=limit)
+
+    sol, policy, info = fit_budget(t, solve_at, build, 0.0, time_limit_s=5.0, interval_ms=20.0,
+                                   period_ns=timing.period_ns, window_starts=None)
+    assert worst_case(t, policy).makespan_ns <= base.makespan_ns + 1_000
+    assert info["budget_tries"] and info["predictor_slowdown"] <= 1e-9
+    _, repaired, _ = fit_to_prediction(t, solve_at(0.0, 5.0), build, budget=0.0, interval_ms=20.0,
+                                       period_ns=timing.period_ns)
+    assert predict(t, policy).energy_j <= predict(t, repaired).energy_j + 1e-9

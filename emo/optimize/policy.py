@@ -18,8 +18,11 @@ from emo.policy import FrequencyPolicy, Step
 
 def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[int] | None = None,
                  transition_ms: tuple[float, float] = (5.0, 15.0), min_interval_ms: float = 10.0,
-                 period_ms: float | None = None, meta: dict | None = None) -> FrequencyPolicy:
-    """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g)."""
+                 period_ms: float | None = None, window_start_ms: np.ndarray | None = None,
+                 meta: dict | None = None) -> FrequencyPolicy:
+    """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
+    [group, window]: where each window starts in the iteration (default: window × window_ms, the
+    baseline timeline; emo.optimize.tables.planned_window_starts gives the planned one)."""
     lo, hi = float(transition_ms[0]), float(transition_ms[1])
     if lo < 0 or hi < lo:
         raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
@@ -27,19 +30,25 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
     items = sol.items
     period = float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6)
     mhz = sol.item_mhz
+    nwin = int(items.window.max()) + 1
+    if window_start_ms is None:
+        window_start_ms = np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1))
+    else:  # the end of the last window: the period
+        window_start_ms = np.hstack([window_start_ms, np.full((len(window_start_ms), 1), np.inf)])
     steps: dict[int, list[Step]] = {}
     for g, devs in enumerate(items.groups):
         ks = np.flatnonzero(items.group == g)
         ks = ks[np.argsort(items.window[ks], kind="stable")]
         raw: list[Step] = []
         for k in ks:
-            t = float(items.window[k]) * window_ms
+            w = int(items.window[k])
+            t = float(window_start_ms[g, w])
             c = int(mhz[k])
             if raw and raw[-1].sm_mhz == c:
                 continue
             if raw and c < raw[-1].sm_mhz:
                 t += spread  # down-steps land inside their own window, never before it
-                if t >= min(period, (items.window[k] + 1) * window_ms):
+                if t >= min(period, window_start_ms[g, w + 1]):
                     continue  # the window ends before a slower clock could land: stay fast
             if raw and t - raw[-1].t_ms < min_interval_ms:
                 raw[-1] = Step(raw[-1].t_ms, max(raw[-1].sm_mhz, c))

@@ -149,6 +149,7 @@ class Items:
     ext_power_w: float  # idle power of all GPUs at the default clock: the DP's price of a longer iteration
     interval_ns: float
     idle_energy: np.ndarray = None  # float64[K, C]: the idle part of `energy`
+    edges_ns: np.ndarray = None  # float64[G, W + 1]: change points of each group (iteration_items)
 
     def total(self, choice: np.ndarray, makespan_ns: float, makespan0_ns: float) -> float:
         """Energy of a choice whose iteration takes makespan_ns: every window stretches with the
@@ -225,14 +226,16 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
             raise ValueError(f"windows: {len(w)} entries for {p.n} nodes")
         w = w[p.perm]
         g_of = gdev[np.where(gpu, p.device, 0)]
-        nwin = len(window_len_ns) if window_len_ns is not None else (int(w.max()) + 1 if len(w) else 1)
+        nwin = np.shape(window_len_ns)[-1] if window_len_ns is not None else (int(w.max()) + 1 if len(w) else 1)
         if len(w) and w.max() >= nwin:
             raise ValueError(f"windows: index {w.max()} beyond the {nwin} window lengths given")
         key = np.where(gpu & (w >= 0), g_of * nwin + w, -1)
-        if window_len_ns is not None:
+        if window_len_ns is not None:  # [W], or [G, W] when each group has its own windows
             all_keys = np.arange(len(groups) * nwin)
-            t0 = (all_keys % nwin) * step
-            length = np.asarray(window_len_ns, dtype=np.float64)[all_keys % nwin]
+            wl = np.asarray(window_len_ns, dtype=np.float64)
+            wl = np.broadcast_to(wl, (len(groups), nwin)) if wl.ndim == 1 else wl
+            length = wl[all_keys // nwin, all_keys % nwin]
+            t0 = np.concatenate([np.r_[0.0, np.cumsum(r[:-1])] for r in wl])
         else:
             all_keys = np.unique(key[key >= 0])
             kk = np.searchsorted(all_keys, key[key >= 0])

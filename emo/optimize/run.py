@@ -2,6 +2,8 @@
 -> (FrequencyPolicy, summary)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from emo.model.predict import predict
@@ -11,8 +13,9 @@ from emo.optimize.policy import build_policy
 from emo.optimize.problem import Items, Problem
 from emo.optimize.solution import Solution
 from emo.optimize.static import optimize_static
-from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables, time_tolerance_ns
-from emo.optimize.verify import fit_to_prediction
+from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_starts, problem_from_tables,
+                                 time_tolerance_ns)
+from emo.optimize.verify import fit_to_prediction, worst_case
 from emo.policy import FrequencyPolicy
 
 METHODS = ("emo", "static", "perseus")
@@ -40,6 +43,55 @@ def project(sol: Solution, items: Items) -> np.ndarray:
     return np.minimum(np.searchsorted(p.clocks_mhz, mean - 1e-6), p.n_clocks - 1)
 
 
+def fit_budget(tables, solve_at, build, budget: float, *, time_limit_s: float | None, interval_ms: float,
+               period_ns: float, window_starts, tries: int = 6):
+    """(solution, policy, info): the DP's pick at the largest budget whose policy keeps `budget` in
+    the predictor's worst case (emo.optimize.verify.worst_case), least predicted energy among those.
+
+    The DP charges neither clock transitions nor windows drifting on the wall clock, so its pick at
+    the full budget may end a little late. Raising windows one by one until it fits (the repair)
+    throws away far more energy than asking the DP again for a pick with that overshoot taken off
+    its budget: a secant step while every try is late, then bisection between the last late and
+    the best on-time budget. `solve_at(budget, time_limit_s) -> Solution`. When no try fits, the
+    repair finishes the last one."""
+    t0 = time.perf_counter()
+    lo, hi, b = 0.0, budget, budget
+    best = None  # (predicted energy, solution, policy)
+    info: dict = {"budget_tries": []}
+    sol = None
+    for _ in range(tries):
+        left = None if time_limit_s is None else max(0.1 * time_limit_s, time_limit_s - (time.perf_counter() - t0))
+        sol = solve_at(b, left)
+        policy = build(sol)
+        slowdown = worst_case(tables, policy).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        info["budget_tries"].append([round(b, 6), round(slowdown, 6)])
+        if slowdown <= budget + 1e-9:
+            e = predict(tables, policy).energy_j
+            if best is None or e < best[0]:
+                best = (e, sol, policy)
+            lo = b
+            if b >= budget or hi - lo <= 0.05 * budget:
+                break
+            b = 0.5 * (lo + hi)
+        else:
+            hi = b
+            if b <= 0.0:
+                break
+            b = max(lo, b - 1.2 * (slowdown - budget)) if best is None else 0.5 * (lo + hi)
+        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+            break
+    if best is None:  # nothing fits: raise windows of the last (smallest) try until it does
+        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=budget, interval_ms=interval_ms,
+                                                 period_ns=period_ns, window_starts=window_starts)
+        info.update(checked)
+    else:
+        sol, policy = best[1], best[2]
+        info["dp_budget"] = round(lo, 6)
+        info["predictor_slowdown"] = worst_case(tables, policy).makespan_ns / predict(tables, None).makespan_ns - 1.0
+    sol.solve_s = time.perf_counter() - t0
+    return sol, policy, {**sol.info, **info}
+
+
 def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolicy, dict]:
     name = opt.get("name", "emo")
     if name not in METHODS:
@@ -52,15 +104,14 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
     p = problem_from_tables(tables, float(opt.get("min_clock_fraction", 0.5)))
     timing = baseline_timing(p, tables)
-    items = iteration_items(p, timing, interval)
+    items = iteration_items(p, timing, interval, align=str(opt.get("change_points", "grid")))
     # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
     extra: dict = {"budget": budget, "planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
     if name == "emo":
-        sol = optimize(p, plan_budget, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
-                       time_limit_s=opt.get("time_limit_s", 30.0))
+        sol = None  # solved against the predictor below, once `build` exists
     elif name == "static":
         sol = optimize_static(p, plan_budget, items=items)
         extra["static_curve"] = sol.info.pop("static_curve")
@@ -74,24 +125,33 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     def build(s: Solution) -> FrequencyPolicy:
         return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
                             transition_ms=(float(tr[0]), float(tr[1])), min_interval_ms=min_interval,
-                            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
+                            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
+                            window_start_ms=starts(s) * 1e-6)
+
+    def starts(s: Solution) -> np.ndarray:
+        return planned_window_starts(s, tables, timing, items.edges_ns)
 
     if name == "emo":  # the final check: the stage's predictor (wall-clock windows, clock transitions)
-        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,
-                                                 period_ns=timing.period_ns)
+        time_limit = opt.get("time_limit_s", 30.0)
+        sol, policy, checked = fit_budget(
+            tables, lambda b, limit: optimize(p, b, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
+                                              time_limit_s=limit),
+            build, plan_budget, time_limit_s=time_limit, interval_ms=interval, period_ns=timing.period_ns,
+            window_starts=starts)
         # every static schedule is an EMO schedule too: keep the best one when clock transitions (which
-        # the DP does not charge) cost the windowed pick more than it saved (offload at budget 0)
+        # the DP does not charge) cost the windowed pick more than it saved
         uni = optimize_static(p, plan_budget, items=items)
         uni.info.pop("static_curve")
         uni, uni_policy, uni_checked = fit_to_prediction(tables, Solution(p, items, uni.choice, "emo", plan_budget, info=sol.info),
-                                                         build, budget=plan_budget, interval_ms=interval, period_ns=timing.period_ns)
+                                                         build, budget=plan_budget, interval_ms=interval,
+                                                         period_ns=timing.period_ns, window_starts=starts)
         if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
             uni.solve_s = sol.solve_s
-            sol, policy, checked = uni, uni_policy, {**uni_checked, "start_view": "uniform"}
+            sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
         extra.update(checked)
     elif name == "perseus":  # its per-unit clocks projected onto windows: the same final check
         sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,
-                                                 period_ns=timing.period_ns)
+                                                 period_ns=timing.period_ns, window_starts=starts)
         extra.update(checked)
     else:
         policy = build(sol)

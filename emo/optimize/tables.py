@@ -9,7 +9,7 @@ import numpy as np
 from scipy.stats import median_abs_deviation
 
 from emo.graph.whatif import ROUNDING_TOLERANCE_NS
-from emo.optimize.problem import Items, Problem, build_problem, make_items
+from emo.optimize.problem import Items, Problem, build_problem, make_items, symmetric_groups
 
 # The time tolerance never exceeds this fraction of the makespan: a trace whose iterations vary by
 # more (data-loader stalls) says little about any one slowdown, and the budget is what the user asked.
@@ -37,14 +37,23 @@ def problem_from_tables(t, min_clock_fraction: float = 0.5) -> Problem:
 
 def baseline_timing(p: Problem, t) -> Timing:
     """Each GPU's iteration marks from the pack stage's anchors (host node + offset), at max clocks."""
-    start = np.empty(p.n)
-    start[p.perm] = p.base_start
-    D = p.devices
+    marks = iteration_marks(p, t, p.base_start)
+    if marks is None:
+        return Timing(np.zeros((p.devices, 1)), p.makespan0_ns)
+    iters = marks.shape[1]
+    period = float(np.mean(np.diff(marks, axis=1))) if iters > 1 else max(p.makespan0_ns - marks.min(), 1.0)
+    return Timing(marks, period)
+
+
+def iteration_marks(p: Problem, t, start_ns: np.ndarray) -> np.ndarray | None:
+    """float64[D, I]: each GPU's iteration marks (anchor host node's start + offset) on the timeline
+    `start_ns` (internal order); None without anchors."""
     a = getattr(t, "anchors", None)
     if a is None or not len(a):
-        return Timing(np.zeros((D, 1)), p.makespan0_ns)
-    iters = int(a.groupby("rank").size().max())
-    marks = np.zeros((D, iters))
+        return None
+    start = np.empty(p.n)
+    start[p.perm] = start_ns
+    marks = np.zeros((p.devices, int(a.groupby("rank").size().max())))
     for g, (rank, _) in enumerate(t.device_keys):
         r = a[a["rank"] == rank]
         if r.empty:
@@ -53,8 +62,77 @@ def baseline_timing(p: Problem, t) -> Timing:
         m = start[r["node"].to_numpy(np.int64)] + r["offset_ns"].to_numpy(np.float64)
         marks[g, :len(m)] = m
         marks[g, len(m):] = m[-1]
-    period = float(np.mean(np.diff(marks, axis=1))) if iters > 1 else max(p.makespan0_ns - marks.min(), 1.0)
-    return Timing(marks, period)
+    return marks
+
+
+def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[list[int]], *,
+                 align: str = "grid") -> np.ndarray:
+    """float64[G, W + 1]: the change points of each clock group, offsets from the iteration mark on
+    the baseline timeline (ns), from 0 to the period; groups with fewer windows are padded with
+    empty ones at the end.
+
+    "grid": every `interval_ms`. "passes": at the starts of the group's passes (a GPU node that waits
+    on another GPU or the host: the pipeline's forward and backward passes, the work after a
+    collective), the first one at least `interval_ms` after the previous change point. Slack opens
+    and closes where a GPU waits on something else, so windows that start there hold work of one
+    kind instead of the tail of one pass and the head of the next."""
+    if interval_ms <= 0:
+        raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
+    step, period = interval_ms * 1e6, timing.period_ns
+    if align == "grid":
+        nwin = max(1, int(np.ceil(period / step)))
+        return np.tile(np.minimum(np.arange(nwin + 1) * step, period), (len(groups), 1))
+    if align != "passes":
+        raise ValueError(f"optimizer.change_points must be 'grid' or 'passes' (got {align!r})")
+    from emo.optimize.perseus import units  # pass detection (lowtime itself is imported lazily there)
+
+    unit = units(p, "pass")
+    start = np.empty(p.n)
+    start[p.perm] = p.base_start
+    dev = np.empty(p.n, dtype=np.int64)
+    dev[p.perm] = p.device
+    rows = []
+    for ds in groups:
+        v = np.flatnonzero(dev == ds[0])
+        v = v[np.argsort(start[v], kind="stable")]
+        first = v[np.r_[True, unit[v][1:] != unit[v][:-1]]]  # each pass's first node
+        m = timing.marks_ns[ds[0]]
+        i = np.searchsorted(m, start[first], side="right") - 1
+        off = np.sort(start[first][i >= 0] - m[i[i >= 0]])
+        e = [0.0]
+        for c in off[(off > 0) & (off < period)]:
+            if c - e[-1] >= step:
+                e.append(float(c))
+        rows.append(e + [period])
+    width = max(len(r) for r in rows)
+    return np.array([r + [period] * (width - len(r)) for r in rows])
+
+
+def planned_window_starts(sol, t, timing: Timing, edges_ns: np.ndarray) -> np.ndarray:
+    """float64[G, W]: where each window of each clock group starts on the *planned* timeline, as an
+    offset from the planned iteration mark (ns). The DP assigns nodes to windows by their baseline
+    start (`edges_ns`, window_edges), but under its own clocks work runs later (up to the budget by
+    the iteration's end), so a step placed at the baseline edge would land early and slow the
+    previous window's tail. Each edge is carried through the plan's time warp: the shift of the
+    nearest node (start planned - start at max clocks) of the group's first GPU, averaged over the
+    traced iterations."""
+    p, items = sol.problem, sol.items
+    planned = iteration_marks(p, t, sol.start_ns)
+    if planned is None:  # no anchors: one iteration from time 0, as baseline_timing has it
+        planned = np.zeros_like(timing.marks_ns)
+    out = np.array(edges_ns[:, :-1], dtype=np.float64)
+    for g, devs in enumerate(items.groups):
+        d = devs[0]
+        v = np.flatnonzero(p.device == d)  # internal order: sorted by baseline start
+        if not len(v):
+            continue
+        xb = p.base_start[v]
+        shift = sol.start_ns[v] - xb
+        tb = timing.marks_ns[d][:, None] + edges_ns[g, :-1][None, :]  # [I, W] on the baseline timeline
+        ts = tb + np.interp(tb, xb, shift)
+        out[g] = np.mean(ts - planned[d][:, None], axis=0)
+    out[:, 0] = 0.0
+    return np.maximum.accumulate(out, axis=1)
 
 
 def iteration_noise_ns(timing: Timing) -> float:
@@ -79,28 +157,33 @@ def time_tolerance_ns(timing: Timing, makespan_ns: float) -> float:
     return min(iters * per_iteration, MAX_TIME_TOLERANCE * makespan_ns)
 
 
-def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True) -> Items:
-    """Items = (group, window of the iteration): node v of GPU g in iteration i (the last mark at or
-    before its baseline start) falls in window (start - mark_i) // interval. Work before the first
-    mark is counted as the end of an iteration (it runs under the previous iteration's last steps)."""
-    if interval_ms <= 0:
-        raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
-    step = interval_ms * 1e6
+def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True,
+                    align: str = "grid") -> Items:
+    """Items = (group, window of the iteration), windows by window_edges(align): node v of GPU g in
+    iteration i (the last mark at or before its baseline start) falls in the window its offset
+    (start - mark_i) is in. Work before the first mark is counted as the end of an iteration (it runs
+    under the previous iteration's last steps)."""
+    groups = symmetric_groups(p) if replicate else [[d] for d in range(p.devices)]
+    edges = window_edges(p, timing, interval_ms, groups, align=align)
+    nwin = edges.shape[1] - 1
+    gdev = np.zeros(p.devices, dtype=np.int64)
+    for g, ds in enumerate(groups):
+        gdev[ds] = g
     start = np.empty(p.n)
     start[p.perm] = p.base_start
     dev = np.empty(p.n, dtype=np.int64)
     dev[p.perm] = p.device
     win = np.full(p.n, -1, dtype=np.int64)
-    nwin = max(1, int(np.ceil(timing.period_ns / step)))
     for g in range(p.devices):
         v = np.flatnonzero(dev == g)
         m = timing.marks_ns[g]
         i = np.searchsorted(m, start[v], side="right") - 1
         off = np.where(i >= 0, start[v] - m[np.maximum(i, 0)], start[v] - m[0] + timing.period_ns)
-        win[v] = np.clip((off // step).astype(np.int64), 0, nwin - 1)
-    # idle time each window index covers: its share of the period, in every iteration
+        win[v] = np.clip(np.searchsorted(edges[gdev[g]], off, side="right") - 1, 0, nwin - 1)
+    # idle time each window covers: its share of the period, in every iteration
     iters = timing.marks_ns.shape[1]
-    edges = np.minimum(np.arange(nwin + 1) * step, timing.period_ns)
-    lens = np.diff(edges) * iters
-    lens[-1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
-    return make_items(p, interval_ms, replicate=replicate, windows=win, window_len_ns=lens)
+    lens = np.diff(edges, axis=1) * iters
+    lens[:, -1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
+    items = make_items(p, interval_ms, windows=win, groups=groups, window_len_ns=lens)
+    items.edges_ns = edges
+    return items

@@ -45,18 +45,21 @@ def _critical_path(indptr, src, from_start, lag, start, finish):
     return np.array(out, dtype=np.int64)
 
 
-def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, interval_ns: float, nwin: int,
+def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np.ndarray, group: np.ndarray,
                   period_ns: float) -> np.ndarray:
-    """Window index (offset from the GPU's last iteration mark // interval) of each GPU node at
-    `times_ns` (node id order); as emo.optimize.tables.iteration_items assigns them."""
+    """Window index of each GPU node at `times_ns` (node id order): the last window of its clock
+    group (`group`, per node) whose start (`starts_ns` [group, window], offsets from the GPU's last
+    iteration mark) it has reached."""
     dev = tables.device
     win = np.full(len(dev), -1, dtype=np.int64)
     for g in range(marks.shape[0]):
         v = np.flatnonzero(dev == g)
+        if not len(v):
+            continue
         m = marks[g]
         i = np.searchsorted(m, times_ns[v], side="right") - 1
         off = np.where(i >= 0, times_ns[v] - m[np.maximum(i, 0)], times_ns[v] - m[0] + period_ns)
-        win[v] = np.clip((off // interval_ns).astype(np.int64), 0, nwin - 1)
+        win[v] = np.maximum(np.searchsorted(starts_ns[group[v[0]]], off, side="right") - 1, 0)
     return win
 
 
@@ -76,12 +79,22 @@ def pessimistic(policy: FrequencyPolicy, spread_ms: float) -> FrequencyPolicy:
     return dataclasses.replace(policy, steps=steps)
 
 
+def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0)):
+    """The slowest prediction of `policy` over the clock-request latencies (a request lands anywhere
+    in [min, max]: the stage reports the mean, the device may take either end)."""
+    lo, hi = min(transitions_ms), max(transitions_ms)
+    runs = [predict(tables, policy, transition_ms=x) for x in transitions_ms]
+    runs.append(predict(tables, pessimistic(policy, hi - lo), transition_ms=0.5 * (lo + hi)))
+    return max(runs, key=lambda r: r.makespan_ns)
+
+
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
-                      transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), max_rounds: int = 400):
+                      transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), max_rounds: int = 400,
+                      window_starts=None):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
     (1 + budget) × the predicted max-clock time for every clock-request latency in `transitions_ms`
-    (a request lands anywhere in [min, max]: the stage reports the mean, the device may take either
-    end). `build(sol) -> FrequencyPolicy` makes the policy."""
+    (worst_case). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
+    [group, window] offsets (ns) where it puts each window (default: every `interval_ms`)."""
     p, items = sol.problem, sol.items
     c = tables.compiled
     base = predict(tables, None)
@@ -99,13 +112,13 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     choice = sol.choice.copy()
     solve_s = sol.solve_s
     info = {"predictor_rounds": 0, "predictor_drift_raises": 0, "predictor_step_raises": 0}
-    lo, hi = min(transitions_ms), max(transitions_ms)
-    mean = 0.5 * (lo + hi)
-
     def worst(policy):
-        runs = [predict(tables, policy, transition_ms=x) for x in transitions_ms]
-        runs.append(predict(tables, pessimistic(policy, hi - lo), transition_ms=mean))
-        return max(runs, key=lambda r: r.makespan_ns)
+        return worst_case(tables, policy, transitions_ms)
+
+    def starts(s: Solution) -> np.ndarray:
+        if window_starts is not None:
+            return window_starts(s)
+        return np.tile(np.arange(nwin) * interval_ms * 1e6, (len(items.groups), 1))
 
     policy = build(sol)
     pred = worst(policy)
@@ -116,7 +129,8 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         crit = c.order[crit_pos]
         crit = crit[gpu[crit] & tables.is_pack[crit] & (item_of[crit] >= 0)]
         marks = _iteration_marks(tables, pred.start_ns)
-        wins = [_node_windows(tables, x, marks, interval_ms * 1e6, nwin, period_ns)[crit]
+        edges = starts(sol)
+        wins = [_node_windows(tables, x, marks, edges, grp, period_ns)[crit]
                 for x in (pred.start_ns, np.maximum(pred.finish_ns - 1.0, pred.start_ns))]
         want = choice[item_of[crit]]  # the clock the DP timed each critical pack at
         raised = False
