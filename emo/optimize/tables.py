@@ -71,11 +71,13 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
     the baseline timeline (ns), from 0 to the period; groups with fewer windows are padded with
     empty ones at the end.
 
-    "grid": every `interval_ms`. "passes": at the starts of the group's passes (a GPU node that waits
-    on another GPU or the host: the pipeline's forward and backward passes, the work after a
-    collective), the first one at least `interval_ms` after the previous change point. Slack opens
-    and closes where a GPU waits on something else, so windows that start there hold work of one
-    kind instead of the tail of one pass and the head of the next."""
+    "grid": every `interval_ms`. "passes": at the starts of the group's passes (emo.optimize.perseus
+    .units: a GPU node that waits on another GPU or the host, such as a pipeline's forward and
+    backward passes or the work after a collective), the first one at least `interval_ms` after the
+    previous change point; where no pass starts within 1.5 intervals, at the first GPU work after one
+    interval. Slack opens and closes where a GPU waits on something else, so windows that start there
+    hold work of one kind instead of the tail of one pass and the head of the next, and windows
+    start where work starts rather than in the middle of a pack."""
     if interval_ms <= 0:
         raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
     step, period = interval_ms * 1e6, timing.period_ns
@@ -95,14 +97,21 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
     for ds in groups:
         v = np.flatnonzero(dev == ds[0])
         v = v[np.argsort(start[v], kind="stable")]
-        first = v[np.r_[True, unit[v][1:] != unit[v][:-1]]]  # each pass's first node
         m = timing.marks_ns[ds[0]]
-        i = np.searchsorted(m, start[first], side="right") - 1
-        off = np.sort(start[first][i >= 0] - m[i[i >= 0]])
+        i = np.searchsorted(m, start[v], side="right") - 1
+        keep = i >= 0
+        off = start[v][keep] - m[i[keep]]
+        opens = np.r_[True, unit[v][1:] != unit[v][:-1]][keep]
+        order = np.argsort(off, kind="stable")
+        off, opens = off[order], opens[order]
+        nxt = np.r_[off[opens], np.inf]  # pass starts, ascending
         e = [0.0]
-        for c in off[(off > 0) & (off < period)]:
-            if c - e[-1] >= step:
-                e.append(float(c))
+        for c, o in zip(off.tolist(), opens.tolist()):
+            if c <= 0 or c >= period or c - e[-1] < step:
+                continue
+            # a work start that opens no pass only when no pass opens within half an interval more
+            if o or nxt[np.searchsorted(nxt, c, side="right")] - e[-1] > 1.5 * step:
+                e.append(c)
         rows.append(e + [period])
     width = max(len(r) for r in rows)
     return np.array([r + [period] * (width - len(r)) for r in rows])
