@@ -14,7 +14,7 @@ from emo.optimize.run import fit_budget, policy_device_ids
 from emo.optimize.policy import build_policy
 from emo.optimize.solution import Solution
 from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts, problem_from_tables
-from emo.optimize.verify import fit_to_prediction, worst_case
+from emo.optimize.verify import fit_to_prediction, polish_on_predictor, worst_case
 
 MS = 1_000_000
 CLOCKS = [705, 1005, 1410]
@@ -111,3 +111,19 @@ def test_fit_budget_asks_the_dp_again_instead_of_raising_windows():
     _, repaired, _ = fit_to_prediction(t, solve_at(0.0, 5.0), build, budget=0.0, interval_ms=20.0,
                                        period_ns=timing.period_ns)
     assert predict(t, policy).energy_j <= predict(t, repaired).energy_j + 1e-9
+
+
+def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():
+    t = _tables()
+    p = problem_from_tables(t, 0.5)
+    timing = baseline_timing(p, t)
+    items = iteration_items(p, timing, 20.0)
+    build = _build(t, p, timing)
+    base = predict(t, None)
+    start = Solution(p, items, np.full(items.k, p.ref), "emo", 0.0)  # max clocks everywhere
+    sol, policy, moves = polish_on_predictor(t, start, build, budget=0.0, time_limit_s=5.0)
+    assert moves >= 1  # the empty windows and the collective's slack can run slower
+    assert predict(t, policy).energy_j < predict(t, build(start)).energy_j
+    assert worst_case(t, policy).makespan_ns <= base.makespan_ns + 1_000
+    again, _, more = polish_on_predictor(t, sol, build, budget=0.0, time_limit_s=5.0)
+    assert more == 0 and np.array_equal(again.choice, sol.choice)  # a local optimum stays put

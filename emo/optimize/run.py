@@ -15,7 +15,7 @@ from emo.optimize.solution import Solution
 from emo.optimize.static import optimize_static
 from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_starts, problem_from_tables,
                                  time_tolerance_ns)
-from emo.optimize.verify import fit_to_prediction, worst_case
+from emo.optimize.verify import fit_to_prediction, polish_on_predictor, worst_case
 from emo.policy import FrequencyPolicy
 
 METHODS = ("emo", "static", "perseus")
@@ -148,6 +148,11 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
             uni.solve_s = sol.solve_s
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
+        t1 = time.perf_counter()
+        solve_s = sol.solve_s
+        sol, policy, checked["predictor_moves"] = polish_on_predictor(
+            tables, sol, build, budget=plan_budget, time_limit_s=float(opt.get("predictor_polish_s", 10.0)))
+        sol.solve_s = solve_s + time.perf_counter() - t1
         extra.update(checked)
     elif name == "perseus":  # its per-unit clocks projected onto windows: the same final check
         sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,

@@ -159,3 +159,49 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     info["predictor_slowdown"] = pred.makespan_ns / base.makespan_ns - 1.0
     sol.solve_s = solve_s
     return sol, policy, info
+
+
+def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_limit_s: float | None = 10.0):
+    """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
+    transitions included, which the DP does not see: lower a window one clock step, give it a
+    neighbouring window's clock (one step fewer, one transition less), or raise it one step while
+    another window goes one step lower. A move is kept when the
+    predicted energy drops and the worst case (worst_case) keeps the budget; rounds go on until
+    none is kept or `time_limit_s` is spent. Windows are tried in order of the energy they hold."""
+    import time
+
+    t0 = time.perf_counter()
+    p, items = sol.problem, sol.items
+    deadline = predict(tables, None).makespan_ns * (1.0 + budget)
+    policy = build(sol)
+    energy = predict(tables, policy).energy_j
+    nwin = int(items.window.max()) + 1
+    order = np.argsort(-items.energy[np.arange(items.k), sol.choice], kind="stable")
+    moves, improved = 0, True
+    while improved:
+        improved = False
+        for k in order:
+            c = int(sol.choice[k])
+            cands = {c - 1} if c > 0 else set()
+            for nb in (k - 1, k + 1):  # neighbours in the same group (items are group * nwin + window)
+                if 0 <= nb < items.k and nb // nwin == k // nwin and sol.choice[nb] != c:
+                    cands.add(int(sol.choice[nb]))
+            # trades: this window one step faster, another one step slower (spends the time a
+            # faster window frees where it saves more)
+            trades = [(j, int(sol.choice[j]) - 1) for j in order if j != k and sol.choice[j] > 0] if c < p.ref else []
+            for c2, other in [(x, None) for x in sorted(cands)] + [(c + 1, t) for t in trades]:
+                if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                    return sol, policy, moves
+                choice = sol.choice.copy()
+                choice[k] = c2
+                if other is not None:
+                    choice[other[0]] = other[1]
+                s2 = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
+                pol2 = build(s2)
+                e2 = predict(tables, pol2).energy_j
+                if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2).makespan_ns <= deadline:
+                    sol, policy, energy = s2, pol2, e2
+                    moves += 1
+                    improved = True
+                    break
+    return sol, policy, moves
