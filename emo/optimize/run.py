@@ -104,7 +104,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
     p = problem_from_tables(tables, float(opt.get("min_clock_fraction", 0.5)))
     timing = baseline_timing(p, tables)
-    items = iteration_items(p, timing, interval, align=str(opt.get("change_points", "grid")))
+    items = iteration_items(p, timing, interval, align=str(opt.get("change_points", "passes")))
     # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
