@@ -10,6 +10,8 @@ import numba
 import numpy as np
 from numba import njit
 
+SERIAL_WORK = 200_000  # node × clock visits below which a local what-if pass runs on one thread
+
 
 @njit(cache=True)
 def forward(ptr, idx, fs, delay, dur):
@@ -123,6 +125,13 @@ def local_delays(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, 
     (new finish - finish) - slack; the tail past the span holds no node of the item, so this is exact.
     """
     out = np.zeros((len(lo), dur_table.shape[1]))
+    t = todo[lo[todo] >= 0]
+    if (np.sum(hi[t] - lo[t] + 1) * dur_table.shape[1]) < SERIAL_WORK:
+        # small: threads cost more than they save, and on a busy machine every parallel region
+        # waits for a thread to be scheduled (a per-pack pipeline's ~200 passes took a second)
+        _local_chunk(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
+                     float(limit), out, 0, len(todo))
+        return out
     chunks = max(1, min(len(todo), 4 * numba.get_num_threads()))
     _local_all(ptr, idx, fs, delay, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
                float(limit), out, chunks)
