@@ -53,9 +53,11 @@ def solve_exact(p: Problem, budget: float, *, change_interval_ms: float = 20.0, 
             else:  # s_v - s_u - dur_u >= delay_v
                 cs, vs, const = dur_terms(u)
                 add([iS + v, iS + u] + cs, [1.0, -1.0] + [-x for x in vs], const + dl, np.inf)
-    has_succ = np.zeros(n, bool)
-    has_succ[p.pred_idx] = True
-    for v in np.flatnonzero(~has_succ):  # T >= s_v + dur_v for sinks (others are dominated)
+    # T >= s_v + dur_v for every node no successor waits to finish (a finish-to-start edge
+    # dominates it); a start-to-start successor (a launch) can finish before its source does
+    waited = np.zeros(n, bool)
+    waited[p.pred_idx[~p.pred_fs]] = True
+    for v in np.flatnonzero(~waited):
         cs, vs, const = dur_terms(v)
         add([iT, iS + v] + cs, [1.0, -1.0] + [-x for x in vs], const, np.inf)
     A = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
