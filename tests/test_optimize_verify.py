@@ -46,6 +46,14 @@ def _build(tables, p, timing):
     return build
 
 
+def _setup():
+    """The toy tables, their problem, timing, 20 ms grid items, policy builder and max-clock prediction."""
+    t = _tables()
+    p = problem_from_tables(t, 0.5)
+    timing = baseline_timing(p, t)
+    return t, p, timing, iteration_items(p, timing, 20.0, align="grid"), _build(t, p, timing), predict(t, None)
+
+
 def test_a_pick_late_on_the_wall_clock_is_repaired():
     t = _tables()
     p = problem_from_tables(t, 0.5)
@@ -94,12 +102,7 @@ def test_fit_budget_asks_the_dp_again_instead_of_raising_windows():
     """The DP's pick at the full budget ends late on the wall clock; fit_budget finds a smaller DP
     budget whose policy keeps the deadline in the worst case and saves at least as much as the
     window-by-window repair of the full-budget pick."""
-    t = _tables()
-    p = problem_from_tables(t, 0.5)
-    timing = baseline_timing(p, t)
-    items = iteration_items(p, timing, 20.0)
-    build = _build(t, p, timing)
-    base = predict(t, None)
+    t, p, timing, items, build, base = _setup()
 
     def solve_at(b, limit):
         return optimize(p, b, items=items, time_limit_s=limit)
@@ -114,12 +117,7 @@ def test_fit_budget_asks_the_dp_again_instead_of_raising_windows():
 
 
 def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():
-    t = _tables()
-    p = problem_from_tables(t, 0.5)
-    timing = baseline_timing(p, t)
-    items = iteration_items(p, timing, 20.0)
-    build = _build(t, p, timing)
-    base = predict(t, None)
+    t, p, timing, items, build, base = _setup()
     start = Solution(p, items, np.full(items.k, p.ref), "emo", 0.0)  # max clocks everywhere
     sol, policy, moves = polish_on_predictor(t, start, build, budget=0.0, time_limit_s=5.0)
     assert moves >= 1  # the empty windows and the collective's slack can run slower
