@@ -33,7 +33,10 @@ import time
 
 import numpy as np
 
+from scipy.optimize import Bounds, LinearConstraint, milp
+
 from emo.optimize import passes
+from emo.optimize.exact import formulation
 from emo.optimize.problem import Items, Problem, durations, make_items
 from emo.optimize.solution import Solution
 
@@ -156,51 +159,16 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
 
 
 def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray, time_limit_s: float | None) -> np.ndarray | None:
-    """The LP relaxation (HiGHS) over the clocks `cols`: x[k, c] ∈ [0, 1] with Σ_c x[k, c] = 1, a node
-    lasts Σ_c dur[c]·x[k, c], precedence as in the what-if pass, makespan T ≤ deadline; min
-    Σ energy·x + idle power × T. Each item is then rounded to the fastest clock it uses: no node lasts
-    longer than in the LP (durations fall with the clock), so the pick meets the deadline. None when
-    HiGHS finds no optimum in time."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_matrix
-
-    K, C, n = items.k, len(cols), p.n
-    dur, energy = p.dur_ns[:, cols] * 1e-6, items.energy[:, cols]  # ms: sane numerics
-    nx, iT = K * C, K * C + n  # variables: x, then node starts, then T
-    dst = np.repeat(np.arange(n), np.diff(p.pred_ptr))
-    src, m = p.pred_idx, len(p.pred_idx)
-    waited_on = np.zeros(n, dtype=bool)  # a successor waits for the node's finish: T covers it
-    waited_on[src[~p.pred_fs]] = True
-    sinks = np.flatnonzero(~waited_on)
-    # rows: one per item (Σ x = 1), per edge (s_v − s_u [− dur_u] ≥ delay_v), per node no successor
-    # waits to finish (T − s_v − dur_v ≥ 0)
-    e_rows, s_rows = K + np.arange(m), K + m + np.arange(len(sinks))
-    r = [np.repeat(np.arange(K), C), e_rows, e_rows, s_rows, s_rows]
-    j = [np.arange(nx), nx + dst, nx + src, np.full(len(sinks), iT), nx + sinks]
-    v = [np.ones(nx), np.ones(m), -np.ones(m), np.ones(len(sinks)), -np.ones(len(sinks))]
-    lo = np.concatenate([np.ones(K), p.delay_ns[dst] * 1e-6, np.zeros(len(sinks))])
-    hi = np.concatenate([np.ones(K), np.full(m + len(sinks), np.inf)])
-    # the duration of a finish-to-start edge's source and of every sink: Σ_c dur[c]·x[k, c] on GPU
-    # nodes, a constant on host nodes
-    r_of = np.concatenate([e_rows[~p.pred_fs], s_rows])
-    u_of = np.concatenate([src[~p.pred_fs], sinks])
-    k_of = items.item_of[u_of]
-    gpu = k_of >= 0
-    r.append(np.repeat(r_of[gpu], C))
-    j.append((k_of[gpu][:, None] * C + np.arange(C)).ravel())
-    v.append(-dur[u_of[gpu]].ravel())
-    np.add.at(lo, r_of[~gpu], p.dur_ns[u_of[~gpu], p.ref] * 1e-6)
-    A = csr_matrix((np.concatenate(v), (np.concatenate(r), np.concatenate(j))), shape=(K + m + len(sinks), iT + 1))
-    c = np.zeros(iT + 1)
-    c[:nx] = energy.ravel()
-    c[iT] = items.idle_energy[:, p.ref].sum() / (p.makespan0_ns * 1e-6)  # Items.total's stretch, linearised
-    lb = np.r_[np.zeros(nx), p.delay_ns * 1e-6, p.makespan0_ns * 1e-6]
-    ub = np.r_[np.ones(nx), np.full(n, np.inf), deadline * 1e-6]
+    """The LP relaxation (HiGHS) of emo.optimize.exact.formulation over the clocks `cols`, each item
+    then rounded to the fastest clock it uses: no node lasts longer than in the LP (durations fall
+    with the clock), so the pick meets the deadline. None when HiGHS finds no optimum in time."""
+    c, A, lo, hi, lb, ub = formulation(p, items, deadline, cols)
     opts = {"disp": False} if time_limit_s is None else {"disp": False, "time_limit": float(time_limit_s)}
     res = milp(c, constraints=LinearConstraint(A, lo, hi), bounds=Bounds(lb, ub), options=opts)
     if res.status != 0 or res.x is None:
         return None
-    used = res.x[:nx].reshape(K, C) > 1e-6
+    C = len(cols)
+    used = res.x[:items.k * C].reshape(items.k, C) > 1e-6
     return cols[C - 1 - np.argmax(used[:, ::-1], axis=1)].astype(np.int64)
 
 
