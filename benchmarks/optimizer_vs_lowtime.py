@@ -23,7 +23,8 @@ import numpy as np
 
 from emo.optimize import make_items, optimize
 from emo.optimize.instances import large_pipeline, perseus_profile, pipeline_problem
-from emo.optimize.perseus import lowtime_version, optimize_perseus, units
+from emo.optimize.perseus import lowtime_version, optimize_perseus
+from emo.optimize.problem import units
 
 ROOT = Path(__file__).resolve().parents[1]
 DVFS = ROOT.parent / "shared" / "data" / "dvfs" / "perseus_stage_profiles"

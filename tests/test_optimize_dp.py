@@ -88,7 +88,7 @@ def test_pass_aligned_change_points_sit_on_pass_starts():
     """Each stage's change points are starts of its work, at least the interval apart, and starts of
     its passes unless none opens within 1.5 intervals; the grid and the passes cover the same
     iteration; an unknown kind is a one-line error."""
-    from emo.optimize.perseus import units
+    from emo.optimize.problem import units
     from emo.optimize.tables import baseline_timing, iteration_items
 
     t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
@@ -146,7 +146,7 @@ def test_pack_level_pipeline_near_exact():
     """One clock per pack of a 1F1B pipeline, where every stage is critical in turn and the DP's
     additive delays mislead: the LP start brings EMO within 0.2 % of the exact MILP, and it never
     makes the result worse than the DP's own starts."""
-    from emo.optimize.perseus import units
+    from emo.optimize.problem import units
 
     t, e, cl = perseus_profile(GPT3, stages=3, clock_stride=4)
     p = pipeline_problem(t, e, cl, microbatches=3, idle_w=70.0, split=2, link_ns=50e3)

@@ -6,7 +6,8 @@ from emo.optimize.instances import random_problem, pipeline_problem, one_f_one_b
 
 lowtime = pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
 
-from emo.optimize.perseus import optimize_perseus, units  # noqa: E402
+from emo.optimize.perseus import optimize_perseus  # noqa: E402
+from emo.optimize.problem import units  # noqa: E402
 
 
 def _pipeline():
@@ -25,6 +26,9 @@ def test_pass_units_are_the_pipeline_passes():
     n_pass = len(np.unique(u[u >= 0]))
     assert 12 <= n_pass <= 18
     assert len(np.unique(units(p, "pack"))) == int((p.device >= 0).sum())  # no host nodes here
+    device = p.device[np.argsort(p.perm)]  # caller's order, as units
+    for k in np.unique(u[u >= 0]):  # a pass never spans two GPUs
+        assert len(np.unique(device[u == k])) == 1
     assert one_f_one_b(2, 2) == [[("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)],
                                  [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]]
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
 from emo.optimize.dp import optimize
-from emo.optimize.run import fit_budget, policy_device_ids
+from emo.optimize import run
+from emo.optimize.run import policy_device_ids
 from emo.optimize.policy import build_policy
 from emo.optimize.solution import Solution
 from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts, problem_from_tables
@@ -98,22 +100,46 @@ def test_windows_follow_the_plan_on_the_wall_clock():
     np.testing.assert_allclose(planned_window_starts(slow, t, timing, items.edges_ns)[0, 1:], [20 * MS + shift, 40 * MS + shift])
 
 
-def test_fit_budget_asks_the_dp_again_instead_of_raising_windows():
-    """The DP's pick at the full budget ends late on the wall clock; fit_budget finds a smaller DP
-    budget whose policy keeps the deadline in the worst case and saves at least as much as the
-    window-by-window repair of the full-budget pick."""
-    t, p, timing, items, build, base = _setup()
+class _Pred:
+    def __init__(self, makespan_ns: float, energy_j: float = 0.0):
+        self.makespan_ns, self.energy_j = makespan_ns, energy_j
 
-    def solve_at(b, limit):
-        return optimize(p, b, items=items, time_limit_s=limit)
 
-    sol, policy, info = fit_budget(t, solve_at, build, 0.0, time_limit_s=5.0, interval_ms=20.0,
-                                   period_ns=timing.period_ns, window_starts=None)
-    assert worst_case(t, policy).makespan_ns <= base.makespan_ns + 1_000
-    assert info["budget_tries"] and info["predictor_slowdown"] <= 1e-9
-    _, repaired, _ = fit_to_prediction(t, solve_at(0.0, 5.0), build, budget=0.0, interval_ms=20.0,
-                                       period_ns=timing.period_ns)
-    assert predict(t, policy).energy_j <= predict(t, repaired).energy_j + 1e-9
+class _Pick:
+    """A DP pick made at budget b (the stub's policy is b itself)."""
+
+    def __init__(self, b: float):
+        self.b, self.choice, self.info, self.solve_s = b, np.array([round(b * 1e9)]), {}, 0.0
+
+
+def _stub_predictor(monkeypatch, late: float):
+    """A 1 s iteration; a pick at budget b takes b longer at the mean latency and late × b in the
+    worst case, and saves b of the energy."""
+    monkeypatch.setattr(run, "predict", lambda t, pol=None, **k: _Pred(1e9, 100.0) if pol is None
+                        else _Pred(1e9 * (1 + pol), 100.0 * (1 - pol)))
+    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats=None: _Pred(1e9 * (1 + late * pol)))
+
+
+def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatch):
+    _stub_predictor(monkeypatch, late=1.2)  # every pick ends 20 % later than planned in the worst case
+    sol, policy, info = run.fit_budget(None, lambda b, limit: _Pick(b), lambda s: s.b,
+                                       lambda s: pytest.fail("no repair when a smaller budget fits"), 0.05,
+                                       time_limit_s=None)
+    assert len(info["budget_tries"]) >= 2 and info["budget_tries"][0] == [0.05, 0.06]
+    assert 0.9 * 0.05 / 1.2 <= info["dp_budget"] <= 0.05 / 1.2  # within 10 % of the largest that fits
+    assert info["predictor_slowdown"] <= 0.05 and policy == pytest.approx(info["dp_budget"])
+
+
+def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
+    _stub_predictor(monkeypatch, late=1.0)
+    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats=None: _Pred(1e9 * 1.1))  # always late
+    repaired = []
+    sol, policy, info = run.fit_budget(None, lambda b, limit: _Pick(b), lambda s: s.b,
+                                       lambda s: (repaired.append(s.b), (s, "repaired", {"predictor_rounds": 1}))[1],
+                                       0.05, time_limit_s=None)
+    tried = [b for b, _ in info["budget_tries"]]
+    assert tried == sorted(tried, reverse=True) and tried[-1] == 0.0 and len(tried) <= 6
+    assert repaired == [0.0] and policy == "repaired" and info["predictor_rounds"] == 1
 
 
 def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():

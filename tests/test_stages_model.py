@@ -103,8 +103,24 @@ def test_fit_reproduces_the_measured_iterations(chain):
     check = json.loads((d / "fit/check.json").read_text())
     assert abs(check["default"]["time_error_pct"]) < 0.5 and abs(check["default"]["energy_error_pct"]) < 1.0
     assert abs(check["low"]["energy_error_pct"]) < 1.0
+    assert abs(check["low"]["time_error_pct"]) < 0.2 and 0.5 < m["fit"]["time_level"] < 3  # the time level fits it
     model = pd.read_parquet(d / "fit/model.parquet")
     assert (model["time_s"] > 0).all() and (model["dynamic_energy_j"] >= 0).all()
+
+
+def test_time_level_scales_each_slowdown_from_the_default_clock(chain):
+    from emo.stages.fit import with_time_level
+
+    _, d, _ = chain
+    model = pd.read_parquet(d / "fit/model.parquet")
+    same = with_time_level(model, 1.0)
+    np.testing.assert_allclose(same["time_s"], model["time_s"])
+    twice = with_time_level(model, 2.0)
+    at_default = model["sm_mhz"] == model["default_mhz"]
+    np.testing.assert_allclose(twice["time_s"][at_default], model["time_s"][at_default])
+    t_def = model["signature"].map(model[at_default].set_index("signature")["time_s"])
+    np.testing.assert_allclose(twice["time_s"] - t_def, 2 * (model["time_s"] - t_def))
+    np.testing.assert_allclose(twice["energy_j"], twice["idle_energy_j"] + twice["dynamic_energy_j"])
 
 
 def test_predictor(chain):

@@ -236,7 +236,7 @@ class Prediction:
     finish_ns: np.ndarray = field(repr=False)
 
 
-def _iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
+def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
     """[D, K] each GPU's iteration marks in what-if time (from its rank's anchors)."""
     d = len(t.device_keys)
     k = t.iterations
@@ -277,7 +277,7 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
         _forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
                          tl[0], tl[1], tl[2], start, finish, used)
         by_id_start = start[c.pos]
-        new = _iteration_marks(t, by_id_start)
+        new = iteration_marks(t, by_id_start)
         end = float(finish.max())
         if policy is None:
             break

@@ -36,7 +36,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from emo.optimize import passes
-from emo.optimize.exact import formulation
+from emo.optimize.lp import formulation
 from emo.optimize.problem import Items, Problem, durations, make_items
 from emo.optimize.solution import Solution
 
@@ -106,7 +106,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
                 if repairs >= max_repairs:
                     continue
                 repairs += 1
-                cand = _repair(p, items, cand, deadline, info)
+                cand = repair_deadline(p, items, cand, deadline, info)
                 _, _, mk = passes.forward(*args, durations(p, items, cand))
                 if mk > deadline + TOL_NS:
                     continue
@@ -114,7 +114,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
             starts.append((e, view, cand))
     # crash from the slow end: every item at its least-energy clock, then the critical path sped up
     # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
-    cand = _repair(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
+    cand = repair_deadline(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
     _, _, mk = passes.forward(*args, durations(p, items, cand))
     if mk <= deadline + TOL_NS:
         e = items.total(cand, mk, p.makespan0_ns)
@@ -130,7 +130,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
         if cand is not None:
             _, _, mk = passes.forward(*args, durations(p, items, cand))
             if mk > deadline + TOL_NS:  # only with durations that rise with the clock
-                cand = _repair(p, items, cand, deadline, info)
+                cand = repair_deadline(p, items, cand, deadline, info)
                 _, _, mk = passes.forward(*args, durations(p, items, cand))
             if mk <= deadline + TOL_NS:
                 starts.insert(0, (items.total(cand, mk, p.makespan0_ns), "lp", cand))
@@ -159,7 +159,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
 
 
 def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray, time_limit_s: float | None) -> np.ndarray | None:
-    """The LP relaxation (HiGHS) of emo.optimize.exact.formulation over the clocks `cols`, each item
+    """The LP relaxation (HiGHS) of emo.optimize.lp.formulation over the clocks `cols`, each item
     then rounded to the fastest clock it uses: no node lasts longer than in the LP (durations fall
     with the clock), so the pick meets the deadline. None when HiGHS finds no optimum in time."""
     c, A, lo, hi, lb, ub = formulation(p, items, deadline, cols)
@@ -180,7 +180,7 @@ def _quantise(d: np.ndarray, step: float, B: int) -> np.ndarray:
     return np.minimum(q, B + 1)
 
 
-def _repair(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict, share: float = 0.5) -> np.ndarray:
+def repair_deadline(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict, share: float = 0.5) -> np.ndarray:
     """Raise clocks on the critical path until the iteration meets the deadline (all-max does):
     each round, the slowed critical items with the least energy per ns of critical time won back,
     enough of them to cover the overshoot, one clock step faster each."""

@@ -22,8 +22,8 @@ import numba
 import numpy as np
 
 from emo.optimize import passes
-from emo.optimize.dp import _repair
-from emo.optimize.problem import Problem, evaluate, make_items
+from emo.optimize.dp import repair_deadline
+from emo.optimize.problem import Problem, evaluate, make_items, units
 from emo.optimize.solution import Solution
 
 log = logging.getLogger("emo")
@@ -37,39 +37,6 @@ def lowtime_version() -> str | None:
         return metadata.version("lowtime")
     except metadata.PackageNotFoundError:
         return None
-
-
-def units(p: Problem, level: str) -> np.ndarray:
-    """Unit id per node in the caller's order (-1 for host nodes): one per pack, or one per pass.
-
-    A pass is a run of one GPU's work between waits: a GPU node that waits on another GPU (a
-    pipeline's activations, a collective's peers) or on the host after a sync opens a new one."""
-    gpu = p.device >= 0
-    unit = np.full(p.n, -1, dtype=np.int64)
-    if level == "pack":
-        unit[gpu] = np.arange(int(gpu.sum()))
-    elif level == "pass":
-        unit[gpu] = np.cumsum(_opens_pass(p)[gpu]) - 1
-    else:
-        raise ValueError(f"perseus level must be 'pack' or 'pass' (got {level!r})")
-    out = np.full(p.n, -1, dtype=np.int64)
-    out[p.perm] = unit
-    return out
-
-
-def _opens_pass(p: Problem) -> np.ndarray:
-    """bool[n] (internal order): GPU nodes with a predecessor on another GPU, or on the host through a
-    finish-to-start edge (the host waited on something first); a kernel's own launch call (a
-    start-to-start edge) is not a wait."""
-    dst = np.repeat(np.arange(p.n), np.diff(p.pred_ptr))
-    src = p.pred_idx
-    waits = np.where(p.device[src] >= 0, p.device[src] != p.device[dst], ~p.pred_fs)
-    opens = np.zeros(p.n, dtype=bool)
-    opens[dst[waits]] = True
-    first = np.zeros(p.n, dtype=bool)  # each GPU's first node opens its first pass
-    gpu = np.flatnonzero(p.device >= 0)
-    first[gpu[np.unique(p.device[gpu], return_index=True)[1]]] = True
-    return (p.device >= 0) & (opens | first)
 
 
 def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None,
@@ -170,12 +137,13 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     if stopped:
         info["perseus_stopped"] = stopped
     if choice is None and last is not None:
-        # the walk's fastest schedule (Perseus' own pick at its shortest time) misses the exact
-        # deadline by the quantisation and the host gaps lowtime leaves out: speed up the slowed
-        # units on the exact critical path until it is on time, as EMO repairs its DP picks
-        fixed = _repair(p, items, last, deadline, {"critical_repairs": 0})
-        if evaluate(p, items, fixed).makespan_ns <= deadline * (1 + 1e-9) + 1.0:
-            info["perseus_note"] = "no lowtime iterate met the deadline; its fastest one, repaired"
+        # the walk's last schedule (its fastest, Perseus' own pick at its shortest time, unless it
+        # stopped early) misses the exact deadline by the quantisation and the host gaps lowtime
+        # leaves out: speed up the slowed units on the exact critical path until it is on time, as
+        # EMO repairs its DP picks
+        fixed = repair_deadline(p, items, last, deadline, {"critical_repairs": 0})
+        if np.any(fixed != p.ref) and evaluate(p, items, fixed).makespan_ns <= deadline * (1 + 1e-9) + 1.0:
+            info["perseus_note"] = "no lowtime iterate met the deadline; its last one, repaired"
             choice = fixed
     if choice is None:  # nothing on time: max clocks
         info["perseus_note"] = "no lowtime iterate met the deadline; max clocks"

@@ -21,8 +21,9 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
                  period_ms: float | None = None, window_start_ms: np.ndarray | None = None,
                  meta: dict | None = None) -> FrequencyPolicy:
     """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
-    [group, window]: where each window starts in the iteration (default: window × window_ms, the
-    baseline timeline; emo.optimize.tables.planned_window_starts gives the planned one)."""
+    [group, window]: where each window starts in the iteration (default: the items' change points on
+    the baseline timeline, else window × window_ms; emo.optimize.tables.planned_window_starts gives
+    the planned ones). Windows that start at or after the period (padding) never make a step."""
     lo, hi = float(transition_ms[0]), float(transition_ms[1])
     if lo < 0 or hi < lo:
         raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
@@ -31,8 +32,9 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
     period = float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6)
     mhz = sol.item_mhz
     nwin = int(items.window.max()) + 1
-    if window_start_ms is None:
-        window_start_ms = np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1))
+    if window_start_ms is None:  # the baseline change points
+        window_start_ms = (items.edges_ns * 1e-6 if items.edges_ns is not None
+                           else np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1)))
     else:  # the end of the last window: the period
         window_start_ms = np.hstack([window_start_ms, np.full((len(window_start_ms), 1), np.inf)])
     steps: dict[int, list[Step]] = {}
@@ -43,6 +45,8 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
         for k in ks:
             w = int(items.window[k])
             t = float(window_start_ms[g, w])
+            if not t < period:  # a padding window, or one that starts after the iteration ends
+                continue
             c = int(mhz[k])
             if raw and raw[-1].sm_mhz == c:
                 continue

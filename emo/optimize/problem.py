@@ -235,7 +235,7 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
             wl = np.asarray(window_len_ns, dtype=np.float64)
             wl = np.broadcast_to(wl, (len(groups), nwin)) if wl.ndim == 1 else wl
             length = wl[all_keys // nwin, all_keys % nwin]
-            t0 = np.concatenate([np.r_[0.0, np.cumsum(r[:-1])] for r in wl])
+            t0 = (all_keys % nwin) * step  # nominal; iteration_items sets the change points
         else:
             all_keys = np.unique(key[key >= 0])
             kk = np.searchsorted(all_keys, key[key >= 0])
@@ -287,3 +287,36 @@ def evaluate(p: Problem, items: Items, choice: np.ndarray) -> Evaluation:
     s, f, t = passes.forward(*p.graph, durations(p, items, choice))
     e = items.total(choice, t, p.makespan0_ns)
     return Evaluation(t, e, s, f)
+
+
+# --------------------------------------------------------------------------- passes
+def opens_pass(p: Problem) -> np.ndarray:
+    """bool[n] (internal order): GPU nodes that open a pass, a run of one GPU's work between waits:
+    the GPU's first node, and every node with a predecessor on another GPU (a pipeline's
+    activations, a collective's peers) or on the host through a finish-to-start edge (the host
+    waited on something first); a kernel's own launch call (a start-to-start edge) is not a wait."""
+    dst = np.repeat(np.arange(p.n), np.diff(p.pred_ptr))
+    src = p.pred_idx
+    waits = np.where(p.device[src] >= 0, p.device[src] != p.device[dst], ~p.pred_fs)
+    opens = np.zeros(p.n, dtype=bool)
+    opens[dst[waits]] = True
+    gpu = np.flatnonzero(p.device >= 0)
+    opens[gpu[np.unique(p.device[gpu], return_index=True)[1]]] = True
+    return (p.device >= 0) & opens
+
+
+def units(p: Problem, level: str) -> np.ndarray:
+    """Unit id per node in the caller's order (-1 for host nodes): one per pack, or one per pass
+    (opens_pass), numbered GPU by GPU so that a pass never spans two GPUs."""
+    gpu = np.flatnonzero(p.device >= 0)
+    unit = np.full(p.n, -1, dtype=np.int64)
+    if level == "pack":
+        unit[gpu] = np.arange(len(gpu))
+    elif level == "pass":
+        o = gpu[np.lexsort((gpu, p.device[gpu]))]  # by GPU, then in topological (start) order
+        unit[o] = np.cumsum(opens_pass(p)[o]) - 1
+    else:
+        raise ValueError(f"perseus level must be 'pack' or 'pass' (got {level!r})")
+    out = np.full(p.n, -1, dtype=np.int64)
+    out[p.perm] = unit
+    return out

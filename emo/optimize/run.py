@@ -15,7 +15,7 @@ from emo.optimize.solution import Solution
 from emo.optimize.static import optimize_static
 from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_starts, problem_from_tables,
                                  time_tolerance_ns)
-from emo.optimize.verify import fit_to_prediction, polish_on_predictor, worst_case
+from emo.optimize.verify import deadline_ns, fit_to_prediction, polish_on_predictor, worst_case
 from emo.policy import FrequencyPolicy
 
 METHODS = ("emo", "static", "perseus")
@@ -43,32 +43,37 @@ def project(sol: Solution, items: Items) -> np.ndarray:
     return np.minimum(np.searchsorted(p.clocks_mhz, mean - 1e-6), p.n_clocks - 1)
 
 
-def fit_budget(tables, solve_at, build, budget: float, *, time_limit_s: float | None, interval_ms: float,
-               period_ns: float, window_starts, tries: int = 6):
+def fit_budget(tables, solve_at, build, repair, budget: float, *, time_limit_s: float | None,
+               transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), tries: int = 6):
     """(solution, policy, info): the DP's pick at the largest budget whose policy keeps `budget` in
     the predictor's worst case (emo.optimize.verify.worst_case), least predicted energy among those.
 
     The DP charges neither clock transitions nor windows drifting on the wall clock, so its pick at
     the full budget may end a little late. Raising windows one by one until it fits (the repair)
     throws away far more energy than asking the DP again for a pick with that overshoot taken off
-    its budget: a secant step while every try is late, then bisection between the last late and
-    the best on-time budget. `solve_at(budget, time_limit_s) -> Solution`. When no try fits, the
-    repair finishes the last one."""
+    its budget: a secant step (at least an eighth of the budget, and half the way down when the
+    pick did not change) while every try is late, then bisection between the last late and the best
+    on-time budget. `solve_at(budget, time_limit_s) -> Solution`; `repair(solution) -> (solution,
+    policy, info)` finishes the last try when none fits."""
     t0 = time.perf_counter()
+    base = predict(tables, None)
+    deadline = deadline_ns(base, budget)
     lo, hi, b = 0.0, budget, budget
-    best = None  # (predicted energy, solution, policy)
+    best = None  # (predicted energy, DP budget, solution, policy, worst-case slowdown)
     info: dict = {"budget_tries": []}
-    sol = None
+    sol, last = None, b""
     for _ in range(tries):
         left = None if time_limit_s is None else max(0.1 * time_limit_s, time_limit_s - (time.perf_counter() - t0))
         sol = solve_at(b, left)
         policy = build(sol)
-        slowdown = worst_case(tables, policy).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        worst = worst_case(tables, policy, transitions_ms).makespan_ns
+        slowdown = worst / base.makespan_ns - 1.0
         info["budget_tries"].append([round(b, 6), round(slowdown, 6)])
-        if slowdown <= budget + 1e-9:
+        same, last = sol.choice.tobytes() == last, sol.choice.tobytes()
+        if worst <= deadline:
             e = predict(tables, policy).energy_j
             if best is None or e < best[0]:
-                best = (e, sol, policy)
+                best = (e, b, sol, policy, slowdown)
             lo = b
             if b >= budget or hi - lo <= 0.05 * budget:
                 break
@@ -77,17 +82,16 @@ def fit_budget(tables, solve_at, build, budget: float, *, time_limit_s: float | 
             hi = b
             if b <= 0.0:
                 break
-            b = max(lo, b - 1.2 * (slowdown - budget)) if best is None else 0.5 * (lo + hi)
+            step = max(1.2 * (slowdown - budget), budget / 8)
+            b = 0.5 * (lo + hi) if best is not None or same else max(lo, b - step)
         if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
             break
     if best is None:  # nothing fits: raise windows of the last (smallest) try until it does
-        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=budget, interval_ms=interval_ms,
-                                                 period_ns=period_ns, window_starts=window_starts)
+        sol, policy, checked = repair(sol)
         info.update(checked)
     else:
-        sol, policy = best[1], best[2]
-        info["dp_budget"] = round(lo, 6)
-        info["predictor_slowdown"] = worst_case(tables, policy).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        _, b, sol, policy, slowdown = best
+        info.update({"dp_budget": round(b, 6), "predictor_slowdown": slowdown})
     sol.solve_s = time.perf_counter() - t0
     return sol, policy, {**sol.info, **info}
 
@@ -121,42 +125,44 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         sol.solve_s = raw.solve_s
         extra.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
     tr = opt.get("transition_ms", [5.0, 15.0])
+    lats = (float(tr[0]), 0.5 * (float(tr[0]) + float(tr[1])), float(tr[1]))  # the latencies every check covers
 
     def build(s: Solution) -> FrequencyPolicy:
         return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
-                            transition_ms=(float(tr[0]), float(tr[1])), min_interval_ms=min_interval,
+                            transition_ms=(lats[0], lats[-1]), min_interval_ms=min_interval,
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
                             window_start_ms=starts(s) * 1e-6)
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
 
+    def repair(s: Solution):
+        return fit_to_prediction(tables, s, build, budget=plan_budget, interval_ms=interval,
+                                 period_ns=timing.period_ns, transitions_ms=lats, window_starts=starts)
+
     if name == "emo":  # the final check: the stage's predictor (wall-clock windows, clock transitions)
-        time_limit = opt.get("time_limit_s", 30.0)
         sol, policy, checked = fit_budget(
             tables, lambda b, limit: optimize(p, b, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
                                               time_limit_s=limit),
-            build, plan_budget, time_limit_s=time_limit, interval_ms=interval, period_ns=timing.period_ns,
-            window_starts=starts)
+            build, repair, plan_budget, time_limit_s=opt.get("time_limit_s", 30.0), transitions_ms=lats)
         # every static schedule is an EMO schedule too: keep the best one when clock transitions (which
         # the DP does not charge) cost the windowed pick more than it saved
         uni = optimize_static(p, plan_budget, items=items)
         uni.info.pop("static_curve")
-        uni, uni_policy, uni_checked = fit_to_prediction(tables, Solution(p, items, uni.choice, "emo", plan_budget, info=sol.info),
-                                                         build, budget=plan_budget, interval_ms=interval,
-                                                         period_ns=timing.period_ns, window_starts=starts)
+        uni, uni_policy, uni_checked = repair(Solution(p, items, uni.choice, "emo", plan_budget, info=sol.info))
         if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
             uni.solve_s = sol.solve_s
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
         t1 = time.perf_counter()
         solve_s = sol.solve_s
         sol, policy, checked["predictor_moves"] = polish_on_predictor(
-            tables, sol, build, budget=plan_budget, time_limit_s=float(opt.get("predictor_polish_s", 10.0)))
+            tables, sol, build, budget=plan_budget, time_limit_s=float(opt.get("predictor_polish_s", 10.0)),
+            transitions_ms=lats)
         sol.solve_s = solve_s + time.perf_counter() - t1
+        checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
         extra.update(checked)
     elif name == "perseus":  # its per-unit clocks projected onto windows: the same final check
-        sol, policy, checked = fit_to_prediction(tables, sol, build, budget=plan_budget, interval_ms=interval,
-                                                 period_ns=timing.period_ns, window_starts=starts)
+        sol, policy, checked = repair(sol)
         extra.update(checked)
     else:
         policy = build(sol)

@@ -9,7 +9,8 @@ import numpy as np
 from scipy.stats import median_abs_deviation
 
 from emo.graph.whatif import ROUNDING_TOLERANCE_NS
-from emo.optimize.problem import Items, Problem, build_problem, make_items, symmetric_groups
+from emo.model.predict import iteration_marks as model_iteration_marks
+from emo.optimize.problem import Items, Problem, build_problem, make_items, opens_pass, symmetric_groups
 
 # The time tolerance never exceeds this fraction of the makespan: a trace whose iterations vary by
 # more (data-loader stalls) says little about any one slowdown, and the budget is what the user asked.
@@ -46,23 +47,13 @@ def baseline_timing(p: Problem, t) -> Timing:
 
 
 def iteration_marks(p: Problem, t, start_ns: np.ndarray) -> np.ndarray | None:
-    """float64[D, I]: each GPU's iteration marks (anchor host node's start + offset) on the timeline
+    """float64[D, I]: each GPU's iteration marks (emo.model.predict.iteration_marks) on the timeline
     `start_ns` (internal order); None without anchors."""
-    a = getattr(t, "anchors", None)
-    if a is None or not len(a):
+    if getattr(t, "anchors", None) is None or not len(t.anchors):
         return None
     start = np.empty(p.n)
     start[p.perm] = start_ns
-    marks = np.zeros((p.devices, int(a.groupby("rank").size().max())))
-    for g, (rank, _) in enumerate(t.device_keys):
-        r = a[a["rank"] == rank]
-        if r.empty:
-            r = a[a["rank"] == a["rank"].min()]
-        r = r.sort_values("iteration")
-        m = start[r["node"].to_numpy(np.int64)] + r["offset_ns"].to_numpy(np.float64)
-        marks[g, :len(m)] = m
-        marks[g, len(m):] = m[-1]
-    return marks
+    return model_iteration_marks(t, start)
 
 
 def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[list[int]], *,
@@ -71,8 +62,8 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
     the baseline timeline (ns), from 0 to the period; groups with fewer windows are padded with
     empty ones at the end.
 
-    "grid": every `interval_ms`. "passes": at the starts of the group's passes (emo.optimize.perseus
-    .units: a GPU node that waits on another GPU or the host, such as a pipeline's forward and
+    "grid": every `interval_ms`. "passes": at the starts of the group's passes (emo.optimize.problem
+    .opens_pass: a GPU node that waits on another GPU or the host, such as a pipeline's forward and
     backward passes or the work after a collective), the first one at least `interval_ms` after the
     previous change point; where no pass starts within 1.5 intervals, at the first GPU work after one
     interval. Slack opens and closes where a GPU waits on something else, so windows that start there
@@ -86,9 +77,8 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
         return np.tile(np.minimum(np.arange(nwin + 1) * step, period), (len(groups), 1))
     if align != "passes":
         raise ValueError(f"optimizer.change_points must be 'grid' or 'passes' (got {align!r})")
-    from emo.optimize.perseus import units  # pass detection (lowtime itself is imported lazily there)
-
-    unit = units(p, "pass")
+    opens = np.empty(p.n, dtype=bool)
+    opens[p.perm] = opens_pass(p)
     start = np.empty(p.n)
     start[p.perm] = p.base_start
     dev = np.empty(p.n, dtype=np.int64)
@@ -96,17 +86,15 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
     rows = []
     for ds in groups:
         v = np.flatnonzero(dev == ds[0])
-        v = v[np.argsort(start[v], kind="stable")]
         m = timing.marks_ns[ds[0]]
         i = np.searchsorted(m, start[v], side="right") - 1
         keep = i >= 0
         off = start[v][keep] - m[i[keep]]
-        opens = np.r_[True, unit[v][1:] != unit[v][:-1]][keep]
         order = np.argsort(off, kind="stable")
-        off, opens = off[order], opens[order]
-        nxt = np.r_[off[opens], np.inf]  # pass starts, ascending
+        off, op = off[order], opens[v][keep][order]
+        nxt = np.r_[off[op], np.inf]  # pass starts, ascending
         e = [0.0]
-        for c, o in zip(off.tolist(), opens.tolist()):
+        for c, o in zip(off.tolist(), op.tolist()):
             if c <= 0 or c >= period or c - e[-1] < step:
                 continue
             # a work start that opens no pass only when no pass opens within half an interval more
@@ -122,9 +110,10 @@ def planned_window_starts(sol, t, timing: Timing, edges_ns: np.ndarray) -> np.nd
     offset from the planned iteration mark (ns). The DP assigns nodes to windows by their baseline
     start (`edges_ns`, window_edges), but under its own clocks work runs later (up to the budget by
     the iteration's end), so a step placed at the baseline edge would land early and slow the
-    previous window's tail. Each edge is carried through the plan's time warp: the shift of the
-    nearest node (start planned - start at max clocks) of the group's first GPU, averaged over the
-    traced iterations."""
+    previous window's tail. Each edge is carried through the plan's time warp: the shift (start
+    planned - start at max clocks) of the group's first GPU's nodes, interpolated at the edge and
+    averaged over the traced iterations. Padding windows (a group with fewer windows than another)
+    start at infinity: never a step."""
     p, items = sol.problem, sol.items
     planned = iteration_marks(p, t, sol.start_ns)
     if planned is None:  # no anchors: one iteration from time 0, as baseline_timing has it
@@ -141,7 +130,9 @@ def planned_window_starts(sol, t, timing: Timing, edges_ns: np.ndarray) -> np.nd
         ts = tb + np.interp(tb, xb, shift)
         out[g] = np.mean(ts - planned[d][:, None], axis=0)
     out[:, 0] = 0.0
-    return np.maximum.accumulate(out, axis=1)
+    out = np.maximum.accumulate(out, axis=1)
+    out[np.diff(edges_ns, axis=1) <= 0] = np.inf
+    return out
 
 
 def iteration_noise_ns(timing: Timing) -> float:
@@ -175,6 +166,7 @@ def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate
     groups = symmetric_groups(p) if replicate else [[d] for d in range(p.devices)]
     edges = window_edges(p, timing, interval_ms, groups, align=align)
     nwin = edges.shape[1] - 1
+    real = (np.diff(edges, axis=1) > 0).sum(axis=1)  # each group's own windows; the rest is padding
     gdev = np.zeros(p.devices, dtype=np.int64)
     for g, ds in enumerate(groups):
         gdev[ds] = g
@@ -188,11 +180,12 @@ def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate
         m = timing.marks_ns[g]
         i = np.searchsorted(m, start[v], side="right") - 1
         off = np.where(i >= 0, start[v] - m[np.maximum(i, 0)], start[v] - m[0] + timing.period_ns)
-        win[v] = np.clip(np.searchsorted(edges[gdev[g]], off, side="right") - 1, 0, nwin - 1)
+        win[v] = np.clip(np.searchsorted(edges[gdev[g]], off, side="right") - 1, 0, real[gdev[g]] - 1)
     # idle time each window covers: its share of the period, in every iteration
     iters = timing.marks_ns.shape[1]
     lens = np.diff(edges, axis=1) * iters
-    lens[:, -1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
+    lens[np.arange(len(groups)), real - 1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
     items = make_items(p, interval_ms, windows=win, groups=groups, window_len_ns=lens)
     items.edges_ns = edges
+    items.t0_ns = edges[items.group, items.window]
     return items

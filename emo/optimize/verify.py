@@ -19,7 +19,7 @@ import dataclasses
 import numba
 import numpy as np
 
-from emo.model.predict import _iteration_marks, clock_timelines, predict
+from emo.model.predict import iteration_marks, predict
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy, Step
 
@@ -79,6 +79,12 @@ def pessimistic(policy: FrequencyPolicy, spread_ms: float) -> FrequencyPolicy:
     return dataclasses.replace(policy, steps=steps)
 
 
+def deadline_ns(base, budget: float) -> float:
+    """The latest predicted makespan within `budget` of the max-clock prediction `base`: the one
+    on-time test of the final check, the budget search and the predictor polish."""
+    return base.makespan_ns * (1.0 + budget)
+
+
 def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0)):
     """The slowest prediction of `policy` over the clock-request latencies (a request lands anywhere
     in [min, max]: the stage reports the mean, the device may take either end)."""
@@ -98,7 +104,7 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     p, items = sol.problem, sol.items
     c = tables.compiled
     base = predict(tables, None)
-    deadline = base.makespan_ns * (1.0 + budget) + TOL_NS
+    deadline = deadline_ns(base, budget)
     nwin = int(items.window.max()) + 1
     # items are (group, window) with every window present: item = group * nwin + window
     if not np.array_equal(items.group * nwin + items.window, np.arange(items.k)):
@@ -118,6 +124,8 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     def starts(s: Solution) -> np.ndarray:
         if window_starts is not None:
             return window_starts(s)
+        if items.edges_ns is not None:  # the baseline change points
+            return items.edges_ns[:, :-1]
         return np.tile(np.arange(nwin) * interval_ms * 1e6, (len(items.groups), 1))
 
     policy = build(sol)
@@ -128,7 +136,7 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         crit_pos = _critical_path(c.indptr, c.src, c.from_start, lag, pred.start_ns[c.order], pred.finish_ns[c.order])
         crit = c.order[crit_pos]
         crit = crit[gpu[crit] & tables.is_pack[crit] & (item_of[crit] >= 0)]
-        marks = _iteration_marks(tables, pred.start_ns)
+        marks = iteration_marks(tables, pred.start_ns)
         edges = starts(sol)
         wins = [_node_windows(tables, x, marks, edges, grp, period_ns)[crit]
                 for x in (pred.start_ns, np.maximum(pred.finish_ns - 1.0, pred.start_ns))]
@@ -161,7 +169,8 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     return sol, policy, info
 
 
-def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_limit_s: float | None = 10.0):
+def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_limit_s: float | None = 10.0,
+                        transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0)):
     """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
     transitions included, which the DP does not see: lower a window one clock step, give it a
     neighbouring window's clock (one step fewer, one transition less), or raise it one step while
@@ -172,7 +181,7 @@ def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_lim
 
     t0 = time.perf_counter()
     p, items = sol.problem, sol.items
-    deadline = predict(tables, None).makespan_ns * (1.0 + budget)
+    deadline = deadline_ns(predict(tables, None), budget)
     policy = build(sol)
     energy = predict(tables, policy).energy_j
     nwin = int(items.window.max()) + 1
@@ -199,7 +208,7 @@ def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_lim
                 s2 = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
                 pol2 = build(s2)
                 e2 = predict(tables, pol2).energy_j
-                if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2).makespan_ns <= deadline:
+                if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2, transitions_ms).makespan_ns <= deadline:
                     sol, policy, energy = s2, pol2, e2
                     moves += 1
                     improved = True

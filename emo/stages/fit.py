@@ -1,6 +1,6 @@
 """fit: per pack signature x calibrated clock, predicted time and energy (emo.model: NNLS mix of the
-microbenchmarks, anchored at each signature's measured default-clock time), with its energy levels
-calibrated against measured whole iterations, then the default-clock prediction of the whole
+microbenchmarks, anchored at each signature's measured default-clock time), with its time level
+(time_level) and energy levels calibrated against measured whole iterations, then the default-clock prediction of the whole
 workload through the pack-graph what-if (emo.model.predict) as a check.
 
 Energy levels. A pack's energy cannot be measured (sensors are far slower than 5 ms), and neither
@@ -36,6 +36,47 @@ def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, de
     """The model table at energy levels 1, anchored at each signature's median pack time."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
     return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz)
+
+
+def with_time_level(model: pd.DataFrame, level: float) -> pd.DataFrame:
+    """The model with every signature's slowdown from the default clock (time_s over its time at the
+    default clock, minus 1) times `level`; each pack's energy stays as fitted."""
+    out = model.copy()
+    at_default = out[out["sm_mhz"] == out["default_mhz"]].set_index("signature")["time_s"]
+    t_def = out["signature"].map(at_default)
+    out["time_s"] = t_def + level * (out["time_s"] - t_def)
+    # the energies were fitted to measurements: the level moves time, not energy (a slower pack
+    # spends more of it at the idle power, less above it)
+    out["idle_energy_j"] = out["idle_power_w"] * out["time_s"]
+    out["dynamic_energy_j"] = np.maximum(out["energy_j"] - out["idle_energy_j"], 0.0)
+    out["energy_j"] = out["idle_energy_j"] + out["dynamic_energy_j"]
+    out["time_level"] = level
+    return out
+
+
+def time_level(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
+               baseline: dict, gpu: str) -> float:
+    """λ for with_time_level: the predicted iteration at the profile's low clock equals the measured
+    one. The microbenchmark mix times each pack in isolation; the whole workload at a low clock
+    (memory and launch latencies, overlap between streams) runs 1-2.5 % slower than that predicts on
+    the virtual A100, and the optimizer, which spends every microsecond of slack, turns that into a
+    measured slowdown at budget 0. 1 without a low-clock measurement or when no λ in [0.5, 3] fits."""
+    from scipy.optimize import brentq
+
+    low = baseline.get("low")
+    if low is None:
+        return 1.0
+    keys = pack_tables(graph, packs, model, anchors).device_keys
+    pol = FrequencyPolicy.static(gpu, [k[0] for k in keys], int(low["sm_mhz"]))
+
+    def error(lam: float) -> float:
+        t = pack_tables(graph, packs, with_time_level(model, lam), anchors)
+        return predict(t, pol).time_s - float(low["iteration_time_s"])
+
+    lo, hi = error(0.5), error(3.0)
+    if lo * hi > 0:
+        return 1.0
+    return float(brentq(error, 0.5, 3.0, xtol=1e-3))
 
 
 def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> pd.DataFrame:
@@ -91,6 +132,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     iterations = int(anchors.groupby("rank").size().max()) if len(anchors) else 1
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
     model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]))
+    lam = time_level(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    model = with_time_level(model, lam)
     a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
     if how != "default-clock":
         model = with_levels(model, a, k)
@@ -102,7 +145,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         model = with_levels(model, 1.0, k)
     write_parquet(out / "model.parquet", model)
     t = pack_tables(graph, packs, model, anchors)
-    check = {"energy_levels": how, "idle_level": a, "energy_level": k}
+    check = {"energy_levels": how, "idle_level": a, "energy_level": k, "time_level": lam}
     for name, meas in (("default", baseline), ("low", baseline.get("low"))):
         if meas is None:
             continue
@@ -114,7 +157,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
                        "energy_error_pct": 100 * (p.energy_j / meas["iteration_energy_j"] - 1)}
     write_json(out / "check.json", check)
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
-            "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),
+            "time_level": lam, "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),
             "default_time_error_pct": check["default"]["time_error_pct"],
             "default_energy_error_pct": check["default"]["energy_error_pct"],
             **({"low_time_error_pct": check["low"]["time_error_pct"],
