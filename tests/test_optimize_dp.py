@@ -122,6 +122,28 @@ def test_pass_aligned_change_points_sit_on_pass_starts():
         iteration_items(p, timing, 20.0, align="fixed")
 
 
+@pytest.mark.skipif(not GPT3.exists(), reason="needs ../shared/data/dvfs (Perseus stage profiles)")
+def test_padding_windows_hold_no_work_and_make_no_step():
+    """Stages with fewer pass-aligned windows than another are padded: the padding holds no node and
+    no time, starts at infinity on the planned timeline, and the policy never steps there."""
+    from emo.optimize.policy import build_policy
+    from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts
+
+    t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
+    p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
+    timing = baseline_timing(p, None)
+    items = iteration_items(p, timing, 20.0, align="passes")
+    real = (np.diff(items.edges_ns, axis=1) > 0).sum(axis=1)
+    assert real.min() < real.max()  # some stage is padded
+    pad = items.window >= real[items.group]
+    assert pad.any() and np.all(items.lo[pad] == -1) and np.all(items.len_ns[pad] == 0)
+    sol = optimize(p, 0.05, items=items, time_limit_s=5.0)
+    starts = planned_window_starts(sol, None, timing, items.edges_ns)
+    assert np.all(np.isinf(starts[items.group[pad], items.window[pad]]))
+    policy = build_policy(sol, "a100", window_ms=20.0, window_start_ms=starts * 1e-6, period_ms=timing.period_ns * 1e-6)
+    assert all(s.t_ms < policy.period_ms for steps in policy.steps.values() for s in steps)
+
+
 @pytest.mark.parametrize("seed,gpus", [(1, 2), (5, 3)])
 def test_lp_start_meets_the_deadline_on_any_clock_subset(seed, gpus):
     """The LP relaxation rounded to each item's fastest mixed clock never ends late: on all clocks
