@@ -114,27 +114,17 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
     extra: dict = {"budget": budget, "planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
-    if name == "emo":
-        sol = None  # solved against the predictor below, once `build` exists
-    elif name == "static":
-        sol = optimize_static(p, plan_budget, items=items)
-        extra["static_curve"] = sol.info.pop("static_curve")
-    else:
-        raw = optimize_perseus(p, plan_budget, level=str(opt.get("perseus_level", "pass")))
-        sol = Solution(p, items, project(raw, items), raw.method, plan_budget, info=dict(raw.info))
-        sol.solve_s = raw.solve_s
-        extra.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
     tr = opt.get("transition_ms", [5.0, 15.0])
     lats = (float(tr[0]), 0.5 * (float(tr[0]) + float(tr[1])), float(tr[1]))  # the latencies every check covers
+
+    def starts(s: Solution) -> np.ndarray:
+        return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def build(s: Solution) -> FrequencyPolicy:
         return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
                             transition_ms=(lats[0], lats[-1]), min_interval_ms=min_interval,
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
                             window_start_ms=starts(s) * 1e-6)
-
-    def starts(s: Solution) -> np.ndarray:
-        return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def repair(s: Solution):
         return fit_to_prediction(tables, s, build, budget=plan_budget, interval_ms=interval,
@@ -147,25 +137,29 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
             build, repair, plan_budget, time_limit_s=opt.get("time_limit_s", 30.0), transitions_ms=lats)
         # every static schedule is an EMO schedule too: keep the best one when clock transitions (which
         # the DP does not charge) cost the windowed pick more than it saved
-        uni = optimize_static(p, plan_budget, items=items)
-        uni.info.pop("static_curve")
-        uni, uni_policy, uni_checked = repair(Solution(p, items, uni.choice, "emo", plan_budget, info=sol.info))
+        uni, uni_policy, uni_checked = repair(Solution(p, items, optimize_static(p, plan_budget, items=items).choice,
+                                                       "emo", plan_budget, info=sol.info))
         if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
             uni.solve_s = sol.solve_s
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
-        t1 = time.perf_counter()
-        solve_s = sol.solve_s
+        t1, solve_s = time.perf_counter(), sol.solve_s
         sol, policy, checked["predictor_moves"] = polish_on_predictor(
             tables, sol, build, budget=plan_budget, time_limit_s=float(opt.get("predictor_polish_s", 10.0)),
             transitions_ms=lats)
         sol.solve_s = solve_s + time.perf_counter() - t1
         checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
         extra.update(checked)
-    elif name == "perseus":  # its per-unit clocks projected onto windows: the same final check
+    elif name == "static":
+        sol = optimize_static(p, plan_budget, items=items)
+        extra["static_curve"] = sol.info.pop("static_curve")
+        policy = build(sol)
+    else:  # perseus: its per-unit clocks projected onto windows, then the same final check as EMO's
+        raw = optimize_perseus(p, plan_budget, level=str(opt.get("perseus_level", "pass")))
+        sol = Solution(p, items, project(raw, items), raw.method, plan_budget, info=dict(raw.info))
+        sol.solve_s = raw.solve_s
+        extra.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
         sol, policy, checked = repair(sol)
         extra.update(checked)
-    else:
-        policy = build(sol)
     summary = {**sol.summary(), **extra, "packs": int(np.sum(tables.is_pack)), "nodes": int(p.n),
                "clocks": [int(c) for c in p.clocks_mhz], "steps": {str(d): len(s) for d, s in policy.steps.items()}}
     return policy, summary
