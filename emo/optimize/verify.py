@@ -100,7 +100,8 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
     (1 + budget) × the predicted max-clock time for every clock-request latency in `transitions_ms`
     (worst_case). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
-    [group, window] offsets (ns) where it puts each window (default: every `interval_ms`)."""
+    [group, window] offsets (ns) where it puts each window (default: the items' change points on the
+    baseline timeline, else every `interval_ms`)."""
     p, items = sol.problem, sol.items
     c = tables.compiled
     base = predict(tables, None)
@@ -118,6 +119,7 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     choice = sol.choice.copy()
     solve_s = sol.solve_s
     info = {"predictor_rounds": 0, "predictor_drift_raises": 0, "predictor_step_raises": 0}
+
     def worst(policy):
         return worst_case(tables, policy, transitions_ms)
 
