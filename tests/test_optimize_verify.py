@@ -15,7 +15,7 @@ from emo.optimize import run
 from emo.optimize.run import policy_device_ids
 from emo.optimize.policy import build_policy
 from emo.optimize.solution import Solution
-from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts, problem_from_tables
+from emo.optimize.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
 from emo.optimize.verify import fit_to_prediction, polish_on_predictor, worst_case
 
 MS = 1_000_000
@@ -151,3 +151,19 @@ def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():
     assert worst_case(t, policy).makespan_ns <= base.makespan_ns + 1_000
     again, _, more = polish_on_predictor(t, sol, build, budget=0.0, time_limit_s=5.0)
     assert more == 0 and np.array_equal(again.choice, sol.choice)  # a local optimum stays put
+
+
+def test_a_down_step_waits_for_the_previous_windows_packs():
+    """Window 0 holds A (0-15 ms) and X (15-35 ms, it starts before the 20 ms edge); a slower window 1
+    must not land on X's tail: its step goes after X's planned finish (plus the latency spread)."""
+    t, p, timing, items, _, _ = _setup()
+    sol = Solution(p, items, np.array([2, 0, 0]), "emo", 0.0)  # window 0 at max, the rest at 705
+    clear = planned_window_clear(sol, t, timing)
+    assert clear[0, 1] == pytest.approx(35 * MS)  # X's finish
+    policy = build_policy(sol, "a100", window_ms=20.0, transition_ms=(5.0, 15.0), period_ms=55.0,
+                          window_start_ms=planned_window_starts(sol, t, timing, items.edges_ns) * 1e-6,
+                          window_clear_ms=clear * 1e-6)
+    down = [s for s in policy.steps[0] if s.sm_mhz == 705]
+    assert down and down[0].t_ms >= 35.0 + 10.0 - 1e-9
+    for x in (5.0, 10.0, 15.0):  # X runs at max clock wherever the request lands
+        assert predict(t, policy, transition_ms=x).makespan_ns <= predict(t, None).makespan_ns + 1_000

@@ -6,7 +6,9 @@ each step `lead_ms` = max ahead, so an undelayed step would land up to (max - mi
 what we want when the clock goes UP (the faster clock is in place when the critical work starts)
 but not when it goes DOWN (the slower clock would eat into the end of the previous window), so a
 down-step is placed (max - min) later: it lands between its window's start and (max - min) after.
-Steps closer than `min_interval_ms` to the previous one are merged into it, keeping the faster clock.
+The schedule repeats every iteration, so the first step is a down-step too when its clock is below
+the last step's. Steps closer than `min_interval_ms` to the previous one are merged into it, keeping
+the faster clock.
 """
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from emo.policy import FrequencyPolicy, Step
 def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[int] | None = None,
                  transition_ms: tuple[float, float] = (5.0, 15.0), min_interval_ms: float = 10.0,
                  period_ms: float | None = None, window_start_ms: np.ndarray | None = None,
-                 meta: dict | None = None) -> FrequencyPolicy:
+                 window_clear_ms: np.ndarray | None = None, meta: dict | None = None) -> FrequencyPolicy:
     """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
     [group, window]: where each window starts in the iteration (default: the items' change points on
     the baseline timeline, else window × window_ms; emo.optimize.tables.planned_window_starts gives
-    the planned ones). Windows that start at or after the period (padding) never make a step."""
+    the planned ones). Windows that start at or after the period (padding) never make a step.
+    `window_clear_ms` [group, window]: when the window before has finished its packs (planned_window
+    _clear); a down-step lands no earlier."""
     lo, hi = float(transition_ms[0]), float(transition_ms[1])
     if lo < 0 or hi < lo:
         raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
@@ -37,6 +41,8 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
                            else np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1)))
     else:  # the end of the last window: the period
         window_start_ms = np.hstack([window_start_ms, np.full((len(window_start_ms), 1), np.inf)])
+    if window_clear_ms is None:
+        window_clear_ms = np.full((len(items.groups), nwin), -np.inf)
     steps: dict[int, list[Step]] = {}
     for g, devs in enumerate(items.groups):
         ks = np.flatnonzero(items.group == g)
@@ -51,7 +57,9 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
             if raw and raw[-1].sm_mhz == c:
                 continue
             if raw and c < raw[-1].sm_mhz:
-                t += spread  # down-steps land inside their own window, never before it
+                # down-steps land inside their own window, never before it, nor before the packs of
+                # the window before have finished (window_clear_ms)
+                t = max(t, float(window_clear_ms[g, w])) + spread
                 if t >= min(period, window_start_ms[g, w + 1]):
                     continue  # the window ends before a slower clock could land: stay fast
             if raw and t - raw[-1].t_ms < min_interval_ms:
@@ -60,6 +68,17 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
                     raw.pop()
                 continue
             raw.append(Step(t, c))
+        if len(raw) > 1 and raw[0].sm_mhz < raw[-1].sm_mhz:
+            # the policy repeats: the first step goes down from the last one's clock, so it too lands
+            # inside its window (issued lead_ms before t = spread, at the end of the previous
+            # iteration), or, when the window is too short for that, the first window stays fast
+            t0 = max(0.0, float(window_clear_ms[g, 0])) + spread
+            if raw[1].t_ms - t0 >= min_interval_ms:
+                raw[0] = Step(t0, raw[0].sm_mhz)
+            else:
+                raw[0] = Step(0.0, raw[-1].sm_mhz)
+                if raw[1].sm_mhz == raw[0].sm_mhz:
+                    raw.pop(1)
         if not raw:
             raw = [Step(0.0, int(sol.problem.clocks_mhz[sol.problem.ref]))]
         for d in devs:

@@ -13,8 +13,8 @@ from emo.optimize.policy import build_policy
 from emo.optimize.problem import Items, Problem
 from emo.optimize.solution import Solution
 from emo.optimize.static import optimize_static
-from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_starts, problem_from_tables,
-                                 time_tolerance_ns)
+from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_clear, planned_window_starts,
+                                 problem_from_tables, time_tolerance_ns)
 from emo.optimize.verify import deadline_ns, fit_to_prediction, polish_on_predictor, worst_case
 from emo.policy import FrequencyPolicy
 
@@ -124,7 +124,8 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
                             transition_ms=(lats[0], lats[-1]), min_interval_ms=min_interval,
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
-                            window_start_ms=starts(s) * 1e-6)
+                            window_start_ms=starts(s) * 1e-6,
+                            window_clear_ms=planned_window_clear(s, tables, timing) * 1e-6)
 
     def repair(s: Solution):
         return fit_to_prediction(tables, s, build, budget=plan_budget, interval_ms=interval,

@@ -115,9 +115,7 @@ def planned_window_starts(sol, t, timing: Timing, edges_ns: np.ndarray) -> np.nd
     averaged over the traced iterations. Padding windows (a group with fewer windows than another)
     start at infinity: never a step."""
     p, items = sol.problem, sol.items
-    planned = iteration_marks(p, t, sol.start_ns)
-    if planned is None:  # no anchors: one iteration from time 0, as baseline_timing has it
-        planned = np.zeros_like(timing.marks_ns)
+    planned = _planned_marks(sol, t, timing)
     out = np.array(edges_ns[:, :-1], dtype=np.float64)
     for g, devs in enumerate(items.groups):
         d = devs[0]
@@ -133,6 +131,40 @@ def planned_window_starts(sol, t, timing: Timing, edges_ns: np.ndarray) -> np.nd
     out = np.maximum.accumulate(out, axis=1)
     out[np.diff(edges_ns, axis=1) <= 0] = np.inf
     return out
+
+
+def planned_window_clear(sol, t, timing: Timing) -> np.ndarray:
+    """float64[G, W]: when, on the planned timeline (offset from the planned iteration mark, ns), the
+    packs of the window before each window have finished on the group's first GPU: the latest
+    finish over the traced iterations (window 0 follows the previous iteration's last window, so
+    its value is that window's finish minus the period, and may be negative). A slower clock that
+    lands before then would stretch a pack the DP timed at the faster clock: down-steps wait for it.
+    -inf where the window before holds no pack."""
+    p, items = sol.problem, sol.items
+    planned = _planned_marks(sol, t, timing)
+    period = float(np.mean(np.diff(planned, axis=1))) if planned.shape[1] > 1 else timing.period_ns
+    nwin = int(items.window.max()) + 1
+    out = np.full((len(items.groups), nwin), -np.inf)
+    is_pack = np.asarray(getattr(t, "is_pack", np.ones(p.n, dtype=bool)))[p.perm]  # internal order
+    for g, devs in enumerate(items.groups):
+        v = np.flatnonzero((p.device == devs[0]) & is_pack & (items.item_of >= 0))
+        if not len(v):
+            continue
+        m = timing.marks_ns[devs[0]]
+        i = np.searchsorted(m, p.base_start[v], side="right") - 1
+        v, i = v[i >= 0], i[i >= 0]  # work before the first mark belongs to no traced iteration
+        off = sol.finish_ns[v] - planned[devs[0]][i]
+        np.maximum.at(out[g], items.window[items.item_of[v]], off)
+    real = (np.diff(items.edges_ns, axis=1) > 0).sum(axis=1) if items.edges_ns is not None else np.full(len(items.groups), nwin)
+    clear = np.full_like(out, -np.inf)
+    clear[:, 1:] = out[:, :-1]
+    clear[np.arange(len(items.groups)), 0] = out[np.arange(len(items.groups)), real - 1] - period
+    return clear
+
+
+def _planned_marks(sol, t, timing: Timing) -> np.ndarray:
+    planned = iteration_marks(sol.problem, t, sol.start_ns)
+    return np.zeros_like(timing.marks_ns) if planned is None else planned  # no anchors: one iteration from 0
 
 
 def iteration_noise_ns(timing: Timing) -> float:
