@@ -5,7 +5,6 @@ strict 0 every lower clock was infeasible and offload saved nothing (static on t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,15 +43,9 @@ def test_tolerance_floor_and_cap():
     assert time_tolerance_ns(noisy, 500e6) == pytest.approx(MAX_TIME_TOLERANCE * 500e6)
 
 
-def _stage(stage, cfg, inputs, out: Path) -> dict:
-    import importlib
-
-    out.mkdir(parents=True, exist_ok=True)
-    return importlib.import_module(f"emo.stages.{stage}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out)
-
-
 @pytest.fixture(scope="module")
-def offload(tmp_path_factory):
+def offload(tmp_path_factory, run_stage):
+    _stage = run_stage
     d = tmp_path_factory.mktemp("offload")
     cfg = compose(OFFLOAD)
     _stage("calibrate", cfg, {}, d / "calibrate")
@@ -84,7 +77,8 @@ def test_offload_saves_energy_at_budget_zero(offload, method):
         assert s["static_mhz"] < 1410
 
 
-def test_offload_budget_zero_measured(offload, tmp_path):
+def test_offload_budget_zero_measured(offload, tmp_path, run_stage):
+    _stage = run_stage
     cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0"])
     m = _stage("optimize", cfg, {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet"},
                tmp_path / "optimize")

@@ -3,7 +3,6 @@ artifacts, and what each stage's hash covers."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,15 +19,9 @@ from emo.stages import calibrate as calibrate_stage
 SMALL = ["workload.model.layers=1", "workload.model.seq=1024", "tracking.enabled=false"]
 
 
-def run(stage, cfg, inputs, out: Path) -> dict:
-    import importlib
-
-    out.mkdir(parents=True, exist_ok=True)
-    return importlib.import_module(f"emo.stages.{stage}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out)
-
-
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
+def chain(tmp_path_factory, run_stage):
+    run = run_stage
     d = tmp_path_factory.mktemp("chain")
     cfg = compose(SMALL + ["model.clocks_stride=8", "model.repeats=1"])
     m = {"calibrate": run("calibrate", cfg, {}, d / "calibrate")}
