@@ -36,10 +36,9 @@ GPUS = ("a100", "h100", "rtx3080ti")
 
 
 def stage(name, cfg, inputs, out: Path) -> dict:
-    import importlib
+    from emo.stages import run_in_place
 
-    out.mkdir(parents=True, exist_ok=True)
-    return importlib.import_module(f"emo.stages.{name}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out) or {}
+    return run_in_place(name, cfg, inputs, out)
 
 
 def calibrate(gpu: str, root: Path, quick: bool) -> Path:

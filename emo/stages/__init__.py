@@ -20,6 +20,14 @@ from emo.io import write_json
 log = logging.getLogger("emo")
 
 
+def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
+    """`stage`'s computation alone, writing straight into `out` (no temporary folder, config.json,
+    metrics or tracking): for tests and benchmarks that chain stages in-process."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return importlib.import_module(f"emo.stages.{stage}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out) or {}
+
+
 def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> dict:
     """Run `stage` with params {"cfg": resolved config, "covers": what the hash covers, "hash": ...}."""
     out = Path(out_dir)
