@@ -32,12 +32,11 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
     """Run `stage` with params {"cfg": resolved config, "covers": what the hash covers, "hash": ...}."""
     out = Path(out_dir)
     _setup_logging(log_file)
-    module = importlib.import_module(f"emo.stages.{stage}")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         t0 = time.perf_counter()
-        metrics = module.run(params["cfg"], {k: Path(v) for k, v in inputs.items()}, tmp) or {}
+        metrics = run_in_place(stage, params["cfg"], inputs, tmp)
         metrics[f"{stage}_wall_s"] = round(time.perf_counter() - t0, 3)
         write_json(tmp / "metrics.json", metrics)
         for item in sorted(tmp.iterdir()):
