@@ -225,7 +225,9 @@ def test_reset_clocks_command(monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- signals (subprocess)
 _CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # as a program started from a terminal: a background job (nohup, `&`) inherits SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     import nvml_fake
     fake = nvml_fake.FakeNVML(log_path={log!r})
