@@ -101,47 +101,53 @@ def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
     return out
 
 
+def pipeline_dag(stages: int, microbatches: int, packs_per_pass: int, *, links: bool):
+    """The DAG of a 1F1B pipeline, as arrays: each pass is a chain of `packs_per_pass` packs on its
+    stage's GPU; a pass waits for the previous one on its stage, and for the same microbatch's pass
+    on the stage before (forward) or after (backward), through a host node (`links`, a p2p transfer)
+    or directly; the last stage's backward waits for its forward. Returns (stage, instruction (0 fwd,
+    1 bwd), pack index within its pass, src, dst); link nodes have -1 in the first three."""
+    order = one_f_one_b(stages, microbatches)
+    stage, instr, part, src, dst = [], [], [], [], []
+    first, last = {}, {}
+    for s in range(stages):
+        prev = -1
+        for kind, m in order[s]:
+            for j in range(packs_per_pass):
+                stage.append(s), instr.append(0 if kind == "forward" else 1), part.append(j)
+                if prev >= 0:
+                    src.append(prev), dst.append(len(stage) - 1)
+                prev = len(stage) - 1
+            first[(s, kind, m)], last[(s, kind, m)] = prev - packs_per_pass + 1, prev
+    for s in range(stages):
+        for m in range(microbatches):
+            for kind, nxt in (("forward", s + 1), ("backward", s - 1)):
+                if 0 <= nxt < stages:
+                    u, v = last[(s, kind, m)], first[(nxt, kind, m)]
+                    if links:
+                        stage.append(-1), instr.append(-1), part.append(-1)
+                        src += [u, len(stage) - 1]
+                        dst += [len(stage) - 1, v]
+                    else:
+                        src.append(u), dst.append(v)
+            if s == stages - 1:
+                src.append(last[(s, "forward", m)]), dst.append(first[(s, "backward", m)])
+    return np.array(stage), np.array(instr), np.array(part), src, dst
+
+
 def pipeline_problem(time_s: np.ndarray, energy_j: np.ndarray, clocks_mhz: np.ndarray, *, microbatches: int,
                      idle_w: float, link_ns: float = 0.0, split: int = 1, min_clock_fraction: float = 0.0) -> Problem:
     """A 1F1B pipeline: stage s, instruction i (0 fwd, 1 bwd) takes time_s[s, i, c] and energy_j[s, i, c]
     (total, idle included) at clocks_mhz[c]; each pass is split into `split` equal packs."""
-    S = time_s.shape[0]
-    order = one_f_one_b(S, microbatches)
-    dev, t_rows, e_rows, src, dst = [], [], [], [], []
-    first, last = {}, {}
-    above = energy_j - idle_w * time_s
-    for s in range(S):
-        prev = -1
-        for kind, m in order[s]:
-            i = 0 if kind == "forward" else 1
-            ids = []
-            for _ in range(split):
-                dev.append(s)
-                t_rows.append(time_s[s, i] * 1e9 / split)
-                e_rows.append(above[s, i] / split)
-                ids.append(len(dev) - 1)
-                if prev >= 0:
-                    src.append(prev), dst.append(ids[-1])
-                prev = ids[-1]
-            first[(s, kind, m)], last[(s, kind, m)] = ids[0], ids[-1]
-    C = len(clocks_mhz)
-    for s in range(S):
-        for m in range(microbatches):
-            for kind, nxt in (("forward", s + 1), ("backward", s - 1)):
-                if 0 <= nxt < S:
-                    u = last[(s, kind, m)]
-                    v = first[(nxt, kind, m)]
-                    if link_ns > 0:
-                        dev.append(-1), t_rows.append(np.full(C, link_ns)), e_rows.append(np.zeros(C))
-                        src += [u, len(dev) - 1]
-                        dst += [len(dev) - 1, v]
-                    else:
-                        src.append(u), dst.append(v)
-            if s == S - 1:
-                src.append(last[(s, "forward", m)]), dst.append(first[(s, "backward", m)])
+    S, C = time_s.shape[0], len(clocks_mhz)
+    stage, instr, _, src, dst = pipeline_dag(S, microbatches, split, links=link_ns > 0)
+    pack = stage >= 0
+    dur = np.full((len(stage), C), float(link_ns))
+    energy = np.zeros((len(stage), C))
+    dur[pack] = time_s[stage[pack], instr[pack]] * 1e9 / split
+    energy[pack] = (energy_j - idle_w * time_s)[stage[pack], instr[pack]] / split
     idle = np.full((S, C), float(idle_w))
-    return build_problem(src, dst, dev, np.array(t_rows), np.array(e_rows), idle, clocks_mhz,
-                         min_clock_fraction=min_clock_fraction)
+    return build_problem(src, dst, stage, dur, energy, idle, clocks_mhz, min_clock_fraction=min_clock_fraction)
 
 
 def perseus_profile(path: str | Path, stages: int | None = None, clock_stride: int = 1):
@@ -175,37 +181,14 @@ def large_pipeline(stages: int = 8, microbatches: int = 64, packs_per_pass: int 
     fwd = rng.uniform(0.5e6, 3e6, (stages, packs_per_pass))
     alpha = rng.uniform(0.2, 1.0, (stages, packs_per_pass))
     act = rng.uniform(120, 350, (stages, packs_per_pass))
-    t_pass = np.zeros((stages, 2, clocks))
-    order = one_f_one_b(stages, microbatches)
-    dev, base, al, ac, src, dst = [], [], [], [], [], []
-    first, last = {}, {}
-    for s in range(stages):
-        prev = -1
-        for kind, m in order[s]:
-            mult = 1.0 if kind == "forward" else 2.0
-            ids = []
-            for j in range(packs_per_pass):
-                dev.append(s), base.append(fwd[s, j] * mult), al.append(alpha[s, j]), ac.append(act[s, j])
-                ids.append(len(dev) - 1)
-                if prev >= 0:
-                    src.append(prev), dst.append(ids[-1])
-                prev = ids[-1]
-            first[(s, kind, m)], last[(s, kind, m)] = ids[0], ids[-1]
-    del t_pass
-    link = []
-    for s in range(stages):
-        for m in range(microbatches):
-            for kind, nxt in (("forward", s + 1), ("backward", s - 1)):
-                if 0 <= nxt < stages:
-                    dev.append(-1), base.append(link_ns), al.append(0.0), ac.append(0.0)
-                    link.append(len(dev) - 1)
-                    src += [last[(s, kind, m)], len(dev) - 1]
-                    dst += [len(dev) - 1, first[(nxt, kind, m)]]
-            if s == stages - 1:
-                src.append(last[(s, "forward", m)]), dst.append(first[(s, "backward", m)])
-    dev = np.array(dev)
-    dur, en = dvfs_curves(mhz, np.array(base), np.array(al), np.array(ac))
-    dur[dev < 0] = np.array(base)[dev < 0][:, None]
-    en[dev < 0] = 0.0
+    stage, instr, part, src, dst = pipeline_dag(stages, microbatches, packs_per_pass, links=True)
+    pack = stage >= 0
+    base = np.full(len(stage), float(link_ns))
+    al, ac = np.zeros(len(stage)), np.zeros(len(stage))
+    base[pack] = fwd[stage[pack], part[pack]] * (1.0 + instr[pack])  # a backward pass takes twice as long
+    al[pack], ac[pack] = alpha[stage[pack], part[pack]], act[stage[pack], part[pack]]
+    dur, en = dvfs_curves(mhz, base, al, ac)
+    dur[~pack] = base[~pack][:, None]
+    en[~pack] = 0.0
     idle = np.tile(idle_curve(mhz), (stages, 1))
-    return build_problem(src, dst, dev, dur, en, idle, mhz.astype(np.int64))
+    return build_problem(src, dst, stage, dur, en, idle, mhz.astype(np.int64))
