@@ -180,6 +180,22 @@ WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload,
              "recorded": RecordedWorkload, "command": CommandWorkload}
 
 
+# string options with a fixed set of values: checked when the configuration is composed, so a typo
+# fails at once rather than in the stage that reads it
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("optimizer", "change_points"): ("passes", "grid"),
+    ("optimizer", "perseus_level"): ("pass", "pack"),
+}
+
+
+def check_choices(cfg: dict) -> None:
+    """ValueError (one line, naming the key) for a value outside CHOICES."""
+    for (group, key), allowed in CHOICES.items():
+        value = cfg.get(group, {}).get(key)
+        if value is not None and value not in allowed:
+            raise ValueError(f"bad configuration: {group}.{key} must be one of {', '.join(allowed)} (got {value!r})")
+
+
 def register() -> None:
     """Register the schemas; conf/*.yaml name them in their defaults lists."""
     from hydra.core.config_store import ConfigStore

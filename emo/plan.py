@@ -36,15 +36,17 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from emo.config import register
+    from emo.config import check_choices, register
 
     register()
     try:
         with initialize_config_dir(config_dir=str(config_dir or ROOT / "conf"), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_one_line(e)}") from None
+    check_choices(out)
+    return out
 
 
 def _one_line(e: Exception) -> str:

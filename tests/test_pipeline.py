@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("budgett=0.1", "budgett"),
     ("budget=abc", "budget"),
     ("gpu=b200", "gpu/b200"),
+    ("optimizer.change_points=fixed", "optimizer.change_points"),
+    ("optimizer.perseus_level=unit", "optimizer.perseus_level"),
 ])
 def test_bad_override_is_one_line_naming_the_key(override, key):
     with pytest.raises(ValueError) as e:
