@@ -1,6 +1,8 @@
 """Frequency policies: per GPU, SM-clock steps relative to the start of an iteration (DESIGN.md §2).
 
-A policy is plain JSON so that the runtime applier on a GPU box and the virtual GPU read the same file.
+A policy is plain JSON so that the runtime applier on a GPU box and the virtual GPU read the same file;
+what a step means in time (`issue_plan`: when its clock request is made) is defined here once and used
+alike by the virtual GPU, the predictor and the applier on hardware.
 """
 from __future__ import annotations
 
@@ -60,3 +62,31 @@ class FrequencyPolicy:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a frequency policy ({e})") from e
+
+
+@dataclass(frozen=True)
+class Issue:
+    at_s: float  # seconds after the iteration marker
+    sm_mhz: int
+
+
+def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[Issue]:
+    """When, relative to an iteration marker, each clock request is made.
+
+    A step whose issue time (t_ms - lead_ms) is before the marker is issued at the end of the
+    iteration instead (period_ms - lead_ms ahead), for the next one; without a period it is issued
+    at the marker itself. A step that repeats the previous step's clock is dropped.
+    """
+    if not steps:
+        return []
+    kept: list[Step] = []
+    for s in sorted(steps, key=lambda s: s.t_ms):  # a step repeating the clock before it is a no-op
+        if not kept or kept[-1].sm_mhz != s.sm_mhz:
+            kept.append(s)
+    out = []
+    for s in kept:
+        at = s.t_ms - lead_ms
+        if at < 0:
+            at = at + period_ms if period_ms > 0 else 0.0
+        out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))
+    return sorted(out, key=lambda i: i.at_s)

@@ -8,50 +8,22 @@ next iteration: it is issued lead_ms before the iteration is expected to end (t0
 new iteration starts at the right clock. If the next marker comes early, the thread drops what is
 left of the old iteration and follows the new one. Clocks are reset when the applier closes.
 
-Pure planning (`issue_plan`) is separated from the threads so that it can be checked exactly.
+What a step means in time (`emo.policy.issue_plan`) is defined once, beside the policy, and shared
+with the virtual GPU and the predictor; this module only holds the threads.
 """
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from emo.policy import FrequencyPolicy, Step
+from emo.policy import FrequencyPolicy, Issue, issue_plan
 
 
 class ClockSetter(Protocol):
     def set_clock(self, device: int, mhz: int) -> None: ...
 
     def reset_clock(self, device: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class Issue:
-    at_s: float  # seconds after the iteration marker
-    sm_mhz: int
-
-
-def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[Issue]:
-    """When, relative to an iteration marker, each clock request is made.
-
-    A step whose issue time (t_ms - lead_ms) is before the marker is issued at the end of the
-    iteration instead (period_ms - lead_ms ahead), for the next one; without a period it is issued
-    at the marker itself. A step that repeats the previous step's clock is dropped.
-    """
-    if not steps:
-        return []
-    kept: list[Step] = []
-    for s in sorted(steps, key=lambda s: s.t_ms):  # a step repeating the clock before it is a no-op
-        if not kept or kept[-1].sm_mhz != s.sm_mhz:
-            kept.append(s)
-    out = []
-    for s in kept:
-        at = s.t_ms - lead_ms
-        if at < 0:
-            at = at + period_ms if period_ms > 0 else 0.0
-        out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))
-    return sorted(out, key=lambda i: i.at_s)
 
 
 class _DeviceThread(threading.Thread):

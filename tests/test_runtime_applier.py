@@ -8,7 +8,8 @@ import time
 import pytest
 
 from emo.policy import FrequencyPolicy, Step
-from emo.runtime import Issue, PolicyApplier, issue_plan
+from emo.policy import Issue, issue_plan
+from emo.runtime import PolicyApplier
 
 
 class FakeSetter:

@@ -28,7 +28,7 @@ from emo.graph.graph import Graph
 from emo.graph.whatif import Compiled, compile_graph
 from emo.model.fit import model_arrays
 from emo.policy import FrequencyPolicy
-from emo.runtime import issue_plan
+from emo.policy import issue_plan
 
 DEFAULT_TRANSITION_MS = 10.0
 
@@ -140,7 +140,7 @@ def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
     (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
 
-    The requests are those of emo.runtime's applier (`issue_plan`: relative to each mark, lead_ms
+    The requests are those of emo.policy's `issue_plan` (the applier's plan: relative to each mark, lead_ms
     early, wrapped by period_ms, repeated clocks dropped); one not yet issued when the next mark
     comes (or after the run's end) is dropped; each lands `transition_ms` after it is issued and the
     last one issued wins. The traced iterations follow a warm-up iteration under the same policy,

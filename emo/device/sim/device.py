@@ -20,7 +20,7 @@ from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
 from emo.device.sim.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
-from emo.runtime import issue_plan
+from emo.policy import issue_plan
 
 MAX_GPUS = 64
 
