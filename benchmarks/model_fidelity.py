@@ -72,7 +72,8 @@ def random_policy(gpu: str, devices: int, clocks: list[int], period_ms: float, r
 
 def case(args) -> dict:
     gpu, wl, bench, quick, root = args
-    from emo.device import KernelRange, open_device
+    from emo.device import KernelRange
+    from emo.device.backends import open_device
     from emo.model.predict import load_pack_tables, predict
     from emo.pack.ranges import kernel_ordinals, pack_ranges
     from emo.plan import compose

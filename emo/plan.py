@@ -7,9 +7,11 @@ after it to new folders but keeps the calibration; changing the budget moves onl
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,17 +19,26 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (conf/, microbench/, Snakefile)
 
-# stage -> (config keys it depends on, upstream stages, code it runs: paths relative to ROOT)
-STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "trace": (("gpu", "workload", "trace"), (), ("emo/stages/trace.py", "emo/device", "emo/workloads", "emo/trace")),
-    "graph": ((), ("trace",), ("emo/stages/graph.py", "emo/graph", "emo/trace")),
-    "calibrate": (("gpu", "model"), (), ("emo/stages/calibrate.py", "emo/device", "emo/microbench.py", "microbench")),
-    "pack": (("packing",), ("trace", "graph"), ("emo/stages/pack.py", "emo/pack", "emo/graph")),
-    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack"), ("emo/stages/profile.py", "emo/device", "emo/workloads", "emo/pack")),
-    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile"), ("emo/stages/fit.py", "emo/model", "emo/pack", "emo/graph", "emo/policy.py", "emo/runtime.py")),
-    "optimize": (("optimizer", "budget"), ("pack", "fit"), ("emo/stages/optimize.py", "emo/optimize", "emo/model", "emo/graph", "emo/policy.py", "emo/runtime.py")),
-    "validate": (("optimizer", "budget", "validate"), ("optimize",), ("emo/stages/validate.py", "emo/baselines", "emo/device", "emo/workloads", "emo/policy.py")),
+# stage -> (config sections it reads, upstream stages). A stage is handed exactly these sections
+# (emo.stages.run_in_place), so it cannot read a key its hash does not cover; its code is whatever
+# emo.stages.<stage> imports (code_digest), and the files it reads are hashed by content (data_files).
+STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "trace": (("gpu", "workload", "trace"), ()),
+    "graph": ((), ("trace",)),
+    "calibrate": (("gpu", "model"), ()),
+    "pack": (("packing",), ("trace", "graph")),
+    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack")),
+    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile")),
+    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit")),
+    "validate": (("gpu", "workload", "optimizer", "budget", "validate"), ("optimize",)),
 }
+# Files a stage reads beyond its inputs (relative to ROOT): the microbenchmarks' sources and registry.
+STAGE_FILES: dict[str, tuple[str, ...]] = {"calibrate": ("microbench",)}
+SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".yaml"}
+MODULE_NAME = re.compile(r"emo(\.[A-Za-z_]\w*)+(:\w+)?")  # "emo.device.sim:SimDevice"
+# The stage runner (emo/stages/__init__.py) is hashed but its imports (tracking, logging) are not
+# followed: they record a stage's result, they do not decide it.
+RUNNER = "emo.stages"
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None = None) -> dict:
@@ -62,17 +73,92 @@ def _one_line(e: Exception) -> str:
     return "; ".join(dict.fromkeys(parts)) or type(e).__name__
 
 
+def module_file(name: str) -> Path | None:
+    """The source file of module `name` under ROOT (a package's __init__.py), None if there is none."""
+    base = ROOT.joinpath(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imported(name: str, f: Path) -> set[str]:
+    """The emo modules `f` (module `name`) may import: import statements anywhere in it (also inside
+    functions, where heavy imports are deferred), relative ones resolved, and "emo.x.y" strings
+    naming a module (backends loaded by name, e.g. emo.device.BACKENDS)."""
+    tree = ast.parse(f.read_bytes(), filename=str(f))
+    package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            found.add(node.value.split(":")[0])
+    return {m for m in found if m.split(".")[0] == "emo" and module_file(m) is not None}
+
+
+def imported_modules(root: str) -> list[str]:
+    """`root` and every emo module it imports, transitively, with the packages above each (importing
+    emo.a.b runs emo/__init__.py and emo/a/__init__.py): what a stage's code is."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        if name != RUNNER:
+            todo += sorted(_imported(name, module_file(name)))
+    return sorted(seen)
+
+
 @functools.cache
-def code_digest(paths: tuple[str, ...]) -> str:
-    """Digest of the source files under `paths` (relative to ROOT): a code change re-runs the stage."""
-    h = hashlib.sha256()
-    for rel in paths:
+def code_digest(stage: str) -> str:
+    """Digest of the code of `stage`: the source of every module emo.stages.<stage> imports and the
+    files it reads (STAGE_FILES), so a code change re-runs exactly the stages that run that code."""
+    files = [module_file(m) for m in imported_modules(f"emo.stages.{stage}")]
+    for rel in STAGE_FILES.get(stage, ()):
         p = ROOT / rel
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in {".py", ".cu", ".yaml"}) if p.is_dir() else [p]
-        for f in files:
-            h.update(str(f.relative_to(ROOT)).encode())
-            h.update(f.read_bytes())
+        files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for f in sorted(set(files)):
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def content_digest(path: str | Path) -> str:
+    """Digest of a file's bytes, or of every file under a folder (names and bytes): a recorded trace
+    replaced at the same path is a new input. One line naming the path when it cannot be read."""
+    p = Path(path)
+    try:
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        h = hashlib.sha256()
+        for f in files:
+            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()[:16]
+
+
+def read_files(stage: str, cfg: dict) -> dict[str, str]:
+    """Files outside results/ that `stage` reads, by config key: the recorded trace of workload.path."""
+    wl = cfg.get("workload", {})
+    if stage == "trace" and wl.get("kind") == "recorded":
+        return {"workload.path": str(wl["path"])}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -99,12 +185,15 @@ def plan(cfg: dict) -> dict[str, StagePlan]:
     """The folder of every stage for this configuration."""
     results = Path(cfg["results"])
     plans: dict[str, StagePlan] = {}
-    for stage, (keys, upstream, code) in STAGES.items():
+    for stage, (keys, upstream) in STAGES.items():
         covers = {
             "config": {k: cfg[k] for k in keys},
             "inputs": {u: plans[u].hash for u in upstream},
-            "code": code_digest(code),
+            "code": code_digest(stage),
         }
+        files = read_files(stage, cfg)
+        if files:
+            covers["files"] = {key: content_digest(path) for key, path in files.items()}
         digest = hashlib.sha256(json.dumps(covers, sort_keys=True).encode()).hexdigest()[:12]
         plans[stage] = StagePlan(stage, digest, results / stage / digest, covers)
     return plans

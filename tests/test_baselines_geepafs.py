@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from emo.baselines.geepafs import FoldLine, choose_clock, fit_fold_line, probe_clocks, run_geepafs
-from emo.device import open_device
+from emo.device.backends import open_device
 from emo.plan import compose
 
 A100 = list(range(210, 1411, 15))

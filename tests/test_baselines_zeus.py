@@ -6,7 +6,7 @@ import pytest
 zeus = pytest.importorskip("zeus", reason="the `zeus` package (extra `baselines`) is not installed")
 
 from emo.baselines.zeus import run_zeus, zeus_on_device  # noqa: E402
-from emo.device import open_device  # noqa: E402
+from emo.device.backends import open_device  # noqa: E402
 from emo.plan import compose  # noqa: E402
 
 

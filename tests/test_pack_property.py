@@ -47,7 +47,7 @@ def test_real_traces(name):
                                         "workload.microbatches=2", "workload.model.seq=512"],
                                        ["workload=offload", "workload.model.layers=2", "workload.decode_tokens=2"]])
 def test_virtual_traces(overrides, tmp_path):
-    from emo.device import open_device
+    from emo.device.backends import open_device
     from emo.plan import compose
 
     cfg = compose(overrides)

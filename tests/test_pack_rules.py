@@ -12,7 +12,7 @@ from pack_graphs import random_graph
 
 @pytest.fixture(scope="module")
 def virtual_graph(tmp_path_factory):
-    from emo.device import open_device
+    from emo.device.backends import open_device
     from emo.plan import compose
     from emo.trace import read_trace
 

@@ -9,7 +9,7 @@ import pytest
 
 from emo import plan as planmod
 from emo.plan import compose, plan
-from emo.stages import run_stage
+from emo.stages import run_in_place, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,15 +44,68 @@ def test_hashes_follow_what_each_stage_depends_on():
     assert plan(compose([])) == base  # deterministic
 
 
-def test_code_change_changes_the_hash(tmp_path, monkeypatch):
-    (tmp_path / "mod.py").write_text("x = 1\n")
+def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
+    """A stage's code is what emo.stages.<stage> imports, transitively (also inside functions and
+    backends named by string), and nothing else: a change there re-runs it, a change elsewhere does not."""
+    pkg = tmp_path / "emo"
+    for d in ("", "stages", "lib", "other"):
+        (pkg / d).mkdir(exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "stages" / "__init__.py").write_text("def run_stage():\n    from emo import other\n")
+    (pkg / "stages" / "demo.py").write_text("def run():\n    from emo.lib import deep\n    return 'emo.lib.named:Backend'\n")
+    (pkg / "lib" / "deep.py").write_text("from . import shallow\n")
+    (pkg / "lib" / "shallow.py").write_text("x = 1\n")
+    (pkg / "lib" / "named.py").write_text("x = 1\n")
+    (pkg / "other" / "tracking.py").write_text("x = 1\n")
     monkeypatch.setattr(planmod, "ROOT", tmp_path)
+    assert planmod.imported_modules("emo.stages.demo") == [
+        "emo", "emo.lib", "emo.lib.deep", "emo.lib.named", "emo.lib.shallow", "emo.stages", "emo.stages.demo"]
+
+    def digest():
+        planmod.code_digest.cache_clear()
+        return planmod.code_digest("demo")
+
+    before = digest()
+    (pkg / "other" / "tracking.py").write_text("x = 2\n")  # the runner's imports record, they do not decide
+    assert digest() == before
+    for f in ("lib/shallow.py", "lib/named.py", "stages/__init__.py"):
+        (pkg / f).write_text((pkg / f).read_text() + "# changed\n")
+        assert digest() != before, f
+        before = digest()
     planmod.code_digest.cache_clear()
-    before = planmod.code_digest(("mod.py",))
-    (tmp_path / "mod.py").write_text("x = 2\n")
-    planmod.code_digest.cache_clear()
-    assert planmod.code_digest(("mod.py",)) != before
-    planmod.code_digest.cache_clear()
+
+
+def test_every_stage_hashes_the_code_it_imports():
+    """The hand-written lists drifted (profile did not hash emo/graph, fit not emo/device): now each
+    stage's digest covers what it imports, and the models' stages do not hash the virtual GPU."""
+    mods = {s: set(planmod.imported_modules(f"emo.stages.{s}")) for s in planmod.STAGES}
+    assert "emo.graph.graph" in mods["profile"]
+    assert {"emo.policy", "emo.graph.whatif"} <= mods["optimize"]
+    for s in ("graph", "pack", "fit", "optimize"):
+        assert not any(m.startswith(("emo.device.sim", "emo.workloads")) for m in mods[s]), s
+    for s in ("trace", "calibrate", "profile", "validate"):
+        assert "emo.device.sim.device" in mods[s], s
+
+
+def test_a_stage_sees_only_the_config_its_hash_covers(tmp_path, monkeypatch):
+    import emo.stages.pack as pack_stage
+
+    seen = {}
+    monkeypatch.setattr(pack_stage, "run", lambda cfg, inputs, out: seen.update(cfg) or {})
+    run_in_place("pack", compose([]), {}, tmp_path)
+    assert set(seen) == set(planmod.STAGES["pack"][0]) == {"packing"}
+
+
+def test_a_recorded_trace_is_hashed_by_content(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    cfg = lambda: compose(["workload=recorded", f"workload.path={trace}", f"results={tmp_path}/r"])
+    first = plan(cfg())["trace"]
+    assert plan(cfg())["trace"].hash == first.hash
+    trace.write_text('{"traceEvents": []}')  # the same path, new content: a new trace stage folder
+    assert plan(cfg())["trace"].hash != first.hash
+    with pytest.raises(ValueError, match="cannot read"):
+        planmod.content_digest(tmp_path / "missing.json")
 
 
 def test_failed_stage_leaves_no_trusted_files(tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emo.device import COUNTERS, Device, open_device
+from emo.device import COUNTERS, Device
+from emo.device.backends import open_device
 from emo.device.sim import SimDevice
 from emo.device.sim.program import CollectiveSpec, KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from emo.device import COUNTERS, KernelRange, open_device
+from emo.device import COUNTERS, KernelRange
+from emo.device.backends import open_device
 from emo.graph import Graph
 from emo.graph.whatif import whatif
 from emo.model.predict import load_pack_tables, predict

@@ -14,7 +14,13 @@ belonged to another edge. A gap that would have to be negative means the trace c
 (clock skew, a wrong dependency): it is clamped to 0 and shows up as replay error.
 `whatif(compiled, dur_ns)` then gives the makespan, each node's start and finish, its critical
 predecessor, the critical path, each node's slack (how much it may stretch alone without moving
-the end) and the slack windows per GPU, at millions of nodes per second."""
+the end) and the slack windows per GPU, at millions of nodes per second.
+
+This module is EMO's one timing engine: the optimizer's passes (`forward`, `latest_finish`,
+`free_finish`, `local_delays`: the end-to-end delay of changing one item's clock) and the
+predictor's clocked forward pass (`forward_clocked`: durations follow a per-GPU clock timeline, a
+node that spans a clock change runs at each clock in turn) all take the same CSR arrays with a lag
+per edge and a start offset per node, and compare times with one tolerance (TOLERANCE_NS)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +33,11 @@ from emo.graph.graph import EDGE_KINDS, GPU_NODE_KINDS, Graph
 
 
 # Kineto writes whole microseconds (older PyTorch) or ns decimals of rounded values: a recorded
-# start may precede its constraint by up to this much through rounding alone.
+# start may precede its constraint by up to this much through rounding alone. It is also the one
+# tolerance every time comparison on a graph uses (on time, critical, a delay worth counting).
 ROUNDING_TOLERANCE_NS = 1_000
+TOLERANCE_NS = float(ROUNDING_TOLERANCE_NS)
+SERIAL_WORK = 200_000  # node × clock visits below which local what-if passes run on one thread
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,239 @@ def _forward(indptr, src, from_start, lag, dur, offset, start, finish, crit):
         start[v] = s
         finish[v] = s + dur[v]
         crit[v] = arg
+
+
+@numba.njit(cache=True)
+def forward(indptr, src, from_start, lag, offset, dur):
+    """(start, finish, makespan end) of every node at durations `dur` (float64, topological order)."""
+    n = dur.shape[0]
+    start = np.empty(n)
+    finish = np.empty(n)
+    end = 0.0
+    for v in range(n):
+        best = 0.0
+        first = True
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            t = (start[u] if from_start[k] else finish[u]) + lag[k]
+            if first or t > best:
+                best = t
+                first = False
+        s = best + offset[v]
+        start[v] = s
+        finish[v] = s + dur[v]
+        if finish[v] > end:
+            end = finish[v]
+    return start, finish, end
+
+
+@numba.njit(cache=True)
+def latest_finish(indptr, src, from_start, lag, offset, dur, deadline):
+    """Latest finish of every node that keeps the end within `deadline` (float64): _backward's."""
+    n = dur.shape[0]
+    latest = np.empty(n)
+    latest_start = np.empty(n)
+    for v in range(n):
+        latest[v] = deadline
+        latest_start[v] = np.inf
+    for v in range(n - 1, -1, -1):
+        ls = latest[v] - dur[v]
+        if latest_start[v] < ls:
+            ls = latest_start[v]
+        ls -= offset[v]
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            bound = ls - lag[k]
+            if from_start[k]:
+                if bound < latest_start[u]:
+                    latest_start[u] = bound
+                if bound + dur[u] < latest[u]:  # a start bound is a finish bound dur[u] later
+                    latest[u] = bound + dur[u]
+            elif bound < latest[u]:
+                latest[u] = bound
+    return latest
+
+
+@numba.njit(cache=True)
+def free_finish(indptr, src, from_start, lag, offset, dur, start, deadline):
+    """Latest finish of every node that delays none of its successors (free slack): delays measured
+    against it add up along any path, so their sum bounds the end-to-end delay."""
+    n = dur.shape[0]
+    lf = np.full(n, deadline)
+    for v in range(n):
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            x = start[v] - offset[v] - lag[k] + (dur[u] if from_start[k] else 0.0)
+            if x < lf[u]:
+                lf[u] = x
+    return lf
+
+
+@numba.njit(cache=True)
+def _local_chunk(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi,
+                 todo, useful, limit, out, first, last):
+    n = len(cur_dur)
+    C = dur_table.shape[1]
+    stamp = np.full(n, -1, np.int64)
+    ns = np.zeros(n)
+    nf = np.zeros(n)
+    tag = 0
+    for kk in range(first, last):
+        k = todo[kk]
+        if lo[k] < 0:
+            continue
+        over = False
+        for c in range(C - 1, -1, -1):  # fastest first: once past the limit, slower clocks are too
+            if over or not useful[k, c]:
+                out[k, c] = np.inf
+                continue
+            tag += 1
+            worst = 0.0
+            for v in range(lo[k], hi[k] + 1):
+                mine = item_of[v] == k
+                touched = mine
+                s = 0.0
+                first_edge = True
+                for e in range(indptr[v], indptr[v + 1]):
+                    u = src[e]
+                    if stamp[u] == tag:
+                        touched = True
+                        x = ns[u] if from_start[e] else nf[u]
+                    else:
+                        x = start[u] if from_start[e] else finish[u]
+                    x += lag[e]
+                    if first_edge or x > s:
+                        s = x
+                        first_edge = False
+                if not touched:
+                    continue
+                s += offset[v]
+                f = s + (dur_table[v, c] if mine else cur_dur[v])
+                if s != start[v] or f != finish[v]:
+                    stamp[v] = tag
+                    ns[v] = s
+                    nf[v] = f
+                    late = f - finish[v] - slack[v]
+                    if late > worst:
+                        worst = late
+            out[k, c] = worst
+            if worst > limit:
+                over = True
+
+
+@numba.njit(cache=True, parallel=True)
+def _local_all(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo,
+               useful, limit, out, chunks):
+    for j in numba.prange(chunks):  # items split across threads, each chunk with its own scratch
+        _local_chunk(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi,
+                     todo, useful, limit, out, j * len(todo) // chunks, (j + 1) * len(todo) // chunks)
+
+
+def local_delays(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo,
+                 useful, limit):
+    """delay[k, c]: how far past its deadline the end would move if only item k ran at clock c
+    (inf: not evaluated, because the clock is not useful for the item or a faster one is already
+    past `limit`). Nodes must be in a topological order in which each item's nodes lie in
+    [lo[k], hi[k]]; `slack` = latest finish - finish.
+
+    A what-if pass over the item's span of the order only: nodes it touches get new times, and a
+    touched node x ends the iteration at its new finish + its tail, i.e. late by
+    (new finish - finish) - slack; the tail past the span holds no node of the item, so this is exact.
+    """
+    out = np.zeros((len(lo), dur_table.shape[1]))
+    t = todo[lo[todo] >= 0]
+    args = (indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
+            float(limit), out)
+    if (np.sum(hi[t] - lo[t] + 1) * dur_table.shape[1]) < SERIAL_WORK:
+        # small: a parallel region costs more than it saves, and far more on a busy machine
+        _local_chunk(*args, 0, len(todo))
+    else:
+        _local_all(*args, max(1, min(len(todo), 4 * numba.get_num_threads())))
+    return out
+
+
+@numba.njit(cache=True)
+def forward_clocked(indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
+                    start, finish, used):
+    """The forward pass under per-GPU clock timelines (CSR tl_ptr [D+1], tl_t, tl_ci: clock column
+    tl_ci from tl_t on): a scaled node of GPU g runs at the clock in force on g while it runs, each
+    part of it at its clock's rate (dur[v, c], energy[v, c]); other nodes take column `ref`.
+    Writes start, finish and the energy used per node."""
+    n = dur.shape[0]
+    for v in range(n):
+        s = 0.0
+        first = True
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            tt = (start[u] if from_start[k] else finish[u]) + lag[k]
+            if first or tt > s:
+                s = tt
+                first = False
+        s += offset[v]
+        start[v] = s
+        g = dev[v]
+        if g < 0 or not scaled[v]:
+            finish[v] = s + dur[v, ref]
+            used[v] = energy[v, ref]
+            continue
+        lo = tl_ptr[g]
+        hi = tl_ptr[g + 1]
+        k = lo
+        while k + 1 < hi and tl_t[k + 1] <= s:
+            k += 1
+        rem = 1.0
+        t = s
+        e = 0.0
+        while True:
+            ci = tl_ci[k]
+            d = dur[v, ci]
+            seg_end = tl_t[k + 1] if k + 1 < hi else np.inf
+            need = rem * d
+            if d <= 0.0 or t + need <= seg_end:
+                e += rem * energy[v, ci]
+                t += need
+                break
+            frac = (seg_end - t) / d
+            e += frac * energy[v, ci]
+            rem -= frac
+            t = seg_end
+            k += 1
+        finish[v] = t
+        used[v] = e
+
+
+@numba.njit(cache=True)
+def _monotone_key(indptr, src, key):
+    """key[v] raised to the largest key of its predecessors: sorting by it (ties by topological
+    position) is a topological order."""
+    out = key.copy()
+    for v in range(len(key)):
+        for k in range(indptr[v], indptr[v + 1]):
+            if out[src[k]] > out[v]:
+                out[v] = out[src[k]]
+    return out
+
+
+def reorder_by_start(indptr, src, from_start, lag, offset, start):
+    """The same graph in a topological order sorted by `start` (per node, current order): returns
+    (order, indptr, src, from_start, lag, offset) with order[new] = old. The optimizer wants each
+    time window's nodes contiguous (local_delays' spans)."""
+    n = len(offset)
+    key = _monotone_key(indptr, src, np.asarray(start, np.float64))
+    order = np.lexsort((np.arange(n), key))
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    return (order, *csr_in_edges(n, pos[src], pos[dst], from_start, lag), np.asarray(offset)[order])
+
+
+def csr_in_edges(n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarray, lag: np.ndarray):
+    """CSR of in-edges (indptr [n+1], src, from_start, lag), rows by dst, each row's edges by src."""
+    o = np.lexsort((src, dst))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    return (indptr, np.asarray(src, np.int64)[o], np.asarray(from_start, np.bool_)[o],
+            np.asarray(lag, np.float64)[o])
 
 
 @numba.njit(cache=True)

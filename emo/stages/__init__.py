@@ -22,10 +22,14 @@ log = logging.getLogger("emo")
 
 def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
     """`stage`'s computation alone, writing straight into `out` (no temporary folder, config.json,
-    metrics or tracking): for tests and benchmarks that chain stages in-process."""
+    metrics or tracking): for tests and benchmarks that chain stages in-process. The stage is handed
+    only the config sections its hash covers (emo.plan.STAGES), so it cannot depend on another."""
+    from emo.plan import STAGES
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return importlib.import_module(f"emo.stages.{stage}").run(cfg, {k: Path(v) for k, v in inputs.items()}, out) or {}
+    seen = {k: cfg[k] for k in STAGES[stage][0]}
+    return importlib.import_module(f"emo.stages.{stage}").run(seen, {k: Path(v) for k, v in inputs.items()}, out) or {}
 
 
 def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> dict:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from emo.device import COUNTERS, open_device
+from emo.device import COUNTERS
+from emo.device.backends import open_device
 from emo.io import write_parquet
 from emo.microbench import benchmark_names
 

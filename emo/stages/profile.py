@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.device import COUNTERS, open_device
+from emo.device import COUNTERS
+from emo.device.backends import open_device
 from emo.graph import Graph
 from emo.io import write_json, write_parquet
 from emo.pack.ranges import kernel_ordinals, pack_ranges

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from emo.device import open_device
+from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.trace import read_trace
 

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from emo.baselines import ONLINE, run_online
-from emo.device import RunResult, open_device
+from emo.device import RunResult
+from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.policy import FrequencyPolicy
 
