@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from emo.optimize import make_items, optimize, solve_exact
-from emo.optimize.instances import perseus_profile, pipeline_problem, random_problem
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
+from optimize_instances import perseus_profile, pipeline_problem, random_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 DVFS = ROOT.parent / "shared" / "data" / "dvfs" / "perseus_stage_profiles"
@@ -47,7 +48,7 @@ def instances(seeds: int, virtual: bool):
 
 def virtual_instances():
     from emo.model.predict import load_pack_tables
-    from emo.optimize.tables import baseline_timing, iteration_items, problem_from_tables
+    from emo.optimize.pipeline.tables import baseline_timing, iteration_items, problem_from_tables
 
     res = Path(tempfile.mkdtemp(prefix="emo_dp_gap_"))
     for wl in (["workload=tp", "workload.tp=2", "workload.model.layers=2"],):

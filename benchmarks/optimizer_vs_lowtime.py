@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from emo.optimize import make_items, optimize
-from emo.optimize.instances import large_pipeline, perseus_profile, pipeline_problem
-from emo.optimize.perseus import lowtime_version, optimize_perseus
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
+from optimize_instances import large_pipeline, perseus_profile, pipeline_problem
+from emo.optimize.solvers.perseus import lowtime_version, optimize_perseus
 from emo.optimize.problem import units
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -140,8 +140,8 @@ class OptimizerConfig:
     min_clock_fraction: float = 0.5
     min_interval_ms: float = 10.0  # ε: the least time between two clock changes of a GPU
     transition_ms: list[float] = field(default_factory=lambda: [5.0, 15.0])  # a clock request lands after [min, max]
-    time_limit_s: float = 30.0  # soft limit of emo's local search (the DP itself always completes)
-    predictor_polish_s: float = 10.0  # emo: time for single-window moves judged by the stage's predictor
+    budget_solves: int = 6  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
+    predictor_evaluations: int = 400  # emo: candidate policies the predictor judges in the final moves
     perseus_level: str = "pass"  # perseus: one clock per "pass" (as in Perseus) or per "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)

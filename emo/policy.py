@@ -90,3 +90,19 @@ def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[I
             at = at + period_ms if period_ms > 0 else 0.0
         out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))
     return sorted(out, key=lambda i: i.at_s)
+
+
+def policy_device_ids(device_keys: list[tuple[int, int]]) -> list[int]:
+    """The policy's device id of each GPU (dense index order, keys (rank, device)): the rank when ranks
+    tell GPUs apart (one GPU per rank, as under torchrun), else the device index (one rank driving
+    several GPUs). The one rule the optimizer, the predictor and the appliers share."""
+    ranks = [k[0] for k in device_keys]
+    return ranks if len(set(ranks)) == len(ranks) else [k[1] for k in device_keys]
+
+
+def dense_index(device_keys: list[tuple[int, int]], device_id: int) -> int:
+    """The dense GPU index of a policy's device id (policy_device_ids' inverse)."""
+    ids = policy_device_ids(device_keys)
+    if device_id in ids:
+        return ids.index(device_id)
+    raise ValueError(f"policy names device {device_id}, the graph has GPUs {device_keys}")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from emo.optimize import build_problem, make_items, optimize, optimize_static, solve_exact
-from emo.optimize.instances import perseus_profile, pipeline_problem, random_problem
+from optimize_instances import perseus_profile, pipeline_problem, random_problem
 from emo.optimize.problem import evaluate
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -89,7 +89,7 @@ def test_pass_aligned_change_points_sit_on_pass_starts():
     its passes unless none opens within 1.5 intervals; the grid and the passes cover the same
     iteration; an unknown kind is a one-line error."""
     from emo.optimize.problem import units
-    from emo.optimize.tables import baseline_timing, iteration_items
+    from emo.optimize.pipeline.tables import baseline_timing, iteration_items
 
     t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
     p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
@@ -126,8 +126,8 @@ def test_pass_aligned_change_points_sit_on_pass_starts():
 def test_padding_windows_hold_no_work_and_make_no_step():
     """Stages with fewer pass-aligned windows than another are padded: the padding holds no node and
     no time, starts at infinity on the planned timeline, and the policy never steps there."""
-    from emo.optimize.policy import build_policy
-    from emo.optimize.tables import baseline_timing, iteration_items, planned_window_starts
+    from emo.optimize.pipeline.schedule import build_policy
+    from emo.optimize.pipeline.tables import baseline_timing, iteration_items, planned_window_starts
 
     t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
     p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
@@ -137,7 +137,7 @@ def test_padding_windows_hold_no_work_and_make_no_step():
     assert real.min() < real.max()  # some stage is padded
     pad = items.window >= real[items.group]
     assert pad.any() and np.all(items.lo[pad] == -1) and np.all(items.len_ns[pad] == 0)
-    sol = optimize(p, 0.05, items=items, time_limit_s=5.0)
+    sol = optimize(p, 0.05, items=items)
     starts = planned_window_starts(sol, None, timing, items.edges_ns)
     assert np.all(np.isinf(starts[items.group[pad], items.window[pad]]))
     policy = build_policy(sol, "a100", window_ms=20.0, window_start_ms=starts * 1e-6, period_ms=timing.period_ns * 1e-6)
@@ -148,8 +148,7 @@ def test_padding_windows_hold_no_work_and_make_no_step():
 def test_lp_start_meets_the_deadline_on_any_clock_subset(seed, gpus):
     """The LP relaxation rounded to each item's fastest mixed clock never ends late: on all clocks
     and on every other one (what a big DAG gets)."""
-    from emo.optimize import passes
-    from emo.optimize.dp import _lp_start
+    from emo.optimize.solvers.dp import _lp_start
     from emo.optimize.problem import durations
 
     p, _ = random_problem(seed, gpus=gpus, kernels=10)
@@ -157,9 +156,9 @@ def test_lp_start_meets_the_deadline_on_any_clock_subset(seed, gpus):
     for budget in (0.0, 0.05):
         deadline = p.makespan0_ns * (1 + budget)
         for cols in (np.arange(p.n_clocks), np.unique(np.r_[np.arange(p.n_clocks - 1, -1, -2), p.ref])):
-            choice = _lp_start(p, items, deadline, cols, None)
+            choice = _lp_start(p, items, deadline, cols)
             assert choice is not None and np.all(np.isin(choice, cols))
-            _, _, mk = passes.forward(*p.graph, durations(p, items, choice))
+            _, _, mk = p.forward(durations(p, items, choice))
             assert mk <= deadline + 1.0
 
 

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from emo.optimize.instances import random_problem, pipeline_problem, one_f_one_b
+from optimize_instances import random_problem, pipeline_problem, one_f_one_b
 
 lowtime = pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
 
-from emo.optimize.perseus import optimize_perseus  # noqa: E402
+from emo.optimize.solvers.perseus import optimize_perseus  # noqa: E402
 from emo.optimize.problem import units  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def _host_bridged():
 
 
 def test_perseus_dag_keeps_precedence_through_host_calls():
-    from emo.optimize.perseus import gpu_edges
+    from emo.optimize.solvers.perseus import gpu_edges
 
     p = _host_bridged()
     a, b = gpu_edges(p)
@@ -95,9 +95,7 @@ def test_perseus_dag_keeps_precedence_through_host_calls():
 def test_perseus_time_quantum_bounds_the_iterations():
     p = _pipeline()
     sol = optimize_perseus(p, 0.0, level="pass", max_iterations=20)
-    from emo.optimize.passes import forward
-
-    walk_ms = (forward(*p.graph, p.dur_ns[:, 0].copy())[2] - p.makespan0_ns) * 1e-6
+    walk_ms = (p.forward(p.dur_ns[:, 0])[2] - p.makespan0_ns) * 1e-6
     assert sol.info["unit_time_ms"] >= walk_ms / 20 - 1e-9
     assert sol.info["pd_iterations"] <= 40 and sol.info["max_pd_iterations"] == 20
     assert sol.feasible

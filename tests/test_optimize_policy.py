@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from emo.optimize import build_policy, make_items, optimize, optimize_static
-from emo.optimize.instances import random_problem
+from emo.optimize import make_items, optimize, optimize_static
+from emo.optimize.pipeline.schedule import build_policy
+from optimize_instances import random_problem
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
 

@@ -10,13 +10,13 @@ import pytest
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
-from emo.optimize.dp import optimize
-from emo.optimize import run
-from emo.optimize.run import policy_device_ids
-from emo.optimize.policy import build_policy
+from emo.optimize.pipeline import solve as run
+from emo.policy import policy_device_ids
+from emo.plan import compose
+from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.solution import Solution
-from emo.optimize.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
-from emo.optimize.verify import fit_to_prediction, polish_on_predictor, worst_case
+from emo.optimize.pipeline.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
+from emo.optimize.pipeline.check import fit_to_prediction, polish_on_predictor, worst_case
 
 MS = 1_000_000
 CLOCKS = [705, 1005, 1410]
@@ -41,9 +41,12 @@ def _tables():
     return pack_tables(graph, packs, model)
 
 
+LATS = (5.0, 10.0, 15.0)  # the configured 5-15 ms range: min, mean, max
+
+
 def _build(tables, p, timing):
     def build(s):
-        return build_policy(s, "a100", window_ms=20.0, device_ids=policy_device_ids(tables),
+        return build_policy(s, "a100", window_ms=20.0, device_ids=policy_device_ids(tables.device_keys),
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
     return build
 
@@ -66,23 +69,24 @@ def test_a_pick_late_on_the_wall_clock_is_repaired():
     assert sol.feasible  # the DP's model: X runs at 1005, the 55 ms collective still ends last
     build = _build(t, p, timing)
     base = predict(t, None)
-    assert predict(t, build(sol)).makespan_ns > base.makespan_ns * 1.01  # X lands in window 1 at 705
-    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns)
+    assert predict(t, build(sol), transition_ms=10.0).makespan_ns > base.makespan_ns * 1.01  # X lands in window 1 at 705
+    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
+                                            transitions_ms=LATS)
     assert info["predictor_slowdown_before"] > 0.01 and info["predictor_drift_raises"] >= 1
     for x in (5.0, 10.0, 15.0):  # wherever in 5-15 ms the clock requests land
         assert predict(t, policy, transition_ms=x).makespan_ns <= base.makespan_ns + 1_000
     assert fixed.choice[1] >= 1  # X's wall-clock window raised to the clock the DP timed X at
-    assert predict(t, policy).energy_j < base.energy_j  # still saves
+    assert predict(t, policy, transition_ms=10.0).energy_j < base.energy_j  # still saves
 
 
 def test_solve_at_budget_zero_keeps_the_predicted_time():
     t = _tables()
-    opt = {"name": "emo", "change_interval_ms": 20.0, "min_interval_ms": 10.0, "time_limit_s": 5.0}
+    opt = {**compose([])["optimizer"], "change_points": "grid"}
     policy, summary = solve(t, opt, 0.0, gpu="a100")
     base = predict(t, None)
-    assert predict(t, policy).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
-    assert predict(t, policy).energy_j < base.energy_j
-    assert "predictor_slowdown" in summary
+    assert predict(t, policy, transition_ms=10.0).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
+    assert predict(t, policy, transition_ms=10.0).energy_j < base.energy_j
+    assert summary["emo"]["predictor_slowdown"] <= 1e-5 and policy.budget == 0.0
 
 
 def test_windows_follow_the_plan_on_the_wall_clock():
@@ -109,22 +113,22 @@ class _Pick:
     """A DP pick made at budget b (the stub's policy is b itself)."""
 
     def __init__(self, b: float):
-        self.b, self.choice, self.info, self.solve_s = b, np.array([round(b * 1e9)]), {}, 0.0
+        self.b, self.choice, self.info = b, np.array([round(b * 1e9)]), {}
 
 
 def _stub_predictor(monkeypatch, late: float):
     """A 1 s iteration; a pick at budget b takes b longer at the mean latency and late × b in the
     worst case, and saves b of the energy."""
-    monkeypatch.setattr(run, "predict", lambda t, pol=None, **k: _Pred(1e9, 100.0) if pol is None
-                        else _Pred(1e9 * (1 + pol), 100.0 * (1 - pol)))
-    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats=None: _Pred(1e9 * (1 + late * pol)))
+    monkeypatch.setattr(run, "predict", lambda t, pol=None, **k: _Pred(1e9, 100.0))
+    monkeypatch.setattr(run, "expected", lambda t, pol, lats: _Pred(1e9 * (1 + pol), 100.0 * (1 - pol)))
+    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats: _Pred(1e9 * (1 + late * pol)))
 
 
 def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatch):
     _stub_predictor(monkeypatch, late=1.2)  # every pick ends 20 % later than planned in the worst case
-    sol, policy, info = run.fit_budget(None, lambda b, limit: _Pick(b), lambda s: s.b,
+    sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
                                        lambda s: pytest.fail("no repair when a smaller budget fits"), 0.05,
-                                       time_limit_s=None)
+                                       transitions_ms=LATS)
     assert len(info["budget_tries"]) >= 2 and info["budget_tries"][0] == [0.05, 0.06]
     assert 0.9 * 0.05 / 1.2 <= info["dp_budget"] <= 0.05 / 1.2  # within 10 % of the largest that fits
     assert info["predictor_slowdown"] <= 0.05 and policy == pytest.approx(info["dp_budget"])
@@ -132,11 +136,11 @@ def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatc
 
 def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
     _stub_predictor(monkeypatch, late=1.0)
-    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats=None: _Pred(1e9 * 1.1))  # always late
+    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats: _Pred(1e9 * 1.1))  # always late
     repaired = []
-    sol, policy, info = run.fit_budget(None, lambda b, limit: _Pick(b), lambda s: s.b,
+    sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
                                        lambda s: (repaired.append(s.b), (s, "repaired", {"predictor_rounds": 1}))[1],
-                                       0.05, time_limit_s=None)
+                                       0.05, transitions_ms=LATS)
     tried = [b for b, _ in info["budget_tries"]]
     assert tried == sorted(tried, reverse=True) and tried[-1] == 0.0 and len(tried) <= 6
     assert repaired == [0.0] and policy == "repaired" and info["predictor_rounds"] == 1
@@ -145,11 +149,11 @@ def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
 def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():
     t, p, timing, items, build, base = _setup()
     start = Solution(p, items, np.full(items.k, p.ref), "emo", 0.0)  # max clocks everywhere
-    sol, policy, moves = polish_on_predictor(t, start, build, budget=0.0, time_limit_s=5.0)
+    sol, policy, moves = polish_on_predictor(t, start, build, budget=0.0, evaluations=400, transitions_ms=LATS)
     assert moves >= 1  # the empty windows and the collective's slack can run slower
-    assert predict(t, policy).energy_j < predict(t, build(start)).energy_j
-    assert worst_case(t, policy).makespan_ns <= base.makespan_ns + 1_000
-    again, _, more = polish_on_predictor(t, sol, build, budget=0.0, time_limit_s=5.0)
+    assert predict(t, policy, transition_ms=10.0).energy_j < predict(t, build(start), transition_ms=10.0).energy_j
+    assert worst_case(t, policy, LATS).makespan_ns <= base.makespan_ns + 1_000
+    again, _, more = polish_on_predictor(t, sol, build, budget=0.0, evaluations=400, transitions_ms=LATS)
     assert more == 0 and np.array_equal(again.choice, sol.choice)  # a local optimum stays put
 
 

@@ -138,7 +138,7 @@ def test_predictor(chain):
     assert predict(t, pol, transition_ms=30.0).time_s < predict(t, pol, transition_ms=5.0).time_s
     # lead time: the same clock requested 10 ms early lands earlier: slower
     nolead = FrequencyPolicy(gpu=gpu, steps=pol.steps, lead_ms=0.0)
-    assert predict(t, pol).time_s > predict(t, nolead).time_s
+    assert predict(t, pol, transition_ms=10.0).time_s > predict(t, nolead, transition_ms=10.0).time_s
 
 
 def test_hashes_calibrate_per_gpu_pack_per_delta():

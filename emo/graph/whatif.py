@@ -315,6 +315,27 @@ def forward_clocked(indptr, src, from_start, lag, offset, dev, scaled, dur, ener
 
 
 @numba.njit(cache=True)
+def critical_path(indptr, src, from_start, lag, start, finish):
+    """Topological positions on the binding chain that ends at the last-finishing node of a timeline
+    (start, finish: topological order), last first: each step goes to the predecessor whose
+    constraint was met last, while that constraint binds within TOLERANCE_NS."""
+    v = int(np.argmax(finish))
+    out = [v]
+    while True:
+        best, bu = -np.inf, -1
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            tt = (start[u] if from_start[k] else finish[u]) + lag[k]
+            if tt > best:
+                best, bu = tt, u
+        if bu < 0 or best < start[v] - TOLERANCE_NS:
+            break
+        v = bu
+        out.append(v)
+    return np.array(out, dtype=np.int64)
+
+
+@numba.njit(cache=True)
 def _monotone_key(indptr, src, key):
     """key[v] raised to the largest key of its predecessors: sorting by it (ties by topological
     position) is a topological order."""

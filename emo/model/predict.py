@@ -8,11 +8,11 @@ dynamic_energy_j[s, f] above idle; other nodes (collectives, copies, host) keep 
 duration and add nothing above idle (their share is in the calibrated energy level). Every GPU pays
 its idle power at its clock over the whole makespan.
 
-The clock a GPU runs at follows the policy as emo.runtime's applier applies it (`clock_timelines`):
-relative to each iteration's start (the host's ProfilerStep mark, `emo.pack.iterations`) every step
-is requested `lead_ms` before its time (wrapped into the previous iteration by period_ms), and lands
-`transition_ms` later (5-15 ms on NVIDIA GPUs: the mean, 10 ms, by default); the last request wins,
-and a pack that spans a change runs at each clock in turn. Iteration marks move with the host, which waits for the GPU at synchronisations, so the
+The clock a GPU runs at follows the policy as the applier applies it (`clock_timelines`, from
+emo.policy.issue_plan): relative to each iteration's start (the host's ProfilerStep mark,
+`emo.pack.iterations`) every step is requested `lead_ms` before its time (wrapped into the previous
+iteration by period_ms), and lands `transition_ms` later (the caller's latency); the last request wins,
+and a pack that spans a change runs at each clock in turn (the timing engine's forward_clocked). Iteration marks move with the host, which waits for the GPU at synchronisations, so the
 pass is repeated until the marks stop moving (two or three passes).
 """
 from __future__ import annotations
@@ -20,17 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numba
 import numpy as np
 import pandas as pd
 
 from emo.graph.graph import Graph
-from emo.graph.whatif import Compiled, compile_graph
+from emo.graph.whatif import Compiled, compile_graph, forward_clocked
 from emo.model.fit import model_arrays
-from emo.policy import FrequencyPolicy
-from emo.policy import issue_plan
-
-DEFAULT_TRANSITION_MS = 10.0
+from emo.policy import FrequencyPolicy, dense_index, issue_plan
 
 
 @dataclass
@@ -76,15 +72,8 @@ class PackTables:
         return int(self.clocks_mhz[self.default_index])
 
     def policy_device(self, gpu: int) -> int:
-        """Dense index of a policy's device id (the rank on a one-node job; the GPU on one rank)."""
-        ranks = [k[0] for k in self.device_keys]
-        if gpu in ranks:
-            return ranks.index(gpu)
-        if len(set(ranks)) == 1:
-            devs = [k[1] for k in self.device_keys]
-            if gpu in devs:
-                return devs.index(gpu)
-        raise ValueError(f"policy names device {gpu}, the graph has GPUs {self.device_keys}")
+        """Dense index of a policy's device id (emo.policy.dense_index)."""
+        return dense_index(self.device_keys, gpu)
 
 
 def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors: pd.DataFrame | None = None) -> PackTables:
@@ -135,8 +124,7 @@ def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
 
 # --------------------------------------------------------------------------- clock timelines
 def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns: np.ndarray,
-                    transition_ms: float = DEFAULT_TRANSITION_MS,
-                    end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    transition_ms: float, end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
     (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
 
@@ -179,51 +167,6 @@ def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns
     return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
 
 
-@numba.njit(cache=True)
-def _forward_clocked(indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
-                     start, finish, used):
-    n = dur.shape[0]
-    for v in range(n):
-        s = offset[v]
-        first = True
-        for k in range(indptr[v], indptr[v + 1]):
-            u = src[k]
-            tt = (start[u] if from_start[k] else finish[u]) + lag[k]
-            if first or tt > s:
-                s = tt
-                first = False
-        start[v] = s
-        g = dev[v]
-        if g < 0 or not scaled[v]:
-            finish[v] = s + dur[v, ref]
-            used[v] = energy[v, ref]
-            continue
-        lo = tl_ptr[g]
-        hi = tl_ptr[g + 1]
-        k = lo
-        while k + 1 < hi and tl_t[k + 1] <= s:
-            k += 1
-        rem = 1.0
-        t = s
-        e = 0.0
-        while True:
-            ci = tl_ci[k]
-            d = dur[v, ci]
-            seg_end = tl_t[k + 1] if k + 1 < hi else np.inf
-            need = rem * d
-            if d <= 0.0 or t + need <= seg_end:
-                e += rem * energy[v, ci]
-                t += need
-                break
-            frac = (seg_end - t) / d
-            e += frac * energy[v, ci]
-            rem -= frac
-            t = seg_end
-            k += 1
-        finish[v] = t
-        used[v] = e
-
-
 @dataclass(frozen=True)
 class Prediction:
     time_s: float  # per iteration
@@ -255,8 +198,15 @@ def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
 
 
 def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
-            transition_ms: float = DEFAULT_TRANSITION_MS, max_passes: int = 6) -> Prediction:
-    """Time and energy per iteration of the traced workload under `policy` (None: default clocks)."""
+            transition_ms: float | None = None, max_passes: int = 6) -> Prediction:
+    """Time and energy per iteration of the traced workload under `policy` (None: default clocks).
+
+    `transition_ms`: how long a clock request takes to land (the configured or measured latency,
+    never assumed here); required for a policy that changes a clock within the iteration."""
+    if transition_ms is None:
+        if policy is not None and any(len({s.sm_mhz for s in ss}) > 1 for ss in policy.steps.values()):
+            raise ValueError("predict: a policy that changes clocks needs transition_ms (the clock-request latency)")
+        transition_ms = 0.0
     c = t.compiled
     order = c.order
     dur = t.dur_ns[order]
@@ -274,8 +224,8 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
             tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
         else:
             tl = clock_timelines(t, policy, marks, transition_ms, end_ns=end)
-        _forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
-                         tl[0], tl[1], tl[2], start, finish, used)
+        forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
+                        tl[0], tl[1], tl[2], start, finish, used)
         by_id_start = start[c.pos]
         new = iteration_marks(t, by_id_start)
         end = float(finish.max())

@@ -3,7 +3,9 @@
 A DAG of nodes (packs, communication, copies, CPU intervals) in topological order. A GPU node's
 duration and energy (above idle) depend on the SM clock of its GPU while it runs; host nodes have a
 fixed duration. Edges are finish-to-start, or start-to-start (`from_start`: a kernel starts after
-its launch call starts). A node starts when its last predecessor allows (the what-if model).
+its launch call starts). A node starts when its last constraint is met plus that edge's lag: the
+graph is the timing engine's (emo.graph.whatif: CSR in-edges with a lag per edge and a start offset
+per node), re-ordered so that the nodes of a time window are contiguous.
 
 The clock is chosen per *item* = (clock group, window): a clock group is a set of GPUs that share one
 schedule (symmetric tensor-parallel ranks, detected from identical per-device structure) or a single
@@ -20,16 +22,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emo.graph.whatif import toposort
-from emo.optimize import passes
+from emo.graph import whatif as engine
 
 
 @dataclass
 class Problem:
-    # graph, internal order = topological, sorted by baseline start
-    pred_ptr: np.ndarray  # int64[n+1]
-    pred_idx: np.ndarray  # int64[m]
-    pred_fs: np.ndarray  # bool[m]: start-to-start edge
+    # the engine's graph in internal order = topological, sorted by baseline start
+    indptr: np.ndarray  # int64[n+1]: CSR over in-edges
+    src: np.ndarray  # int64[m]: predecessor
+    from_start: np.ndarray  # bool[m]: start-to-start edge
+    lag_ns: np.ndarray  # float64[m]: gap after the constraint is met (launch latency, queueing)
+    offset_ns: np.ndarray  # float64[n]: a source's start
     device: np.ndarray  # int32[n], -1 = host node
     dur_ns: np.ndarray  # float64[n, C] (host nodes: the same in every column)
     energy_j: np.ndarray  # float64[n, C], energy above idle
@@ -37,19 +40,37 @@ class Problem:
     clocks_mhz: np.ndarray  # int64[C], ascending, the candidate clocks
     ref: int  # column of the default (max) clock: the baseline
     perm: np.ndarray  # int64[n]: internal index -> caller's node id
-    delay_ns: np.ndarray  # float64[n]: fixed delay before each node's start (what-if model)
     base_start: np.ndarray = field(init=False)
     base_finish: np.ndarray = field(init=False)
     makespan0_ns: float = field(init=False)
 
     def __post_init__(self) -> None:
-        s, f, t = passes.forward(*self.graph, self.dur_ns[:, self.ref].copy())
-        self.base_start, self.base_finish, self.makespan0_ns = s, f, t
+        self.base_start, self.base_finish, self.makespan0_ns = engine.forward(*self.graph, self.dur_ns[:, self.ref].copy())
 
     @property
     def graph(self) -> tuple:
-        """The arguments every pass takes first."""
-        return self.pred_ptr, self.pred_idx, self.pred_fs, self.delay_ns
+        """The arguments every engine pass takes first."""
+        return self.indptr, self.src, self.from_start, self.lag_ns, self.offset_ns
+
+    @property
+    def dst(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n), np.diff(self.indptr))
+
+    @property
+    def delay_ns(self) -> np.ndarray:
+        """float64[n]: each node's start minus when its last constraint was met on the baseline
+        timeline (the lag of its binding edge; a source's offset): the per-node view of the lags
+        that activity-on-node models (Perseus' lowtime DAG) take."""
+        t = np.where(self.from_start, self.base_start[self.src], self.base_finish[self.src])
+        met = np.full(self.n, -np.inf)
+        np.maximum.at(met, self.dst, t)
+        return np.where(np.isfinite(met), self.base_start - met, self.offset_ns)
+
+    def forward(self, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        return engine.forward(*self.graph, np.asarray(dur_ns, np.float64))
+
+    def latest_finish(self, dur_ns: np.ndarray, deadline: float) -> np.ndarray:
+        return engine.latest_finish(*self.graph, np.asarray(dur_ns, np.float64), float(deadline))
 
     @property
     def n(self) -> int:
@@ -64,12 +85,14 @@ class Problem:
         return len(self.clocks_mhz)
 
 
-def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None, delay_ns=None,
-                  min_clock_fraction: float = 0.0, default_mhz: int | None = None) -> Problem:
+def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None, lag_ns=None,
+                  offset_ns=None, delay_ns=None, min_clock_fraction: float = 0.0, default_mhz: int | None = None) -> Problem:
     """A Problem from edge lists and per-node × clock tables (caller's node ids 0..n-1).
 
-    Clocks below `min_clock_fraction` × max (or above `default_mhz`) are dropped; the default clock
-    (max if not given) is the baseline every budget is relative to.
+    Times: a lag per edge (`lag_ns`, the engine's) and a start offset per source node, or a fixed
+    delay per node (`delay_ns`: every in-edge of the node gets it as its lag). Clocks below
+    `min_clock_fraction` × max (or above `default_mhz`) are dropped; the default clock (max if not
+    given) is the baseline every budget is relative to.
     """
     device = np.asarray(device, dtype=np.int32)
     n = len(device)
@@ -100,35 +123,26 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
     fs = np.zeros(len(src), dtype=np.bool_) if from_start is None else np.asarray(from_start, dtype=np.bool_)
     if len(src) and (src.min() < 0 or max(src.max(), dst.max()) >= n):
         raise ValueError(f"edges: node id out of range 0..{n - 1}")
-    delay = np.zeros(n) if delay_ns is None else np.asarray(delay_ns, dtype=np.float64)
-    if delay.shape != (n,):
-        raise ValueError(f"tables: delay_ns has shape {delay.shape}, expected ({n},)")
-    topo = _toposort(n, src, dst)
-    # baseline start in the caller's order, then re-sort by it (ties: topological rank) so that a
-    # window's nodes are contiguous in the internal order
+    if delay_ns is not None:
+        delay = np.asarray(delay_ns, dtype=np.float64)
+        if delay.shape != (n,):
+            raise ValueError(f"tables: delay_ns has shape {delay.shape}, expected ({n},)")
+        lag = delay[dst]
+        offset = np.where(np.bincount(dst, minlength=n) > 0, 0.0, delay)
+    else:
+        lag = np.zeros(len(src)) if lag_ns is None else np.asarray(lag_ns, dtype=np.float64)
+        offset = np.zeros(n) if offset_ns is None else np.asarray(offset_ns, dtype=np.float64)
+    topo = engine.toposort(n, src, dst)
+    if len(topo) < n:
+        raise ValueError(f"graph: dependency cycle among {n - len(topo)} nodes")
     rank = np.empty(n, dtype=np.int64)
     rank[topo] = np.arange(n)
-    ptr, idx, efs = _csr(n, rank[dst], rank[src], fs)
-    s0, _, _ = passes.forward(ptr, idx, efs, delay[topo], dur[topo, ref].copy())
-    perm = topo[np.lexsort((np.arange(n), s0))]
-    inv = np.empty(n, dtype=np.int64)
-    inv[perm] = np.arange(n)
-    ptr, idx, efs = _csr(n, inv[dst], inv[src], fs)
-    return Problem(ptr, idx, efs, device[perm], dur[perm], en[perm], idle, clocks, ref, perm, delay[perm])
-
-
-def _toposort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    order = toposort(n, src, dst)
-    if len(order) < n:
-        raise ValueError(f"graph: dependency cycle among {n - len(order)} nodes")
-    return order
-
-
-def _csr(n: int, dst: np.ndarray, src: np.ndarray, fs: np.ndarray):
-    o = np.lexsort((src, dst))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, dst + 1, 1)
-    return np.cumsum(ptr), src[o].astype(np.int64), fs[o].astype(np.bool_)
+    g = engine.csr_in_edges(n, rank[src], rank[dst], fs, lag)
+    s0, _, _ = engine.forward(*g, offset[topo], dur[topo, ref].copy())
+    # re-sorted by baseline start (still topological) so that a window's nodes are contiguous
+    order, *g = engine.reorder_by_start(*g, offset[topo], s0)
+    perm = topo[order]
+    return Problem(*g, device[perm], dur[perm], en[perm], idle, clocks, ref, perm)
 
 
 # --------------------------------------------------------------------------- items
@@ -284,7 +298,7 @@ def durations(p: Problem, items: Items, choice: np.ndarray) -> np.ndarray:
 def evaluate(p: Problem, items: Items, choice: np.ndarray) -> Evaluation:
     """The exact makespan (full what-if pass) and energy of a clock choice per item."""
     choice = np.asarray(choice, dtype=np.int64)
-    s, f, t = passes.forward(*p.graph, durations(p, items, choice))
+    s, f, t = p.forward(durations(p, items, choice))
     e = items.total(choice, t, p.makespan0_ns)
     return Evaluation(t, e, s, f)
 
@@ -295,9 +309,8 @@ def opens_pass(p: Problem) -> np.ndarray:
     the GPU's first node, and every node with a predecessor on another GPU (a pipeline's
     activations, a collective's peers) or on the host through a finish-to-start edge (the host
     waited on something first); a kernel's own launch call (a start-to-start edge) is not a wait."""
-    dst = np.repeat(np.arange(p.n), np.diff(p.pred_ptr))
-    src = p.pred_idx
-    waits = np.where(p.device[src] >= 0, p.device[src] != p.device[dst], ~p.pred_fs)
+    dst, src = p.dst, p.src
+    waits = np.where(p.device[src] >= 0, p.device[src] != p.device[dst], ~p.from_start)
     opens = np.zeros(p.n, dtype=bool)
     opens[dst[waits]] = True
     gpu = np.flatnonzero(p.device >= 0)

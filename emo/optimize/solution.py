@@ -17,7 +17,7 @@ class Solution:
     budget: float
     makespan_ns: float = 0.0
     energy_j: float = 0.0
-    solve_s: float = 0.0
+    solve_s: float = 0.0  # wall time, for benchmarks; never written to an artifact
     info: dict = field(default_factory=dict)  # rounds, repairs, fallbacks: what happened
 
     def __post_init__(self) -> None:
@@ -63,6 +63,5 @@ class Solution:
             "predicted_slowdown": self.makespan_ns / base.makespan_ns - 1.0 if base.makespan_ns > 0 else 0.0,
             "items": int(self.items.k),
             "clock_groups": [list(map(int, g)) for g in self.items.groups],
-            "solve_s": self.solve_s,
             **self.info,
         }

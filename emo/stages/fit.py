@@ -29,7 +29,7 @@ from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
 from emo.model.predict import pack_tables, predict
 from emo.graph import Graph
-from emo.policy import FrequencyPolicy
+from emo.policy import FrequencyPolicy, policy_device_ids
 
 
 def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def time_level(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: 
     if low is None:
         return 1.0
     keys = pack_tables(graph, packs, model, anchors).device_keys
-    pol = FrequencyPolicy.static(gpu, [k[0] for k in keys], int(low["sm_mhz"]))
+    pol = FrequencyPolicy.static(gpu, policy_device_ids(keys), int(low["sm_mhz"]))
 
     def error(lam: float) -> float:
         t = pack_tables(graph, packs, with_time_level(model, lam), anchors)
@@ -105,7 +105,7 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
     points = [(None, baseline)] + ([(baseline["low"]["sm_mhz"], baseline["low"])] if "low" in baseline else [])
     rows, rhs = [], []
     for mhz, meas in points:
-        pol = None if mhz is None else FrequencyPolicy.static(gpu, [k[0] for k in t.device_keys], mhz)
+        pol = None if mhz is None else FrequencyPolicy.static(gpu, policy_device_ids(t.device_keys), mhz)
         p, b = predict(t, pol), predict(tb, pol)
         i, y, bb = (p.idle_energy_j / p.iterations, p.dynamic_energy_j / p.iterations, b.dynamic_energy_j / b.iterations)
         rows.append([i - bb, y])
@@ -149,7 +149,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     for name, meas in (("default", baseline), ("low", baseline.get("low"))):
         if meas is None:
             continue
-        pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], [d[0] for d in t.device_keys], meas["sm_mhz"])
+        pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], policy_device_ids(t.device_keys), meas["sm_mhz"])
         p = predict(t, pol)
         check[name] = {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
                        "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": meas["iteration_energy_j"],

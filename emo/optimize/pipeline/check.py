@@ -1,5 +1,6 @@
-"""The optimiser's final check: the policy's time by the same predictor the optimize stage reports
-(emo.model.predict), repaired until it is within the budget.
+"""The optimiser's final check: the policy's time and energy by the predictor the optimize stage
+reports (emo.model.predict: the timing engine's clocked forward pass), at the configured clock-request
+latencies, repaired until it is within the budget and then improved by single-window moves.
 
 The DP times a node at the clock of the window its *baseline* (max-clock) start falls in. The policy
 runs by the wall clock: when the DP's own slowdowns push a node (within slack) past a window
@@ -11,38 +12,18 @@ The repair walks the predicted critical path: a slowed pack on it that runs (at 
 end) under a window slower than the clock the DP gave it gets that window raised to the DP's clock
 (drift); when there is none, the slowed windows the critical path runs under go one clock step up.
 Each round raises at least one window, so the loop ends (at worst at the max-clock baseline).
+Both loops are bounded by counts (rounds, predictor evaluations), never by time.
 """
 from __future__ import annotations
 
 import dataclasses
 
-import numba
 import numpy as np
 
+from emo.graph.whatif import critical_path
 from emo.model.predict import iteration_marks, predict
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy, Step
-
-TOL_NS = 1_000.0  # the what-if's rounding (emo.graph.whatif.ROUNDING_TOLERANCE_NS)
-
-
-@numba.njit(cache=True)
-def _critical_path(indptr, src, from_start, lag, start, finish):
-    """Topological positions on the binding chain that ends at the last-finishing node."""
-    v = int(np.argmax(finish))
-    out = [v]
-    while True:
-        best, bu = -np.inf, -1
-        for k in range(indptr[v], indptr[v + 1]):
-            u = src[k]
-            tt = (start[u] if from_start[k] else finish[u]) + lag[k]
-            if tt > best:
-                best, bu = tt, u
-        if bu < 0 or best < start[v] - TOL_NS:
-            break
-        v = bu
-        out.append(v)
-    return np.array(out, dtype=np.int64)
 
 
 def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np.ndarray, group: np.ndarray,
@@ -85,7 +66,19 @@ def deadline_ns(base, budget: float) -> float:
     return base.makespan_ns * (1.0 + budget)
 
 
-def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0)):
+def latencies(transition_ms) -> tuple[float, float, float]:
+    """(min, mean, max) of the configured clock-request latency range [min, max]: the latencies
+    every check covers, the mean being the one the stage reports."""
+    lo, hi = float(transition_ms[0]), float(transition_ms[-1])
+    return lo, 0.5 * (lo + hi), hi
+
+
+def expected(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):
+    """The prediction of `policy` at the mean configured latency (what the stage reports)."""
+    return predict(tables, policy, transition_ms=0.5 * (min(transitions_ms) + max(transitions_ms)))
+
+
+def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):
     """The slowest prediction of `policy` over the clock-request latencies (a request lands anywhere
     in [min, max]: the stage reports the mean, the device may take either end)."""
     lo, hi = min(transitions_ms), max(transitions_ms)
@@ -95,8 +88,7 @@ def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...
 
 
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
-                      transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), max_rounds: int = 400,
-                      window_starts=None):
+                      transitions_ms: tuple[float, ...], max_rounds: int = 400, window_starts=None):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
     (1 + budget) × the predicted max-clock time for every clock-request latency in `transitions_ms`
     (worst_case). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
@@ -117,7 +109,6 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     grp = np.where(gpu, items.group_of_device[np.maximum(tables.device, 0)], -1)
     lag = c.lag.astype(np.float64)
     choice = sol.choice.copy()
-    solve_s = sol.solve_s
     info = {"predictor_rounds": 0, "predictor_drift_raises": 0, "predictor_step_raises": 0}
 
     def worst(policy):
@@ -135,7 +126,7 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     info["predictor_slowdown_before"] = pred.makespan_ns / base.makespan_ns - 1.0
     while pred.makespan_ns > deadline and info["predictor_rounds"] < max_rounds:
         info["predictor_rounds"] += 1
-        crit_pos = _critical_path(c.indptr, c.src, c.from_start, lag, pred.start_ns[c.order], pred.finish_ns[c.order])
+        crit_pos = critical_path(c.indptr, c.src, c.from_start, lag, pred.start_ns[c.order], pred.finish_ns[c.order])
         crit = c.order[crit_pos]
         crit = crit[gpu[crit] & tables.is_pack[crit] & (item_of[crit] >= 0)]
         marks = iteration_marks(tables, pred.start_ns)
@@ -167,28 +158,25 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         policy = build(sol)
         pred = worst(policy)
     info["predictor_slowdown"] = pred.makespan_ns / base.makespan_ns - 1.0
-    sol.solve_s = solve_s
     return sol, policy, info
 
 
-def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_limit_s: float | None = 10.0,
-                        transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0)):
+def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluations: int,
+                        transitions_ms: tuple[float, ...]):
     """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
     transitions included, which the DP does not see: lower a window one clock step, give it a
     neighbouring window's clock (one step fewer, one transition less), or raise it one step while
-    another window goes one step lower. A move is kept when the
-    predicted energy drops and the worst case (worst_case) keeps the budget; rounds go on until
-    none is kept or `time_limit_s` is spent. Windows are tried in order of the energy they hold."""
-    import time
-
-    t0 = time.perf_counter()
+    another window goes one step lower. A move is kept when the predicted energy (mean latency)
+    drops and the worst case (worst_case) keeps the budget; rounds go on until none is kept or
+    `evaluations` candidate policies have been predicted. Windows are tried in order of the energy
+    they hold."""
     p, items = sol.problem, sol.items
     deadline = deadline_ns(predict(tables, None), budget)
     policy = build(sol)
-    energy = predict(tables, policy).energy_j
+    energy = expected(tables, policy, transitions_ms).energy_j
     nwin = int(items.window.max()) + 1
     order = np.argsort(-items.energy[np.arange(items.k), sol.choice], kind="stable")
-    moves, improved = 0, True
+    moves, tried, improved = 0, 0, True
     while improved:
         improved = False
         for k in order:
@@ -201,15 +189,16 @@ def polish_on_predictor(tables, sol: Solution, build, *, budget: float, time_lim
             # faster window frees where it saves more)
             trades = [(j, int(sol.choice[j]) - 1) for j in order if j != k and sol.choice[j] > 0] if c < p.ref else []
             for c2, other in [(x, None) for x in sorted(cands)] + [(c + 1, t) for t in trades]:
-                if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                if tried >= evaluations:
                     return sol, policy, moves
+                tried += 1
                 choice = sol.choice.copy()
                 choice[k] = c2
                 if other is not None:
                     choice[other[0]] = other[1]
                 s2 = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
                 pol2 = build(s2)
-                e2 = predict(tables, pol2).energy_j
+                e2 = expected(tables, pol2, transitions_ms).energy_j
                 if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2, transitions_ms).makespan_ns <= deadline:
                     sol, policy, energy = s2, pol2, e2
                     moves += 1

@@ -21,10 +21,9 @@ from importlib import metadata
 import numba
 import numpy as np
 
-from emo.optimize import passes
-from emo.optimize.dp import repair_deadline
 from emo.optimize.problem import Problem, evaluate, make_items, units
 from emo.optimize.solution import Solution
+from emo.optimize.solvers.dp import repair_deadline
 
 log = logging.getLogger("emo")
 # costs in mJ: lowtime stops when one iteration's cost change is below 1e-6 and caps flow capacities at
@@ -40,11 +39,12 @@ def lowtime_version() -> str | None:
 
 
 def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None,
-                     max_iterations: int = 500, time_limit_s: float | None = 60.0) -> Solution:
+                     max_iterations: int = 500) -> Solution:
     """Perseus (lowtime) at `level` granularity. Raises ImportError if lowtime is not installed.
 
     The time quantum (`unit_time_ms`, default: see below) sets the number of Phillips–Dessouky
-    iterations; the walk stops after 2 × `max_iterations` of them or `time_limit_s` (max clocks then)."""
+    iterations; the walk stops after 2 × `max_iterations` of them (a count: the same answer on any
+    machine)."""
     import networkx as nx
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
     from lowtime.solver import PhillipsDessouky
@@ -65,7 +65,7 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
         # walking from all-slowest to all-fastest (one quantum per iteration) takes at most
         # `max_iterations` iterations
         shortest = float(np.min(udur[:, p.ref][udur[:, p.ref] > 0], initial=1e10)) * 1e-6
-        _, _, slowest_ns = passes.forward(*p.graph, p.dur_ns[:, 0].copy())
+        _, _, slowest_ns = p.forward(p.dur_ns[:, 0].copy())
         walk_ms = max(slowest_ns - p.makespan0_ns, 0.0) * 1e-6
         unit_time_ms = max(1e-2, min(1.0, shortest / 10), walk_ms / max(max_iterations, 1))
     ut = unit_time_ms * 1e6
@@ -108,7 +108,6 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     g.graph["source_node"], g.graph["sink_node"] = src_id, sink_id
     if not nx.is_directed_acyclic_graph(g):
         raise ValueError(f"perseus: the {level}-level graph has a cycle (a {level} both feeds and waits on another)")
-    build_s = time.perf_counter() - t0
 
     deadline = p.makespan0_ns * (1 + budget)
     fallbacks = [0]
@@ -128,12 +127,9 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
             if iters >= 2 * max_iterations:
                 stopped = "iterations"
                 break
-            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
-                stopped = "time limit"
-                break
     info = {"perseus_level": level, "lowtime_version": lowtime_version(), "pd_iterations": iters,
-            "unit_time_ms": unit_time_ms, "max_pd_iterations": max_iterations, "time_limit_s": time_limit_s,
-            "units": int(K), "dag_edges": int(g.number_of_edges()), "rust_panics": fallbacks[0], "build_s": build_s}
+            "unit_time_ms": unit_time_ms, "max_pd_iterations": max_iterations,
+            "units": int(K), "dag_edges": int(g.number_of_edges()), "rust_panics": fallbacks[0]}
     if stopped:
         info["perseus_stopped"] = stopped
     if choice is None and last is not None:
@@ -235,12 +231,11 @@ def gpu_edges(p: Problem, with_gaps: bool = False):
     host calls only (later ones on that device follow it). With `with_gaps`, also the host time
     along each (the longest such path to that GPU node's launch, from the first node's end)."""
     n, D = p.n, p.devices
-    dst = np.repeat(np.arange(n), np.diff(p.pred_ptr))
-    src = p.pred_idx
+    dst, src = p.dst, p.src
     o = np.argsort(src, kind="stable")
     succ_ptr = np.zeros(n + 1, dtype=np.int64)
     np.add.at(succ_ptr, src + 1, 1)
-    a, b, gap = _gpu_edges(np.cumsum(succ_ptr), dst[o], p.pred_fs[o], p.device.astype(np.int64), D,
+    a, b, gap = _gpu_edges(np.cumsum(succ_ptr), dst[o], p.from_start[o], p.device.astype(np.int64), D,
                            p.dur_ns[:, p.ref].copy(), p.delay_ns.astype(np.float64))
     return (a, b, gap) if with_gaps else (a, b)
 

@@ -2,8 +2,6 @@
 model) whose makespan stays within the budget."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from emo.optimize.problem import Items, Problem, evaluate, make_items
@@ -11,7 +9,6 @@ from emo.optimize.solution import Solution
 
 
 def optimize_static(p: Problem, budget: float, *, change_interval_ms: float = 20.0, items: Items | None = None) -> Solution:
-    t0 = time.perf_counter()
     items = items or make_items(p, change_interval_ms)
     deadline = p.makespan0_ns * (1 + budget)
     curve = []
@@ -21,7 +18,5 @@ def optimize_static(p: Problem, budget: float, *, change_interval_ms: float = 20
         curve.append({"sm_mhz": int(p.clocks_mhz[c]), "time_ms": ev.makespan_ns * 1e-6, "energy_j": ev.energy_j})
         if ev.makespan_ns <= deadline * (1 + 1e-9) + 1.0 and ev.energy_j < best_e:
             best_c, best_e = c, ev.energy_j
-    sol = Solution(p, items, np.full(items.k, best_c), "static", budget,
-                   info={"static_mhz": int(p.clocks_mhz[best_c]), "static_curve": curve})
-    sol.solve_s = time.perf_counter() - t0
-    return sol
+    return Solution(p, items, np.full(items.k, best_c), "static", budget,
+                    info={"static_mhz": int(p.clocks_mhz[best_c]), "static_curve": curve})

@@ -1,31 +1,33 @@
 """One entry point for the optimize stage and the benchmarks: PackTables + optimizer config + budget
--> (FrequencyPolicy, summary)."""
-from __future__ import annotations
+-> (FrequencyPolicy, summary).
 
-import time
+EMO: the DP (solvers.dp, Algorithm 2, with its local search) plans on the timing engine; the
+predictor (the same engine with clock timelines, at the configured request latencies) checks the
+pick: a budget search re-solves the DP at a smaller budget while the worst case ends late, the best
+static schedule joins as a start, windows are raised if nothing fits, and single-window moves judged
+by the predictor finish. Every limit is a count, so the same inputs give the same files.
+"""
+from __future__ import annotations
 
 import numpy as np
 
 from emo.model.predict import predict
-from emo.optimize.dp import optimize
-from emo.optimize.perseus import optimize_perseus
-from emo.optimize.policy import build_policy
+from emo.optimize.pipeline.check import (deadline_ns, expected, fit_to_prediction, latencies, polish_on_predictor,
+                                         worst_case)
+from emo.optimize.pipeline.schedule import build_policy
+from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
+                                          planned_window_starts, problem_from_tables, time_tolerance_ns)
 from emo.optimize.problem import Items, Problem
 from emo.optimize.solution import Solution
-from emo.optimize.static import optimize_static
-from emo.optimize.tables import (baseline_timing, iteration_items, planned_window_clear, planned_window_starts,
-                                 problem_from_tables, time_tolerance_ns)
-from emo.optimize.verify import deadline_ns, fit_to_prediction, polish_on_predictor, worst_case
-from emo.policy import FrequencyPolicy
+from emo.optimize.solvers.dp import optimize
+from emo.optimize.solvers.perseus import optimize_perseus
+from emo.optimize.solvers.static import optimize_static
+from emo.policy import FrequencyPolicy, policy_device_ids
 
-METHODS = ("emo", "static", "perseus")
-
-
-def policy_device_ids(tables) -> list[int]:
-    """The policy's device id of each dense GPU index: the rank when ranks tell GPUs apart (one GPU
-    per rank), else the device index (one rank driving several GPUs)."""
-    ranks = [k[0] for k in tables.device_keys]
-    return ranks if len(set(ranks)) == len(ranks) else [k[1] for k in tables.device_keys]
+# The offline methods (optimize writes their policy); zeus and geepafs tune online in validate.
+OFFLINE = ("emo", "static", "perseus")
+ONLINE = ("zeus", "geepafs")
+METHODS = OFFLINE + ONLINE
 
 
 def project(sol: Solution, items: Items) -> np.ndarray:
@@ -43,35 +45,33 @@ def project(sol: Solution, items: Items) -> np.ndarray:
     return np.minimum(np.searchsorted(p.clocks_mhz, mean - 1e-6), p.n_clocks - 1)
 
 
-def fit_budget(tables, solve_at, build, repair, budget: float, *, time_limit_s: float | None,
-               transitions_ms: tuple[float, ...] = (5.0, 10.0, 15.0), tries: int = 6):
+def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms: tuple[float, ...], solves: int = 6):
     """(solution, policy, info): the DP's pick at the largest budget whose policy keeps `budget` in
-    the predictor's worst case (emo.optimize.verify.worst_case), least predicted energy among those.
+    the predictor's worst case (check.worst_case), least predicted energy among those; at most
+    `solves` DP solves.
 
     The DP charges neither clock transitions nor windows drifting on the wall clock, so its pick at
     the full budget may end a little late. Raising windows one by one until it fits (the repair)
     throws away far more energy than asking the DP again for a pick with that overshoot taken off
     its budget: a secant step (at least an eighth of the budget, and half the way down when the
     pick did not change) while every try is late, then bisection between the last late and the best
-    on-time budget. `solve_at(budget, time_limit_s) -> Solution`; `repair(solution) -> (solution,
-    policy, info)` finishes the last try when none fits."""
-    t0 = time.perf_counter()
+    on-time budget. `solve_at(budget) -> Solution`; `repair(solution) -> (solution, policy, info)`
+    finishes the last try when none fits."""
     base = predict(tables, None)
     deadline = deadline_ns(base, budget)
     lo, hi, b = 0.0, budget, budget
     best = None  # (predicted energy, DP budget, solution, policy, worst-case slowdown)
     info: dict = {"budget_tries": []}
     sol, last = None, b""
-    for _ in range(tries):
-        left = None if time_limit_s is None else max(0.1 * time_limit_s, time_limit_s - (time.perf_counter() - t0))
-        sol = solve_at(b, left)
+    for _ in range(solves):
+        sol = solve_at(b)
         policy = build(sol)
         worst = worst_case(tables, policy, transitions_ms).makespan_ns
         slowdown = worst / base.makespan_ns - 1.0
         info["budget_tries"].append([round(b, 6), round(slowdown, 6)])
         same, last = sol.choice.tobytes() == last, sol.choice.tobytes()
         if worst <= deadline:
-            e = predict(tables, policy).energy_j
+            e = expected(tables, policy, transitions_ms).energy_j
             if best is None or e < best[0]:
                 best = (e, b, sol, policy, slowdown)
             lo = b
@@ -84,44 +84,42 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, time_limit_s: 
                 break
             step = max(1.2 * (slowdown - budget), budget / 8)
             b = 0.5 * (lo + hi) if best is not None or same else max(lo, b - step)
-        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
-            break
     if best is None:  # nothing fits: raise windows of the last (smallest) try until it does
         sol, policy, checked = repair(sol)
         info.update(checked)
     else:
         _, b, sol, policy, slowdown = best
         info.update({"dp_budget": round(b, 6), "predictor_slowdown": slowdown})
-    sol.solve_s = time.perf_counter() - t0
     return sol, policy, {**sol.info, **info}
 
 
 def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolicy, dict]:
-    name = opt.get("name", "emo")
-    if name not in METHODS:
-        raise ValueError(f"optimizer.name: unknown offline method {name!r} (expected one of {', '.join(METHODS)})")
+    """The policy of method opt["name"] within `budget`, and its summary: the method's own record
+    under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency)."""
+    name = opt["name"]
+    if name not in OFFLINE:
+        raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
+                         "zeus and geepafs run online in validate")
     if not 0 <= budget < 1:
         raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
-    interval = float(opt.get("change_interval_ms", 20.0))
-    min_interval = float(opt.get("min_interval_ms", 10.0))
+    interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
     if interval < min_interval:
         raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
-    p = problem_from_tables(tables, float(opt.get("min_clock_fraction", 0.5)))
+    p = problem_from_tables(tables, float(opt["min_clock_fraction"]))
     timing = baseline_timing(p, tables)
-    items = iteration_items(p, timing, interval, align=str(opt.get("change_points", "passes")))
+    items = iteration_items(p, timing, interval, align=str(opt["change_points"]))
     # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
-    extra: dict = {"budget": budget, "planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
-    tr = opt.get("transition_ms", [5.0, 15.0])
-    lats = (float(tr[0]), 0.5 * (float(tr[0]) + float(tr[1])), float(tr[1]))  # the latencies every check covers
+    record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
+    lats = latencies(opt["transition_ms"])
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def build(s: Solution) -> FrequencyPolicy:
-        return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables),
+        return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables.device_keys),
                             transition_ms=(lats[0], lats[-1]), min_interval_ms=min_interval,
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
                             window_start_ms=starts(s) * 1e-6,
@@ -131,36 +129,48 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
         return fit_to_prediction(tables, s, build, budget=plan_budget, interval_ms=interval,
                                  period_ns=timing.period_ns, transitions_ms=lats, window_starts=starts)
 
-    if name == "emo":  # the final check: the stage's predictor (wall-clock windows, clock transitions)
+    def energy(policy: FrequencyPolicy) -> float:
+        return expected(tables, policy, lats).energy_j
+
+    if name == "emo":
         sol, policy, checked = fit_budget(
-            tables, lambda b, limit: optimize(p, b, items=items, budget_step_ms=float(opt.get("budget_step_ms", 1.0)),
-                                              time_limit_s=limit),
-            build, repair, plan_budget, time_limit_s=opt.get("time_limit_s", 30.0), transitions_ms=lats)
-        # every static schedule is an EMO schedule too: keep the best one when clock transitions (which
-        # the DP does not charge) cost the windowed pick more than it saved
+            tables, lambda b: optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"])),
+            build, repair, plan_budget, transitions_ms=lats, solves=int(opt["budget_solves"]))
+        dp_energy = energy(policy)
+        # every static schedule is an EMO schedule too: start from the best one when clock transitions
+        # (which the DP does not charge) cost the windowed pick more than it saved
         uni, uni_policy, uni_checked = repair(Solution(p, items, optimize_static(p, plan_budget, items=items).choice,
                                                        "emo", plan_budget, info=sol.info))
-        if predict(tables, uni_policy).energy_j < predict(tables, policy).energy_j:
-            uni.solve_s = sol.solve_s
+        if energy(uni_policy) < dp_energy:
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
-        t1, solve_s = time.perf_counter(), sol.solve_s
+        start_energy = energy(policy)
         sol, policy, checked["predictor_moves"] = polish_on_predictor(
-            tables, sol, build, budget=plan_budget, time_limit_s=float(opt.get("predictor_polish_s", 10.0)),
-            transitions_ms=lats)
-        sol.solve_s = solve_s + time.perf_counter() - t1
+            tables, sol, build, budget=plan_budget, evaluations=int(opt["predictor_evaluations"]), transitions_ms=lats)
         checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
-        extra.update(checked)
+        # which layer saved what (predicted energy at the mean latency)
+        checked.update({"dp_energy_j": dp_energy, "start_energy_j": start_energy, "polished_energy_j": energy(policy)})
+        record.update(checked)
     elif name == "static":
         sol = optimize_static(p, plan_budget, items=items)
-        extra["static_curve"] = sol.info.pop("static_curve")
+        record["static_curve"] = sol.info.pop("static_curve")
         policy = build(sol)
     else:  # perseus: its per-unit clocks projected onto windows, then the same final check as EMO's
-        raw = optimize_perseus(p, plan_budget, level=str(opt.get("perseus_level", "pass")))
+        raw = optimize_perseus(p, plan_budget, level=str(opt["perseus_level"]))
         sol = Solution(p, items, project(raw, items), raw.method, plan_budget, info=dict(raw.info))
-        sol.solve_s = raw.solve_s
-        extra.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
+        record.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
         sol, policy, checked = repair(sol)
-        extra.update(checked)
-    summary = {**sol.summary(), **extra, "packs": int(np.sum(tables.is_pack)), "nodes": int(p.n),
-               "clocks": [int(c) for c in p.clocks_mhz], "steps": {str(d): len(s) for d, s in policy.steps.items()}}
+        record.update(checked)
+    policy.budget = budget  # the user's budget; the planning budget is in the summary
+    plan = sol.summary()
+    summary = {
+        "method": name, "budget": budget,
+        "plan": {k: plan[k] for k in ("feasible", "items", "clock_groups")}
+        | {"time_ms": plan["predicted_time_ms"], "energy_j": plan["predicted_energy_j"],
+           "baseline_time_ms": plan["baseline_time_ms"], "baseline_energy_j": plan["baseline_energy_j"]},
+        name: {k: v for k, v in {**plan, **record}.items() if k not in (
+            "method", "budget", "feasible", "items", "clock_groups", "predicted_time_ms", "predicted_energy_j",
+            "baseline_time_ms", "baseline_energy_j", "predicted_saving", "predicted_slowdown")},
+        "graph": {"packs": int(np.sum(tables.is_pack)), "nodes": int(p.n), "clocks": [int(c) for c in p.clocks_mhz]},
+        "steps": {str(d): len(s) for d, s in policy.steps.items()},
+    }
     return policy, summary

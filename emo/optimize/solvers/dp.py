@@ -20,45 +20,43 @@
    addition to the DP's starts, never instead of one. Its size is bounded (`lp_max_size` columns
    and rows): on a big DAG it uses every k-th clock (rounding stays safe), and it is skipped when
    the DAG alone leaves less than half of that or fewer than 4 clocks would remain.
-5. Polish: with the exact schedule of the current pick, every item's best single move that keeps
-   the deadline is found by local what-if passes and applied (in non-overlapping batches, each
-   batch verified), until no move saves energy. Local what-if passes of small problems run on
-   one thread: a parallel region per pass cost more than the pass, and far more on a busy machine.
-6. Trades the polish cannot see (speed up one critical window so that two others may slow down):
-   raise one slowed critical item a step, polish again, keep it if the energy drops.
+5. One local search from the best starts: moves are every item's best single clock change that
+   keeps the deadline (found by local what-if passes, applied in non-overlapping batches, each
+   batch verified), and, when none is left, a trade the single moves cannot see (raise one slowed
+   critical item a step, re-read the DP around it, move again; kept if the energy drops).
+
+Every limit is a count (starts, rounds, trades), never a duration: the same problem gives the same
+schedule on an idle or a loaded machine. Every time comparison uses the engine's one tolerance.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
-
+from numba import njit
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from emo.optimize import passes
-from emo.optimize.lp import formulation
+from emo.graph import whatif as engine
+from emo.graph.whatif import TOLERANCE_NS as TOL_NS
 from emo.optimize.problem import Items, Problem, durations, make_items
 from emo.optimize.solution import Solution
+from emo.optimize.solvers.milp import formulation
 
-TOL_NS = 1.0  # delays below a nanosecond are float noise
 MIN_STEPS = 256
 
 
 def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
              replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
              max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200, crash_share: float = 0.5,
-             time_limit_s: float | None = 30.0, lp_max_size: int = 250_000) -> Solution:
+             lp_max_size: int = 250_000) -> Solution:
     """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
 
-    `time_limit_s` is soft: the DP and one polished start always finish; further starts, polish
-    rounds and trades stop when it is reached (None: no limit). The LP start gets 0.3 × of it.
-    `lp_max_size`: the most LP columns + rows (items × clocks + nodes + edges); 0 turns the LP off.
+    Counts bound the work: `max_starts` DP read-backs per view, `polish_starts` starts searched
+    from, `polish_rounds` move rounds per search, `kicks` trades in all. `lp_max_size`: the most LP
+    columns + rows (items × clocks + nodes + edges); 0 turns the LP start off.
     """
     if budget < 0:
         raise ValueError(f"budget must be >= 0 (got {budget})")
     if budget_step_ms <= 0:
         raise ValueError(f"optimizer.budget_step_ms must be > 0 (got {budget_step_ms})")
-    t_start = time.perf_counter()
     items = items or make_items(p, change_interval_ms, replicate=replicate)
     deadline = p.makespan0_ns * (1.0 + budget)
     # 1 ms or finer: at least MIN_STEPS steps per budget, since rounding each window's delay up
@@ -69,45 +67,44 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
     #    total slack (optimistic where windows share slack) and free slack (additive: always safe)
     dur_ref = p.dur_ns[:, p.ref].copy()
-    args = p.graph
     B = int(np.floor((deadline - p.makespan0_ns) / step + 1e-9))
     info["budget_steps"] = B
     info["budget_step_ms"] = step * 1e-6
     s0, f0, T0 = p.base_start, p.base_finish, p.makespan0_ns
     # (name, start, finish, latest finish, budget steps left) of each view
-    views = [("total", s0, f0, passes.latest_finish(*args, dur_ref, T0), B),
-             ("free", s0, f0, passes.free_finish(*args, dur_ref, s0, T0), B)]
+    views = [("total", s0, f0, p.latest_finish(dur_ref, T0), B),
+             ("free", s0, f0, engine.free_finish(*p.graph, dur_ref, s0, T0), B)]
     # the max-clock timeline stretched by a share of the budget: every GPU slows down at once, as in
     # a pipeline where all stages are critical in turn; free slack against it is additive and the
     # rest of the budget goes to the DP
     for share in (0.5, 1.0) if budget > 0 else ():
         sc = 1.0 + share * budget
         ss = s0 * sc
-        views.append((f"stretch{share:g}", ss, ss + dur_ref, passes.free_finish(*args, dur_ref, ss, T0 * sc),
+        views.append((f"stretch{share:g}", ss, ss + dur_ref, engine.free_finish(*p.graph, dur_ref, ss, T0 * sc),
                       int(np.floor((deadline - T0 * sc) / step + 1e-9))))
     todo = np.arange(items.k)
     rows = np.arange(items.k)
     useful = items.useful
     starts: list[tuple[float, str, np.ndarray]] = []
     for view, vs, vf, lf, vb in views:
-        d = passes.local_delays(*args, dur_ref, vs, vf, lf - vf, p.dur_ns, items.item_of, items.lo, items.hi, todo,
+        d = engine.local_delays(*p.graph, dur_ref, vs, vf, lf - vf, p.dur_ns, items.item_of, items.lo, items.hi, todo,
                                 useful, vb * step + TOL_NS)
         q = _quantise(d, step, vb)
         # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
-        best, arg = passes.knapsack(q, items.energy, vb)
+        best, arg = knapsack(q, items.energy, vb)
         objective = best + items.ext_power_w * np.arange(vb + 1) * step * 1e-9
         order = np.argsort(objective, kind="stable")
         repairs = 0
         for t in order[np.isfinite(objective[order])][:max_starts]:
-            cand = passes.backtrack(q, arg, int(t))
+            cand = backtrack(q, arg, int(t))
             info["dp_tries"] += 1
-            _, _, mk = passes.forward(*args, durations(p, items, cand))
+            _, _, mk = p.forward(durations(p, items, cand))
             if mk > deadline + TOL_NS:  # 4. shared slack: the pick ends late, repair it
                 if repairs >= max_repairs:
                     continue
                 repairs += 1
                 cand = repair_deadline(p, items, cand, deadline, info)
-                _, _, mk = passes.forward(*args, durations(p, items, cand))
+                _, _, mk = p.forward(durations(p, items, cand))
                 if mk > deadline + TOL_NS:
                     continue
             e = items.total(cand, mk, p.makespan0_ns)
@@ -115,23 +112,23 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     # crash from the slow end: every item at its least-energy clock, then the critical path sped up
     # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
     cand = repair_deadline(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
-    _, _, mk = passes.forward(*args, durations(p, items, cand))
+    _, _, mk = p.forward(durations(p, items, cand))
     if mk <= deadline + TOL_NS:
         e = items.total(cand, mk, p.makespan0_ns)
         starts.append((e, "crash", cand))
     starts.sort(key=lambda s: s[0])
     # the LP relaxation, rounded: near-optimal where delays interact (pipelines), polished on top of
     # the DP's starts, never instead of one; skipped on big problems, where HiGHS takes too long
-    room = lp_max_size - p.n - len(p.pred_idx)  # LP columns left for the clocks
+    room = lp_max_size - p.n - len(p.src)  # LP columns left for the clocks
     stride = int(np.ceil(items.k * p.n_clocks / max(room, 1)))  # every clock, or every stride-th
     cols = np.unique(np.r_[np.arange(p.n_clocks - 1, -1, -stride), p.ref])
     if room >= 0.5 * lp_max_size and len(cols) >= min(4, p.n_clocks):
-        cand = _lp_start(p, items, deadline, cols, None if time_limit_s is None else 0.3 * time_limit_s)
+        cand = _lp_start(p, items, deadline, cols)
         if cand is not None:
-            _, _, mk = passes.forward(*args, durations(p, items, cand))
+            _, _, mk = p.forward(durations(p, items, cand))
             if mk > deadline + TOL_NS:  # only with durations that rise with the clock
                 cand = repair_deadline(p, items, cand, deadline, info)
-                _, _, mk = passes.forward(*args, durations(p, items, cand))
+                _, _, mk = p.forward(durations(p, items, cand))
             if mk <= deadline + TOL_NS:
                 starts.insert(0, (items.total(cand, mk, p.makespan0_ns), "lp", cand))
     best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
@@ -140,31 +137,26 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     for e0, v, cand in starts:
         if cand.tobytes() in seen or (v != "lp" and polished >= polish_starts):
             continue
-        if polished and time_limit_s is not None and time.perf_counter() - t_start > 0.3 * time_limit_s:
-            break  # more starts only while time is plentiful
         seen.add(cand.tobytes())
         polished += v != "lp"
         # 5. polish the best few starts
-        cand = _polish(p, items, cand, deadline, polish_rounds, info, t_start, time_limit_s)
-        _, _, mk = passes.forward(*args, durations(p, items, cand))
+        cand = _polish(p, items, cand, deadline, polish_rounds, info)
+        _, _, mk = p.forward(durations(p, items, cand))
         e = items.total(cand, mk, p.makespan0_ns)
         if e < best_e:
             best_e, choice, view = e, cand, v
     info["start_view"] = view
-    if kicks:  # a fixed number of trades (deterministic), within the soft time limit
-        choice = _kick(p, items, choice, deadline, kicks, info, t_start, time_limit_s, step)
-    sol = Solution(p, items, choice, "emo", budget, info=info)
-    sol.solve_s = time.perf_counter() - t_start
-    return sol
+    if kicks:
+        choice = _kick(p, items, choice, deadline, kicks, info, step)
+    return Solution(p, items, choice, "emo", budget, info=info)
 
 
-def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray, time_limit_s: float | None) -> np.ndarray | None:
-    """The LP relaxation (HiGHS) of emo.optimize.lp.formulation over the clocks `cols`, each item
-    then rounded to the fastest clock it uses: no node lasts longer than in the LP (durations fall
-    with the clock), so the pick meets the deadline. None when HiGHS finds no optimum in time."""
+def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray) -> np.ndarray | None:
+    """The LP relaxation (HiGHS, run to its optimum: no time limit) of milp.formulation over the
+    clocks `cols`, each item then rounded to the fastest clock it uses: no node lasts longer than in
+    the LP (durations fall with the clock), so the pick meets the deadline. None without an optimum."""
     c, A, lo, hi, lb, ub = formulation(p, items, deadline, cols)
-    opts = {"disp": False} if time_limit_s is None else {"disp": False, "time_limit": float(time_limit_s)}
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), bounds=Bounds(lb, ub), options=opts)
+    res = milp(c, constraints=LinearConstraint(A, lo, hi), bounds=Bounds(lb, ub), options={"disp": False})
     if res.status != 0 or res.x is None:
         return None
     C = len(cols)
@@ -188,10 +180,10 @@ def repair_deadline(p: Problem, items: Items, choice: np.ndarray, deadline: floa
     C = p.n_clocks
     while True:
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(*p.graph, dur)
+        s, f, mk = p.forward(dur)
         if mk <= deadline + TOL_NS:
             return choice
-        lf = passes.latest_finish(*p.graph, dur, mk)
+        lf = p.latest_finish(dur, mk)
         crit = np.flatnonzero((lf - f <= TOL_NS) & (items.item_of >= 0))
         crit = crit[choice[items.item_of[crit]] != p.ref]
         if len(crit) == 0:  # nothing slowed is critical: only with non-monotone durations
@@ -215,21 +207,19 @@ def repair_deadline(p: Problem, items: Items, choice: np.ndarray, deadline: floa
 
 
 def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, rounds: int, info: dict,
-            t_start: float, time_limit_s: float | None, frozen: int = -1) -> np.ndarray:
-    """Best single-item moves that keep the deadline, applied until none saves energy."""
+            frozen: int = -1) -> np.ndarray:
+    """Best single-item moves that keep the deadline, applied until none saves energy (at most
+    `rounds` rounds)."""
     choice = choice.copy()
     rows = np.arange(items.k)
     for _ in range(rounds):
-        if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
-            info["polish_stopped"] = "time limit"
-            break
         info["polish_rounds"] += 1
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(*p.graph, dur)
-        slack = passes.latest_finish(*p.graph, dur, mk) - f
+        s, f, mk = p.forward(dur)
+        slack = p.latest_finish(dur, mk) - f
         useful = items.useful
         useful[rows, choice] = True
-        d = passes.local_delays(*p.graph, dur, s, f, slack, p.dur_ns, items.item_of, items.lo, items.hi, rows,
+        d = engine.local_delays(*p.graph, dur, s, f, slack, p.dur_ns, items.item_of, items.lo, items.hi, rows,
                                 useful, deadline - mk + TOL_NS)
         d = np.where(d <= TOL_NS, 0.0, d)
         cost = items.energy + items.ext_power_w * d * 1e-9  # a move that lengthens the iteration pays idle power
@@ -254,7 +244,7 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
         while len(batch):
             trial = choice.copy()
             trial[batch] = new[batch]
-            _, _, mk2 = passes.forward(*p.graph, durations(p, items, trial))
+            _, _, mk2 = p.forward(durations(p, items, trial))
             e2 = items.total(trial, mk2, p.makespan0_ns)
             if mk2 <= deadline + TOL_NS and e2 < base_e:
                 choice = trial
@@ -267,7 +257,7 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
 
 
 def _energy(p: Problem, items: Items, choice: np.ndarray) -> tuple[float, float]:
-    _, _, mk = passes.forward(*p.graph, durations(p, items, choice))
+    _, _, mk = p.forward(durations(p, items, choice))
     e = items.total(choice, mk, p.makespan0_ns)
     return e, mk
 
@@ -276,29 +266,28 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
     """The DP again, around the current pick: delays against its free slack (additive) and its total
     slack (optimistic: read back at smaller budgets until the pick meets the deadline), the budget
     what is left of it. The best pick that saves energy wins."""
-    args = p.graph
     dur = durations(p, items, choice)
-    s, f, mk = passes.forward(*args, dur)
+    s, f, mk = p.forward(dur)
     B = max(0, int(np.floor((deadline - mk) / step + 1e-9)))
     best_e, _ = _energy(p, items, choice)
     out = choice
-    for lf in (passes.free_finish(*args, dur, s, mk), passes.latest_finish(*args, dur, mk)):
+    for lf in (engine.free_finish(*p.graph, dur, s, mk), p.latest_finish(dur, mk)):
         useful = items.useful
         useful[np.arange(items.k), choice] = True
-        d = passes.local_delays(*args, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k),
+        d = engine.local_delays(*p.graph, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k),
                                 useful, B * step + TOL_NS)
         q = _quantise(d, step, B)
         if frozen >= 0:
             q[frozen] = B + 1
             q[frozen, choice[frozen]] = 0
-        best, arg = passes.knapsack(q, items.energy, B)
+        best, arg = knapsack(q, items.energy, B)
         objective = best + items.ext_power_w * np.arange(B + 1) * step * 1e-9
         limit = B
         while limit >= 0:
             t = int(np.argmin(objective[: limit + 1]))
             if not np.isfinite(objective[t]):
                 break
-            cand = passes.backtrack(q, arg, t)
+            cand = backtrack(q, arg, t)
             e1, mk1 = _energy(p, items, cand)
             if mk1 <= deadline + TOL_NS:
                 if e1 < best_e:
@@ -309,18 +298,16 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
 
 
 def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: int, info: dict,
-          t_start: float, time_limit_s: float | None, step: float) -> np.ndarray:
+          step: float) -> np.ndarray:
     """Iterated local search: raise a slowed critical item one clock step, re-polish, keep if better."""
     best_e, _ = _energy(p, items, choice)
     info["kicks"] = info["kicks_kept"] = 0
     tried: set[tuple[bytes, int]] = set()
     stale, max_stale = 0, 20  # stop after this many trades in a row that saved nothing
     while info["kicks"] < kicks:
-        if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
-            break
         dur = durations(p, items, choice)
-        s, f, mk = passes.forward(*p.graph, dur)
-        lf = passes.latest_finish(*p.graph, dur, mk)
+        s, f, mk = p.forward(dur)
+        lf = p.latest_finish(dur, mk)
         crit = (lf - f <= TOL_NS) & (items.item_of >= 0)
         ks = [k for k in np.unique(items.item_of[crit]) if choice[k] < p.n_clocks - 1]
         key = choice.tobytes()
@@ -328,16 +315,12 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
         for k in ks:
             if (key, k) in tried or info["kicks"] >= kicks:
                 continue
-            if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
-                info["kicks_stopped"] = "time limit"
-                break
             tried.add((key, k))
             info["kicks"] += 1
             trial = choice.copy()
             trial[k] += 1
             trial = _redp(p, items, trial, deadline, step, frozen=k)
-            trial = _polish(p, items, trial, deadline, 20, {"polish_rounds": 0, "polish_moves": 0}, t_start,
-                            time_limit_s, frozen=k)
+            trial = _polish(p, items, trial, deadline, 20, {"polish_rounds": 0, "polish_moves": 0}, frozen=k)
             e, mk2 = _energy(p, items, trial)
             if mk2 <= deadline + TOL_NS and e < best_e - 1e-12 * abs(best_e):
                 best_e, choice, improved = e, trial, True
@@ -349,4 +332,45 @@ def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: 
                 break
         if not improved or stale >= max_stale:
             break
+    return choice
+
+
+@njit(cache=True)
+def knapsack(q, cost, budget):
+    """Multiple-choice knapsack: one option per item, Σ q ≤ budget, min Σ cost.
+
+    Returns best[t] (min cost using exactly t units) and arg[k, t] (the option of item k on that
+    optimum), to be read back by `backtrack`. O(K · C · budget).
+    """
+    K, C = q.shape
+    inf = np.inf
+    best = np.full(budget + 1, inf)
+    best[0] = 0.0
+    arg = np.full((K, budget + 1), -1, np.int16)
+    nxt = np.empty(budget + 1)
+    for k in range(K):
+        nxt[:] = inf
+        for t in range(budget + 1):
+            b = best[t]
+            if b == inf:
+                continue
+            for c in range(C):
+                t2 = t + q[k, c]
+                if t2 <= budget:
+                    val = b + cost[k, c]
+                    if val < nxt[t2]:
+                        nxt[t2] = val
+                        arg[k, t2] = c
+        best[:] = nxt
+    return best, arg
+
+
+@njit(cache=True)
+def backtrack(q, arg, t):
+    K = arg.shape[0]
+    choice = np.empty(K, np.int64)
+    for k in range(K - 1, -1, -1):
+        c = arg[k, t]
+        choice[k] = c
+        t -= q[k, c]
     return choice

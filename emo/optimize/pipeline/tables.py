@@ -26,14 +26,11 @@ class Timing:
 
 
 def problem_from_tables(t, min_clock_fraction: float = 0.5) -> Problem:
-    """A Problem over the pack graph of `t` (a PackTables), with the what-if's fixed delays."""
-    delay = getattr(t, "delay_ns", None)
-    if delay is None:  # the compiled what-if holds them in topological order
-        delay = np.empty(len(t.device))
-        delay[t.compiled.order] = t.compiled.delay
+    """A Problem over the compiled pack graph of `t` (a PackTables): the engine's lags and offsets,
+    the predictor's own, so plan and check time the same graph the same way."""
     return build_problem(t.src, t.dst, t.device, t.dur_ns, t.energy_j, t.idle_power_w, t.clocks_mhz,
-                         from_start=t.from_start, delay_ns=delay, min_clock_fraction=min_clock_fraction,
-                         default_mhz=int(t.clocks_mhz[t.default_index]))
+                         from_start=t.from_start, lag_ns=t.lag_ns, offset_ns=t.offset_ns,
+                         min_clock_fraction=min_clock_fraction, default_mhz=int(t.clocks_mhz[t.default_index]))
 
 
 def baseline_timing(p: Problem, t) -> Timing:
