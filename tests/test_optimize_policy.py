@@ -32,12 +32,24 @@ def test_steps_collapse_lead_and_down_steps_land_inside_their_window():
 
 
 def test_min_interval_merges_keeping_the_faster_clock():
+    """Windows of 5 ms with clocks changing every one or two windows, ε = 12 ms: steps are at least ε
+    apart, there is more than one, and a merged window never runs slower than planned."""
     p, _ = random_problem(4, gpus=1, kernels=12)
-    hi, lo = int(p.clocks_mhz[-1]), int(p.clocks_mhz[0])
-    sol, _ = _sol([hi, lo], interval=5.0)
-    pol = build_policy(sol, "a100", window_ms=5.0, transition_ms=(5.0, 15.0), min_interval_ms=12.0)
-    ts = [s.t_ms for s in pol.steps[0]]
+    hi, mid, lo = int(p.clocks_mhz[-1]), int(p.clocks_mhz[3]), int(p.clocks_mhz[0])
+    sol, _ = _sol([lo, lo, lo, hi, mid, mid, mid, lo], interval=5.0)
+    pol = build_policy(sol, "a100", window_ms=5.0, transition_ms=(5.0, 5.0), min_interval_ms=12.0)
+    steps = pol.steps[0]
+    ts = [s.t_ms for s in steps]
+    assert len(steps) >= 2
     assert all(b - a >= 12.0 - 1e-9 for a, b in zip(ts, ts[1:]))
+
+    def clock_at(t):
+        return [s.sm_mhz for s in steps if s.t_ms <= t][-1]
+
+    planned = sol.item_mhz[np.argsort(sol.items.window)]
+    for w, mhz in enumerate(planned):
+        if (w + 0.5) * 5.0 < pol.period_ms:
+            assert clock_at((w + 0.5) * 5.0) >= mhz, w
 
 
 def test_static_is_one_step_and_never_beats_emo():

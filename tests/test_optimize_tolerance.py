@@ -88,3 +88,24 @@ def test_offload_budget_zero_measured(offload, tmp_path, run_stage):
     v = _stage("validate", cfg, {"policy": tmp_path / "optimize/policy.json"}, tmp_path / "validate")
     assert v["es_pct"] > 5 and v["pl_pct"] <= 0.5, v
     assert json.loads((tmp_path / "optimize/summary.json").read_text())["budget"] == 0.0
+
+
+def test_optimize_is_byte_identical_on_an_idle_and_a_loaded_machine(offload, tmp_path, run_stage):
+    """A policy is an artifact: every limit of the optimizer is a count, so the same inputs give the
+    same policy.json and summary.json, also while other processes keep every core busy."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0.02"])
+    inputs = {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet"}
+    run_stage("optimize", cfg, inputs, tmp_path / "idle")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        run_stage("optimize", cfg, inputs, tmp_path / "loaded")
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    for name in ("policy.json", "summary.json"):
+        assert (tmp_path / "idle" / name).read_bytes() == (tmp_path / "loaded" / name).read_bytes(), name

@@ -98,50 +98,34 @@ def _topo_order(n, indptr_out, dst_out, indeg):
 
 
 @numba.njit(cache=True)
-def _forward(indptr, src, from_start, lag, dur, offset, start, finish, crit):
-    n = dur.shape[0]
-    for v in range(n):
-        best = 0
-        arg = -1
-        for k in range(indptr[v], indptr[v + 1]):
-            u = src[k]
-            t = (start[u] if from_start[k] else finish[u]) + lag[k]
-            if arg == -1 or t > best:
-                best = t
-                arg = k
-        s = best + offset[v]
-        start[v] = s
-        finish[v] = s + dur[v]
-        crit[v] = arg
-
-
-@numba.njit(cache=True)
 def forward(indptr, src, from_start, lag, offset, dur):
-    """(start, finish, makespan end) of every node at durations `dur` (float64, topological order)."""
+    """(start, finish, end, crit) of every node at durations `dur` (topological order): crit is the
+    in-edge (CSR index) that bound the start, -1 for a source."""
     n = dur.shape[0]
     start = np.empty(n)
     finish = np.empty(n)
+    crit = np.full(n, -1, np.int64)
     end = 0.0
     for v in range(n):
         best = 0.0
-        first = True
         for k in range(indptr[v], indptr[v + 1]):
             u = src[k]
             t = (start[u] if from_start[k] else finish[u]) + lag[k]
-            if first or t > best:
+            if crit[v] < 0 or t > best:
                 best = t
-                first = False
+                crit[v] = k
         s = best + offset[v]
         start[v] = s
         finish[v] = s + dur[v]
         if finish[v] > end:
             end = finish[v]
-    return start, finish, end
+    return start, finish, end, crit
 
 
 @numba.njit(cache=True)
 def latest_finish(indptr, src, from_start, lag, offset, dur, deadline):
-    """Latest finish of every node that keeps the end within `deadline` (float64): _backward's."""
+    """Latest finish of every node that keeps the end within `deadline` (float64), as _backward: a
+    successor that waits for a node's start bounds that start (so its predecessors), not its finish."""
     n = dur.shape[0]
     latest = np.empty(n)
     latest_start = np.empty(n)
@@ -159,8 +143,6 @@ def latest_finish(indptr, src, from_start, lag, offset, dur, deadline):
             if from_start[k]:
                 if bound < latest_start[u]:
                     latest_start[u] = bound
-                if bound + dur[u] < latest[u]:  # a start bound is a finish bound dur[u] later
-                    latest[u] = bound + dur[u]
             elif bound < latest[u]:
                 latest[u] = bound
     return latest
@@ -370,31 +352,6 @@ def csr_in_edges(n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarra
 
 
 @numba.njit(cache=True)
-def _backward(indptr, src, from_start, lag, dur, offset, end, latest):
-    """latest[v]: the latest v may finish without moving the end. A successor that waits only for
-    v's start (from_start) bounds v's start, not its finish, so it limits v's predecessors only."""
-    n = dur.shape[0]
-    big = np.iinfo(np.int64).max
-    latest_start = np.empty(n, np.int64)
-    for v in range(n):
-        latest[v] = end
-        latest_start[v] = big
-    for v in range(n - 1, -1, -1):
-        ls = latest[v] - dur[v]
-        if latest_start[v] < ls:
-            ls = latest_start[v]
-        ls -= offset[v]
-        for k in range(indptr[v], indptr[v + 1]):
-            u = src[k]
-            bound = ls - lag[k]  # latest this constraint of v may be met
-            if from_start[k]:
-                if bound < latest_start[u]:
-                    latest_start[u] = bound
-            elif bound < latest[u]:
-                latest[u] = bound
-
-
-@numba.njit(cache=True)
 def _backtrack(last, crit, src):
     """Topological positions on the critical path ending at `last`, first to last."""
     path = np.empty(crit.shape[0], np.int64)
@@ -491,14 +448,11 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     gets the time and the energy of a candidate from one call."""
     c = compiled
     dur = c.dur if dur_ns is None else np.asarray(dur_ns, np.int64)[c.order]
-    start = np.empty(c.n, np.int64)
-    finish = np.empty(c.n, np.int64)
-    crit = np.empty(c.n, np.int64)
-    _forward(c.indptr, c.src, c.from_start, c.lag, dur, c.offset, start, finish, crit)
+    graph = (c.indptr, c.src, c.from_start, c.lag.astype(np.float64), c.offset.astype(np.float64))
+    s, f, _, crit = forward(*graph, dur.astype(np.float64))
+    start, finish = s.astype(np.int64), f.astype(np.int64)  # integer ns in, integer ns out (exact below 2**53)
     end = int(finish.max()) if c.n else 0
-    latest = np.empty(c.n, np.int64)
-    if slack:
-        _backward(c.indptr, c.src, c.from_start, c.lag, dur, c.offset, end, latest)
+    latest = latest_finish(*graph, dur.astype(np.float64), float(end)).astype(np.int64) if slack else None
     # critical path: from the node that finishes last, follow the binding predecessors
     path_ids = c.order[_backtrack(int(np.argmax(finish)), crit, c.src)] if c.n else np.zeros(0, np.int64)
     replay = 0

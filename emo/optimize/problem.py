@@ -45,7 +45,7 @@ class Problem:
     makespan0_ns: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.base_start, self.base_finish, self.makespan0_ns = engine.forward(*self.graph, self.dur_ns[:, self.ref].copy())
+        self.base_start, self.base_finish, self.makespan0_ns, _ = engine.forward(*self.graph, self.dur_ns[:, self.ref].copy())
 
     @property
     def graph(self) -> tuple:
@@ -67,7 +67,8 @@ class Problem:
         return np.where(np.isfinite(met), self.base_start - met, self.offset_ns)
 
     def forward(self, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        return engine.forward(*self.graph, np.asarray(dur_ns, np.float64))
+        """(start, finish, makespan) at per-node durations (internal order)."""
+        return engine.forward(*self.graph, np.asarray(dur_ns, np.float64))[:3]
 
     def latest_finish(self, dur_ns: np.ndarray, deadline: float) -> np.ndarray:
         return engine.latest_finish(*self.graph, np.asarray(dur_ns, np.float64), float(deadline))
@@ -138,7 +139,7 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
     rank = np.empty(n, dtype=np.int64)
     rank[topo] = np.arange(n)
     g = engine.csr_in_edges(n, rank[src], rank[dst], fs, lag)
-    s0, _, _ = engine.forward(*g, offset[topo], dur[topo, ref].copy())
+    s0 = engine.forward(*g, offset[topo], dur[topo, ref].copy())[0]
     # re-sorted by baseline start (still topological) so that a window's nodes are contiguous
     order, *g = engine.reorder_by_start(*g, offset[topo], s0)
     perm = topo[order]
