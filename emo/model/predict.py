@@ -181,20 +181,42 @@ class Prediction:
 
 def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
     """[D, K] each GPU's iteration marks in what-if time (from its rank's anchors)."""
-    d = len(t.device_keys)
-    k = t.iterations
-    marks = np.zeros((d, k))
     if t.anchors is None or not len(t.anchors):
-        return marks + start.min()
-    a = t.anchors
+        return np.zeros((len(t.device_keys), t.iterations)) + start.min()
+    node, offset = anchor_arrays(t)
+    return start[node] + offset
+
+
+def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
+    """The tables in the engine's topological order (dur, energy, device, scaled, lag, offset), made
+    once per PackTables: a prediction is asked for hundreds of times by the optimizer."""
+    cached = getattr(t, "_engine_arrays", None)
+    if cached is None:
+        c = t.compiled
+        cached = (t.dur_ns[c.order], t.energy_j[c.order], t.device[c.order].astype(np.int64), t.is_pack[c.order],
+                  c.lag.astype(np.float64), c.offset.astype(np.float64))
+        t._engine_arrays = cached
+    return cached
+
+
+def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
+    """(node [D, K], offset_ns [D, K]): the anchor node and offset of each GPU's iteration marks, its
+    rank's own (else the lowest rank's), the last repeated where a rank has fewer; computed once."""
+    cached = getattr(t, "_anchor_arrays", None)
+    if cached is not None:
+        return cached
+    a, k = t.anchors, t.iterations
+    node = np.zeros((len(t.device_keys), k), np.int64)
+    offset = np.zeros((len(t.device_keys), k))
     for g, (rank, _) in enumerate(t.device_keys):
         r = a[a["rank"] == rank].sort_values("iteration")
         if r.empty:
             r = a[a["rank"] == a["rank"].min()].sort_values("iteration")
-        m = start[r["node"].to_numpy(np.int64)] + r["offset_ns"].to_numpy(np.float64)
-        marks[g, :len(m)] = m
-        marks[g, len(m):] = m[-1] if len(m) else 0.0
-    return marks
+        m = len(r)
+        node[g, :m], offset[g, :m] = r["node"].to_numpy(np.int64), r["offset_ns"].to_numpy(np.float64)
+        node[g, m:], offset[g, m:] = node[g, m - 1], offset[g, m - 1]
+    t._anchor_arrays = (node, offset)
+    return t._anchor_arrays
 
 
 def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
@@ -208,14 +230,8 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
             raise ValueError("predict: a policy that changes clocks needs transition_ms (the clock-request latency)")
         transition_ms = 0.0
     c = t.compiled
-    order = c.order
-    dur = t.dur_ns[order]
-    en = t.energy_j[order]
-    dev = t.device[order].astype(np.int64)
-    scaled = t.is_pack[order]
-    lag = c.lag.astype(np.float64)
-    offset = c.offset.astype(np.float64)
-    n = len(order)
+    dur, en, dev, scaled, lag, offset = engine_arrays(t)
+    n = len(c.order)
     start, finish, used = np.empty(n), np.empty(n), np.empty(n)
     # first pass at the default clocks gives the iteration marks the policy is timed from
     marks = None

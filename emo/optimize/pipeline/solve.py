@@ -134,7 +134,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
 
     if name == "emo":
         sol, policy, checked = fit_budget(
-            tables, lambda b: optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"])),
+            tables, lambda b: optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"]), search=False),
             build, repair, plan_budget, transitions_ms=lats, solves=int(opt["budget_solves"]))
         dp_energy = energy(policy)
         # every static schedule is an EMO schedule too: start from the best one when clock transitions

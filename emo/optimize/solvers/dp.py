@@ -46,13 +46,17 @@ MIN_STEPS = 256
 def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
              replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
              max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200, crash_share: float = 0.5,
-             lp_max_size: int = 250_000) -> Solution:
+             lp_max_size: int = 250_000, search: bool = True) -> Solution:
     """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
 
     Counts bound the work: `max_starts` DP read-backs per view, `polish_starts` starts searched
     from, `polish_rounds` move rounds per search, `kicks` trades in all. `lp_max_size`: the most LP
-    columns + rows (items × clocks + nodes + edges); 0 turns the LP start off.
+    columns + rows (items × clocks + nodes + edges); 0 turns the LP start off. `search=False`: the
+    best start alone (steps 1-4), for a caller whose own local search judges with another engine
+    (the optimize stage's, on the predictor's clocked timeline).
     """
+    if not search:
+        polish_rounds, kicks = 0, 0
     if budget < 0:
         raise ValueError(f"budget must be >= 0 (got {budget})")
     if budget_step_ms <= 0:
