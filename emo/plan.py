@@ -17,21 +17,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from emo.stages import STAGES  # what each stage reads and what it follows: the stages own it
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository (conf/, microbench/, Snakefile)
 
-# stage -> (config sections it reads, upstream stages). A stage is handed exactly these sections
-# (emo.stages.run_in_place), so it cannot read a key its hash does not cover; its code is whatever
-# emo.stages.<stage> imports (code_digest), and the files it reads are hashed by content (data_files).
-STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "trace": (("gpu", "workload", "trace"), ()),
-    "graph": ((), ("trace",)),
-    "calibrate": (("gpu", "model"), ()),
-    "pack": (("packing",), ("trace", "graph")),
-    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack")),
-    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile")),
-    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit")),
-    "validate": (("gpu", "workload", "optimizer", "budget", "validate"), ("optimize",)),
-}
 # Files a stage reads beyond its inputs (relative to ROOT): the microbenchmarks' sources and registry.
 STAGE_FILES: dict[str, tuple[str, ...]] = {"calibrate": ("microbench",)}
 SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".yaml"}

@@ -19,13 +19,25 @@ from emo.io import write_json
 
 log = logging.getLogger("emo")
 
+# stage -> (config sections it reads, upstream stages). A stage is handed exactly these sections
+# (run_in_place), so it cannot read a key its hash does not cover; its code is whatever
+# emo.stages.<stage> imports (emo.plan.code_digest), and the files it reads are hashed by content (emo.plan.read_files).
+STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "trace": (("gpu", "workload", "trace"), ()),
+    "graph": ((), ("trace",)),
+    "calibrate": (("gpu", "model"), ()),
+    "pack": (("packing",), ("trace", "graph")),
+    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack")),
+    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile")),
+    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit")),
+    "validate": (("gpu", "workload", "optimizer", "budget", "validate"), ("optimize",)),
+}
+
 
 def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
     """`stage`'s computation alone, writing straight into `out` (no temporary folder, config.json,
     metrics or tracking): for tests and benchmarks that chain stages in-process. The stage is handed
-    only the config sections its hash covers (emo.plan.STAGES), so it cannot depend on another."""
-    from emo.plan import STAGES
-
+    only the config sections its hash covers (STAGES), so it cannot depend on another."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seen = {k: cfg[k] for k in STAGES[stage][0]}
