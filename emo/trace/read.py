@@ -1,6 +1,9 @@
 """Format dispatch and the checks every trace must pass before a graph is built from it."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,9 @@ from emo.trace.nsys import SQLITE_MAGIC, read_nsys
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
 STREAM_OVERLAP_TOLERANCE_NS = 1_000
+# Folders of at least this many bytes are read by several processes (below it, starting them costs more)
+PARALLEL_BYTES = 32 << 20
+MAX_READERS = 8
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
@@ -23,10 +29,11 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
         if not files:
             raise ValueError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
-        parts = [read_kineto(f, rank=i) for i, f in enumerate(files)]
+        parts = read_ranks(files)
         ranks = [int(p["rank"].iloc[0]) for p in parts if len(p)]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
+        check_one_run(files, parts)
         events = pd.concat(parts, ignore_index=True)
         events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     else:
@@ -35,6 +42,33 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         events = read_nsys(path) if head == SQLITE_MAGIC else read_kineto(path)
     validate_events(events, path)
     return events
+
+
+def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
+    """One table per file, in file order; large folders are read by a pool of processes (one file
+    each at a time, so memory stays bounded by the pool size), small ones in this process."""
+    workers = min(len(files), len(os.sched_getaffinity(0)), MAX_READERS)
+    if workers < 2 or sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
+        return [read_kineto(f, rank=i) for i, f in enumerate(files)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        return list(pool.map(read_kineto, files, range(len(files))))
+
+
+def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
+    """Refuse a folder whose files are not the ranks of one run: world sizes that disagree, or a
+    rank whose events all lie after another rank's last one (different runs or different steps)."""
+    worlds = {f: int(p["world_size"].iat[0]) for f, p in zip(files, parts) if len(p) and p["world_size"].iat[0] > 0}
+    if len(set(worlds.values())) > 1:
+        (f0, w0), (f1, w1) = sorted(worlds.items(), key=lambda x: x[1])[0], sorted(worlds.items(), key=lambda x: x[1])[-1]
+        raise ValueError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
+    spans = [(int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f) for f, p in zip(files, parts) if len(p)]
+    if len(spans) > 1:
+        first_end = min(spans, key=lambda s: s[1])
+        last_start = max(spans, key=lambda s: s[0])
+        if last_start[0] > first_end[1]:
+            gap = (last_start[0] - first_end[1]) / 1e9
+            raise ValueError(f"{last_start[2]}: its events start {gap:.3g} s after the last event of "
+                             f"{first_end[2].name}: the files are not ranks of one run (or not of the same steps)")
 
 
 def validate_events(events: pd.DataFrame, path) -> None:
