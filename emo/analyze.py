@@ -9,13 +9,13 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # the analysis itself is imported when it runs: `emo --help` stays light
+    import pandas as pd
 
-from emo.graph import Graph, build_graph, summary
-from emo.graph.hta import hta_critical_path
-from emo.graph.whatif import Result, compile_graph, whatif
-from emo.trace import clip_window, read_trace
+    from emo.graph import Graph
+    from emo.graph.whatif import Result
 
 
 @dataclass
@@ -29,6 +29,10 @@ class Analysis:
 
 def analyze_trace(path, rank: int | None = None, annotation: str | None = None, instance: int = 0,
                   hta_compatible: bool = False) -> Analysis:
+    from emo.graph import build_graph, summary
+    from emo.graph.whatif import compile_graph, whatif
+    from emo.trace import clip_window, read_trace
+
     events = read_trace(path)
     if rank is not None:
         events = events[events["rank"] == rank].reset_index(drop=True)
@@ -41,6 +45,8 @@ def analyze_trace(path, rank: int | None = None, annotation: str | None = None, 
     out = summary(graph, result, compiled)
     out["mode"] = "default"
     if hta_compatible:
+        from emo.graph.hta import hta_critical_path
+
         ranks = [rank] if rank is not None else sorted(int(r) for r in events["rank"].unique())
         per = {}
         for r in ranks:
