@@ -67,10 +67,13 @@ class _Builder:
         c = c.reset_index(drop=True)
         c["occ"] = c.groupby(["rank", "key"]).cumcount()
         c["nranks"] = c.groupby(["key", "occ"])["rank"].transform("nunique")
-        # a named process group spans the ranks that use it (e.g. a P2P pair); unnamed: every rank
         named = g["process_group"].to_numpy(dtype=object)[nccl] != ""
-        c["expected"] = np.where(named, c.groupby("key")["rank"].transform("nunique"), n_ranks)
-        matched = c[(c["nranks"] == c["expected"]) & (c["expected"] > 1)].copy()
+        listed = g["group_ranks"].to_numpy(dtype=object)[nccl] if "group_ranks" in g else np.full(len(c), "")
+        world = int(ev["world_size"].max()) if "world_size" in ev and len(ev) else -1
+        c["expected"], c["absent"] = _participants(c, named, listed, world, set(ev["rank"].unique().tolist()))
+        ok = (c["nranks"] == c["expected"]) & (c["expected"] > 1) & (c["absent"] == "")
+        matched = c[ok].copy()
+        self.meta["collectives_unmatched"] = _unmatched(c[~ok], world)
         split = np.zeros(len(ev), bool)
         split[matched["row"].to_numpy()] = True
 
@@ -361,6 +364,53 @@ class _Builder:
         edges = typed(edges.drop_duplicates(["src", "dst", "from_start"]), EDGE_COLUMNS)
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
+
+
+def _participants(c: pd.DataFrame, named, listed, world: int, present: set) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective kernel: how many ranks take part (-1: not known) and the members absent
+    from the trace ("2-127"). The members are the ranks the trace names for the group; an unnamed
+    group is the whole world (distributedInfo.world_size, else the ranks present); a named group
+    whose members are not written spans the ranks that use it, if every rank is present."""
+    n = len(c)
+    expected = np.where(named, c.groupby("key")["rank"].transform("nunique").to_numpy() if n else 0, len(present))
+    absent = np.full(n, "", dtype=object)
+    if world > 0:
+        expected = np.where(named, expected if world <= len(present) else -1, world)
+        absent[~named] = _ranges(sorted(set(range(world)) - present))
+    for text in set(listed.tolist()) - {""}:
+        members = {int(r) for r in text.split(",")}
+        at = listed == text
+        expected[at] = len(members)
+        absent[at] = _ranges(sorted(members - present))
+    return expected, absent
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[2, 3, 4, 7] -> "2-4, 7"."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}-{ranks[j]}" if j > i else str(ranks[i]))
+        i = j + 1
+    return ", ".join(out)
+
+
+def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
+    """Why the collectives not matched across ranks are not: one entry per group and reason."""
+    out = []
+    for (key, absent, expected), x in c.groupby(["key", "absent", "expected"], sort=True):
+        if absent:
+            why = f"ranks {absent} are absent from the trace"
+        elif expected < 0:
+            why = f"the trace does not name the group's members and holds {x['rank'].nunique()} of {world} ranks"
+        elif expected <= 1:
+            why = "only one rank takes part"
+        else:
+            why = "not every member's kernel is in the trace"
+        out.append({"group": str(key)[:80], "instances": int(x.groupby("occ").ngroups), "why": why})
+    return out
 
 
 def build_graph(events: pd.DataFrame) -> Graph:
