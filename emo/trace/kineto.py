@@ -166,7 +166,7 @@ def read_kineto(path: Path, rank: int | None = None):
 
 
 def _kinds(path: Path, events: list) -> np.ndarray:
-    """Each event's kind (None: not an interval EMO reads), by one dict look-up per event in C."""
+    """Each event's kind by its category (None: not one EMO reads), one dict look-up per event in C."""
     cats = list(map(_CAT, events))
     try:
         seen = set(cats)
@@ -178,9 +178,7 @@ def _kinds(path: Path, events: list) -> np.ndarray:
         if isinstance(cat, str) and cat.lower() in HIP_CATEGORIES:
             raise ValueError(f"{path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
         table[cat] = CATEGORY_KIND.get(cat.lower()) if isinstance(cat, str) else None
-    kinds = np.array(list(map(table.get, cats)), dtype=object)
-    kinds[np.array(list(map(_PH, events)), dtype=object) != "X"] = None  # only complete events are intervals
-    return kinds
+    return np.array(list(map(table.get, cats)), dtype=object)
 
 
 def _read_kineto(path: Path, rank: int | None):
@@ -190,6 +188,10 @@ def _read_kineto(path: Path, rank: int | None):
     karr = _kinds(path, events)
     index = np.flatnonzero(karr != None)  # noqa: E711 - elementwise comparison
     kept = list(map(events.__getitem__, index.tolist()))
+    complete = np.array(list(map(_PH, kept)), dtype=object) == "X"  # only complete events are intervals
+    if not complete.all():
+        index = index[complete]
+        kept = list(map(events.__getitem__, index.tolist()))
     kind_arr = karr[index]
     n = len(kept)
 

@@ -82,8 +82,21 @@ def normalise(columns: dict) -> pd.DataFrame:
 
     a = {c: array(c, t) for c, t in COLUMNS.items()}
     order = np.lexsort((-a["dur_ns"].astype(np.int64), a["start_ns"].astype(np.int64), a["rank"].astype(np.int64)))
-    return pd.DataFrame({c: pd.Series(a[c][order], dtype="str") if t == "str" else a[c][order].astype(t)
-                         for c, t in COLUMNS.items()})
+    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t) for c, t in COLUMNS.items()})
+
+
+def _text(values: np.ndarray) -> pd.Series:
+    """A str column; built from its distinct values (names repeat: a trace has few distinct kernels)."""
+    codes, uniques = pd.factorize(values)
+    if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
+        return pd.Series(values, dtype="str")
+    try:
+        import pyarrow as pa
+
+        arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
+        return pd.Series(arr.cast(pa.large_string()), dtype="str")
+    except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
+        return pd.Series(values, dtype="str")
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
