@@ -1,9 +1,6 @@
 """Format dispatch and the checks every trace must pass before a graph is built from it."""
 from __future__ import annotations
 
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +8,11 @@ import pandas as pd
 
 from emo.trace.kineto import read_kineto
 from emo.trace.nsys import SQLITE_MAGIC, read_nsys
+from emo.trace.ranks import read_ranks
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
 STREAM_OVERLAP_TOLERANCE_NS = 1_000
-# Folders of at least this many bytes are read by several processes (below it, starting them costs more)
-PARALLEL_BYTES = 32 << 20
-MAX_READERS = 8
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
@@ -42,16 +37,6 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         events = read_nsys(path) if head == SQLITE_MAGIC else read_kineto(path)
     validate_events(events, path)
     return events
-
-
-def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
-    """One table per file, in file order; large folders are read by a pool of processes (one file
-    each at a time, so memory stays bounded by the pool size), small ones in this process."""
-    workers = min(len(files), len(os.sched_getaffinity(0)), MAX_READERS)
-    if workers < 2 or sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
-        return [read_kineto(f, rank=i) for i, f in enumerate(files)]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        return list(pool.map(read_kineto, files, range(len(files))))
 
 
 def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
