@@ -153,13 +153,15 @@ class _Builder:
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
         ev = self.ev
-        rt = ev[(ev["kind"] == "runtime") & (ev["correlation"] >= 0)]
+        # only the columns used: a row selection then copies no text column
+        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0), ["rank", "correlation", "start_ns", "pid", "thread"]]
         # a launch is a call with GPU work of the same correlation; prefer the outermost call
         rt = rt.assign(row=rt.index.to_numpy()).drop_duplicates(["rank", "correlation"], keep="first")
-        ops = ev[ev["kind"].isin(GPU_OP_KINDS)]
+        ops = ev.loc[ev["kind"].isin(GPU_OP_KINDS), ["rank", "device", "stream", "start_ns", "correlation"]]
         ops = ops.assign(row=ops.index.to_numpy())
-        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]], how="left",
-                      on=["rank", "correlation"], suffixes=("", "_call"))
+        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]].rename(
+            columns={"pid": "pid_call", "thread": "thread_call"}), how="left", on=["rank", "correlation"],
+            suffixes=("", "_call"))
         has = j["row_call"].notna().to_numpy()
         call_rows = j.loc[has, "row_call"].to_numpy(np.int64)
         self.add_edges(self.call_node[call_rows], self.in_node[j.loc[has, "row"].to_numpy()], "launch",
@@ -193,12 +195,13 @@ class _Builder:
     def syncs(self) -> pd.DataFrame:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
         ev = self.ev
-        calls = ev[ev["kind"] == "runtime"]
+        calls = ev.loc[ev["kind"] == "runtime", ["rank", "correlation", "start_ns", "pid", "thread"]]
         call_by_corr = pd.DataFrame({"rank": calls["rank"].to_numpy(), "correlation": calls["correlation"].to_numpy(),
                                      "call_row": calls.index.to_numpy(), "call_t": calls["start_ns"].to_numpy(),
                                      "pid": calls["pid"].to_numpy(), "thread": calls["thread"].to_numpy()})
         call_by_corr = call_by_corr[call_by_corr["correlation"] >= 0].drop_duplicates(["rank", "correlation"])
-        s = ev[ev["kind"] == "sync"]
+        s = ev.loc[ev["kind"] == "sync", ["rank", "device", "stream", "correlation", "sync_kind", "wait_event_corr",
+                                          "wait_stream"]]
         s = s.merge(call_by_corr, on=["rank", "correlation"], how="inner")
         waits = []
         streams = self.ops[["rank", "device", "stream"]].drop_duplicates()
@@ -323,7 +326,7 @@ class _Builder:
 
         # CPU intervals: before each top-level call (from the previous call's end or the thread's
         # first host event) and after the thread's last call (to its last host event)
-        host = ev[ev["device"] < 0]
+        host = ev.loc[ev["device"] < 0, ["rank", "pid", "thread", "start_ns", "dur_ns"]]
         ext = host.assign(end=host["start_ns"] + host["dur_ns"]).groupby(["rank", "pid", "thread"]).agg(
             lo=("start_ns", "min"), hi=("end", "max"))
         te = top.join(ext, on=["rank", "pid", "thread"])
