@@ -120,11 +120,12 @@ class _Builder:
     def host_calls(self) -> None:
         ev = self.ev
         rt_rows = np.flatnonzero((ev["kind"] == "runtime").to_numpy())
-        rt = ev.iloc[rt_rows]
+        cols = ["rank", "pid", "thread", "start_ns", "dur_ns"]
+        rt = ev[cols].iloc[rt_rows]
         order = np.lexsort((-rt["dur_ns"].to_numpy(), rt["start_ns"].to_numpy(), rt["thread"].to_numpy(),
                             rt["pid"].to_numpy(), rt["rank"].to_numpy()))
         rows = rt_rows[order]
-        rt = ev.iloc[rows]
+        rt = rt.iloc[order]
         grp = rt.groupby(["rank", "pid", "thread"], sort=False).ngroup().to_numpy()
         start = rt["start_ns"].to_numpy()
         end = start + rt["dur_ns"].to_numpy()
