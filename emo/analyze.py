@@ -79,8 +79,8 @@ def _text(s: dict) -> str:
     lines.append(f"replay error    {s['replay_error_us']:.3f} us")
     lines.append(f"ranks           {s['ranks']}; collectives matched {s['collectives_matched']}/{s['collectives']}")
     for u in s["collectives_unmatched"]:
-        lines.append(f"  not matched   {u['instances']} x {u['group'][:60]}: {u['why']} (analysed as one kernel per rank, "
-                     "no wait assumed)")
+        lines.append(f"  not matched   {u['instances']} x {u['group'][:60]}: {u['why']} "
+                     "(analysed as one kernel per rank, no wait assumed)")
     for gpu, us in s["slack_us"].items():
         lines.append(f"slack {gpu:12s} {us:.1f} us")
     waited = s["collective_waits"]["waited_for_us_by_rank"]

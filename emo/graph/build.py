@@ -155,7 +155,8 @@ class _Builder:
         """launch edges, and the table of GPU ops with the time their launch call started."""
         ev = self.ev
         # only the columns used: a row selection then copies no text column
-        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0), ["rank", "correlation", "start_ns", "pid", "thread"]]
+        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0),
+                    ["rank", "correlation", "start_ns", "pid", "thread"]]
         # a launch is a call with GPU work of the same correlation; prefer the outermost call
         rt = rt.assign(row=rt.index.to_numpy()).drop_duplicates(["rank", "correlation"], keep="first")
         ops = ev.loc[ev["kind"].isin(GPU_OP_KINDS), ["rank", "device", "stream", "start_ns", "correlation"]]

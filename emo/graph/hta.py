@@ -7,6 +7,9 @@ launch (when the stream was idle) or to the previous kernel on the stream, and s
 edges with weight 0. Its critical path is the longest path; its length is at most the window's span.
 This module reproduces those rules on EMO's event table (timestamps in whole microseconds, as HTA
 keeps them) — it is a comparison mode; EMO's own graph (emo.graph.build) is makespan-faithful.
+HTA's two sequential walks (each thread's call stacks, the GPU events in time order) are numba
+kernels over the event arrays that emit the same edges in the same order as HTA's rules, so the
+longest path (ties broken by edge order) is the same to the microsecond.
 """
 from __future__ import annotations
 
@@ -127,7 +130,8 @@ def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "",
 
     # ---- CPU: call stacks per thread (HTA's enter/exit callbacks), then GPU
     cpu = clip[clip["stream"].eq(-1)]
-    parts = [_call_stack_edges(cpu, start_node, end_node, blocking, node_ts), _gpu_edges(df, clip, start_node, end_node, node_ts)]
+    parts = [_call_stack_edges(cpu, start_node, end_node, blocking, node_ts),
+             _gpu_edges(df, clip, start_node, end_node, node_ts)]
     s, d, w, t = (np.concatenate([p[i] for p in parts]) for i in range(4))
 
     n = 2 * k

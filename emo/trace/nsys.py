@@ -88,10 +88,12 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
                "start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind")
     if m is not None and len(m):
         parts.append(_gpu_rows(m, "memcpy", "Memcpy " + m["copyKind"].map(COPY_KIND).fillna("?"), m["bytes"]))
-    s = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMSET", "start, end, deviceId, streamId, correlationId, globalPid, bytes")
+    s = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMSET",
+               "start, end, deviceId, streamId, correlationId, globalPid, bytes")
     if s is not None and len(s):
         parts.append(_gpu_rows(s, "memset", pd.Series("Memset", index=s.index), s["bytes"]))
-    y = _table(con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "start, end, deviceId, streamId, correlationId, globalPid")
+    y = _table(con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+               "start, end, deviceId, streamId, correlationId, globalPid")
     if y is not None and len(y):
         kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
         rows = _gpu_rows(y, "sync", kind)

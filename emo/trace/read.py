@@ -44,9 +44,11 @@ def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
     rank whose events all lie after another rank's last one (different runs or different steps)."""
     worlds = {f: int(p["world_size"].iat[0]) for f, p in zip(files, parts) if len(p) and p["world_size"].iat[0] > 0}
     if len(set(worlds.values())) > 1:
-        (f0, w0), (f1, w1) = sorted(worlds.items(), key=lambda x: x[1])[0], sorted(worlds.items(), key=lambda x: x[1])[-1]
+        by_size = sorted(worlds.items(), key=lambda x: x[1])
+        (f0, w0), (f1, w1) = by_size[0], by_size[-1]
         raise ValueError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
-    spans = [(int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f) for f, p in zip(files, parts) if len(p)]
+    spans = [(int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f)
+             for f, p in zip(files, parts) if len(p)]
     if len(spans) > 1:
         first_end = min(spans, key=lambda s: s[1])
         last_start = max(spans, key=lambda s: s[0])
