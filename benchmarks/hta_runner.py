@@ -5,6 +5,7 @@ from emo. Usage: python hta_runner.py TRACE_DIR RANK [ANNOTATION INSTANCE]
 (an empty ANNOTATION means the whole trace)."""
 import json
 import logging
+import resource
 import sys
 import time
 
@@ -34,6 +35,9 @@ def main() -> None:
         "graph_nodes": graph.number_of_nodes(), "graph_edges": graph.number_of_edges(),
         "import_s": t_import - t0, "parse_s": t_parse - t_import, "cp_s": t_cp - t_parse,
         "breakdown_us": by_type,
+        # peak resident set (MB) of this process plus its largest child (HTA parses ranks in a pool)
+        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                   + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024,
     }))
 
 

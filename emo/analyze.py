@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # the analysis itself is imported when it runs: `emo --help` stays light
+    import pandas as pd
 
-from emo.graph import Graph, build_graph, summary
-from emo.graph.hta import hta_critical_path
-from emo.graph.whatif import Result, compile_graph, whatif
-from emo.trace import clip_window, read_trace
+    from emo.graph import Graph
+    from emo.graph.whatif import Result
 
 
 @dataclass
@@ -29,22 +30,34 @@ class Analysis:
 
 def analyze_trace(path, rank: int | None = None, annotation: str | None = None, instance: int = 0,
                   hta_compatible: bool = False) -> Analysis:
+    from emo.graph import build_graph, summary
+    from emo.graph.whatif import compile_graph, whatif
+    from emo.trace import clip_window, read_trace
+
     events = read_trace(path)
     if rank is not None:
         events = events[events["rank"] == rank].reset_index(drop=True)
         if events.empty:
             raise ValueError(f"{path}: no events on rank {rank}")
     window = clip_window(events, annotation, instance) if annotation else events
-    graph = build_graph(window)
-    compiled = compile_graph(graph)
-    result = whatif(compiled)
+    try:
+        graph = build_graph(window)
+        compiled = compile_graph(graph)
+        result = whatif(compiled)
+    except ValueError as e:  # e.g. a dependency cycle: say which file it is in
+        raise ValueError(f"{path}: {e}") from None
     out = summary(graph, result, compiled)
     out["mode"] = "default"
     if hta_compatible:
+        from emo.graph.hta import hta_critical_path
+
         ranks = [rank] if rank is not None else sorted(int(r) for r in events["rank"].unique())
         per = {}
         for r in ranks:
-            h = hta_critical_path(events, r, annotation or "", instance)
+            try:
+                h = hta_critical_path(events, r, annotation or "", instance)
+            except ValueError as e:
+                raise ValueError(f"{path}: rank {r}: {e}") from None
             per[r] = {"critical_path_us": h.cp_us, "breakdown_us": h.breakdown_us, "path_nodes": h.path_nodes,
                       "graph_nodes": h.graph_nodes, "graph_edges": h.graph_edges}
         out["mode"] = "hta-compatible"
@@ -65,6 +78,9 @@ def _text(s: dict) -> str:
                          + ", ".join(f"{k} {v}" for k, v in h["breakdown_us"].items() if v))
     lines.append(f"replay error    {s['replay_error_us']:.3f} us")
     lines.append(f"ranks           {s['ranks']}; collectives matched {s['collectives_matched']}/{s['collectives']}")
+    for u in s["collectives_unmatched"]:
+        lines.append(f"  not matched   {u['instances']} x {u['group'][:60]}: {u['why']} "
+                     "(analysed as one kernel per rank, no wait assumed)")
     for gpu, us in s["slack_us"].items():
         lines.append(f"slack {gpu:12s} {us:.1f} us")
     waited = s["collective_waits"]["waited_for_us_by_rank"]
@@ -79,12 +95,16 @@ def run(args: argparse.Namespace) -> int:
     if args.perfetto:
         from emo.graph.perfetto import write_perfetto
 
-        write_perfetto(args.perfetto, args.path, a.events, a.graph, a.result, a.t0_ns)
-    if args.json:
-        json.dump(a.summary, sys.stdout, default=str)
-        sys.stdout.write("\n")
-    else:
-        print(_text(a.summary))
+        try:  # written atomically: a failed write leaves nothing behind
+            write_perfetto(args.perfetto, args.path, a.events, a.graph, a.result, a.t0_ns)
+        except OSError as e:
+            raise ValueError(f"{args.perfetto}: cannot write ({e.strerror or e})") from None
+    text = json.dumps(a.summary, default=str) if args.json else _text(a.summary)
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`emo analyze X | head -1`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
 
 

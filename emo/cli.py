@@ -7,20 +7,38 @@ import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
 COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare")
+# What `emo --help` lists, so that only the module of the command being run is imported (the
+# others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
+# here is simply imported up front.
+COMMANDS = {
+    "run": ("emo.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
+    "analyze": ("emo.analyze", "critical path, slack and replay error of a trace"),
+    "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
+    "reset-clocks": ("emo.clocks", "restore default GPU clocks after a crashed run"),
+    "compare": ("emo.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, with only the named sub-command's module imported."""
     parser = argparse.ArgumentParser(
         prog="emo", description="EMO: energy-minimising GPU clock schedules that keep iteration time. "
                                 "Start with `emo run` (the whole pipeline on the default configuration).")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
+    wanted = next((a for a in argv if a in COMMANDS), None) if argv is not None else None
+    lazy = {m for m, _ in COMMANDS.values()}
+    load = [m for m in COMMAND_MODULES if m not in lazy or argv is None or (wanted and COMMANDS[wanted][0] == m)]
+    for name in load:
         importlib.import_module(name).register(sub)
+    for name, (module, text) in COMMANDS.items():
+        if module not in load:
+            sub.add_parser(name, help=text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback

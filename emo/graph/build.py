@@ -67,10 +67,13 @@ class _Builder:
         c = c.reset_index(drop=True)
         c["occ"] = c.groupby(["rank", "key"]).cumcount()
         c["nranks"] = c.groupby(["key", "occ"])["rank"].transform("nunique")
-        # a named process group spans the ranks that use it (e.g. a P2P pair); unnamed: every rank
         named = g["process_group"].to_numpy(dtype=object)[nccl] != ""
-        c["expected"] = np.where(named, c.groupby("key")["rank"].transform("nunique"), n_ranks)
-        matched = c[(c["nranks"] == c["expected"]) & (c["expected"] > 1)].copy()
+        listed = g["group_ranks"].to_numpy(dtype=object)[nccl] if "group_ranks" in g else np.full(len(c), "")
+        world = int(ev["world_size"].max()) if "world_size" in ev and len(ev) else -1
+        c["expected"], c["absent"] = _participants(c, named, listed, world, set(ev["rank"].unique().tolist()))
+        ok = (c["nranks"] == c["expected"]) & (c["expected"] > 1) & (c["absent"] == "")
+        matched = c[ok].copy()
+        self.meta["collectives_unmatched"] = _unmatched(c[~ok], world)
         split = np.zeros(len(ev), bool)
         split[matched["row"].to_numpy()] = True
 
@@ -117,11 +120,12 @@ class _Builder:
     def host_calls(self) -> None:
         ev = self.ev
         rt_rows = np.flatnonzero((ev["kind"] == "runtime").to_numpy())
-        rt = ev.iloc[rt_rows]
+        cols = ["rank", "pid", "thread", "start_ns", "dur_ns"]
+        rt = ev[cols].iloc[rt_rows]
         order = np.lexsort((-rt["dur_ns"].to_numpy(), rt["start_ns"].to_numpy(), rt["thread"].to_numpy(),
                             rt["pid"].to_numpy(), rt["rank"].to_numpy()))
         rows = rt_rows[order]
-        rt = ev.iloc[rows]
+        rt = rt.iloc[order]
         grp = rt.groupby(["rank", "pid", "thread"], sort=False).ngroup().to_numpy()
         start = rt["start_ns"].to_numpy()
         end = start + rt["dur_ns"].to_numpy()
@@ -150,13 +154,16 @@ class _Builder:
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
         ev = self.ev
-        rt = ev[(ev["kind"] == "runtime") & (ev["correlation"] >= 0)]
+        # only the columns used: a row selection then copies no text column
+        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0),
+                    ["rank", "correlation", "start_ns", "pid", "thread"]]
         # a launch is a call with GPU work of the same correlation; prefer the outermost call
         rt = rt.assign(row=rt.index.to_numpy()).drop_duplicates(["rank", "correlation"], keep="first")
-        ops = ev[ev["kind"].isin(GPU_OP_KINDS)]
+        ops = ev.loc[ev["kind"].isin(GPU_OP_KINDS), ["rank", "device", "stream", "start_ns", "correlation"]]
         ops = ops.assign(row=ops.index.to_numpy())
-        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]], how="left",
-                      on=["rank", "correlation"], suffixes=("", "_call"))
+        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]].rename(
+            columns={"pid": "pid_call", "thread": "thread_call"}), how="left", on=["rank", "correlation"],
+            suffixes=("", "_call"))
         has = j["row_call"].notna().to_numpy()
         call_rows = j.loc[has, "row_call"].to_numpy(np.int64)
         self.add_edges(self.call_node[call_rows], self.in_node[j.loc[has, "row"].to_numpy()], "launch",
@@ -190,12 +197,13 @@ class _Builder:
     def syncs(self) -> pd.DataFrame:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
         ev = self.ev
-        calls = ev[ev["kind"] == "runtime"]
+        calls = ev.loc[ev["kind"] == "runtime", ["rank", "correlation", "start_ns", "pid", "thread"]]
         call_by_corr = pd.DataFrame({"rank": calls["rank"].to_numpy(), "correlation": calls["correlation"].to_numpy(),
                                      "call_row": calls.index.to_numpy(), "call_t": calls["start_ns"].to_numpy(),
                                      "pid": calls["pid"].to_numpy(), "thread": calls["thread"].to_numpy()})
         call_by_corr = call_by_corr[call_by_corr["correlation"] >= 0].drop_duplicates(["rank", "correlation"])
-        s = ev[ev["kind"] == "sync"]
+        s = ev.loc[ev["kind"] == "sync", ["rank", "device", "stream", "correlation", "sync_kind", "wait_event_corr",
+                                          "wait_stream"]]
         s = s.merge(call_by_corr, on=["rank", "correlation"], how="inner")
         waits = []
         streams = self.ops[["rank", "device", "stream"]].drop_duplicates()
@@ -320,7 +328,7 @@ class _Builder:
 
         # CPU intervals: before each top-level call (from the previous call's end or the thread's
         # first host event) and after the thread's last call (to its last host event)
-        host = ev[ev["device"] < 0]
+        host = ev.loc[ev["device"] < 0, ["rank", "pid", "thread", "start_ns", "dur_ns"]]
         ext = host.assign(end=host["start_ns"] + host["dur_ns"]).groupby(["rank", "pid", "thread"]).agg(
             lo=("start_ns", "min"), hi=("end", "max"))
         te = top.join(ext, on=["rank", "pid", "thread"])
@@ -361,6 +369,53 @@ class _Builder:
         edges = typed(edges.drop_duplicates(["src", "dst", "from_start"]), EDGE_COLUMNS)
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
+
+
+def _participants(c: pd.DataFrame, named, listed, world: int, present: set) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective kernel: how many ranks take part (-1: not known) and the members absent
+    from the trace ("2-127"). The members are the ranks the trace names for the group; an unnamed
+    group is the whole world (distributedInfo.world_size, else the ranks present); a named group
+    whose members are not written spans the ranks that use it, if every rank is present."""
+    n = len(c)
+    expected = np.where(named, c.groupby("key")["rank"].transform("nunique").to_numpy() if n else 0, len(present))
+    absent = np.full(n, "", dtype=object)
+    if world > 0:
+        expected = np.where(named, expected if world <= len(present) else -1, world)
+        absent[~named] = _ranges(sorted(set(range(world)) - present))
+    for text in set(listed.tolist()) - {""}:
+        members = {int(r) for r in text.split(",")}
+        at = listed == text
+        expected[at] = len(members)
+        absent[at] = _ranges(sorted(members - present))
+    return expected, absent
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[2, 3, 4, 7] -> "2-4, 7"."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}-{ranks[j]}" if j > i else str(ranks[i]))
+        i = j + 1
+    return ", ".join(out)
+
+
+def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
+    """Why the collectives not matched across ranks are not: one entry per group and reason."""
+    out = []
+    for (key, absent, expected), x in c.groupby(["key", "absent", "expected"], sort=True):
+        if absent:
+            why = f"ranks {absent} are absent from the trace"
+        elif expected < 0:
+            why = f"the trace does not name the group's members and holds {x['rank'].nunique()} of {world} ranks"
+        elif expected <= 1:
+            why = "only one rank takes part"
+        else:
+            why = "not every member's kernel is in the trace"
+        out.append({"group": str(key)[:80], "instances": int(x.groupby("occ").ngroups), "why": why})
+    return out
 
 
 def build_graph(events: pd.DataFrame) -> Graph:

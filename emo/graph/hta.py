@@ -7,6 +7,9 @@ launch (when the stream was idle) or to the previous kernel on the stream, and s
 edges with weight 0. Its critical path is the longest path; its length is at most the window's span.
 This module reproduces those rules on EMO's event table (timestamps in whole microseconds, as HTA
 keeps them) — it is a comparison mode; EMO's own graph (emo.graph.build) is makespan-faithful.
+HTA's two sequential walks (each thread's call stacks, the GPU events in time order) are numba
+kernels over the event arrays that emit the same edges in the same order as HTA's rules, so the
+longest path (ties broken by edge order) is the same to the microsecond.
 """
 from __future__ import annotations
 
@@ -68,14 +71,15 @@ def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
 def _window(df: pd.DataFrame, annotation: str, instance: int) -> tuple[int, int]:
     if not annotation:
         return int(df["ts"].min()), int(df["end"].max())
-    hits = df[df["name"].map(lambda s: annotation in s)]
+    hits = df[df["name"].astype(str).str.contains(annotation, regex=False).to_numpy(bool)]
     if len(hits) <= instance:
         raise ValueError(f"annotation {annotation!r} instance {instance} not found ({len(hits)} instance(s))")
     return int(hits["ts"].iloc[instance]), int(hits["end"].iloc[instance])
 
 
-def _queue_lengths(df: pd.DataFrame) -> dict[int, int]:
-    """HTA's per-stream queue length: +1 at each launch call, -1 at each launched GPU op."""
+def _queue_lengths(df: pd.DataFrame) -> np.ndarray:
+    """HTA's per-stream queue length after each event (NaN where none): +1 at each launch call,
+    -1 at each launched GPU op."""
     launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
     ops = df[df["stream"].ne(-1) & df["correlation"].isin(launch["correlation"])]
     stream_of = dict(zip(ops["correlation"], ops["stream"]))
@@ -84,7 +88,9 @@ def _queue_lengths(df: pd.DataFrame) -> dict[int, int]:
     b = pd.DataFrame({"index": ops.index, "ts": ops["ts"], "q": -1, "stream": ops["stream"]})
     m = pd.concat([a, b]).sort_values("ts", kind="stable")
     m["ql"] = m.groupby("stream")["q"].cumsum()
-    return dict(zip(m["index"], m["ql"]))
+    out = np.full(len(df), np.nan)
+    out[m["index"].to_numpy(np.int64)] = m["ql"].to_numpy(np.float64)
+    return out
 
 
 def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "", instance: int = 0) -> HtaPath:
@@ -92,6 +98,7 @@ def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "",
     if df.empty:
         raise ValueError(f"no events on rank {rank}")
     lo, hi = _window(df, annotation, instance)
+    n_ev = len(df)
     cpu_ev = df[df["stream"].eq(-1)]
     a = cpu_ev[(cpu_ev["ts"] >= lo) & (cpu_ev["ts"] <= hi) & (cpu_ev["dur"] > 0)].index
     gpu_ev = df[df["stream"].ne(-1)]
@@ -106,188 +113,283 @@ def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "",
 
     # ---- nodes: start and end of every operator / runtime call / correlated GPU event
     is_node = clip["kind"].isin(["cpu_op", "runtime"]) | (clip["stream"].ne(-1) & (clip["ic"] >= 0))
-    ev_nodes = clip[is_node]
-    pts = pd.DataFrame({"ev": np.r_[ev_nodes.index, ev_nodes.index],
-                        "ts": np.r_[ev_nodes["ts"], ev_nodes["end"]],
-                        "is_start": np.r_[np.ones(len(ev_nodes), bool), np.zeros(len(ev_nodes), bool)]})
-    pts = pts.sort_values("ts", kind="stable").reset_index(drop=True)
-    start_node = dict(zip(pts["ev"][pts["is_start"]], pts.index[pts["is_start"]]))
-    end_node = dict(zip(pts["ev"][~pts["is_start"]], pts.index[~pts["is_start"]]))
-    node_ts = pts["ts"].to_numpy()
-    blocking = set(ev_nodes.index[ev_nodes["name"].isin(BLOCKING_CALLS)])
-    src, dst, wt, typ = [], [], [], []
+    ev_nodes = clip.index.to_numpy()[is_node.to_numpy(bool)]
+    k = len(ev_nodes)
+    pt_ev = np.r_[ev_nodes, ev_nodes]
+    pt_ts = np.r_[df["ts"].to_numpy()[ev_nodes], df["end"].to_numpy()[ev_nodes]]
+    pt_start = np.r_[np.ones(k, bool), np.zeros(k, bool)]
+    o = np.argsort(pt_ts, kind="stable")
+    pt_ev, node_ts, pt_start = pt_ev[o], pt_ts[o], pt_start[o]
+    start_node = np.full(n_ev, -1, np.int64)  # event row -> its start point's node id (-1: none)
+    end_node = np.full(n_ev, -1, np.int64)
+    ids = np.arange(2 * k, dtype=np.int64)
+    start_node[pt_ev[pt_start]] = ids[pt_start]
+    end_node[pt_ev[~pt_start]] = ids[~pt_start]
+    blocking = np.zeros(n_ev, bool)
+    blocking[ev_nodes] = df["name"].iloc[ev_nodes].isin(BLOCKING_CALLS).to_numpy(bool)
 
-    def edge(u, v, kind, zero=False):
-        src.append(u)
-        dst.append(v)
-        wt.append(0 if (zero or kind in ("dependency", "sync")) else int(node_ts[v] - node_ts[u]))
-        typ.append(EDGE_TYPES.index(kind))
-
-    # ---- CPU: call stacks per thread, depth-first (HTA's enter/exit callbacks)
+    # ---- CPU: call stacks per thread (HTA's enter/exit callbacks), then GPU
     cpu = clip[clip["stream"].eq(-1)]
-    for _, th in cpu.groupby(["pid", "tid"], sort=False):
-        _call_stack_edges(th, start_node, end_node, blocking, edge)
+    parts = [_call_stack_edges(cpu, start_node, end_node, blocking, node_ts),
+             _gpu_edges(df, clip, start_node, end_node, node_ts)]
+    s, d, w, t = (np.concatenate([p[i] for p in parts]) for i in range(4))
 
-    # ---- GPU
-    _gpu_edges(df, clip, start_node, end_node, node_ts, edge)
-
-    n = len(pts)
-    s, d, w = np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(wt, np.int64)
+    n = 2 * k
     if (w < 0).any():
         raise ValueError("negative edge weight in the HTA-compatible graph (events out of order)")
     length, path = _longest_path(n, s, d, w)
-    t = np.asarray(typ, np.int64)
-    on_path = {}
-    key = dict(zip(zip(s.tolist(), d.tolist()), zip(w.tolist(), t.tolist())))
-    for u, v in zip(path[:-1], path[1:]):
-        ww, tt = key[(u, v)]
+    # the weight and type of each path step: of the last edge added between its two points
+    key = s * max(n, 1) + d
+    by_key = np.argsort(key, kind="stable")
+    path = np.asarray(path, np.int64)
+    step = by_key[np.searchsorted(key[by_key], path[:-1] * max(n, 1) + path[1:], side="right") - 1]
+    on_path: dict = {}
+    for ww, tt in zip(w[step].tolist(), t[step].tolist()):
         on_path[EDGE_TYPES[tt]] = on_path.get(EDGE_TYPES[tt], 0) + ww
     return HtaPath(cp_us=int(length), path_nodes=len(path), graph_nodes=int(len(np.unique(np.r_[s, d]))),
-                   graph_edges=len(set(zip(s.tolist(), d.tolist()))), breakdown_us=on_path, window_us=(lo, hi),
-                   path_points=tuple((int(pts["ev"].iat[v]), bool(pts["is_start"].iat[v]), int(node_ts[v])) for v in path))
+                   graph_edges=int(len(np.unique(key))), breakdown_us=on_path, window_us=(lo, hi),
+                   path_points=tuple(zip(pt_ev[path].tolist(), pt_start[path].tolist(), node_ts[path].tolist())))
 
 
-def _call_stack_edges(th: pd.DataFrame, start_node, end_node, blocking, edge) -> None:
-    idx = th.index.to_numpy()
-    ts, end, dur = th["ts"].to_numpy(), th["end"].to_numpy(), th["dur"].to_numpy()
+def _call_stack_edges(cpu: pd.DataFrame, start_node, end_node, blocking, node_ts) -> tuple:
+    """Edges of every thread's call stacks, thread by thread in order of first appearance."""
+    grp = cpu.groupby(["pid", "tid"], sort=False).ngroup().to_numpy(np.int64)
+    idx = cpu.index.to_numpy(np.int64)
+    ts, end, dur = cpu["ts"].to_numpy(np.int64), cpu["end"].to_numpy(np.int64), cpu["dur"].to_numpy(np.int64)
     # HTA's event order: by time; at equal time ends before starts; longer starts first, shorter ends first
-    keys = np.r_[np.c_[ts, np.ones_like(ts), -dur, idx], np.c_[end, np.zeros_like(end), dur, -idx]]
-    typ = np.r_[np.ones(len(idx), bool), np.zeros(len(idx), bool)]
-    ev = np.r_[idx, idx]
-    o = np.lexsort((keys[:, 3], keys[:, 2], keys[:, 1], keys[:, 0]))
-    children: dict[int, list] = {-1: []}
-    stack: list[int] = []
-    for k in o:
-        if typ[k]:
-            parent = stack[-1] if stack else -1
-            children.setdefault(parent, []).append(int(ev[k]))
-            children.setdefault(int(ev[k]), [])
-            stack.append(int(ev[k]))
-        elif stack:
-            stack.pop()
-    state = {"last": None, "last_top": None, "depth": 0}
-
-    def enter(e):
-        sn, en = start_node.get(e), end_node.get(e)
-        if sn is None or en is None:
-            return
-        if state["depth"] == 0 and state["last_top"] is not None:
-            edge(state["last_top"], sn, "dependency")
-        state["depth"] += 1
-        if state["last"] is not None:
-            edge(state["last"], sn, "operator")
-        state["last"] = sn
-
-    def leave(e):
-        sn, en = start_node.get(e), end_node.get(e)
-        if sn is None or en is None:
-            return
-        state["depth"] -= 1
-        if state["last"] is not None:
-            edge(state["last"], en, "operator", zero=e in blocking)
-        if state["depth"] == 0:
-            state["last"] = None
-            state["last_top"] = en
-        else:
-            state["last"] = en
-
-    # iterative DFS from the root (-1), calling enter on the way down and leave on the way up
-    todo = [(c, False) for c in reversed(children[-1])]
-    while todo:
-        e, done = todo.pop()
-        if done:
-            leave(e)
-            continue
-        enter(e)
-        todo.append((e, True))
-        todo.extend((c, False) for c in reversed(children.get(e, [])))
+    g2, t2 = np.r_[grp, grp], np.r_[ts, end]
+    flag = np.r_[np.ones(len(idx), np.int64), np.zeros(len(idx), np.int64)]
+    k3, k4 = np.r_[-dur, dur], np.r_[idx, -idx]
+    o = np.lexsort((k4, k3, flag, t2, g2))
+    return _stack_kernel(g2[o], flag[o].astype(np.bool_), np.r_[idx, idx][o], start_node, end_node, blocking, node_ts)
 
 
-def _gpu_edges(df, clip, start_node, end_node, node_ts, edge) -> None:
-    q = _queue_lengths(df)
+@numba.njit(cache=True)
+def _stack_kernel(grp, is_start, ev, start_node, end_node, blocking, node_ts):
+    """HTA's depth-first walk of each thread's call tree, done in one pass over the ordered
+    start/end points: a call's parent is the call on top of the stack when it starts, the walk
+    enters calls in start order and leaves, before entering a call, every call on the way back
+    up to that call's parent (so the edges come out in HTA's order)."""
+    m = ev.shape[0]
+    src = np.empty(2 * m, np.int64)
+    dst = np.empty(2 * m, np.int64)
+    wt = np.empty(2 * m, np.int64)
+    typ = np.empty(2 * m, np.int64)
+    ne = 0
+    stack = np.empty(m, np.int64)   # the parse stack (the open calls)
+    walk = np.empty(m, np.int64)    # the walk's path from the root to the call entered last
+    i = 0
+    while i < m:
+        g = grp[i]
+        j = i
+        while j < m and grp[j] == g:
+            j += 1
+        sp = 0
+        wp = 0
+        last = -1
+        last_top = -1
+        depth = 0
+        for q in range(i, j + 1):
+            if q < j and not is_start[q]:
+                if sp > 0:
+                    sp -= 1
+                continue
+            parent = stack[sp - 1] if (q < j and sp > 0) else -1
+            # leave every call on the walk down to (not including) the new call's parent
+            while wp > 0 and walk[wp - 1] != parent:
+                e = walk[wp - 1]
+                wp -= 1
+                sn, en = start_node[e], end_node[e]
+                if sn < 0 or en < 0:
+                    continue
+                depth -= 1
+                if last >= 0:
+                    src[ne] = last
+                    dst[ne] = en
+                    wt[ne] = 0 if blocking[e] else node_ts[en] - node_ts[last]
+                    typ[ne] = 0
+                    ne += 1
+                if depth == 0:
+                    last = -1
+                    last_top = en
+                else:
+                    last = en
+            if q == j:
+                break
+            e = ev[q]
+            stack[sp] = e
+            sp += 1
+            walk[wp] = e
+            wp += 1
+            sn, en = start_node[e], end_node[e]
+            if sn < 0 or en < 0:
+                continue
+            if depth == 0 and last_top >= 0:
+                src[ne] = last_top
+                dst[ne] = sn
+                wt[ne] = 0
+                typ[ne] = 1
+                ne += 1
+            depth += 1
+            if last >= 0:
+                src[ne] = last
+                dst[ne] = sn
+                wt[ne] = node_ts[sn] - node_ts[last]
+                typ[ne] = 0
+                ne += 1
+            last = sn
+        i = j
+    return src[:ne], dst[:ne], wt[:ne], typ[:ne]
+
+
+def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
+    n_ev = len(df)
+    ql = _queue_lengths(df)
     launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
     launch = launch.sort_values("ts", kind="stable")
-    op_of = df["ic"].to_numpy()
+    op_of = df["ic"].to_numpy(np.int64)
     launch = launch.assign(stream=df["stream"].to_numpy()[op_of[launch.index]],
                            gpu=df["pid"].to_numpy()[op_of[launch.index]], launch_id=np.arange(len(launch)))
 
-    # cudaEventRecord -> last launch on the recorded (gpu, stream) before it
-    prev_launch_of_record: dict[int, int] = {}
+    # cudaEventRecord -> last launch on the recorded (gpu, stream) before it (by record correlation)
+    rec_corr, rec_prev = np.zeros(0, np.int64), np.zeros(0, np.int64)
     recs = df[df["name"].eq("cudaEventRecord")]
     waits = df[df["wait_stream"] > -1][["wait_corr", "wait_stream", "pid"]].drop_duplicates()
     if len(recs) and len(waits):
-        r = recs.reset_index()[["index", "ts", "correlation", "pid"]].merge(waits.rename(columns={"wait_corr": "correlation"}), on="correlation",
-                                     suffixes=("", "_w"))
+        r = recs.reset_index()[["index", "ts", "correlation", "pid"]].merge(
+            waits.rename(columns={"wait_corr": "correlation"}), on="correlation", suffixes=("", "_w"))
+        corr, prev = [], []
         for (gpu, stream), grp in r.groupby(["pid_w", "wait_stream"]):
             L = launch[(launch["gpu"] == gpu) & (launch["stream"] == stream)]
             pos = np.searchsorted(L["ts"].to_numpy(), grp["ts"].to_numpy(), side="left")
-            for corr, p in zip(grp["correlation"], pos):
-                prev_launch_of_record[int(corr)] = int(L.index[p - 1]) if p > 0 else -1
-    # cudaStreamWaitEvent -> next launch on the same thread onto the waiting stream
-    next_launch_of_wait: dict[int, int] = {}
+            corr.append(grp["correlation"].to_numpy(np.int64))
+            prev.append(_at(L.index.to_numpy(np.int64), pos - 1))
+        # a later group overwrites an earlier one for the same record, as a dict update would
+        c = pd.Series(np.concatenate(prev), index=np.concatenate(corr))
+        c = c[~c.index.duplicated(keep="last")].sort_index()
+        rec_corr, rec_prev = c.index.to_numpy(np.int64), c.to_numpy(np.int64)
+    # cudaStreamWaitEvent -> next launch on the same thread onto the waiting stream (by call row)
+    next_launch = np.full(n_ev, -1, np.int64)
     swe = df[df["name"].eq("cudaStreamWaitEvent") & (df["ic"] > 0)]
     if len(swe) and (df["sync_kind"] == "Stream Wait Event").any():
         swe = swe.assign(stream=df["stream"].to_numpy()[op_of[swe.index]])
         for (pid, tid, stream), grp in swe.groupby(["pid", "tid", "stream"]):
             L = launch[(launch["pid"] == pid) & (launch["tid"] == tid) & (launch["stream"] == stream)]
             pos = np.searchsorted(L["ts"].to_numpy(), grp["ts"].to_numpy(), side="right")
-            for i, p in zip(grp.index, pos):
-                next_launch_of_wait[int(i)] = int(L.index[p]) if p < len(L) else -1
+            next_launch[grp.index.to_numpy(np.int64)] = _at(L.index.to_numpy(np.int64), pos)
 
     g = clip[((clip["stream"] != -1) | clip["sync_kind"].isin(["Event Sync", "Context Sync"])) & (clip["ic"] >= 0)]
     sort_by = np.where(g["kind"].eq("sync"), g["end"], g["ts"])
     g = g.iloc[np.argsort(sort_by, kind="stable")]
-    last: dict[int, int] = {}
-    kernel_sync: dict[int, int] = {}
-    full_ts = df["ts"].to_numpy()
-    for eid, row in zip(g.index, g.itertuples(index=False)):
-        if row.kind == "sync":
-            sk = row.sync_kind
-            if sk in ("Stream Wait Event", "Event Sync"):
-                prev = prev_launch_of_record.get(int(row.wait_corr), -1) if row.wait_corr != -1 else -1
+    sk = g["sync_kind"].to_numpy(dtype=object)
+    code = np.select([sk == "Stream Wait Event", sk == "Event Sync", sk == "Context Sync"], [1, 2, 3], 4)
+    code = np.where(g["kind"].eq("sync").to_numpy(bool), code, 0)  # 0: a GPU op
+    wait_corr = g["wait_corr"].to_numpy(np.int64)
+    # the launch before each waited-for record (-1: none known)
+    pos = np.searchsorted(rec_corr, wait_corr)
+    found = pos < len(rec_corr)
+    found[found] = rec_corr[pos[found]] == wait_corr[found]
+    prev_launch = np.where(found & (wait_corr != -1), _at(rec_prev, pos), -1)
+    _, stream_id = np.unique(g["stream"].to_numpy(np.int64), return_inverse=True)
+    return _gpu_kernel(g.index.to_numpy(np.int64), code, stream_id.astype(np.int64), g["ic"].to_numpy(np.int64),
+                       prev_launch, next_launch, op_of, ql, df["ts"].to_numpy(np.int64), start_node, end_node, node_ts)
+
+
+def _at(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """a[pos] where 0 <= pos < len(a), else -1."""
+    ok = (pos >= 0) & (pos < len(a))
+    out = np.full(len(pos), -1, np.int64)
+    out[ok] = a[pos[ok]]
+    return out
+
+
+@numba.njit(cache=True)
+def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full_ts, start_node, end_node, node_ts):
+    """HTA's walk over GPU events in time order: each op after its stream's previous op or, when
+    the stream was idle, after its launch; synchronisations to the ops they wait for."""
+    m = eid.shape[0]
+    n_streams = stream.max() + 1 if m else 0
+    cap = 2 * m + 1
+    src = np.empty(cap, np.int64)
+    dst = np.empty(cap, np.int64)
+    wt = np.empty(cap, np.int64)
+    typ = np.empty(cap, np.int64)
+    ne = 0
+    last = np.full(n_streams, -1, np.int64)      # the stream's last op's end point
+    first_set = np.empty(n_streams, np.int64)    # streams in the order they got a last op
+    n_set = 0
+    kernel_sync = np.full(full_ts.shape[0], -1, np.int64)
+    for q in range(m):
+        c = code[q]
+        if c != 0:
+            if ne + n_set + 1 > cap:  # room for a context sync's edges
+                cap = 2 * cap + n_set
+                src, dst, wt, typ = _grow(src, cap), _grow(dst, cap), _grow(wt, cap), _grow(typ, cap)
+            if c == 1 or c == 2:
+                prev = prev_launch[q]
                 if prev < 0:
                     continue
-                src_kernel = int(op_of[prev])
-                if sk == "Stream Wait Event":
-                    nxt = next_launch_of_wait.get(int(row.ic), -1)
+                src_kernel = op_of[prev]
+                if c == 1:
+                    nxt = next_launch[ic[q]] if ic[q] >= 0 else -1
                     if nxt < 0:
                         continue
-                    kernel_sync[int(op_of[nxt])] = src_kernel
+                    kernel_sync[op_of[nxt]] = src_kernel
                 else:
-                    en = end_node.get(src_kernel)
-                    rt_end = end_node.get(int(row.ic))
-                    if en is not None and rt_end is not None:
-                        edge(en, rt_end, "sync")
+                    en = end_node[src_kernel]
+                    rt_end = end_node[ic[q]]
+                    if en >= 0 and rt_end >= 0:
+                        src[ne], dst[ne], wt[ne], typ[ne] = en, rt_end, 0, 4
+                        ne += 1
                 continue
-            targets = list(last.values()) if sk == "Context Sync" else [last.get(row.stream)]
-            rt_end = end_node.get(int(row.ic))
-            for gn in targets:
-                if gn is not None and rt_end is not None:
-                    edge(gn, rt_end, "sync")
+            rt_end = end_node[ic[q]]
+            if rt_end < 0:
+                continue
+            if c == 3:
+                for j in range(n_set):
+                    src[ne], dst[ne], wt[ne], typ[ne] = last[first_set[j]], rt_end, 0, 4
+                    ne += 1
+            elif last[stream[q]] >= 0:
+                src[ne], dst[ne], wt[ne], typ[ne] = last[stream[q]], rt_end, 0, 4
+                ne += 1
             continue
-        sn, en = start_node[eid], end_node[eid]
-        edge(sn, en, "operator")
-        runtime = int(row.ic)
-        added = False
-        sync_src = kernel_sync.pop(eid, None)
-        sync_end = end_node.get(sync_src) if sync_src is not None else None
-        if sync_src is not None and sync_end is None:
-            sync_src = None
-        if sync_end is not None:
-            edge(sync_end, sn, "sync")
-            added = True
-        prev = last.get(row.stream)
-        if (q.get(runtime) == 1 and q.get(eid) == 0
-                and (prev is None or node_ts[prev] < full_ts[runtime])
-                and (sync_end is None or node_ts[sync_end] < full_ts[runtime])):
-            rs = start_node.get(runtime)
-            if rs is not None:
-                edge(rs, sn, "launch_delay")
-                added = True
-        elif prev is not None and (sync_end is None or node_ts[sync_end] < node_ts[prev]):
-            edge(prev, sn, "kernel_kernel_delay")
-            added = True
-        last[row.stream] = en
+        if ne + 3 > cap:
+            cap = 2 * cap
+            src, dst, wt, typ = _grow(src, cap), _grow(dst, cap), _grow(wt, cap), _grow(typ, cap)
+        e = eid[q]
+        sn, en = start_node[e], end_node[e]
+        src[ne], dst[ne], wt[ne], typ[ne] = sn, en, node_ts[en] - node_ts[sn], 0
+        ne += 1
+        runtime = ic[q]
+        sync_src = kernel_sync[e]
+        kernel_sync[e] = -1
+        sync_end = end_node[sync_src] if sync_src >= 0 else -1
+        if sync_end >= 0:
+            src[ne], dst[ne], wt[ne], typ[ne] = sync_end, sn, 0, 4
+            ne += 1
+        prev = last[stream[q]]
+        if (ql[runtime] == 1 and ql[e] == 0
+                and (prev < 0 or node_ts[prev] < full_ts[runtime])
+                and (sync_end < 0 or node_ts[sync_end] < full_ts[runtime])):
+            rs = start_node[runtime]
+            if rs >= 0:
+                src[ne], dst[ne], wt[ne], typ[ne] = rs, sn, node_ts[sn] - node_ts[rs], 2
+                ne += 1
+        elif prev >= 0 and (sync_end < 0 or node_ts[sync_end] < node_ts[prev]):
+            src[ne], dst[ne], wt[ne], typ[ne] = prev, sn, node_ts[sn] - node_ts[prev], 3
+            ne += 1
+        if last[stream[q]] < 0:
+            first_set[n_set] = stream[q]
+            n_set += 1
+        last[stream[q]] = en
+    return src[:ne], dst[:ne], wt[:ne], typ[:ne]
+
+
+@numba.njit(cache=True)
+def _grow(a, cap):
+    out = np.empty(cap, a.dtype)
+    out[:a.shape[0]] = a
+    return out
 
 
 @numba.njit(cache=True)

@@ -96,6 +96,8 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
         # a graph loaded from Parquet has no meta: the rendezvous nodes are the matched collectives
         "collectives": int(graph.meta.get("collectives", (n["kind"] == "rendezvous").sum())),
         "collectives_matched": int(graph.meta.get("collectives_matched", (n["kind"] == "rendezvous").sum())),
+        # collectives left unmatched, and why (members absent from the trace, members not named)
+        "collectives_unmatched": graph.meta.get("collectives_unmatched", []),
         "slack_us": dict(sorted(slack.items())),
         "nodes": int(len(n)),
         "edges": int(len(graph.edges)),

@@ -26,9 +26,26 @@ COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7
 NO_STREAM = 4294967295  # nsys writes UINT32_MAX where a sync names no stream
 
 
-def _table(con: sqlite3.Connection, name: str, query: str) -> pd.DataFrame | None:
-    exists = con.execute("select 1 from sqlite_master where type='table' and name=?", (name,)).fetchone()
-    return pd.read_sql_query(query.format(t=name), con) if exists else None
+def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, required: bool = False) -> pd.DataFrame | None:
+    """The named columns of a table (None if the table is absent); a missing column is a one-line error."""
+    have = {r[1] for r in con.execute(f"pragma table_info({name})")}
+    if not have:
+        if required:
+            raise ValueError(f"{path}: nsys export without a {name} table ({REQUIRED[name]})")
+        return None
+    missing = [c.strip() for c in columns.split(",") if c.strip() not in have]
+    if missing:
+        raise ValueError(f"{path}: table {name} lacks the column {missing[0]!r} (an nsys export EMO cannot read)")
+    return pd.read_sql_query(f"select {columns} from {name}", con)
+
+
+# Tables without which an export cannot be analysed, and why
+REQUIRED = {
+    "StringIds": "not an nsys SQLite export",
+    "CUPTI_ACTIVITY_KIND_KERNEL": "no kernel was traced: profile with `nsys profile --trace=cuda`",
+    "CUPTI_ACTIVITY_KIND_RUNTIME": "no CUDA API call was traced, so nothing says which host call launched "
+                                   "which GPU op: profile with `nsys profile --trace=cuda`",
+}
 
 
 def read_nsys(path: Path) -> pd.DataFrame:
@@ -39,19 +56,17 @@ def read_nsys(path: Path) -> pd.DataFrame:
         raise ValueError(f"{path}: not a readable SQLite database ({e})") from None
     try:
         return _read(con, path)
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:
         raise ValueError(f"{path}: unreadable nsys export ({e})") from None
     finally:
         con.close()
 
 
 def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
-    strings = _table(con, "StringIds", "select id, value from {t}")
-    if strings is None:
-        raise ValueError(f"{path}: not an nsys SQLite export (no StringIds table)")
+    strings = _table(con, path, "StringIds", "id, value", required=True)
     name_of = dict(zip(strings["id"], strings["value"]))
-    rt = _table(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
-                "select start, end, globalTid, correlationId, nameId from {t}")
+    rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId",
+                required=True)
     parts = []
     if rt is not None and len(rt):
         names = rt["nameId"].map(name_of).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
@@ -65,20 +80,20 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
         call_of_corr = dict(zip(rt["correlationId"], names))
     else:
         call_of_corr = {}
-    k = _table(con, "CUPTI_ACTIVITY_KIND_KERNEL",
-               "select start, end, deviceId, streamId, correlationId, globalPid, demangledName from {t}")
+    k = _table(con, path, "CUPTI_ACTIVITY_KIND_KERNEL",
+               "start, end, deviceId, streamId, correlationId, globalPid, demangledName", required=True)
     if k is not None and len(k):
         parts.append(_gpu_rows(k, "kernel", k["demangledName"].map(name_of).fillna("?")))
-    m = _table(con, "CUPTI_ACTIVITY_KIND_MEMCPY",
-               "select start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind from {t}")
+    m = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY",
+               "start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind")
     if m is not None and len(m):
         parts.append(_gpu_rows(m, "memcpy", "Memcpy " + m["copyKind"].map(COPY_KIND).fillna("?"), m["bytes"]))
-    s = _table(con, "CUPTI_ACTIVITY_KIND_MEMSET",
-               "select start, end, deviceId, streamId, correlationId, globalPid, bytes from {t}")
+    s = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMSET",
+               "start, end, deviceId, streamId, correlationId, globalPid, bytes")
     if s is not None and len(s):
         parts.append(_gpu_rows(s, "memset", pd.Series("Memset", index=s.index), s["bytes"]))
-    y = _table(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-               "select start, end, deviceId, streamId, correlationId, globalPid from {t}")
+    y = _table(con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+               "start, end, deviceId, streamId, correlationId, globalPid")
     if y is not None and len(y):
         kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
         rows = _gpu_rows(y, "sync", kind)
@@ -87,10 +102,7 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
         rows["sync_kind"] = kind
         parts.append(rows)
     if not parts:
-        return normalise({c: [] for c in ("rank", "device", "stream", "pid", "thread", "kind", "name",
-                                          "start_ns", "dur_ns", "correlation", "external_id",
-                                          "sync_kind", "wait_event_corr", "wait_stream",
-                                          "process_group", "bytes")})
+        return normalise({"start_ns": [], "dur_ns": []})
     df = pd.concat(parts, ignore_index=True)
     if (df["end"] < df["start"]).any():
         bad = df[df["end"] < df["start"]].iloc[0]

@@ -8,6 +8,7 @@ import pandas as pd
 
 from emo.trace.kineto import read_kineto
 from emo.trace.nsys import SQLITE_MAGIC, read_nsys
+from emo.trace.ranks import read_ranks
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
@@ -23,10 +24,11 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
         if not files:
             raise ValueError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
-        parts = [read_kineto(f, rank=i) for i, f in enumerate(files)]
+        parts = read_ranks(files)
         ranks = [int(p["rank"].iloc[0]) for p in parts if len(p)]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
+        check_one_run(files, parts)
         events = pd.concat(parts, ignore_index=True)
         events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     else:
@@ -37,32 +39,96 @@ def read_trace(path: str | Path) -> pd.DataFrame:
     return events
 
 
+def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
+    """Refuse a folder whose files are not the ranks of one run: world sizes that disagree, or a
+    rank whose events all lie after another rank's last one (different runs or different steps)."""
+    worlds = {f: int(p["world_size"].iat[0]) for f, p in zip(files, parts) if len(p) and p["world_size"].iat[0] > 0}
+    if len(set(worlds.values())) > 1:
+        by_size = sorted(worlds.items(), key=lambda x: x[1])
+        (f0, w0), (f1, w1) = by_size[0], by_size[-1]
+        raise ValueError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
+    spans = [(int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f)
+             for f, p in zip(files, parts) if len(p)]
+    if len(spans) > 1:
+        first_end = min(spans, key=lambda s: s[1])
+        last_start = max(spans, key=lambda s: s[0])
+        if last_start[0] > first_end[1]:
+            gap = (last_start[0] - first_end[1]) / 1e9
+            raise ValueError(f"{last_start[2]}: its events start {gap:.3g} s after the last event of "
+                             f"{first_end[2].name}: the files are not ranks of one run (or not of the same steps)")
+
+
 def validate_events(events: pd.DataFrame, path) -> None:
-    """Refuse tables a graph cannot be built from: no GPU work, or GPU work out of order."""
+    """Refuse tables a graph cannot be built from: no GPU work, GPU work out of order, or
+    correlation ids that name two different launches."""
     if events.empty:
         raise ValueError(f"{path}: no trace events")
     kind = events["kind"].to_numpy()
     gpu = np.isin(kind, ("kernel", "memcpy", "memset"))
     if not gpu.any():
         raise ValueError(f"{path}: no GPU activity (no kernel, memcpy or memset events): nothing to analyse")
-    ops = events.loc[gpu, ["rank", "device", "stream", "start_ns", "dur_ns", "name"]]
-    ops = ops.sort_values(["rank", "device", "stream", "start_ns"], kind="stable")
-    same = (ops[["rank", "device", "stream"]].diff().abs().sum(axis=1) == 0).to_numpy()
-    end = (ops["start_ns"] + ops["dur_ns"]).to_numpy()
-    overlap = same[1:] & (ops["start_ns"].to_numpy()[1:] < end[:-1] - STREAM_OVERLAP_TOLERANCE_NS)
+    rank, device, stream = (events[c].to_numpy(np.int64) for c in ("rank", "device", "stream"))
+    start = events["start_ns"].to_numpy(np.int64)
+    end = start + events["dur_ns"].to_numpy(np.int64)
+    corr = events["correlation"].to_numpy(np.int64)
+    rows = np.flatnonzero(gpu)
+    o = rows[np.lexsort((start[rows], stream[rows], device[rows], rank[rows]))]
+    same = (rank[o][1:] == rank[o][:-1]) & (device[o][1:] == device[o][:-1]) & (stream[o][1:] == stream[o][:-1])
+    overlap = same & (start[o][1:] < end[o][:-1] - STREAM_OVERLAP_TOLERANCE_NS)
     if overlap.any():
-        i = int(np.flatnonzero(overlap)[0]) + 1
-        row = ops.iloc[i]
+        i = o[int(np.flatnonzero(overlap)[0]) + 1]
         raise ValueError(
-            f"{path}: events out of order: {row['name'][:60]!r} starts before the previous op on "
-            f"rank {row['rank']} stream {row['stream']} ends")
+            f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the previous op on "
+            f"rank {rank[i]} stream {stream[i]} ends")
     # A GPU op cannot start before the host call that launched it.
-    launch = events.loc[(events["kind"] == "runtime") & (events["correlation"] >= 0),
-                        ["rank", "correlation", "start_ns"]].drop_duplicates(["rank", "correlation"])
-    gops = events.loc[gpu & (events["correlation"].to_numpy() >= 0), ["rank", "correlation", "start_ns", "name"]]
-    j = gops.merge(launch, on=["rank", "correlation"], suffixes=("", "_launch"))
-    early = j["start_ns"] < j["start_ns_launch"] - STREAM_OVERLAP_TOLERANCE_NS
+    calls = np.flatnonzero((kind == "runtime") & (corr >= 0))
+    calls = calls[np.lexsort((calls, corr[calls], rank[calls]))]  # per (rank, correlation): the outermost first
+    first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])]
+    _check_nested(events, path, calls, first, start, end, corr)
+    launch = calls[first]
+    ops = rows[corr[rows] >= 0]
+    key_l = rank[launch] * (1 << 40) + corr[launch]  # ranks < 2^23, correlation ids < 2^40
+    key_o = rank[ops] * (1 << 40) + corr[ops]
+    pos = np.searchsorted(key_l, key_o)
+    hit = pos < len(key_l)
+    hit[hit] = key_l[pos[hit]] == key_o[hit]
+    ops, call = ops[hit], launch[pos[hit]]
+    early = start[ops] < start[call] - STREAM_OVERLAP_TOLERANCE_NS
     if early.any():
-        row = j[early].iloc[0]
-        raise ValueError(f"{path}: events out of order: {row['name'][:60]!r} starts before the call "
-                         f"that launched it (correlation {row['correlation']})")
+        i = ops[int(np.argmax(early))]
+        raise ValueError(f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
+                         f"that launched it (correlation {corr[i]})")
+    _check_unique_ops(events, path, ops, call, kind, rank, corr)
+
+
+def _check_nested(events, path, calls, first, start, end, corr) -> None:
+    """Runtime calls sharing a correlation id are one launch seen at two levels (runtime API and
+    the driver call inside it), so they nest; two separate calls with one id mean merged traces."""
+    head = np.maximum.accumulate(np.where(first, np.arange(len(calls)), 0))
+    outer = calls[head]
+    apart = ~first & (corr[calls] > 0) & ((start[calls] < start[outer]) | (end[calls] > end[outer]))
+    if apart.any():
+        i, j = calls[int(np.argmax(apart))], outer[int(np.argmax(apart))]
+        raise ValueError(f"{path}: correlation id {corr[i]} is used by two separate runtime calls "
+                         f"({events['name'].iat[j]!r} and {events['name'].iat[i]!r}, rank {events['rank'].iat[i]}): "
+                         "ids must be unique per rank (were traces of different runs merged?)")
+
+
+def _check_unique_ops(events, path, ops, call, kind, rank, corr) -> None:
+    """One launch puts one op on a stream, except a CUDA graph launch, which puts a whole graph."""
+    keep = corr[ops] > 0
+    ops, call = ops[keep], call[keep]
+    if len(ops) < 2:
+        return
+    key = np.c_[rank[ops], corr[ops], kind[ops] == "kernel"]
+    o = np.lexsort(key.T[::-1])
+    dup = np.r_[False, (np.diff(key[o], axis=0) == 0).all(axis=1)]
+    if not dup.any():
+        return
+    names = events["name"].to_numpy(dtype=object)
+    graph = np.array(["Graph" in str(n) for n in names[call[o][dup]]])
+    if (~graph).any():
+        i = ops[o][dup][int(np.argmax(~graph))]
+        raise ValueError(f"{path}: correlation id {corr[i]} is shared by several GPU ops ({names[i][:60]!r} ...) "
+                         f"on rank {rank[i]}, but was launched by one {names[call[o][dup][int(np.argmax(~graph))]]!r}: "
+                         "ids must be unique per rank (were traces of different runs merged?)")

@@ -6,6 +6,7 @@ the trace's own clock, so ranks recorded on one host share a time base):
 | column          | dtype  | meaning                                                              |
 |-----------------|--------|----------------------------------------------------------------------|
 | rank            | int32  | distributed rank (Kineto `distributedInfo.rank`, else file order)     |
+| world_size      | int32  | ranks the run had (`distributedInfo.world_size`), -1 if not written   |
 | device          | int32  | GPU index for GPU rows, -1 for host rows                              |
 | stream          | int64  | CUDA stream for GPU rows (and for syncs that name one), else -1       |
 | pid             | int64  | process id (host rows) / trace pid (GPU rows)                         |
@@ -20,6 +21,7 @@ the trace's own clock, so ranks recorded on one host share a time base):
 | wait_event_corr | int64  | cuda_sync: correlation of the cudaEventRecord waited on, else -1      |
 | wait_stream     | int64  | cuda_sync: stream the waited event was recorded on, else -1           |
 | process_group   | str    | collective kernels: process group name when the trace gives it        |
+| group_ranks     | str    | collective kernels: the group's global ranks ("0,1,2,3") when the trace names them (kernel args "Process Group Ranks", or `distributedInfo.pg_config`), else "" |
 | bytes           | int64  | memcpy/memset bytes, else -1                                          |
 
 Rows are sorted by (rank, start_ns, -dur_ns) so parents come before the children they enclose.
@@ -36,6 +38,7 @@ KINDS = HOST_KINDS + GPU_OP_KINDS + ("sync", "gpu_annotation")
 
 COLUMNS: dict[str, str] = {
     "rank": "int32",
+    "world_size": "int32",
     "device": "int32",
     "stream": "int64",
     "pid": "int64",
@@ -50,6 +53,7 @@ COLUMNS: dict[str, str] = {
     "wait_event_corr": "int64",
     "wait_stream": "int64",
     "process_group": "str",
+    "group_ranks": "str",
     "bytes": "int64",
 }
 
@@ -65,11 +69,34 @@ def empty_events() -> pd.DataFrame:
 
 
 def normalise(columns: dict) -> pd.DataFrame:
-    """Build the table from column arrays with the fixed names, order and dtypes, sorted."""
-    df = pd.DataFrame({c: pd.Series(columns[c]).astype(t) if t != "str"
-                       else pd.Series(columns[c], dtype="str") for c, t in COLUMNS.items()})
-    order = np.lexsort((-df["dur_ns"].to_numpy(), df["start_ns"].to_numpy(), df["rank"].to_numpy()))
-    return df.iloc[order].reset_index(drop=True)
+    """Build the table from column arrays with the fixed names, order and dtypes, sorted.
+
+    A column missing from `columns` is "not known" (-1, ""). The rows are ordered on the plain
+    arrays, so each column is converted into the frame once."""
+    n = len(columns["start_ns"])
+
+    def array(c: str, t: str) -> np.ndarray:
+        v = columns.get(c, "" if t == "str" else -1)
+        v = np.asarray(v.to_numpy() if isinstance(v, pd.Series) else v, dtype=object if t == "str" else None)
+        return np.full(n, v.item(), dtype=v.dtype) if v.ndim == 0 else v
+
+    a = {c: array(c, t) for c, t in COLUMNS.items()}
+    order = np.lexsort((-a["dur_ns"].astype(np.int64), a["start_ns"].astype(np.int64), a["rank"].astype(np.int64)))
+    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t) for c, t in COLUMNS.items()})
+
+
+def _text(values: np.ndarray) -> pd.Series:
+    """A str column; built from its distinct values (names repeat: a trace has few distinct kernels)."""
+    codes, uniques = pd.factorize(values)
+    if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
+        return pd.Series(values, dtype="str")
+    try:
+        import pyarrow as pa
+
+        arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
+        return pd.Series(arr.cast(pa.large_string()), dtype="str")
+    except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
+        return pd.Series(values, dtype="str")
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:

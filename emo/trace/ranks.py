@@ -1,0 +1,63 @@
+"""Read the per-rank files of a folder, in parallel where the machine has cores for it.
+
+Each worker is a fresh `python -m emo.trace.ranks` process that reads its share of the files one
+at a time and hands each table back as an Arrow (Feather) file, so memory is bounded by the
+tables themselves plus one file being parsed per worker. Fresh processes rather than a fork: the
+caller may hold threads (a progress bar, a tracking client), and a forked lock is a deadlock; and
+unlike multiprocessing's spawn, no caller's main module is re-imported."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from emo.trace.kineto import read_kineto
+
+# Folders of at least this many bytes are read by several processes (below, starting them costs more)
+PARALLEL_BYTES = 32 << 20
+MAX_READERS = 8
+
+
+def readers(files: list[Path]) -> int:
+    """How many processes read `files`: one per core, at most one per file and MAX_READERS; one
+    (this process) for small folders."""
+    if sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
+        return 1
+    return max(1, min(len(files), len(os.sched_getaffinity(0)), MAX_READERS))
+
+
+def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
+    """One event table per file, in file order (the file's index is its rank unless it says one)."""
+    n = readers(files)
+    if n < 2:
+        return [read_kineto(f, rank=i) for i, f in enumerate(files)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with tempfile.TemporaryDirectory(prefix="emo-ranks-") as tmp:
+        jobs = [[f"{i}={f}" for i, f in enumerate(files) if i % n == w] for w in range(n)]
+        procs = [subprocess.Popen([sys.executable, "-m", "emo.trace.ranks", tmp, *job], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for job in jobs]
+        errors = [p.communicate()[1].strip() for p in procs]
+        for p, err in zip(procs, errors):
+            if p.returncode != 0:
+                raise ValueError(err.splitlines()[-1] if err else f"a trace reader exited with {p.returncode}")
+        return [pd.read_feather(Path(tmp) / f"{i}.feather") for i in range(len(files))]
+
+
+def _worker(out: str, jobs: list[str]) -> int:
+    for job in jobs:
+        i, path = job.split("=", 1)
+        try:
+            table = read_kineto(Path(path), rank=int(i))
+        except ValueError as e:  # the one-line message, passed on as it is
+            print(e, file=sys.stderr)
+            return 2
+        table.to_feather(Path(out) / f"{i}.feather")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1], sys.argv[2:]))
