@@ -45,7 +45,7 @@ MIN_STEPS = 256
 
 def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
              replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
-             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 3, kicks: int = 200, crash_share: float = 0.5,
+             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 1, kicks: int = 20, crash_share: float = 0.5,
              lp_max_size: int = 250_000, search: bool = True) -> Solution:
     """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
 
