@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from emo.plan import compose, plan  # noqa: E402
 
-METHODS = ("emo", "static", "zeus", "perseus", "geepafs")
+from emo.methods import METHODS  # noqa: E402
 TOLERANCE_PCT = 0.5
 
 

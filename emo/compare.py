@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-METHOD_ORDER = ("emo", "static", "zeus", "perseus", "geepafs")
+from emo.methods import METHODS as METHOD_ORDER
+
 METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
            "explore_time_s", "explore_energy_j")
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from emo.baselines.online import OnlineResult
-
-ONLINE = ("zeus", "geepafs")
+from emo.methods import ONLINE
 
 __all__ = ["ONLINE", "OnlineResult", "run_online"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from emo.methods import OFFLINE
 from emo.model.predict import predict
 from emo.optimize.pipeline.check import (deadline_ns, expected, fit_to_prediction, latencies, polish_on_predictor,
                                          worst_case)
@@ -24,10 +25,6 @@ from emo.optimize.solvers.perseus import optimize_perseus
 from emo.optimize.solvers.static import optimize_static
 from emo.policy import FrequencyPolicy, policy_device_ids
 
-# The offline methods (optimize writes their policy); zeus and geepafs tune online in validate.
-OFFLINE = ("emo", "static", "perseus")
-ONLINE = ("zeus", "geepafs")
-METHODS = OFFLINE + ONLINE
 
 
 def project(sol: Solution, items: Items) -> np.ndarray:

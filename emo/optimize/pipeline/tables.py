@@ -194,7 +194,6 @@ def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate
     under the previous iteration's last steps)."""
     groups = symmetric_groups(p) if replicate else [[d] for d in range(p.devices)]
     edges = window_edges(p, timing, interval_ms, groups, align=align)
-    nwin = edges.shape[1] - 1
     real = (np.diff(edges, axis=1) > 0).sum(axis=1)  # each group's own windows; the rest is padding
     gdev = np.zeros(p.devices, dtype=np.int64)
     for g, ds in enumerate(groups):

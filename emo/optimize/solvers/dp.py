@@ -87,7 +87,6 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
         views.append((f"stretch{share:g}", ss, ss + dur_ref, engine.free_finish(*p.graph, dur_ref, ss, T0 * sc),
                       int(np.floor((deadline - T0 * sc) / step + 1e-9))))
     todo = np.arange(items.k)
-    rows = np.arange(items.k)
     useful = items.useful
     starts: list[tuple[float, str, np.ndarray]] = []
     for view, vs, vf, lf, vb in views:
