@@ -140,7 +140,7 @@ def test_padding_windows_hold_no_work_and_make_no_step():
     sol = optimize(p, 0.05, items=items)
     starts = planned_window_starts(sol, None, timing, items.edges_ns)
     assert np.all(np.isinf(starts[items.group[pad], items.window[pad]]))
-    policy = build_policy(sol, "a100", window_ms=20.0, window_start_ms=starts * 1e-6, period_ms=timing.period_ns * 1e-6)
+    policy = build_policy(sol, "a100", window_ms=20.0, transition_ms=(5.0, 15.0), window_start_ms=starts * 1e-6, period_ms=timing.period_ns * 1e-6)
     assert all(s.t_ms < policy.period_ms for steps in policy.steps.values() for s in steps)
 
 

@@ -57,7 +57,7 @@ def test_static_is_one_step_and_never_beats_emo():
     it = make_items(p, 20.0)
     st = optimize_static(p, 0.05, items=it)
     em = optimize(p, 0.05, items=it)
-    pol = build_policy(st, "a100", window_ms=20.0)
+    pol = build_policy(st, "a100", window_ms=20.0, transition_ms=(5.0, 15.0))
     assert all(len(s) == 1 for s in pol.steps.values())
     assert em.energy_j <= st.energy_j + 1e-9
     assert st.feasible

@@ -46,7 +46,7 @@ LATS = (5.0, 10.0, 15.0)  # the configured 5-15 ms range: min, mean, max
 
 def _build(tables, p, timing):
     def build(s):
-        return build_policy(s, "a100", window_ms=20.0, device_ids=policy_device_ids(tables.device_keys),
+        return build_policy(s, "a100", window_ms=20.0, transition_ms=(LATS[0], LATS[-1]), device_ids=policy_device_ids(tables.device_keys),
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
     return build
 

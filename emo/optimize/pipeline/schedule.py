@@ -19,7 +19,7 @@ from emo.policy import FrequencyPolicy, Step
 
 
 def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[int] | None = None,
-                 transition_ms: tuple[float, float] = (5.0, 15.0), min_interval_ms: float = 10.0,
+                 transition_ms: tuple[float, float], min_interval_ms: float = 10.0,
                  period_ms: float | None = None, window_start_ms: np.ndarray | None = None,
                  window_clear_ms: np.ndarray | None = None, meta: dict | None = None) -> FrequencyPolicy:
     """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
