@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emo.graph.whatif import TOLERANCE_NS
 from emo.optimize.problem import Items, Problem, evaluate
 
 
@@ -32,7 +33,8 @@ class Solution:
 
     @property
     def feasible(self) -> bool:
-        return self.makespan_ns <= self.deadline_ns * (1 + 1e-9) + 1.0
+        """On time by the engine's one tolerance (what every solver's check uses)."""
+        return self.makespan_ns <= self.deadline_ns + TOLERANCE_NS
 
     @property
     def item_mhz(self) -> np.ndarray:

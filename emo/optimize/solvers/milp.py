@@ -10,6 +10,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
+from emo.graph.whatif import TOLERANCE_NS
 from emo.optimize.problem import Items, Problem, make_items
 from emo.optimize.solution import Solution
 
@@ -62,7 +63,8 @@ def solve_exact(p: Problem, budget: float, *, change_interval_ms: float = 20.0, 
     """The MIP optimum (or HiGHS' best within `time_limit_s`, with its bound in info)."""
     items = items or make_items(p, change_interval_ms, replicate=replicate)
     K, C = items.k, p.n_clocks
-    c, A, lo, hi, lb, ub = formulation(p, items, p.makespan0_ns * (1 + budget) * (1 + 1e-12))
+    # the deadline by the engine's tolerance, the same on-time rule as every other solver's
+    c, A, lo, hi, lb, ub = formulation(p, items, p.makespan0_ns * (1 + budget) + TOLERANCE_NS)
     integrality = np.zeros(len(c))
     integrality[:K * C] = 1
     res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),

@@ -21,6 +21,7 @@ from importlib import metadata
 import numba
 import numpy as np
 
+from emo.graph.whatif import TOLERANCE_NS
 from emo.optimize.problem import Problem, evaluate, make_items, units
 from emo.optimize.solution import Solution
 from emo.optimize.solvers.dp import repair_deadline
@@ -46,7 +47,12 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     iterations; the walk stops after 2 × `max_iterations` of them (a count: the same answer on any
     machine)."""
     import networkx as nx
-    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
+    from lowtime.operation import (
+        CandidateExecutionOptions,
+        ExecutionOption,
+        Operation,
+        OperationSpec,
+    )
     from lowtime.solver import PhillipsDessouky
 
     t0 = time.perf_counter()
@@ -121,7 +127,7 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
             # lowtime's time leaves out host gaps: the exact what-if decides (a pass costs < 1 ms)
             cand = np.array([g.nodes[k]["op"].assigned_knob for k in range(K)], dtype=np.int64)
             last = cand
-            if evaluate(p, items, cand).makespan_ns <= deadline * (1 + 1e-9) + 1.0:
+            if evaluate(p, items, cand).makespan_ns <= deadline + TOLERANCE_NS:
                 choice = cand
                 break
             if iters >= 2 * max_iterations:
@@ -138,7 +144,7 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
         # leaves out: speed up the slowed units on the exact critical path until it is on time, as
         # EMO repairs its DP picks
         fixed = repair_deadline(p, items, last, deadline, {"critical_repairs": 0})
-        if np.any(fixed != p.ref) and evaluate(p, items, fixed).makespan_ns <= deadline * (1 + 1e-9) + 1.0:
+        if np.any(fixed != p.ref) and evaluate(p, items, fixed).makespan_ns <= deadline + TOLERANCE_NS:
             info["perseus_note"] = "no lowtime iterate met the deadline; its last one, repaired"
             choice = fixed
     if choice is None:  # nothing on time: max clocks

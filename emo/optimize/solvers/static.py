@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from emo.graph.whatif import TOLERANCE_NS
 from emo.optimize.problem import Items, Problem, evaluate, make_items
 from emo.optimize.solution import Solution
 
@@ -16,7 +17,7 @@ def optimize_static(p: Problem, budget: float, *, change_interval_ms: float = 20
     for c in range(p.n_clocks):
         ev = evaluate(p, items, np.full(items.k, c))
         curve.append({"sm_mhz": int(p.clocks_mhz[c]), "time_ms": ev.makespan_ns * 1e-6, "energy_j": ev.energy_j})
-        if ev.makespan_ns <= deadline * (1 + 1e-9) + 1.0 and ev.energy_j < best_e:
+        if ev.makespan_ns <= deadline + TOLERANCE_NS and ev.energy_j < best_e:
             best_c, best_e = c, ev.energy_j
     return Solution(p, items, np.full(items.k, best_c), "static", budget,
                     info={"static_mhz": int(p.clocks_mhz[best_c]), "static_curve": curve})
