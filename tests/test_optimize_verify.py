@@ -16,7 +16,8 @@ from emo.plan import compose
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.solution import Solution
 from emo.optimize.pipeline.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
-from emo.optimize.pipeline.check import fit_to_prediction, polish_on_predictor, worst_case
+from emo.optimize.pipeline.check import fit_to_prediction, worst_case
+from emo.optimize.pipeline.search import polish_on_predictor
 
 MS = 1_000_000
 CLOCKS = [705, 1005, 1410]

@@ -1,6 +1,6 @@
 """The optimiser's final check: the policy's time and energy by the predictor the optimize stage
 reports (emo.model.predict: the timing engine's clocked forward pass), at the configured clock-request
-latencies, repaired until it is within the budget and then improved by single-window moves.
+latencies, and the repair that raises windows until it is within the budget.
 
 The DP times a node at the clock of the window its *baseline* (max-clock) start falls in. The policy
 runs by the wall clock: when the DP's own slowdowns push a node (within slack) past a window
@@ -11,8 +11,8 @@ in the DP's model can end late (a 2-stage pipeline at budget 0: +0.8 % predicted
 The repair walks the predicted critical path: a slowed pack on it that runs (at its start or its
 end) under a window slower than the clock the DP gave it gets that window raised to the DP's clock
 (drift); when there is none, the slowed windows the critical path runs under go one clock step up.
-Each round raises at least one window, so the loop ends (at worst at the max-clock baseline).
-Both loops are bounded by counts (rounds, predictor evaluations), never by time.
+Each round raises at least one window, so the loop ends (at worst at the max-clock baseline); it
+is bounded by a count of rounds, never by time.
 """
 from __future__ import annotations
 
@@ -159,49 +159,3 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         pred = worst(policy)
     info["predictor_slowdown"] = pred.makespan_ns / base.makespan_ns - 1.0
     return sol, policy, info
-
-
-def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluations: int,
-                        transitions_ms: tuple[float, ...]):
-    """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
-    transitions included, which the DP does not see: lower a window one clock step, give it a
-    neighbouring window's clock (one step fewer, one transition less), or raise it one step while
-    another window goes one step lower. A move is kept when the predicted energy (mean latency)
-    drops and the worst case (worst_case) keeps the budget; rounds go on until none is kept or
-    `evaluations` candidate policies have been predicted. Windows are tried in order of the energy
-    they hold."""
-    p, items = sol.problem, sol.items
-    deadline = deadline_ns(predict(tables, None), budget)
-    policy = build(sol)
-    energy = expected(tables, policy, transitions_ms).energy_j
-    nwin = int(items.window.max()) + 1
-    order = np.argsort(-items.energy[np.arange(items.k), sol.choice], kind="stable")
-    moves, tried, improved = 0, 0, True
-    while improved:
-        improved = False
-        for k in order:
-            c = int(sol.choice[k])
-            cands = {c - 1} if c > 0 else set()
-            for nb in (k - 1, k + 1):  # neighbours in the same group (items are group * nwin + window)
-                if 0 <= nb < items.k and nb // nwin == k // nwin and sol.choice[nb] != c:
-                    cands.add(int(sol.choice[nb]))
-            # trades: this window one step faster, another one step slower (spends the time a
-            # faster window frees where it saves more)
-            trades = [(j, int(sol.choice[j]) - 1) for j in order if j != k and sol.choice[j] > 0] if c < p.ref else []
-            for c2, other in [(x, None) for x in sorted(cands)] + [(c + 1, t) for t in trades]:
-                if tried >= evaluations:
-                    return sol, policy, moves
-                tried += 1
-                choice = sol.choice.copy()
-                choice[k] = c2
-                if other is not None:
-                    choice[other[0]] = other[1]
-                s2 = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
-                pol2 = build(s2)
-                e2 = expected(tables, pol2, transitions_ms).energy_j
-                if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2, transitions_ms).makespan_ns <= deadline:
-                    sol, policy, energy = s2, pol2, e2
-                    moves += 1
-                    improved = True
-                    break
-    return sol, policy, moves

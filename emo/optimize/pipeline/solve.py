@@ -13,9 +13,9 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import (deadline_ns, expected, fit_to_prediction, latencies, polish_on_predictor,
-                                         worst_case)
+from emo.optimize.pipeline.check import deadline_ns, expected, fit_to_prediction, latencies, worst_case
 from emo.optimize.pipeline.schedule import build_policy
+from emo.optimize.pipeline.search import polish_on_predictor
 from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
                                           planned_window_starts, problem_from_tables, time_tolerance_ns)
 from emo.optimize.problem import Items, Problem
