@@ -86,11 +86,16 @@ def read_reports(path: Path) -> list[dict]:
 def signals_raise():
     """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread while inside (and are noted in
     `caught`, for code that swallows KeyboardInterrupt, as Snakemake's scheduler does); the previous
-    handlers come back after."""
+    handlers come back after. The first signal is also passed on to this process's children (a
+    `kill` reaches only the parent; a Ctrl-C, the whole terminal group), so that they stop at once and
+    clean up as well; later ones are noted only, so that the error paths they started can finish."""
     def handler(signum, frame):
         caught.append(signum)
-        raise Interrupted(signum)
+        if len(caught) == 1:
+            _forward(signum)
+            raise Interrupted(signum)
 
+    caught.clear()
     previous = {}
     for sig in SIGNALS:
         with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
@@ -100,3 +105,12 @@ def signals_raise():
     finally:
         for sig, prev in previous.items():
             signal.signal(sig, prev)
+
+
+def _forward(signum: int) -> None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signum)

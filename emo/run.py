@@ -82,7 +82,7 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], cfgs: list[dict]) 
                     with tracking.job_run(cfg, " ".join(job) or "defaults", parent) as run_id:
                         error = snakemake(job, args.cores, run_id=run_id, until=args.until, verbose=args.verbose)
                 except KeyboardInterrupt as e:
-                    tracking.finish(cfg["tracking"], run_id, "KILLED", interrupted_line(e))
+                    tracking.finish(cfg["tracking"], run_id, "KILLED", errors.one_line(e))
                     raise
                 if error:
                     tracking.finish(cfg["tracking"], run_id, "FAILED", error)
@@ -132,6 +132,7 @@ def snakemake(overrides: list[str], cores: int, *, dry_run: bool = False, run_id
     fd, reports = tempfile.mkstemp(prefix="emo-errors-", suffix=".jsonl")
     os.close(fd)
     os.environ[errors.ERRORS_ENV] = reports
+    keep_handlers()
     quiet = None if verbose or dry_run else {Quietness.ALL}  # a line per stage comes from the stages
     try:
         with SnakemakeApi(OutputSettings(dryrun=dry_run, quiet=quiet, show_failed_logs=False)) as api:
@@ -152,6 +153,18 @@ def snakemake(overrides: list[str], cores: int, *, dry_run: bool = False, run_id
         os.environ.pop(RUN_ID_ENV, None)
         os.environ.pop(errors.ERRORS_ENV, None)
         Path(reports).unlink(missing_ok=True)
+
+
+def keep_handlers() -> None:
+    """Snakemake's scheduler makes SIGTERM "graceful" (wait for the running jobs, however long): a
+    scheduler's grace period would end in SIGKILL mid-job. Keep emo's handler (errors.signals_raise:
+    stop the jobs now, as Ctrl-C does) by giving the scheduler a `signal` module that leaves SIGTERM be."""
+    import types
+
+    from snakemake.scheduling import job_scheduler
+
+    if isinstance(job_scheduler.signal, types.ModuleType):
+        job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
 
 
 def failure(e: Exception, reports: list[dict]) -> str:
