@@ -175,3 +175,17 @@ def test_sighup_is_handled():
     from emo.device import nvml as nv
 
     assert signal.SIGHUP in nv._RestoreGuard.SIGNALS
+
+
+def test_no_import_circle_between_capture_the_nvml_backend_and_the_runtime():
+    """The applier lives in the NVML backend, the runner in emo.device.launcher: the backend imports no
+    CLI module, and the runtime's threads know nothing of NVML (issue 10, item 3)."""
+    grimp = pytest.importorskip("grimp")
+    g = grimp.build_graph("emo")
+    mods = ("emo.capture", "emo.device.nvml", "emo.runtime", "emo.device.launcher")
+    for a in mods:
+        for b in mods:
+            if a != b and g.chain_exists(importer=a, imported=b):
+                assert not g.chain_exists(importer=b, imported=a), f"{a} <-> {b}"
+    assert not g.chain_exists(importer="emo.device.nvml", imported="emo.capture")
+    assert not g.chain_exists(importer="emo.runtime", imported="emo.device.nvml")
