@@ -218,6 +218,8 @@ def check(cfg: dict) -> None:
     """ValueError, one line naming the key and its allowed range, for the first value outside it
     (the `allowed` metadata of the schema's fields, then the rules that tie two keys together)."""
     _check_node(Config, cfg, "")
+    if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
+        _workload_rules(cfg["workload"])
     opt = cfg.get("optimizer", {})
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
         _bad("optimizer.change_interval_ms", f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
@@ -226,6 +228,37 @@ def check(cfg: dict) -> None:
     if gpu.get("clocks_mhz") and gpu.get("default_mhz") not in gpu["clocks_mhz"]:
         _bad("gpu.default_mhz", f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
              gpu.get("default_mhz"))
+
+
+def check_workload(wl: dict) -> None:
+    """The same checks for a workload alone (the synthetic workloads' builders call it)."""
+    _check_node(WORKLOADS[wl["kind"]], wl, "workload.")
+    _workload_rules(wl)
+
+
+def _workload_rules(w: dict) -> None:
+    """What ties a workload's keys together (the shape must split over the GPUs as asked)."""
+    kind, m = w["kind"], w.get("model")
+    if m:
+        if m["hidden"] % m["heads"]:
+            _bad("workload.model.hidden", f"divisible by workload.model.heads ({m['heads']})", m["hidden"])
+        hd = m["hidden"] // m["heads"]
+        if hd % 8 or hd > 256:
+            _bad("workload.model.heads", f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
+                 m["heads"])
+    if kind == "tp":
+        for k in ("heads", "vocab"):
+            if m[k] % w["tp"]:
+                _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
+        if m["batch"] % w["chunks"]:
+            _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
+    elif kind == "pp":
+        if w["microbatches"] < w["pp"]:
+            _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
+        if m["layers"] < w["pp"]:
+            _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
+    elif kind == "offload" and w["top_k"] > w["experts"]:
+        _bad("workload.top_k", f"<= workload.experts ({w['experts']})", w["top_k"])
 
 
 def _check_node(schema: type, node: dict, prefix: str) -> None:

@@ -43,6 +43,11 @@ BAD = [
     ("workload=command workload.nproc=0", "workload.nproc", ">= 1"),
     ("workload=recorded workload.path=", "workload.path", "non-empty"),
     ("optimizer.change_points=fixed", "optimizer.change_points", "passes, grid"),
+    # keys that must agree with each other
+    ("workload.chunks=3", "workload.chunks", "divisor of workload.model.batch (4)"),
+    ("workload.model.vocab=50257", "workload.model.vocab", "divisible by workload.tp (2)"),
+    ("workload=pp workload.microbatches=2", "workload.microbatches", ">= workload.pp (4)"),
+    ("workload=offload workload.top_k=65", "workload.top_k", "<= workload.experts (64)"),
 ]
 
 
