@@ -70,7 +70,8 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
 
     v = emo("run", "--verbose", "--until", "trace", "workload=recorded", f"workload.path={bad}", f"results={res}",
             cwd=tmp_path)
-    assert v.returncode == 1 and "Traceback" in v.stderr and v.stderr.strip().splitlines()[-1] == lines[-1]
+    assert v.returncode == 1 and "Traceback" in v.stderr, v.stderr[-2000:]
+    assert v.stderr.strip().splitlines()[-1] == lines[-1], v.stderr[-2000:]
 
 
 def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp_path, monkeypatch):
