@@ -147,9 +147,9 @@ def test_two_runs_at_once_on_a_fresh_folder_from_two_working_directories(tmp_pat
     for c in cwds:
         c.mkdir()
     procs = [spawn("run", "--until", "trace", f"results={res}", cwd=c) for c in cwds]
-    outs = [p.communicate(timeout=600) for p in procs]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
     codes = [p.returncode for p in procs]
-    for (out, err), code in zip(outs, codes):
+    for err, code in zip(errs, codes):
         assert "Traceback" not in err and "already exists" not in err, err
         assert code == 0 or (code == 2 and "in use by another emo run" in err), err
     assert 0 in codes
