@@ -41,11 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
-        print(f"emo: error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # bad input, a full disk, a folder we may not write: one line
+        from emo.errors import one_line
+
+        print(f"emo: error: {one_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        from emo.errors import exit_status, signal_name
+
+        print(f"emo: interrupted ({signal_name(e)})", file=sys.stderr)
+        return exit_status(e)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,57 @@
 """Structured configuration (Hydra ConfigStore): every key is typed, so a typo or a wrong type in an
-override fails at once. `conf/*.yaml` hold the values; these dataclasses hold the schema."""
+override fails at once, and every value is checked against its allowed range when the configuration
+is composed (`check`), so a bad value fails before any stage runs.
+
+These dataclasses are the one source of defaults: `conf/config.yaml` only picks the groups, and a group
+file (`conf/gpu/*.yaml`, `conf/workload/*.yaml`, ...) holds only what that choice sets.
+"""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
 
 
+# --------------------------------------------------------------------------- allowed values
+# A field's `metadata["allowed"]` is (test, text): the range a value must lie in, said in words.
+def at_least(lo: float) -> dict:
+    return {"allowed": (lambda v: v >= lo, f">= {lo:g}")}
+
+
+def above(lo: float) -> dict:
+    return {"allowed": (lambda v: v > lo, f"> {lo:g}")}
+
+
+def between(lo: float, hi: float, *, hi_open: bool = False) -> dict:
+    if hi_open:
+        return {"allowed": (lambda v: lo <= v < hi, f"in [{lo:g}, {hi:g})")}
+    return {"allowed": (lambda v: lo <= v <= hi, f"in [{lo:g}, {hi:g}]")}
+
+
+def one_of(*values) -> dict:
+    return {"allowed": (lambda v: v in values, "one of " + ", ".join(map(str, values)))}
+
+
+NON_EMPTY = {"allowed": (lambda v: len(v) > 0, "non-empty")}
+CLOCKS = {"allowed": (lambda v: len(v) > 0 and all(c > 0 for c in v) and list(v) == sorted(set(v)),
+                      "a non-empty ascending list of clocks > 0 (MHz)")}
+LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)")}
+
+
 # --------------------------------------------------------------------------- GPU models
 @dataclass
 class GpuConfig:
     name: str = MISSING  # model key, e.g. "a100"
-    backend: str = "sim"  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
-    clocks_mhz: list[int] = field(default_factory=list)  # supported SM clocks, ascending
-    default_mhz: int = MISSING  # clock the GPU runs at when unlocked (the baseline: max clock)
-    memory_mhz: int = 0
-    tdp_w: float = MISSING
+    backend: str = field(default="sim", metadata=one_of("sim", "nvml"))  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
+    clocks_mhz: list[int] = field(default_factory=list, metadata=CLOCKS)  # supported SM clocks, ascending
+    default_mhz: int = field(default=MISSING, metadata=above(0))  # clock the GPU runs at when unlocked (the baseline: max clock)
+    memory_mhz: int = field(default=0, metadata=at_least(0))
+    tdp_w: float = field(default=MISSING, metadata=above(0))
     seed: int = 0  # virtual GPU: deterministic per seed
-    noise: float = 0.0  # virtual GPU: relative std of measurement noise
+    noise: float = field(default=0.0, metadata=at_least(0))  # virtual GPU: relative std of measurement noise
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
 
 
@@ -30,21 +63,21 @@ class WorkloadConfig:
 
 @dataclass
 class TransformerShape:
-    layers: int = 4  # transformer layers per model replica
-    hidden: int = 4096
-    heads: int = 32
-    ffn_mult: int = 4
-    seq: int = 2048
-    batch: int = 4  # micro-batch size (sequences)
-    vocab: int = 50304
-    dtype: str = "bf16"
+    layers: int = field(default=4, metadata=at_least(1))  # transformer layers per model replica
+    hidden: int = field(default=4096, metadata=at_least(1))
+    heads: int = field(default=32, metadata=at_least(1))  # divides hidden (and tp)
+    ffn_mult: int = field(default=4, metadata=at_least(1))
+    seq: int = field(default=2048, metadata=at_least(1))
+    batch: int = field(default=4, metadata=at_least(1))  # micro-batch size (sequences)
+    vocab: int = field(default=50304, metadata=at_least(1))  # divisible by tp (vocab-parallel embedding and LM head)
+    dtype: str = field(default="bf16", metadata=one_of("bf16", "fp16"))  # fp16 on GPUs without bf16
 
 
 @dataclass
 class TPWorkload(WorkloadConfig):
     kind: str = "tp"
-    tp: int = 2  # tensor-parallel degree (GPUs)
-    chunks: int = 2  # Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
+    chunks: int = field(default=2, metadata=at_least(1))  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
     training: bool = True
     model: TransformerShape = field(default_factory=TransformerShape)
 
@@ -52,9 +85,9 @@ class TPWorkload(WorkloadConfig):
 @dataclass
 class PPWorkload(WorkloadConfig):
     kind: str = "pp"
-    pp: int = 4  # pipeline stages (GPUs)
-    microbatches: int = 8
-    partition: str = "uniform"  # "uniform" or "parameter" (embedding and LM head make stages uneven)
+    pp: int = field(default=4, metadata=one_of(2, 4, 8))  # pipeline stages (GPUs)
+    microbatches: int = field(default=8, metadata=at_least(1))  # >= pp
+    partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))  # "uniform" or "parameter" (embedding and LM head make stages uneven)
     # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
 
@@ -62,13 +95,13 @@ class PPWorkload(WorkloadConfig):
 @dataclass
 class OffloadWorkload(WorkloadConfig):
     kind: str = "offload"
-    experts: int = 64  # routed MoE experts, on the CPU (DeepSeek-V2-Lite-like)
-    top_k: int = 6
-    expert_hidden: int = 1408
-    shared_experts: int = 2  # always-on experts, kept on the GPU
-    cpu_gflops: float = 800.0  # host compute rate for expert GEMMs
-    pcie_gbps: float = 25.0  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
-    decode_tokens: int = 8  # tokens generated per iteration
+    experts: int = field(default=64, metadata=at_least(1))  # routed MoE experts, on the CPU (DeepSeek-V2-Lite-like)
+    top_k: int = field(default=6, metadata=at_least(1))  # <= experts
+    expert_hidden: int = field(default=1408, metadata=at_least(1))
+    shared_experts: int = field(default=2, metadata=at_least(0))  # always-on experts, kept on the GPU
+    cpu_gflops: float = field(default=800.0, metadata=above(0))  # host compute rate for expert GEMMs
+    pcie_gbps: float = field(default=25.0, metadata=above(0))  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
+    decode_tokens: int = field(default=8, metadata=at_least(1))  # tokens generated per iteration
     # seq: tokens already in the KV cache; batch: sequences decoded together
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024,
                                                                              batch=8, vocab=102400))
@@ -77,89 +110,90 @@ class OffloadWorkload(WorkloadConfig):
 @dataclass
 class RecordedWorkload(WorkloadConfig):
     kind: str = "recorded"
-    path: str = MISSING  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
+    path: str = field(default=MISSING, metadata=NON_EMPTY)  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
 
 
 @dataclass
 class CommandWorkload(WorkloadConfig):
     kind: str = "command"
     command: list[str] = field(default_factory=list)  # e.g. ["python", "train.py"]
-    nproc: int = 1  # > 1: launched under torchrun
-    wait: int = 5  # profiler schedule: iterations skipped before warmup
-    warmup: int = 2
-    active: int = 3
+    nproc: int = field(default=1, metadata=at_least(1))  # > 1: launched under torchrun
+    wait: int = field(default=5, metadata=at_least(0))  # profiler schedule: iterations skipped before warmup
+    warmup: int = field(default=2, metadata=at_least(0))
+    active: int = field(default=3, metadata=at_least(1))
 
 
 # --------------------------------------------------------------------------- stages
 @dataclass
 class TraceConfig:
-    iterations: int = 3  # iterations recorded (after warmup)
-    warmup: int = 1
+    iterations: int = field(default=3, metadata=at_least(1))  # iterations recorded (after warmup)
+    warmup: int = field(default=1, metadata=at_least(0))
     seed: int = 0
 
 
 @dataclass
 class PackingConfig:
-    delta_max_ms: float = 5.0
+    delta_max_ms: float = field(default=5.0, metadata=at_least(0))
 
 
 @dataclass
 class ModelConfig:
-    clocks_stride: int = 1  # calibrate every n-th supported clock (1 = all)
-    min_seconds: float = 1.0  # each microbenchmark measurement spans at least this much counter time
-    repeats: int = 3
+    # calibration: every clock, 0.3 s per measurement (3 energy-counter updates), twice
+    clocks_stride: int = field(default=1, metadata=at_least(1))  # calibrate every n-th supported clock (1 = all)
+    min_seconds: float = field(default=0.3, metadata=above(0))  # each measurement spans at least this much counter time
+    repeats: int = field(default=2, metadata=at_least(1))
 
 
 @dataclass
 class ZeusOptions:
     """Zeus's GlobalPowerLimitOptimizer (online; run by validate against the device)."""
 
-    min_power_limit_w: float = 100.0  # lowest settable limit when the device cannot say (the sim)
-    pl_step_w: int = 25  # stride between the power limits it profiles
-    wait_steps: int = 1
-    warmup_steps: int = 2  # iterations before each limit's profiling window
-    profile_steps: int = 10  # iterations in each limit's window (long enough for the energy counter)
-    max_steps: int = 5000  # give up (error) when it has not settled by then
+    min_power_limit_w: float = field(default=100.0, metadata=above(0))  # lowest settable limit when the device cannot say (the sim)
+    pl_step_w: int = field(default=25, metadata=at_least(1))  # stride between the power limits it profiles
+    wait_steps: int = field(default=1, metadata=at_least(0))
+    warmup_steps: int = field(default=2, metadata=at_least(0))  # iterations before each limit's profiling window
+    profile_steps: int = field(default=10, metadata=at_least(1))  # iterations in each limit's window (long enough for the energy counter)
+    max_steps: int = field(default=5000, metadata=at_least(1))  # give up (error) when it has not settled by then
 
 
 @dataclass
 class GeepafsOptions:
     """GEEPAFS's probing loop (online; run by validate against the device)."""
 
-    probe_fractions: list[float] = field(default_factory=lambda: [1.0, 0.85, 0.7, 0.55])  # of the max clock
-    hold_iterations: int = 8  # iterations at the chosen clock before probing again
-    periods: int = 2  # control periods measured
+    probe_fractions: list[float] = field(default_factory=lambda: [1.0, 0.85, 0.7, 0.55], metadata=NON_EMPTY)  # of the max clock
+    hold_iterations: int = field(default=8, metadata=at_least(1))  # iterations at the chosen clock before probing again
+    periods: int = field(default=2, metadata=at_least(1))  # control periods measured
 
 
 @dataclass
 class OptimizerConfig:
     name: str = "emo"  # emo | static | perseus (offline: optimize writes a policy) | zeus | geepafs (online)
-    change_interval_ms: float = 20.0
-    change_points: str = "passes"  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms
-    budget_step_ms: float = 1.0
-    min_clock_fraction: float = 0.5
-    min_interval_ms: float = 10.0  # ε: the least time between two clock changes of a GPU
-    transition_ms: list[float] = field(default_factory=lambda: [5.0, 15.0])  # a clock request lands after [min, max]
-    budget_solves: int = 6  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
-    predictor_evaluations: int = 400  # emo: candidate policies the predictor judges in the final moves
-    perseus_level: str = "pass"  # perseus: one clock per "pass" (as in Perseus) or per "pack"
+    change_interval_ms: float = field(default=20.0, metadata=above(0))  # >= min_interval_ms
+    change_points: str = field(default="passes", metadata=one_of("passes", "grid"))  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms
+    budget_step_ms: float = field(default=1.0, metadata=above(0))
+    min_clock_fraction: float = field(default=0.5, metadata=between(0, 1))
+    min_interval_ms: float = field(default=10.0, metadata=at_least(0))  # ε: the least time between two clock changes of a GPU
+    transition_ms: list[float] = field(default_factory=lambda: [5.0, 15.0], metadata=LATENCY_RANGE)  # a clock request lands after [min, max]
+    budget_solves: int = field(default=6, metadata=at_least(1))  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
+    predictor_evaluations: int = field(default=400, metadata=at_least(0))  # emo: candidate policies the predictor judges in its local search
+    perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus: one clock per "pass" (as in Perseus) or per "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)
 
 
 @dataclass
 class ValidateConfig:
-    iterations: int = 5  # measured iterations per run (>= 5), after `warmup`
-    min_seconds: float = 2.0  # ... and more when needed for the run to span this long (energy-counter resolution)
-    warmup: int = 1
-    pareto_points: int = 8  # optimizer=static: static clocks measured for the energy-time curve
+    iterations: int = field(default=5, metadata=at_least(5))  # measured iterations per run, after `warmup`
+    min_seconds: float = field(default=2.0, metadata=above(0))  # ... and more when needed for the run to span this long (energy-counter resolution)
+    warmup: int = field(default=1, metadata=at_least(0))
+    pareto_points: int = field(default=8, metadata=at_least(2))  # optimizer=static: static clocks measured for the energy-time curve
 
 
 @dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///${results}/mlflow.db"
-    experiment: str = "emo"
+    experiment: str = field(default="emo", metadata=NON_EMPTY)
 
 
 @dataclass
@@ -171,29 +205,79 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
-    budget: float = 0.02  # allowed slowdown, fraction of the max-clock iteration time
+    budget: float = field(default=0.02, metadata=between(0, 1, hi_open=True))  # allowed slowdown, fraction of the max-clock iteration time (0 = none)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    results: str = "results"
+    results: str = field(default="results", metadata=NON_EMPTY)  # artifacts: results/<stage>/<hash>/
 
 
 WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload,
              "recorded": RecordedWorkload, "command": CommandWorkload}
 
 
-# string options with a fixed set of values: checked when the configuration is composed, so a typo
-# fails at once rather than in the stage that reads it
-CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("optimizer", "change_points"): ("passes", "grid"),
-    ("optimizer", "perseus_level"): ("pass", "pack"),
-}
+def check(cfg: dict) -> None:
+    """ValueError, one line naming the key and its allowed range, for the first value outside it
+    (the `allowed` metadata of the schema's fields, then the rules that tie two keys together)."""
+    _check_node(Config, cfg, "")
+    if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
+        _workload_rules(cfg["workload"])
+    opt = cfg.get("optimizer", {})
+    if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
+        _bad("optimizer.change_interval_ms", f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
+             opt["change_interval_ms"])
+    gpu = cfg.get("gpu", {})
+    if gpu.get("clocks_mhz") and gpu.get("default_mhz") not in gpu["clocks_mhz"]:
+        _bad("gpu.default_mhz", f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
+             gpu.get("default_mhz"))
 
 
-def check_choices(cfg: dict) -> None:
-    """ValueError (one line, naming the key) for a value outside CHOICES."""
-    for (group, key), allowed in CHOICES.items():
-        value = cfg.get(group, {}).get(key)
-        if value is not None and value not in allowed:
-            raise ValueError(f"bad configuration: {group}.{key} must be one of {', '.join(allowed)} (got {value!r})")
+def check_workload(wl: dict) -> None:
+    """The same checks for a workload alone (the synthetic workloads' builders call it)."""
+    _check_node(WORKLOADS[wl["kind"]], wl, "workload.")
+    _workload_rules(wl)
+
+
+def _workload_rules(w: dict) -> None:
+    """What ties a workload's keys together (the shape must split over the GPUs as asked)."""
+    kind, m = w["kind"], w.get("model")
+    if m:
+        if m["hidden"] % m["heads"]:
+            _bad("workload.model.hidden", f"divisible by workload.model.heads ({m['heads']})", m["hidden"])
+        hd = m["hidden"] // m["heads"]
+        if hd % 8 or hd > 256:
+            _bad("workload.model.heads", f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
+                 m["heads"])
+    if kind == "tp":
+        for k in ("heads", "vocab"):
+            if m[k] % w["tp"]:
+                _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
+        if m["batch"] % w["chunks"]:
+            _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
+    elif kind == "pp":
+        if w["microbatches"] < w["pp"]:
+            _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
+        if m["layers"] < w["pp"]:
+            _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
+    elif kind == "offload" and w["top_k"] > w["experts"]:
+        _bad("workload.top_k", f"<= workload.experts ({w['experts']})", w["top_k"])
+
+
+def _check_node(schema: type, node: dict, prefix: str) -> None:
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if f.name not in node:
+            continue
+        value, key = node[f.name], prefix + f.name
+        if "allowed" in f.metadata:
+            test, text = f.metadata["allowed"]
+            if value is None or not test(value):
+                _bad(key, text, value)
+        sub = WORKLOADS.get(value.get("kind")) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
+        if isinstance(value, dict) and dataclasses.is_dataclass(sub):
+            _check_node(sub, value, key + ".")
+
+
+def _bad(key: str, allowed: str, value) -> None:
+    raise ValueError(f"bad configuration: {key} must be {allowed} (got {value!r})")
 
 
 def register() -> None:

@@ -36,7 +36,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from emo.config import check_choices, register
+    from emo.config import check, register
 
     register()
     try:
@@ -45,7 +45,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_one_line(e)}") from None
-    check_choices(out)
+    check(out)
     return out
 
 
@@ -59,6 +59,12 @@ def _one_line(e: Exception) -> str:
         if lines:
             parts.append(lines[0])
         parts += [ln for ln in lines if ln.startswith("full_key:")]
+        raw = str(err).splitlines()
+        for i, ln in enumerate(raw):  # an unknown group choice: name the ones there are
+            if ln.startswith("Available options in"):
+                opts = [o.strip() for o in raw[i + 1:] if o.startswith("\t") and not o.strip().endswith("_schema")]
+                opts = opts[:next((k for k, o in enumerate(opts) if "=" in o), len(opts))]
+                parts.append(f"{ln.rstrip(':')}: {', '.join(opts)}")
     return "; ".join(dict.fromkeys(parts)) or type(e).__name__
 
 

@@ -6,10 +6,16 @@ t = 0. Each thread then issues its clock changes `lead_ms` before they are due, 
 request lands 5-15 ms after it is made. A step due at (or within lead_ms of) t = 0 belongs to the
 next iteration: it is issued lead_ms before the iteration is expected to end (t0 + period_ms), so the
 new iteration starts at the right clock. If the next marker comes early, the thread drops what is
-left of the old iteration and follows the new one. Clocks are reset when the applier closes.
+left of the old iteration and follows the new one.
+
+Clocks are reset when the applier closes, and the reset is always the last request a GPU sees: close()
+stops the threads, a request is never begun once closing has started, and a request that was
+already in flight (a set-clock call can take seconds) is followed by a reset from its own thread when
+it returns after close() gave up waiting for it.
 
 What a step means in time (`emo.policy.issue_plan`) is defined once, beside the policy, and shared
-with the virtual GPU and the predictor; this module only holds the threads.
+with the virtual GPU and the predictor; this module only holds the threads. The NVML applier that
+drives real GPUs is emo.device.nvml.nvml_applier.
 """
 from __future__ import annotations
 
@@ -72,6 +78,8 @@ class PolicyApplier:
     """Apply `policy` to GPUs through `setter`. `devices` maps the policy's device ids to the setter's
     (default: identity over the policy's devices). Use as a context manager, or call close()."""
 
+    JOIN_S = 5.0  # how long close() waits for a request in flight before resetting anyway
+
     def __init__(self, policy: FrequencyPolicy, setter: ClockSetter, *, devices: dict[int, int] | None = None,
                  lead_ms: float | None = None, clock: Callable[[], float] = time.monotonic):
         self.policy = policy
@@ -85,6 +93,7 @@ class PolicyApplier:
         self.errors: list[BaseException] = []
         self.log: list[tuple[float, int, int]] = []  # (time, setter device, mhz) of every request
         mapping = devices if devices is not None else {d: d for d in policy.steps}
+        self._requests = {target: threading.Lock() for target in mapping.values()}  # one request at a time per GPU
         self._threads = []
         for d, target in mapping.items():
             steps = policy.steps.get(d)
@@ -97,10 +106,21 @@ class PolicyApplier:
             t.start()
 
     def _issue(self, target: int, mhz: int) -> None:
+        with self._requests[target]:
+            if self._closed:  # closing: the reset must stay the last request
+                return
+            try:
+                self.setter.set_clock(target, mhz)
+                self.log.append((self._clock(), target, mhz))
+            except BaseException as e:  # keep the training loop alive; report at close
+                self.errors.append(e)
+            if self._closed:  # close() gave up waiting for this request and reset before it landed
+                self._reset(target)
+
+    def _reset(self, target: int) -> None:
         try:
-            self.setter.set_clock(target, mhz)
-            self.log.append((self._clock(), target, mhz))
-        except BaseException as e:  # keep the training loop alive; report at close
+            self.setter.reset_clock(target)
+        except BaseException as e:
             self.errors.append(e)
 
     def step(self) -> None:
@@ -115,56 +135,28 @@ class PolicyApplier:
         return self._generation
 
     def close(self) -> None:
-        """Stop the threads and reset every GPU's clocks."""
+        """Reset every GPU's clocks, the last request each sees (safe from any thread, from a signal
+        handler, and more than once). The threads are not joined: a handler may run while this
+        thread holds the condition they wait on. They stop at their next wake-up, and none starts a
+        request once closing began (the per-GPU request lock and the closed flag see to that)."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             self._cond.notify_all()
-        for t in self._threads:
-            t.join(timeout=5)
-        for t in self._threads:
+        deadline = time.monotonic() + self.JOIN_S
+        for target, lock in self._requests.items():
+            if not any(t.target == target for t in self._threads):
+                continue
+            got = lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
             try:
-                self.setter.reset_clock(t.target)
-            except BaseException as e:
-                self.errors.append(e)
+                self._reset(target)  # not got: the request in flight resets again when it returns
+            finally:
+                if got:
+                    lock.release()
 
     def __enter__(self) -> "PolicyApplier":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None) -> PolicyApplier:
-    """An applier driving real GPUs (NVML as root, else zeusd). `devices` maps policy device ids to
-    NVML indices; by default rank r of a torchrun job drives its own GPU (LOCAL_RANK)."""
-    import os
-
-    from emo.device import nvml as nv
-
-    nvml = nv.import_pynvml()
-    nv.nvml_init(nvml)
-    ctl = nv.ClockController.auto(nvml)
-    nv._GUARD.arm(ctl)  # the clock threads are not the main thread: install the signal handlers here
-    visible_nvml_indices = nv.visible_nvml_indices
-    if devices is None:
-        visible = visible_nvml_indices(nvml)
-        if "LOCAL_RANK" in os.environ:
-            rank, local = int(os.environ.get("RANK", 0)), int(os.environ["LOCAL_RANK"])
-            devices = {rank: visible[local]}
-        else:
-            devices = {d: visible[d] for d in policy.steps if d < len(visible)}
-    return PolicyApplier(policy, _ControllerSetter(ctl), devices=devices, lead_ms=lead_ms)
-
-
-class _ControllerSetter:
-    def __init__(self, ctl):
-        self.ctl = ctl
-
-    def set_clock(self, device: int, mhz: int) -> None:
-        self.ctl.set_clock(device, mhz)
-
-    def reset_clock(self, device: int) -> None:
-        self.ctl.reset_clock(device)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from emo import capture
+from emo.device import launcher
 from emo.config import CommandWorkload
 
 try:
@@ -23,15 +24,15 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed 
 
 
 def test_single_rank_command_runs_the_script_under_the_launcher():
-    spec = capture.CaptureSpec(["python3", "train.py", "--lr", "0.1"])
-    assert capture.build_command(spec) == [sys.executable, "-m", "emo.capture", "train.py", "--lr", "0.1"]
-    spec = capture.CaptureSpec([sys.executable, "-m", "pkg.train", "x"])
-    assert capture.build_command(spec)[-3:] == ["-m", "pkg.train", "x"]
-    assert capture.build_command(capture.CaptureSpec(["train.py"]))[-1] == "train.py"
+    spec = launcher.CaptureSpec(["python3", "train.py", "--lr", "0.1"])
+    assert launcher.build_command(spec) == [sys.executable, "-m", "emo.capture", "train.py", "--lr", "0.1"]
+    spec = launcher.CaptureSpec([sys.executable, "-m", "pkg.train", "x"])
+    assert launcher.build_command(spec)[-3:] == ["-m", "pkg.train", "x"]
+    assert launcher.build_command(launcher.CaptureSpec(["train.py"]))[-1] == "train.py"
 
 
 def test_multi_rank_command_uses_torchrun():
-    cmd = capture.build_command(capture.CaptureSpec(["python", "train.py"], nproc=4))
+    cmd = launcher.build_command(launcher.CaptureSpec(["python", "train.py"], nproc=4))
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                    "-m", "emo.capture", "train.py"]
 
@@ -45,26 +46,26 @@ def test_multi_rank_command_uses_torchrun():
 ])
 def test_bad_commands_are_one_line_errors(command, message):
     with pytest.raises(ValueError, match=message):
-        capture.build_command(capture.CaptureSpec(command))
+        launcher.build_command(launcher.CaptureSpec(command))
 
 
 def test_env_carries_the_schedule_and_policy(tmp_path):
-    spec = capture.CaptureSpec(["python", "t.py"], wait=1, warmup=2, active=4)
-    env = capture.build_env(spec, tmp_path, policy=tmp_path / "p.json", base={"EMO_POLICY": "old", "X": "1"})
+    spec = launcher.CaptureSpec(["python", "t.py"], wait=1, warmup=2, active=4)
+    env = launcher.build_env(spec, tmp_path, policy=tmp_path / "p.json", base={"EMO_POLICY": "old", "X": "1"})
     assert env["EMO_CAPTURE_DIR"] == str(tmp_path.resolve())
     assert (env["EMO_CAPTURE_WAIT"], env["EMO_CAPTURE_WARMUP"], env["EMO_CAPTURE_ACTIVE"]) == ("1", "2", "4")
     assert env["EMO_POLICY"] == str((tmp_path / "p.json").resolve()) and env["X"] == "1"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert "EMO_POLICY" not in capture.build_env(spec, tmp_path, base={"EMO_POLICY": "old"})
+    assert "EMO_POLICY" not in launcher.build_env(spec, tmp_path, base={"EMO_POLICY": "old"})
 
 
 def test_spec_from_the_command_workload_config():
     wl = CommandWorkload(command=["python", "train.py"], nproc=2, wait=3, warmup=1, active=5)
-    spec = capture.CaptureSpec.from_workload(wl, iterations=4, warmup=2)
+    spec = launcher.CaptureSpec.from_workload(wl, iterations=4, warmup=2)
     assert (spec.nproc, spec.wait, spec.warmup, spec.active) == (2, 3, 2, 4)
-    assert capture.CaptureSpec.from_workload(wl).active == 5
+    assert launcher.CaptureSpec.from_workload(wl).active == 5
     with pytest.raises(ValueError, match="active and nproc must be >= 1"):
-        capture.CaptureSpec(["python", "t.py"], active=0)
+        launcher.CaptureSpec(["python", "t.py"], active=0)
 
 
 def test_trace_subcommand_parses_after_double_dash(monkeypatch, tmp_path):
@@ -117,13 +118,13 @@ def _ops(trace: Path) -> tuple[list[str], dict]:
 def test_cpu_capture_of_a_training_loop(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    spec = capture.CaptureSpec(["python", str(script), "8"], wait=2, warmup=1, active=3)
-    res = capture.run_capture(spec, tmp_path / "out")
+    spec = launcher.CaptureSpec(["python", str(script), "8"], wait=2, warmup=1, active=3)
+    res = launcher.run_capture(spec, tmp_path / "out")
     assert [p.name for p in res.trace_files] == ["rank000.pt.trace.json.gz"]
     steps, d = _ops(res.trace_files[0])
     assert steps == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]  # the active iterations only
     assert any(e.get("cat") == "cpu_op" and e["name"] == "aten::addmm" for e in d["traceEvents"])
-    rr = capture.run_result(res, tmp_path / "out")
+    rr = launcher.run_result(res, tmp_path / "out")
     assert rr.iterations == 3 and len(rr.iteration_times_s) == 3
     assert rr.time_s == pytest.approx(sum(rr.iteration_times_s)) and rr.time_s > 0
     assert rr.energy_j != rr.energy_j  # NaN: no NVML on this machine
@@ -136,7 +137,7 @@ def test_cpu_capture_of_a_training_loop(tmp_path):
 def test_explicit_step_marker(tmp_path):
     script = tmp_path / "infer.py"
     script.write_text(INFER)
-    res = capture.run_capture(capture.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2),
+    res = launcher.run_capture(launcher.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2),
                               tmp_path / "a")
     assert _ops(res.trace_files[0])[0] == ["ProfilerStep#2", "ProfilerStep#3"]
 
@@ -146,13 +147,13 @@ def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypa
     from types import SimpleNamespace
 
     rc = {"value": 0}
-    monkeypatch.setattr(capture.subprocess, "run", lambda cmd, env, timeout: SimpleNamespace(returncode=rc["value"]))
-    spec = capture.CaptureSpec(["python", "t.py", "3"], wait=5, warmup=2, active=2)
+    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd, env, timeout: SimpleNamespace(returncode=rc["value"]))
+    spec = launcher.CaptureSpec(["python", "t.py", "3"], wait=5, warmup=2, active=2)
     with pytest.raises(ValueError, match="at least wait\\+warmup\\+active = 9 iterations"):
-        capture.run_capture(spec, tmp_path / "b")
+        launcher.run_capture(spec, tmp_path / "b")
     rc["value"] = 3
     with pytest.raises(ValueError, match="python t.py 3: exited with status 3"):
-        capture.run_capture(spec, tmp_path / "b")
+        launcher.run_capture(spec, tmp_path / "b")
 
 
 @needs_torch
@@ -160,7 +161,7 @@ def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypa
 def test_two_ranks_under_torchrun(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    res = capture.run_capture(capture.CaptureSpec(["python", str(script), "5"], nproc=2, wait=1, warmup=1,
+    res = launcher.run_capture(launcher.CaptureSpec(["python", str(script), "5"], nproc=2, wait=1, warmup=1,
                                                   active=2), tmp_path / "out")
     assert [p.name for p in res.trace_files] == ["rank000.pt.trace.json.gz", "rank001.pt.trace.json.gz"]
     ranks = sorted(json.loads(p.read_text())["rank"] for p in res.window_files)

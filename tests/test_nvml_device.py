@@ -291,30 +291,30 @@ def test_normal_exit_and_uncaught_exception_restore(tmp_path):
 
 
 def test_run_passes_a_multi_step_policy_to_the_program_and_sums_rank_energy(monkeypatch, tmp_path):
-    from emo import capture
     from emo.config import CommandWorkload
+    from emo.device import launcher
 
     fake, dev = _device(monkeypatch)
     seen = {}
 
     def fake_capture(spec, out, policy=None):
         seen.update(spec=spec, policy=policy)
-        (out / capture.SIDECAR).mkdir(parents=True, exist_ok=True)
+        (out / launcher.SIDECAR).mkdir(parents=True, exist_ok=True)
         wins = []
         for r, e in ((0, 30.0), (1, 34.0)):
-            p = out / capture.window_name(r)
+            p = out / launcher.window_name(r)
             p.write_text(json.dumps({"rank": r, "iterations": 3, "time_s": 0.3 + r * 0.01, "energy_j": e,
                                      "iteration_times_s": [0.1, 0.1, 0.1]}))
             wins.append(p)
-        return capture.CaptureResult(0, [out / capture.trace_name(0), out / capture.trace_name(1)], wins, 1.0)
+        return launcher.CaptureResult(0, [out / launcher.trace_name(0), out / launcher.trace_name(1)], wins, 1.0)
 
-    monkeypatch.setattr(capture, "run_capture", fake_capture)
+    monkeypatch.setattr(launcher, "run_capture", fake_capture)
     pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(5, 900)], 1: [Step(0, 1410)]}, period_ms=20)
     dev.set_policy(pol)
     wl = CommandWorkload(command=["python", "train.py"], nproc=2, wait=4, warmup=1, active=5)
     rr = dev.run(wl, 3, warmup=2, trace_dir=tmp_path)
     assert (seen["spec"].active, seen["spec"].warmup, seen["spec"].nproc) == (3, 2, 2)
-    assert seen["policy"] == tmp_path / capture.SIDECAR / "policy.json"
+    assert seen["policy"] == tmp_path / launcher.SIDECAR / "policy.json"
     assert FrequencyPolicy.load(seen["policy"]).steps == pol.steps
     assert rr.energy_j == 64.0 and rr.energy_per_device_j == {0: 30.0, 1: 34.0}
     assert rr.time_s == pytest.approx(0.31) and rr.iterations == 3

@@ -3,8 +3,9 @@
 Measurement follows Zeus: the energy counter (mJ, `nvmlDeviceGetTotalEnergyConsumption`) and the wall
 clock around a window. Control is locked SM clocks (`nvmlDeviceSetGpuLockedClocks`) or a power limit,
 set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not. Whatever this process
-changed is put back on normal exit, on an exception, and on SIGINT/SIGTERM (atexit plus signal
-handlers that chain the ones already installed); `emo reset-clocks` covers a run killed with -9.
+changed is put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP (atexit plus signal
+handlers that chain the ones already installed), the runtime appliers' threads stopped first so that
+the reset is the last call each GPU sees; `emo reset-clocks` covers a run killed with -9.
 
 Only this module and its helpers import pynvml, lazily, so the package imports without a driver.
 """
@@ -26,6 +27,7 @@ from typing import Any, Callable
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
 from emo.device.zeusd import SOCK_ENV, ZeusdClient, ZeusdError
 from emo.policy import FrequencyPolicy
+from emo.runtime import PolicyApplier
 
 
 class GpuAccessError(ValueError):
@@ -136,9 +138,10 @@ class ClockController:
 
 
 class _RestoreGuard:
-    """Remembers what this process changed and puts it back at exit or on SIGINT/SIGTERM."""
+    """Remembers what this process changed and puts it back at exit or on SIGINT/SIGTERM/SIGHUP
+    (SIGHUP: the ssh session closed), after stopping the appliers that could still change a clock."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -146,6 +149,12 @@ class _RestoreGuard:
         self._controller: ClockController | None = None
         self._installed = False
         self._previous: dict[int, Any] = {}
+        self._appliers: list[PolicyApplier] = []
+
+    def track(self, applier: PolicyApplier) -> None:
+        """An applier whose threads restore_all must stop before it resets anything."""
+        with self._lock:
+            self._appliers.append(applier)
 
     def changed(self, controller: ClockController, index: int, what: str) -> None:
         with self._lock:
@@ -176,8 +185,12 @@ class _RestoreGuard:
         """Reset everything still changed; never raises (it runs at exit). Returns the failures."""
         failures = []
         with self._lock:
+            appliers, self._appliers = self._appliers, []
+        for applier in appliers:  # outside the lock: their threads take it when a request lands
+            applier.close()  # resets its GPUs (a failed reset stays pending and is retried below)
+        with self._lock:
             ctl = self._controller
-            for index, what in sorted(self.pending().items()):
+            for index, what in sorted(self.pending().items()) if ctl is not None else ():
                 for kind, fn in (("clocks", ctl.reset_clock), ("power", ctl.reset_power_limit)):
                     if kind in what:
                         try:
@@ -208,6 +221,38 @@ class _RestoreGuard:
 
 
 _GUARD = _RestoreGuard()
+
+
+def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
+                 lead_ms: float | None = None) -> PolicyApplier:
+    """The runtime applier (emo.runtime) driving real GPUs (NVML as root, else zeusd). `devices` maps
+    policy device ids to NVML indices; by default rank r of a torchrun job drives its own GPU
+    (LOCAL_RANK). Its threads are stopped before any restore (at exit, on a signal)."""
+    nvml = import_pynvml()
+    nvml_init(nvml)
+    ctl = ClockController.auto(nvml)
+    _GUARD.arm(ctl)  # the clock threads are not the main thread: install the signal handlers here
+    if devices is None:
+        visible = visible_nvml_indices(nvml)
+        if "LOCAL_RANK" in os.environ:
+            rank, local = int(os.environ.get("RANK", 0)), int(os.environ["LOCAL_RANK"])
+            devices = {rank: visible[local]}
+        else:
+            devices = {d: visible[d] for d in policy.steps if d < len(visible)}
+    applier = PolicyApplier(policy, _ControllerSetter(ctl), devices=devices, lead_ms=lead_ms)
+    _GUARD.track(applier)
+    return applier
+
+
+class _ControllerSetter:
+    def __init__(self, ctl: ClockController):
+        self.ctl = ctl
+
+    def set_clock(self, device: int, mhz: int) -> None:
+        self.ctl.set_clock(device, mhz)
+
+    def reset_clock(self, device: int) -> None:
+        self.ctl.reset_clock(device)
 
 
 def visible_nvml_indices(nvml) -> list[int]:
@@ -396,7 +441,7 @@ class NvmlDevice:
         command is rerun once under Nsight Compute, which profiles every kernel of one iteration
         (kernel replay inside an NVTX range the capture launcher opens at the iteration marker);
         each range's counters are its kernels' counters summed (active_warps: cycle-weighted)."""
-        from emo import capture
+        from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
@@ -429,7 +474,7 @@ class NvmlDevice:
             trace_dir: Path | None = None) -> RunResult:
         """Run a `command` workload under emo.capture: its profiler window's `active` iterations are
         the measured ones, energy read by each rank at the window's edges."""
-        from emo import capture
+        from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":

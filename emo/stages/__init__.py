@@ -4,6 +4,10 @@
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
 the folder's hash covers, last), then logs the metrics to MLflow. An interrupted run therefore never
 leaves a stage folder that a later run would trust.
+
+A failure is one line (`emo.errors`): the traceback goes to the stage log, the line to `emo run`
+(through EMO_ERRORS) or to stderr, and the stage's MLflow run is marked FAILED (KILLED when a signal
+stopped it) with the line as a tag.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import importlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +55,7 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
     _setup_logging(log_file)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    log.info("%s %s: started", stage, params["hash"])
     try:
         t0 = time.perf_counter()
         metrics = run_in_place(stage, params["cfg"], inputs, tmp)
@@ -61,18 +67,53 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
                 shutil.rmtree(target)
             os.replace(item, target)
         write_json(out / "config.json", {"stage": stage, "hash": params["hash"], "covers": params["covers"]})
+    except BaseException as e:
+        _failed(stage, params, e, tmp, out, log_file)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("%s: %s", stage, metrics)
+    print(f"emo: {stage} done in {metrics[f'{stage}_wall_s']:.1f} s: {out}", file=sys.stderr)
     from emo import tracking
 
     tracking.log_stage(params["cfg"], stage, params["hash"], metrics, [out / "config.json", out / "metrics.json"])
     return metrics
 
 
+def run_script(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> int:
+    """What the workflow script runs: `run_stage` with SIGTERM/SIGHUP stopping it as Ctrl-C does;
+    the exit status (0, 1, or 128 + the signal), the failure already reported in one line."""
+    from emo import errors
+
+    try:
+        with errors.signals_raise():
+            run_stage(stage, params, inputs, out_dir, log_file)
+        return 0
+    except KeyboardInterrupt as e:
+        return errors.exit_status(e)
+    except Exception:
+        return 1
+
+
+def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, log_file: str | None) -> None:
+    """The error path: traceback to the log, the one line to whoever shows it, the run's status."""
+    from emo import errors, tracking
+
+    log.error("%s %s failed", stage, params["hash"], exc_info=e)
+    line = errors.one_line(e, {str(tmp): str(out)})
+    killed = errors.is_interrupt(e)
+    errors.report(stage, line, log_file, killed=killed)
+    try:
+        tracking.stage_failed(params["cfg"], stage, params["hash"], line, killed=killed)
+    except Exception as te:  # the line above already says what failed; MLflow trouble must not hide it
+        log.warning("could not record the failure in MLflow: %s", te)
+
+
 def _setup_logging(log_file: str | None) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    handlers: list[logging.Handler] = []
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(log_file, mode="w"))
+    if not log_file or os.environ.get("EMO_VERBOSE"):
+        handlers.append(logging.StreamHandler())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", handlers=handlers, force=True)

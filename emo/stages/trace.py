@@ -1,5 +1,11 @@
 """trace: record the configured workload on the configured device (or take a recorded trace) and
-normalise it into the event table every later stage reads."""
+normalise it into the event table every later stage reads.
+
+A recorded trace (`workload.path`) is a Kineto file, an nsys SQLite export, or a folder of per-rank
+Kineto files; only those trace files are copied (sub-folders and other files are left alone, and a
+symbolic link is followed only when it points inside the folder), and an error names the user's file,
+not the copy.
+"""
 from __future__ import annotations
 
 import shutil
@@ -8,6 +14,7 @@ from pathlib import Path
 from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.trace import read_trace
+from emo.trace.read import TRACE_SUFFIXES
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -19,8 +26,16 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         src = Path(wl["path"])
         if not src.exists():
             raise FileNotFoundError(f"{src}: workload.path does not exist")
-        for f in sorted(src.iterdir()) if src.is_dir() else [src]:
+        files = recorded_files(src)
+        if not files:
+            raise ValueError(f"{src}: folder holds no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)})")
+        for f in files:
             shutil.copy2(f, kineto / f.name)
+        try:  # a single file is read as itself (a Kineto file or an nsys export), a folder as ranks
+            events = read_trace(kineto if src.is_dir() else kineto / src.name)
+        except (ValueError, OSError) as e:  # name the user's file, not the copy
+            copy, orig = (kineto, src) if src.is_dir() else (kineto / src.name, src)
+            raise ValueError(str(e).replace(str(copy), str(orig))) from None
     else:
         device = open_device(cfg["gpu"])
         try:
@@ -30,7 +45,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         measured = {"iterations": res.iterations, "time_s": res.time_s, "energy_j": res.energy_j,
                     "iteration_times_s": res.iteration_times_s,
                     "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
-    events = read_trace(kineto)
+        events = read_trace(kineto)
     write_parquet(out / "events.parquet", events)
     write_json(out / "measured.json", measured)
     return {
@@ -39,3 +54,13 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         "kernels": int((events["kind"] == "kernel").sum()) if "kind" in events else 0,
         **({"iteration_time_s": measured["time_s"] / measured["iterations"], "energy_j": measured["energy_j"]} if measured else {}),
     }
+
+
+def recorded_files(src: Path) -> list[Path]:
+    """The trace files a recorded `workload.path` names: the file itself, or the folder's regular
+    *.json / *.json.gz files whose real path stays inside the folder."""
+    if not src.is_dir():
+        return [src]
+    root = src.resolve()
+    return [f for f in sorted(src.iterdir())
+            if f.name.endswith(TRACE_SUFFIXES) and f.is_file() and f.resolve().is_relative_to(root)]

@@ -9,23 +9,17 @@ tokens to the host. The GPU waits for the CPU most of the time: lots of slack by
 """
 from __future__ import annotations
 
-from emo.config import OffloadWorkload
+import dataclasses
+
+from emo.config import OffloadWorkload, check_workload
 from emo.device.sim.program import Program
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, Builder
-from emo.workloads.params import check, check_shape
 
 
 def validate(w: OffloadWorkload) -> None:
-    check_shape(w.model, 1, "model")
-    check(w.experts >= 1, f"workload.experts must be >= 1, got {w.experts}")
-    check(1 <= w.top_k <= w.experts, f"workload.top_k must be between 1 and workload.experts ({w.experts}), got {w.top_k}")
-    check(w.expert_hidden >= 1, f"workload.expert_hidden must be >= 1, got {w.expert_hidden}")
-    check(w.shared_experts >= 0, f"workload.shared_experts must be >= 0, got {w.shared_experts}")
-    check(w.cpu_gflops > 0, f"workload.cpu_gflops must be > 0, got {w.cpu_gflops}")
-    check(w.pcie_gbps > 0, f"workload.pcie_gbps must be > 0, got {w.pcie_gbps}")
-    check(w.decode_tokens >= 1, f"workload.decode_tokens must be >= 1, got {w.decode_tokens}")
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
 
 
 def expert_flops(w: OffloadWorkload) -> float:

@@ -6,7 +6,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from emo.config import OffloadWorkload, PPWorkload, TPWorkload, TransformerShape
+from emo.config import OffloadWorkload, PPWorkload, TPWorkload
 
 SCHEMAS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload}
 
@@ -27,22 +27,3 @@ def resolve(cfg: Any):
     except OmegaConfBaseException as e:
         msg = str(e).splitlines()[0]
         raise ValueError(f"workload: {msg}") from None
-
-
-def check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def check_shape(m: TransformerShape, split: int, split_name: str) -> None:
-    """The checks every transformer shape needs; `split` is the tensor-parallel degree."""
-    for key in ("layers", "hidden", "heads", "ffn_mult", "seq", "batch", "vocab"):
-        v = getattr(m, key)
-        check(v >= 1, f"workload.model.{key} must be >= 1, got {v}")
-    check(m.dtype in ("bf16", "fp16"), f"workload.model.dtype must be bf16 or fp16, got {m.dtype!r}")
-    check(m.hidden % m.heads == 0, f"workload.model.hidden ({m.hidden}) must be divisible by workload.model.heads ({m.heads})")
-    hd = m.hidden // m.heads
-    check(hd % 8 == 0 and hd <= 256, f"workload.model: head dim hidden/heads = {hd} must be a multiple of 8 and <= 256")
-    if split > 1:
-        check(m.heads % split == 0, f"workload.model.heads ({m.heads}) must be divisible by workload.{split_name} ({split})")
-        check(m.vocab % split == 0, f"workload.model.vocab ({m.vocab}) must be divisible by workload.{split_name} ({split})")

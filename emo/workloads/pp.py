@@ -9,12 +9,13 @@ ends with clip-grad-norm all-reduced over all stages, AdamW per stage and a bloc
 """
 from __future__ import annotations
 
-from emo.config import PPWorkload
+import dataclasses
+
+from emo.config import PPWorkload, check_workload
 from emo.device.sim.program import CollectiveSpec, Program
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
-from emo.workloads.params import check, check_shape
 from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
 
 P2P_PREV = 24  # stream of the link to the previous stage
@@ -22,12 +23,7 @@ P2P_NEXT = 28  # stream of the link to the next stage
 
 
 def validate(w: PPWorkload) -> None:
-    check(w.pp in (2, 4, 8), f"workload.pp must be 2, 4 or 8, got {w.pp}")
-    check_shape(w.model, 1, "pp")
-    check(w.microbatches >= w.pp, f"workload.microbatches ({w.microbatches}) must be >= workload.pp ({w.pp})")
-    check(w.model.layers >= w.pp, f"workload.model.layers ({w.model.layers}) must be >= workload.pp ({w.pp})")
-    check(w.partition in ("uniform", "parameter"),
-          f"workload.partition must be 'uniform' or 'parameter', got {w.partition!r}")
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
 
 
 # --------------------------------------------------------------------------- partition

@@ -8,20 +8,17 @@ with its all-reduce, fused AdamW, and loss.item() at the end.
 """
 from __future__ import annotations
 
-from emo.config import TPWorkload
+import dataclasses
+
+from emo.config import TPWorkload, check_workload
 from emo.device.sim.program import Program
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
-from emo.workloads.params import check, check_shape
 from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
 
 
 def validate(w: TPWorkload) -> None:
-    check(w.tp in (2, 4, 8), f"workload.tp must be 2, 4 or 8, got {w.tp}")
-    check_shape(w.model, w.tp, "tp")
-    check(w.chunks >= 1, f"workload.chunks must be >= 1, got {w.chunks}")
-    check(w.model.batch % w.chunks == 0,
-          f"workload.chunks ({w.chunks}) must divide workload.model.batch ({w.model.batch})")
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
 
 
 def build(w: TPWorkload, arch: Arch) -> Program:

@@ -1,12 +1,13 @@
 # The one adapter every rule runs: the rule's name is the stage (emo/stages/<rule>.py).
+import sys
 from pathlib import Path
 
-from emo.stages import run_stage
+from emo.stages import run_script
 
-run_stage(
+sys.exit(run_script(
     snakemake.rule,
     {"cfg": snakemake.config["resolved"], **snakemake.params.emo},
     dict(snakemake.input),
     Path(snakemake.output.config).parent,
     snakemake.log[0],
-)
+))

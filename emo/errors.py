@@ -1,0 +1,116 @@
+"""Failures as one line a person can read: `emo: error: FILE: problem`.
+
+Bad input raises ValueError / FileNotFoundError / OSError whose message starts with the user's file or
+key; this module turns any exception into that one line, carries a stage's line to `emo run` (a JSON
+line appended to the file named by EMO_ERRORS) and turns the signals a terminal, ssh or a scheduler
+sends (SIGTERM, SIGHUP) into an exception, so that every `finally` and error path runs as for Ctrl-C.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+ERRORS_ENV = "EMO_ERRORS"  # set by `emo run`: where a failing stage appends its line
+VERBOSE_ENV = "EMO_VERBOSE"  # set by `emo run --verbose`: stages also log (and trace back) to stderr
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+caught: list[int] = []  # the signals signals_raise turned into Interrupted, in order
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised where the program was (as Python raises KeyboardInterrupt)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def is_interrupt(e: BaseException) -> bool:
+    return isinstance(e, KeyboardInterrupt)
+
+
+def exit_status(e: BaseException) -> int:
+    """128 + the signal's number, as a shell reports a process a signal stopped (130 for Ctrl-C)."""
+    return 128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT)
+
+
+def signal_name(e: KeyboardInterrupt) -> str:
+    return signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
+
+
+def one_line(e: BaseException, replace: dict[str, str] | None = None) -> str:
+    """`FILE: problem` for bad input (the file first, as the message says it), `Type: message`
+    for anything else; `replace` maps internal paths (a stage's hidden temporary folder) to the
+    ones the user knows."""
+    if is_interrupt(e):
+        text = f"interrupted ({signal_name(e)})"
+    elif isinstance(e, OSError) and e.strerror:  # a full disk, a read-only folder: the path and why
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    elif isinstance(e, (ValueError, FileNotFoundError)):
+        text = str(e)
+    else:
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    for old, new in (replace or {}).items():
+        text = text.replace(old, new)
+    return " ".join(text.split()) or type(e).__name__  # one line, whatever the message held
+
+
+def report(stage: str, line: str, log_file: str | None, *, killed: bool = False) -> None:
+    """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake."""
+    record = {"stage": stage, "error": line, "log": log_file, "killed": killed}
+    path = os.environ.get(ERRORS_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    else:
+        print(stage_line(record), file=sys.stderr)
+
+
+def stage_line(record: dict) -> str:
+    where = f"stage {record['stage']}" + (f", log {record['log']}" if record.get("log") else "")
+    return f"emo: error: {record['error']} ({where})"
+
+
+def read_reports(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(ln) for ln in lines if ln.strip()]
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread while inside (and are noted in
+    `caught`, for code that swallows KeyboardInterrupt, as Snakemake's scheduler does); the previous
+    handlers come back after. The first signal is also passed on to this process's children (a
+    `kill` reaches only the parent; a Ctrl-C, the whole terminal group), so that they stop at once and
+    clean up as well; later ones are noted only, so that the error paths they started can finish."""
+    def handler(signum, frame):
+        caught.append(signum)
+        if len(caught) == 1:
+            _forward(signum)
+            raise Interrupted(signum)
+
+    caught.clear()
+    previous = {}
+    for sig in SIGNALS:
+        with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, prev in previous.items():
+            signal.signal(sig, prev)
+
+
+def _forward(signum: int) -> None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signum)

@@ -1,0 +1,107 @@
+"""One `emo run` at a time per results folder, and nothing a dead run left behind.
+
+The lock is an advisory `flock` on `<results>/.emo-run.lock`, held for the whole run: the kernel
+releases it when its owner exits, however it exits (kill -9 included), so a lock can never be stale.
+The file also says who holds it (pid, command, working directory, start time), for the message a
+second run gets. Runs from different working directories that share a `results=` folder lock each
+other, since the lock lives in the folder itself (Snakemake's own lock lives in the working directory
+and is not used by `emo run`, see emo.run). While the lock is held, hidden `.tmp` folders and empty
+stage folders belong to no live run and are removed. flock needs a local file system (or NFSv4).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+LOCK_NAME = ".emo-run.lock"
+
+
+class Busy(ValueError):
+    """Another live `emo run` holds the results folder (a ValueError: `emo` prints one line)."""
+
+
+@contextlib.contextmanager
+def hold(folders: list[Path] | tuple[Path, ...], command: str):
+    """Hold the lock of every results folder (created when missing) for the duration; yields what
+    the cleanup at the start removed."""
+    with contextlib.ExitStack() as stack:
+        removed: list[Path] = []
+        for folder in sorted({Path(f).resolve() for f in folders}):
+            removed += stack.enter_context(_hold_one(folder, command))
+        yield removed
+
+
+@contextlib.contextmanager
+def _hold_one(results: Path, command: str):
+    fd = _open(results)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(busy_message(results, _owner(fd))) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "cwd": os.getcwd(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}).encode(), 0)
+        removed = cleanup(results)
+        try:
+            yield removed
+        finally:
+            cleanup(results)
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open(results: Path) -> int:
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        return os.open(results / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ValueError(f"{results}: cannot write to the results folder ({e.strerror}); "
+                         "make it writable or choose another with results=PATH") from None
+
+
+def _owner(fd: int) -> dict:
+    for _ in range(20):  # the owner writes its record just after taking the lock
+        with contextlib.suppress(ValueError):
+            data = json.loads(os.pread(fd, 65536, 0) or b"null")
+            if data:
+                return data
+        time.sleep(0.05)
+    return {}
+
+
+def busy_message(results: Path, owner: dict) -> str:
+    if not owner:
+        return f"{results}: in use by another emo run; wait for it to finish"
+    pid = owner.get("pid")
+    return (f"{results}: in use by another emo run (pid {pid}, `{owner.get('command')}` in {owner.get('cwd')}, "
+            f"since {owner.get('since')}); wait for it to finish, or stop it with `kill {pid}`")
+
+
+def cleanup(results: Path) -> list[Path]:
+    """Remove what belongs to no live run (call with the lock held): hidden `.tmp` folders a killed
+    stage left and empty stage folders. Returns what it removed."""
+    from emo.plan import STAGES
+
+    removed: list[Path] = []
+    for stage in STAGES:
+        folder = results / stage
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        for p in folder.iterdir():
+            if not p.is_dir() or p.is_symlink() or p.name == "logs":
+                continue
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+            elif not any(p.iterdir()):
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+                    removed.append(p)
+    return removed

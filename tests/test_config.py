@@ -1,0 +1,117 @@
+"""The schema checks every value when the configuration is composed (one line naming the key and its
+allowed range), and holds the one copy of every default."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emo import config
+from emo.plan import compose
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (overrides, the key the message must name, a word of the allowed range): every case of issue 13
+BAD = [
+    ("budget=-0.1", "budget", "[0, 1)"),
+    ("budget=1.5", "budget", "[0, 1)"),
+    ("workload.tp=3", "workload.tp", "2, 4, 8"),
+    ("workload.tp=0", "workload.tp", "2, 4, 8"),
+    ("workload=pp workload.pp=0", "workload.pp", "2, 4, 8"),
+    ("packing.delta_max_ms=-1", "packing.delta_max_ms", ">= 0"),
+    ("optimizer.change_interval_ms=0", "optimizer.change_interval_ms", "> 0"),
+    ("optimizer.change_interval_ms=5", "optimizer.change_interval_ms", "min_interval_ms"),
+    ("trace.iterations=0", "trace.iterations", ">= 1"),
+    ("validate.iterations=0", "validate.iterations", ">= 5"),
+    ("gpu.backend=foo", "gpu.backend", "sim, nvml"),
+    ("model.clocks_stride=0", "model.clocks_stride", ">= 1"),
+    ("model.repeats=0", "model.repeats", ">= 1"),
+    ("workload=pp workload.partition=weird", "workload.partition", "uniform, parameter"),
+    ("results=", "results", "non-empty"),
+    ("gpu.clocks_mhz=[]", "gpu.clocks_mhz", "ascending"),
+    ("gpu.clocks_mhz=[900,600]", "gpu.clocks_mhz", "ascending"),
+    ("gpu.default_mhz=1234", "gpu.default_mhz", "gpu.clocks_mhz"),
+    ("optimizer.transition_ms=[15,5]", "optimizer.transition_ms", "min <= max"),
+    ("optimizer.transition_ms=[5]", "optimizer.transition_ms", "min <= max"),
+    ("optimizer.min_clock_fraction=1.5", "optimizer.min_clock_fraction", "[0, 1]"),
+    ("workload.model.heads=0", "workload.model.heads", ">= 1"),
+    ("workload.model.dtype=fp8", "workload.model.dtype", "bf16"),
+    ("workload=command workload.nproc=0", "workload.nproc", ">= 1"),
+    ("workload=recorded workload.path=", "workload.path", "non-empty"),
+    ("optimizer.change_points=fixed", "optimizer.change_points", "passes, grid"),
+    # keys that must agree with each other
+    ("workload.chunks=3", "workload.chunks", "divisor of workload.model.batch (4)"),
+    ("workload.model.vocab=50257", "workload.model.vocab", "divisible by workload.tp (2)"),
+    ("workload=pp workload.microbatches=2", "workload.microbatches", ">= workload.pp (4)"),
+    ("workload=offload workload.top_k=65", "workload.top_k", "<= workload.experts (64)"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, allowed", BAD)
+def test_a_value_out_of_range_is_one_line_naming_key_and_range(overrides, key, allowed):
+    with pytest.raises(ValueError) as e:
+        compose(overrides.split())
+    msg = str(e.value)
+    assert "\n" not in msg and f"{key} must be" in msg and allowed in msg, msg
+
+
+def test_the_defaults_and_every_shipped_choice_pass():
+    for overrides in ([], ["workload=pp"], ["workload=offload"], ["workload=command"],
+                      ["gpu=h100"], ["gpu=v100"], ["gpu=rtx3080ti"], ["optimizer=static"], ["budget=0"]):
+        compose(overrides)
+
+
+def test_unknown_group_choice_lists_the_choices():
+    with pytest.raises(ValueError) as e:
+        compose(["gpu=nosuch"])
+    msg = str(e.value)
+    assert "gpu/nosuch" in msg and "a100, h100, rtx3080ti, v100" in msg and "\n" not in msg
+    assert "schema" not in msg and "provider" not in msg
+
+
+def test_emo_run_dry_run_rejects_a_range_error_before_anything_runs(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "emo.cli", "run", "-n", "budget=1.5", f"results={tmp_path / 'r'}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "budget must be in [0, 1)" in r.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / ".snakemake").exists()
+
+
+def _defaults(schema) -> dict:
+    out = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            v = f.default_factory()
+            out[f.name] = _defaults(type(v)) if dataclasses.is_dataclass(v) else v
+    return out
+
+
+def _repeats(values: dict, defaults: dict, prefix: str = "") -> list[str]:
+    found = []
+    for k, v in values.items():
+        if k == "defaults" or k not in defaults:
+            continue
+        if isinstance(v, dict) and isinstance(defaults[k], dict):
+            found += _repeats(v, defaults[k], f"{prefix}{k}.")
+        elif v == defaults[k] and k != "kind":
+            found.append(prefix + k)
+    return found
+
+
+@pytest.mark.parametrize("path, schema", [("config.yaml", config.Config)] + [
+    (f"workload/{k}.yaml", s) for k, s in config.WORKLOADS.items()])
+def test_one_source_of_defaults_yaml_repeats_no_schema_default(path, schema):
+    """A value typed both in a YAML file and in the schema drifts (model.min_seconds did: 1.0 vs 0.3)."""
+    values = yaml.safe_load((ROOT / "conf" / path).read_text()) or {}
+    assert _repeats(values, _defaults(schema)) == []
+
+
+def test_the_schema_defaults_are_what_a_run_uses():
+    cfg = compose([])
+    assert cfg["model"] == _defaults(config.ModelConfig) and cfg["trace"] == _defaults(config.TraceConfig)
+    assert cfg["budget"] == _defaults(config.Config)["budget"] and cfg["results"] == "results"
