@@ -247,6 +247,11 @@ class NvmlDevice:
         self._controller = controller
         self._handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
         self.model = _str(self.nvml.nvmlDeviceGetName(self._handles[0]))
+        if self.name == "auto":  # conf/gpu/nvml.yaml: the model NVML reports names the GPU
+            self.name = gpu_key(self.model)
+        self.driver = "unknown"  # which driver a calibration came from (emo.stages.calibrate)
+        with contextlib.suppress(Exception):
+            self.driver = _str(self.nvml.nvmlSystemGetDriverVersion())
         self._clocks: list[int] | None = None
         self._policy: FrequencyPolicy | None = None
         self._locked: dict[int, int] = {}
@@ -562,3 +567,55 @@ def _run_ncu(cmd: list[str], env: dict, timeout_s: float = 1800) -> tuple[str, f
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
         raise GpuAccessError(f"ncu failed ({p.returncode}): {tail[0]}")
     return p.stdout + "\n" + p.stderr, cost
+
+
+# --------------------------------------------------------------------------- discovery
+def gpu_key(model: str) -> str:
+    """A config key from NVML's model name: "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-40GB" ->
+    "a100_sxm4_40gb", "NVIDIA GeForce RTX 4090" -> "rtx4090"."""
+    import re
+
+    s = model.lower()
+    for word in ("nvidia", "geforce", "tesla", "quadro"):
+        s = s.replace(word, " ")
+    s = re.sub(r"\brtx\s+", "rtx", s.strip())
+    return re.sub(r"[^a-z0-9]+", "_", s).strip("_") or "gpu"
+
+
+def discover_gpu_config(nvml=None, index: int = 0) -> dict:
+    """A GPU configuration (conf/gpu schema, backend nvml) from what NVML reports about GPU `index`:
+    model, supported SM clocks at the highest memory clock, the default (max) clock, the default
+    power limit as TDP, the limit range and the driver. Only reads; needs no permission."""
+    nvml = nvml or import_pynvml()
+    nvml_init(nvml)
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        model = _str(nvml.nvmlDeviceGetName(h))
+        mem = max(int(m) for m in nvml.nvmlDeviceGetSupportedMemoryClocks(h))
+        clocks = sorted({int(c) for c in nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem)})
+        lo, hi = nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        tdp = nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0
+        driver = _str(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError as e:
+        raise explain(nvml, e, f"reading GPU {index}") from e
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return {"name": gpu_key(model), "backend": "nvml", "clocks_mhz": clocks, "default_mhz": clocks[-1],
+            "memory_mhz": mem, "tdp_w": tdp, "seed": 0, "noise": 0.0,
+            "physics": {"device_name": model, "driver": driver, "power_limit_min_w": lo / 1000.0,
+                        "power_limit_max_w": hi / 1000.0}}
+
+
+def gpu_config_yaml(cfg: dict) -> str:
+    """The discovered configuration as a conf/gpu/<name>.yaml a user can commit."""
+    import yaml
+
+    p = cfg["physics"]
+    head = (f"# {p['device_name']}, discovered from NVML by `emo gpu-config` (driver {p['driver']}).\n"
+            f"# Real GPU (backend nvml): the clocks and power limits are what the driver reports; no\n"
+            f"# virtual-GPU physics. Board power limit {p['power_limit_min_w']:g}-{p['power_limit_max_w']:g} W.\n"
+            "defaults:\n  - gpu_schema\n  - _self_\n\n")
+    body = {k: v for k, v in cfg.items() if k != "physics"}
+    body["physics"] = dict(p)
+    return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)

@@ -17,6 +17,7 @@ Power terms, per clock f:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +52,26 @@ class BenchTables:
         return self.names.index(name)
 
 
-def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench") -> BenchTables:
+def interp_curves(clocks: np.ndarray, values: np.ndarray, at: np.ndarray, inverse: bool) -> np.ndarray:
+    """[N, len(at)] each row of values [N, C] at the clocks `at` (PCHIP: monotone where the data is,
+    no overshoot; in 1/f for time, where a compute-bound part is linear). Exact at measured clocks."""
+    from scipy.interpolate import PchipInterpolator
+
+    clocks, at = np.asarray(clocks, dtype=np.float64), np.asarray(at, dtype=np.float64)
+    if len(clocks) == 1:
+        return np.repeat(values, len(at), axis=1)
+    x = 1.0 / clocks[::-1] if inverse else clocks
+    v = values[:, ::-1] if inverse else values
+    return PchipInterpolator(x, v, axis=1)(1.0 / at if inverse else at)
+
+
+def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench",
+                 clocks: Sequence[int] | None = None) -> BenchTables:
     """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
-    counters were read at and the anchor of every curve (default: the highest clock)."""
+    counters were read at and the anchor of every curve (default: the highest clock). `clocks`: the
+    GPU's supported clocks; those between the lowest and highest calibrated one are interpolated
+    (a calibration at a clock subset then predicts every clock in its range)."""
+    clocks_all = clocks
     missing = [c for c in (*BENCH_COLUMNS, *COUNTERS) if c not in bench.columns]
     if missing:
         raise ValueError(f"{where}: missing columns {', '.join(missing)}")
@@ -84,9 +102,16 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     if (counters < 0).any():
         raise ValueError(f"{where}: negative counter values")
     shape = (len(names), len(clocks))
-    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)),
-                       med["time_s"].to_numpy(np.float64).reshape(shape),
-                       med["energy_j"].to_numpy(np.float64).reshape(shape), counters)
+    t = med["time_s"].to_numpy(np.float64).reshape(shape)
+    e = med["energy_j"].to_numpy(np.float64).reshape(shape)
+    if clocks_all is not None:
+        want = np.asarray(sorted(set(int(c) for c in clocks_all)), dtype=np.int64)
+        want = np.union1d(want[(want >= clocks[0]) & (want <= clocks[-1])], clocks)
+        if len(want) > len(clocks):
+            t_new = interp_curves(clocks, t, want, True)
+            e = t_new * interp_curves(clocks, e / t, want, False)
+            t, clocks = t_new, want
+    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)), t, e, counters)
 
 
 def idle_power_w(tables: BenchTables, idle_bench: str = IDLE_BENCH) -> np.ndarray:

@@ -188,14 +188,15 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
                    default_mhz: int | None = None, overlap: str = "roofline",
                    resources: Mapping[str, str] | None = None, intensive: Sequence[str] = INTENSIVE,
                    time_counter_weight: float = TIME_COUNTER_WEIGHT, p_max: float = P_MAX,
-                   idle_bench: str = IDLE_BENCH) -> pd.DataFrame:
-    """Predicted time and energy of every signature at every calibrated clock.
+                   idle_bench: str = IDLE_BENCH, clocks: Sequence[int] | None = None) -> pd.DataFrame:
+    """Predicted time and energy of every signature at every calibrated clock (and, with `clocks`,
+    at every one of those between the lowest and highest calibrated clock, interpolated).
 
     bench: the calibration table; counters: one row per signature (index or `signature` column)
     with the COUNTERS columns; time_default: signature -> measured seconds at the default clock
     (Series or mapping). Energy is at level 1 until `calibrate_energy_level` sets it.
     """
-    tables = bench_tables(bench, default_mhz)
+    tables = bench_tables(bench, default_mhz, clocks=clocks)
     sigs, c, t0 = _signature_inputs(counters, time_default)
     fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
                      time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)

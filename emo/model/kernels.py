@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import PchipInterpolator
 
 from emo.device.features import FeatureSet, resolve_columns
+from emo.model.calibration import interp_curves
 from emo.model.features import UNATTRIBUTED, model_inputs
 from emo.model.nnls import solve_nnls
 from emo.model.overlap import P_MAX, calibrate_p, time_curves
@@ -107,16 +107,6 @@ def curves_from_table(df: pd.DataFrame, where: str, *, features: FeatureSet | No
         e = p * t
     c = np.stack([grid(k) for k in features], axis=2) if len(features) else np.zeros((len(names), len(clocks), 0))
     return Curves(names, clocks, t, e, p, c, features), notes  # counters [N, C, K] until anchored
-
-
-def _interp(clocks: np.ndarray, values: np.ndarray, at: np.ndarray, inverse: bool) -> np.ndarray:
-    """[N, len(at)] each row of values [N, C] at the clocks `at` (PCHIP; in 1/f for time, where a
-    compute-bound part is linear). Exact at measured clocks."""
-    if len(clocks) == 1:
-        return np.repeat(values, len(at), axis=1)
-    x = 1.0 / clocks[::-1] if inverse else clocks
-    v = values[:, ::-1] if inverse else values
-    return PchipInterpolator(x, v, axis=1)(1.0 / at if inverse else at)
 
 
 @dataclass
@@ -298,15 +288,15 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
     r = int(np.searchsorted(clocks, f_ref))
     has_t = b.time_s is not None
-    tb = _interp(b.clocks, b.time_s, clocks, True) if has_t else None
-    pb = _interp(b.clocks, b.power_w, clocks, False)
+    tb = interp_curves(b.clocks, b.time_s, clocks, True) if has_t else None
+    pb = interp_curves(b.clocks, b.power_w, clocks, False)
     eb = pb * tb if has_t else None
     tb_ref = tb[:, r] if has_t else None
     ts_ref = s.time_s[:, is_] if has_t else None
     ps_ref = s.power_w[:, is_]
     wi_b, wi_s = model_inputs(cb, tb_ref, cs, ts_ref, fs)
     p_idle_b, j_idle = _idle(b, idle)
-    p_idle = _interp(b.clocks, p_idle_b[None, :], clocks, False)[0]
+    p_idle = interp_curves(b.clocks, p_idle_b[None, :], clocks, False)[0]
 
     res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
            for j in range(len(b.names))]
@@ -314,7 +304,7 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
         p_idle = p_idle * _idle_scale(wi_b, tb, eb, pb, p_idle, res, r, overlap, p_max, notes)
     basis = [j for j in range(len(b.names)) if j != j_idle]
     p_run = _running_power(b, pairs, p_idle_b if j_idle is not None else p_idle[np.searchsorted(clocks, b.clocks)])
-    p_run = np.maximum(_interp(b.clocks, p_run[None, :], clocks, False)[0], p_idle)
+    p_run = np.maximum(interp_curves(b.clocks, p_run[None, :], clocks, False)[0], p_idle)
 
     x = _mix(wi_b, wi_s, basis, tb_ref)
     mixed = x.sum(axis=1) > 0

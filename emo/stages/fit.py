@@ -32,10 +32,13 @@ from emo.graph import Graph
 from emo.policy import FrequencyPolicy
 
 
-def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int) -> pd.DataFrame:
-    """The model table at energy levels 1, anchored at each signature's median pack time."""
+def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int | None,
+             clocks: list[int] | None = None) -> pd.DataFrame:
+    """The model table at energy levels 1, anchored at each signature's median pack time; at every
+    one of `clocks` inside the calibrated range (a calibration at a clock subset is interpolated)."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
-    return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz)
+    return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz,
+                          clocks=clocks or None)
 
 
 def with_time_level(model: pd.DataFrame, level: float) -> pd.DataFrame:
@@ -131,7 +134,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     graph = Graph.load(inputs["packs"].parent)
     iterations = int(anchors.groupby("rank").size().max()) if len(anchors) else 1
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
-    model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]))
+    # default_mhz 0 (gpu=nvml): the highest calibrated clock; clocks_mhz empty: the calibrated ones
+    model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]) or None, list(cfg["gpu"]["clocks_mhz"]))
     lam = time_level(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
     model = with_time_level(model, lam)
     a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
