@@ -276,9 +276,14 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     if is_ >= len(s.clocks) or s.clocks[is_] != f_ref or np.isnan(s.power_w[:, is_]).any():
         miss = s.names[0] if is_ >= len(s.clocks) or s.clocks[is_] != f_ref else s.names[int(np.argmax(np.isnan(s.power_w[:, is_])))]
         raise ValueError(f"targets: {miss} has no row at the reference clock {f_ref} MHz (its anchor)")
-    out_of = s.clocks[(s.clocks < b.clocks[0]) | (s.clocks > b.clocks[-1])]
-    if len(out_of):
-        raise ValueError(f"targets: {out_of[0]} MHz is outside the benchmarks' clocks {b.clocks[0]}-{b.clocks[-1]} MHz")
+    out_of = (s.clocks < b.clocks[0]) | (s.clocks > b.clocks[-1])
+    if out_of.any():  # the benchmarks' curves are interpolated, never extrapolated
+        notes.append(f"target rows at {', '.join(map(str, s.clocks[out_of]))} MHz lie outside the benchmarks' clocks "
+                     f"{b.clocks[0]}-{b.clocks[-1]} MHz: not predicted")
+        keep = ~out_of
+        s = Curves(s.names, s.clocks[keep], None if s.time_s is None else s.time_s[:, keep],
+                   None if s.energy_j is None else s.energy_j[:, keep], s.power_w[:, keep], s.counters[:, keep], s.features)
+        is_ = int(np.searchsorted(s.clocks, f_ref))
     cb, cs = b.counters[:, ib, :], s.counters[:, is_, :]
     if np.isnan(cb).any():
         raise ValueError(f"bench: {b.names[int(np.argmax(np.isnan(cb).any(axis=1)))]} has no counters at {f_ref} MHz")
