@@ -27,6 +27,11 @@ class Measurement:
     sm_mhz: int | None = None  # the locked clock, when one was
 
 
+class ProfilingUnavailable(ValueError):
+    """The device cannot read counters here (no profiler installed, or no permission): the profile
+    stage then goes on without counters and says what that costs."""
+
+
 @dataclass
 class ProfileResult:
     counters: dict[str, float]  # COUNTERS -> value for one execution of the range
@@ -42,6 +47,7 @@ class KernelRange:
 
     rank: int
     ordinals: tuple[int, ...]
+    nccl: tuple[int, ...] = ()  # ordinals of the rank's NCCL kernels in that iteration: never replayed
 
 
 @dataclass

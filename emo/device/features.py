@@ -138,6 +138,39 @@ GPUPOWERMODEL = {
     "SFU": Column("sfu", "ratio"), "CF": Column("cf", "ratio"), "L2": Column("l2", "ratio"),
     "Shared": Column("shared", "ratio"), "DRAM": Column("dram", "ratio"),
 }
+# EMO's counter vector from ncu / CUPTI metric values (first name present wins: names differ by
+# architecture; absent -> NaN, never a made-up zero). What the NVML backend and trace readers use.
+EMO_FROM_NCU: dict[str, tuple[str, ...]] = {
+    "sm_active_cycles": ("sm__cycles_active.sum",),
+    "active_warps": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "dram_read_bytes": ("dram__bytes_read.sum",),
+    "dram_write_bytes": ("dram__bytes_write.sum",),
+    "l1_bytes": ("l1tex__t_bytes.sum",),
+    "l2_bytes": ("lts__t_bytes.sum",),
+    "alu_inst": ("sm__inst_executed_pipe_alu.sum",),
+    "fma_inst": ("sm__inst_executed_pipe_fma.sum",),
+    "fp64_inst": ("sm__inst_executed_pipe_fp64.sum",),
+    "mem_inst": ("sm__inst_executed_pipe_lsu.sum",),
+    "tensor_inst": ("sm__inst_executed_pipe_tensor.sum", "sm__inst_executed_pipe_tensor_op_hmma.sum"),
+}
+
+
+def emo_counters(metrics: dict[str, float]) -> dict[str, float]:
+    """EMO's counter vector from one result's ncu/CUPTI metric values."""
+    return {c: next((float(metrics[n]) for n in names if n in metrics), float("nan")) for c, names in EMO_FROM_NCU.items()}
+
+
+def sum_counters(kernels: list[dict[str, float]]) -> dict[str, float]:
+    """One range's counter vector from its kernels': sums, except active_warps (an occupancy share),
+    which is the mean weighted by each kernel's active cycles."""
+    out = {c: float(sum(k[c] for k in kernels)) for c in EMO if c != "active_warps"}
+    cyc = [k["sm_active_cycles"] for k in kernels]
+    w = sum(cyc)
+    out["active_warps"] = (sum(k["active_warps"] * c for k, c in zip(kernels, cyc)) / w if w > 0
+                           else float(sum(k["active_warps"] for k in kernels) / max(len(kernels), 1)))
+    return {c: out[c] for c in EMO}
+
+
 SOURCES: dict[str, dict[str, Column]] = {"dcgm": DCGM, "ncu": NCU, "emo": EMO, "gpupowermodel": GPUPOWERMODEL}
 DEFAULT_FORM = {"dcgm": "ratio", "ncu": "total", "emo": "total", "gpupowermodel": "ratio"}
 

@@ -203,6 +203,22 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
     return fit_table(fit)
 
 
+def mean_mix_counters(bench: pd.DataFrame, time_default: pd.Series, default_mhz: int | None = None,
+                      idle_bench: str = IDLE_BENCH) -> pd.DataFrame:
+    """Counters for signatures that have none (no profiler, or no permission): every benchmark's
+    counter rate averaged, times the signature's time. The mix then holds each benchmark for the
+    same share of the time, so the signature gets the suite's mean curve (what the model can say
+    about a range it knows nothing of but its duration)."""
+    tables = bench_tables(bench, default_mhz)
+    keep = [j for j, n in enumerate(tables.names) if n != idle_bench]
+    rate = (tables.counters[keep] / tables.time_s[keep, tables.default_index][:, None]).mean(axis=0)
+    rate[COUNTERS.index("active_warps")] = tables.counters[keep, COUNTERS.index("active_warps")].mean()
+    t = time_default.astype(np.float64)
+    c = np.outer(t.to_numpy(), rate)
+    c[:, COUNTERS.index("active_warps")] = rate[COUNTERS.index("active_warps")]  # an average, not a total
+    return pd.DataFrame(c, index=t.index, columns=list(COUNTERS))
+
+
 def calibrate_energy_level(model: pd.DataFrame, occurrences, measured_energy_j: float, makespan_s: float, *,
                            devices: int = 1, other_energy_j: float = 0.0) -> tuple[pd.DataFrame, float]:
     """Scale every signature's dynamic energy by one factor k so that one iteration at the default

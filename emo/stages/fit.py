@@ -27,6 +27,7 @@ import pandas as pd
 from emo.device import COUNTERS
 from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
+from emo.model.fit import mean_mix_counters
 from emo.model.predict import pack_tables, predict
 from emo.graph import Graph
 from emo.policy import FrequencyPolicy
@@ -37,8 +38,11 @@ def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, de
     """The model table at energy levels 1, anchored at each signature's median pack time; at every
     one of `clocks` inside the calibrated range (a calibration at a clock subset is interpolated)."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
-    return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz,
-                          clocks=clocks or None)
+    counters = metrics.set_index("signature")[list(COUNTERS)].astype(np.float64)
+    unknown = counters.isna().all(axis=1)  # profiled without counters (source none): the mean mix
+    if unknown.any():
+        counters.loc[unknown] = mean_mix_counters(bench, time_default.reindex(counters.index[unknown]), default_mhz)
+    return fit_signatures(bench, counters, time_default, default_mhz=default_mhz, clocks=clocks or None)
 
 
 def with_time_level(model: pd.DataFrame, level: float) -> pd.DataFrame:
@@ -138,8 +142,13 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]) or None, list(cfg["gpu"]["clocks_mhz"]))
     lam = time_level(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
     model = with_time_level(model, lam)
-    a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
-    if how != "default-clock":
+    if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
+        a, k, how = 1.0, 1.0, "none (no measured energy)"
+    else:
+        a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    if how.startswith("none"):
+        pass
+    elif how != "default-clock":
         model = with_levels(model, a, k)
     else:
         occurrences = packs.groupby("signature")["dur_ns"].sum() / (
@@ -155,10 +164,11 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             continue
         pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], [d[0] for d in t.device_keys], meas["sm_mhz"])
         p = predict(t, pol)
+        e_meas = meas["iteration_energy_j"]
         check[name] = {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
-                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": meas["iteration_energy_j"],
+                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": e_meas,
                        "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
-                       "energy_error_pct": 100 * (p.energy_j / meas["iteration_energy_j"] - 1)}
+                       "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1)}
     write_json(out / "check.json", check)
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
             "time_level": lam, "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),
