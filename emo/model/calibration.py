@@ -24,12 +24,24 @@ import numpy as np
 import pandas as pd
 
 from emo.device import COUNTERS
+from emo.device.features import FEATURES, FeatureSet, resolve_columns
 
 # Counters that measure time or occupancy rather than work: they do not add up when the units of a
 # kernel work in parallel, and two runs of the same work at different occupancy differ in them.
 TIME_COUNTERS = ("sm_active_cycles", "active_warps")
 WORK_COUNTERS = tuple(c for c in COUNTERS if c not in TIME_COUNTERS)
 BENCH_COLUMNS = ("bench", "sm_mhz", "time_s", "energy_j")
+OTHER_COLUMNS = ("repeat",)
+
+
+def counter_features(columns) -> FeatureSet:
+    """The counter columns of a table: EMO's own vector when every one of them is there, else every
+    column a known source names (DCGM fields, ncu metrics: emo.device.features)."""
+    cols = [c for c in columns if c not in BENCH_COLUMNS and c not in OTHER_COLUMNS and c != "signature"]
+    if all(c in cols for c in COUNTERS):
+        return COUNTERS
+    fs, _ = resolve_columns(cols)
+    return FeatureSet({c: col for c, col in fs.columns.items() if col.feature in FEATURES})
 IDLE_BENCH = "idle"
 
 
@@ -42,7 +54,8 @@ class BenchTables:
     default_index: int  # index of the default clock in `clocks`
     time_s: np.ndarray  # [J, C] one launch
     energy_j: np.ndarray  # [J, C] one launch
-    counters: np.ndarray  # [J, K] one launch at the default clock, K = len(COUNTERS)
+    counters: np.ndarray  # [J, K] one launch at the default clock, columns of `features`
+    features: FeatureSet = COUNTERS  # which counter columns, as their source names them
 
     @property
     def default_mhz(self) -> int:
@@ -72,7 +85,8 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     GPU's supported clocks; those between the lowest and highest calibrated one are interpolated
     (a calibration at a clock subset then predicts every clock in its range)."""
     clocks_all = clocks
-    missing = [c for c in (*BENCH_COLUMNS, *COUNTERS) if c not in bench.columns]
+    features = counter_features(bench.columns)
+    missing = [c for c in BENCH_COLUMNS if c not in bench.columns] or ([] if len(features) else list(COUNTERS))
     if missing:
         raise ValueError(f"{where}: missing columns {', '.join(missing)}")
     if bench.empty:
@@ -94,7 +108,7 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     f0 = int(clocks[-1]) if default_mhz is None else int(default_mhz)
     if f0 not in set(clocks.tolist()):
         raise ValueError(f"{where}: default clock {f0} MHz was not calibrated")
-    at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(COUNTERS)].median().reindex(list(names))
+    at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(features)].median().reindex(list(names))
     if at0.isna().any().any():
         b = at0[at0.isna().any(axis=1)].index[0]
         raise ValueError(f"{where}: {b} has no counter vector at the default clock {f0} MHz")
@@ -111,7 +125,7 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
             t_new = interp_curves(clocks, t, want, True)
             e = t_new * interp_curves(clocks, e / t, want, False)
             t, clocks = t_new, want
-    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)), t, e, counters)
+    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)), t, e, counters, features)
 
 
 def idle_power_w(tables: BenchTables, idle_bench: str = IDLE_BENCH) -> np.ndarray:
@@ -143,7 +157,8 @@ def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str
                 e = reg[n]
                 key.setdefault((e["kernel"], repr(e["args"])), []).append(j)
         return [g for g in key.values() if len(g) > 1]
-    w = tables.counters[:, [COUNTERS.index(c) for c in WORK_COUNTERS]]
+    fs = tables.features
+    w = tables.counters[:, [i for i, c in enumerate(fs) if fs.feature(c).role == "work"]]
     groups: list[list[int]] = []
     for j in range(len(tables.names)):
         if tables.names[j] in exclude or not w[j].any():

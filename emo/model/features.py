@@ -67,3 +67,39 @@ def model_inputs(bench_values: np.ndarray, bench_time_s: np.ndarray | None, targ
             w = np.column_stack([w, np.maximum(p[:, sm[0]] - busiest, 0.0) * t])
         out.append(Inputs(w, p, wcols + ([UNATTRIBUTED] if sm else []), pcols))
     return out[0], out[1]
+
+
+def mix(bench: Inputs, target: Inputs, basis: list[int], bench_time_s: np.ndarray | None,
+        presence_weight: float) -> np.ndarray:
+    """[S, len(basis)] x >= 0: each target's work as a mix of the basis benchmarks' work (NNLS on busy
+    seconds), with the presence averages matched time-weighted, presence_weight x
+    sum_j x_j T_j (a_j - a_s) = 0 (busy times add up in a mix but overlap in a kernel, so averages,
+    not totals)."""
+    from emo.model.nnls import solve_nnls
+
+    wb = bench.work[basis]
+    if not wb.shape[1]:
+        return np.zeros((len(target.work), len(basis)))
+    t_w = bench_time_s[basis] if bench_time_s is not None else np.ones(len(basis))
+    zero = None
+    if bench.presence.shape[1]:
+        ab, as_ = bench.presence[basis], target.presence
+        zero = presence_weight * t_w[None, None, :] * (ab.T[None, :, :] - as_[:, :, None])
+    x, _ = solve_nnls(wb, target.work, np.ones(wb.shape[1]), zero_rows=zero)
+    return x
+
+
+def distinguishable(bench: Inputs, rtol: float = 1e-3) -> np.ndarray:
+    """[N] bool: False for a benchmark the counters cannot tell from an earlier one (work in the
+    same proportions, same averages; emo.model.fit.distinguishable for EMO's own counters)."""
+    w = bench.work
+    norm = np.linalg.norm(w, axis=1, keepdims=True)
+    direction = np.where(norm > 0, w / np.where(norm > 0, norm, 1.0), 0.0)
+    keep = np.ones(len(w), dtype=bool)
+    for j in range(len(w)):
+        for i in range(j):
+            if keep[i] and np.allclose(direction[j], direction[i], atol=rtol) and \
+                    np.allclose(bench.presence[j], bench.presence[i], rtol=rtol, atol=1e-12):
+                keep[j] = False
+                break
+    return keep

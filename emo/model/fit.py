@@ -43,9 +43,9 @@ def bench_resources(names: Sequence[str], resources: Mapping[str, str] | None = 
     return [resources[n] for n in names]
 
 
-def _signature_inputs(counters: pd.DataFrame, time_default) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -> tuple[list[str], np.ndarray, np.ndarray]:
     df = counters.set_index("signature") if "signature" in counters.columns else counters
-    missing = [c for c in COUNTERS if c not in df.columns]
+    missing = [c for c in features if c not in df.columns]
     if missing:
         raise ValueError(f"counters: missing columns {', '.join(missing)}")
     if df.index.has_duplicates:
@@ -59,7 +59,7 @@ def _signature_inputs(counters: pd.DataFrame, time_default) -> tuple[list[str], 
     t = t0.reindex(sigs).to_numpy()
     if not np.all(np.isfinite(t) & (t > 0)):
         raise ValueError(f"time_default: signature {sigs[int(np.argmin(np.where(np.isfinite(t), t, -1)))]!r} has a non-positive time")
-    c = df[list(COUNTERS)].to_numpy(np.float64)
+    c = df[list(features)].to_numpy(np.float64)
     if not np.all(np.isfinite(c)) or (c < 0).any():
         raise ValueError("counters: values must be finite and >= 0")
     return sigs, c, t
@@ -141,13 +141,23 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
     basis = [j for j, n in enumerate(tables.names) if n != idle_bench]
     names = [tables.names[j] for j in basis]
     tb, eb = tables.time_s[basis], tables.energy_j[basis]
-    work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
     cb, cs = tables.counters[basis], counters
-    keep = distinguishable(cb, tb[:, f0], intensive)
     x = np.zeros((len(sigs), len(basis)))
-    x[:, keep], resid = solve_nnls(
-        cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
-        zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, t0, intensive, time_counter_weight))
+    if tuple(tables.features) == tuple(COUNTERS):  # EMO's own counter vector
+        work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
+        keep = distinguishable(cb, tb[:, f0], intensive)
+        x[:, keep], resid = solve_nnls(
+            cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
+            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, t0, intensive, time_counter_weight))
+    else:  # any other source's columns (DCGM ratios, ncu metrics): the model's feature inputs
+        from emo.model.features import distinguishable as distinct, mix, model_inputs
+
+        wi_b, wi_s = model_inputs(cb, tb[:, f0], cs, t0, tables.features)
+        keep = distinct(wi_b)
+        x[:, keep] = mix(wi_b, wi_s, list(np.nonzero(keep)[0]), tb[:, f0], time_counter_weight)
+        fitted = x @ wi_b.work
+        norm = np.linalg.norm(wi_s.work, axis=1)
+        resid = np.where(norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0)
 
     res = bench_resources(names, resources)
     kinds = sorted(set(res))
@@ -197,7 +207,7 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
     (Series or mapping). Energy is at level 1 until `calibrate_energy_level` sets it.
     """
     tables = bench_tables(bench, default_mhz, clocks=clocks)
-    sigs, c, t0 = _signature_inputs(counters, time_default)
+    sigs, c, t0 = _signature_inputs(counters, time_default, tables.features)
     fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
                      time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)
     return fit_table(fit)
@@ -210,13 +220,15 @@ def mean_mix_counters(bench: pd.DataFrame, time_default: pd.Series, default_mhz:
     same share of the time, so the signature gets the suite's mean curve (what the model can say
     about a range it knows nothing of but its duration)."""
     tables = bench_tables(bench, default_mhz)
+    fs = tables.features
     keep = [j for j, n in enumerate(tables.names) if n != idle_bench]
-    rate = (tables.counters[keep] / tables.time_s[keep, tables.default_index][:, None]).mean(axis=0)
-    rate[COUNTERS.index("active_warps")] = tables.counters[keep, COUNTERS.index("active_warps")].mean()
+    # per column: totals as a rate (times the signature's time below), ratios as they are
+    total = np.array([fs.columns[c].form != "ratio" for c in fs])
+    per = np.where(total[None, :], tables.counters[keep] / tables.time_s[keep, tables.default_index][:, None],
+                   tables.counters[keep]).mean(axis=0)
     t = time_default.astype(np.float64)
-    c = np.outer(t.to_numpy(), rate)
-    c[:, COUNTERS.index("active_warps")] = rate[COUNTERS.index("active_warps")]  # an average, not a total
-    return pd.DataFrame(c, index=t.index, columns=list(COUNTERS))
+    c = np.where(total[None, :], np.outer(t.to_numpy(), per), per[None, :])
+    return pd.DataFrame(c, index=t.index, columns=list(fs))
 
 
 def calibrate_energy_level(model: pd.DataFrame, occurrences, measured_energy_j: float, makespan_s: float, *,

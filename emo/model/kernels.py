@@ -35,7 +35,7 @@ import pandas as pd
 
 from emo.device.features import FeatureSet, resolve_columns
 from emo.model.calibration import interp_curves
-from emo.model.features import UNATTRIBUTED, model_inputs
+from emo.model.features import UNATTRIBUTED, mix, model_inputs
 from emo.model.nnls import solve_nnls
 from emo.model.overlap import P_MAX, calibrate_p, time_curves
 
@@ -167,20 +167,6 @@ def _mape(pred: np.ndarray, true: np.ndarray, mask: np.ndarray) -> float | None:
     return float(100.0 * np.mean(np.abs(pred[m] - true[m]) / true[m])) if m.any() else None
 
 
-def _mix(wi_b, wi_s, basis: list[int], tb_ref: np.ndarray | None) -> np.ndarray:
-    """[S, len(basis)] the NNLS mix: work features matched, presence averages matched (weighted)."""
-    wb = wi_b.work[basis]
-    if not wb.shape[1]:
-        return np.zeros((len(wi_s.work), len(basis)))
-    t_w = tb_ref[basis] if tb_ref is not None else np.ones(len(basis))
-    zero = None
-    if wi_b.presence.shape[1]:
-        ab, as_ = wi_b.presence[basis], wi_s.presence
-        zero = PRESENCE_WEIGHT * t_w[None, None, :] * (ab.T[None, :, :] - as_[:, :, None])
-    x, _ = solve_nnls(wb, wi_s.work, np.ones(wb.shape[1]), zero_rows=zero)
-    return x
-
-
 def _times(x, tb, res: list[str], ts_ref, r: int, overlap: str, p_max: float) -> np.ndarray:
     """[S, C] anchored time: the p-norm of per-resource busy times (emo.model.overlap)."""
     kinds = sorted(set(res))
@@ -225,7 +211,7 @@ def _idle_scale(wi_b, tb, eb, pb, envelope, res, r, overlap, p_max, notes) -> fl
     for j in range(n):
         basis = [i for i in range(n) if i != j]
         one = lambda a: type(wi_b)(a.work[[j]], a.presence[[j]], a.work_columns, a.presence_columns)  # noqa: E731
-        x = _mix(wi_b, one(wi_b), basis, tb[:, r] if tb is not None else None)
+        x = mix(wi_b, one(wi_b), basis, tb[:, r] if tb is not None else None, PRESENCE_WEIGHT)
         if not x.any():
             continue
         if tb is not None:
@@ -311,7 +297,7 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     p_run = _running_power(b, pairs, p_idle_b if j_idle is not None else p_idle[np.searchsorted(clocks, b.clocks)])
     p_run = np.maximum(interp_curves(b.clocks, p_run[None, :], clocks, False)[0], p_idle)
 
-    x = _mix(wi_b, wi_s, basis, tb_ref)
+    x = mix(wi_b, wi_s, basis, tb_ref, PRESENCE_WEIGHT)
     mixed = x.sum(axis=1) > 0
     if (~mixed).any():
         notes.append(f"{int((~mixed).sum())} target(s) have no work any benchmark does: mean curve for them")

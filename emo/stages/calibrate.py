@@ -63,7 +63,8 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
                 for mhz in clocks:
                     for r in range(repeats):
                         m = device.run_microbenchmark(name, mhz, min_seconds)
-                        rows.append((name, int(mhz), r, m.time_s, m.energy_j, *(prof.counters[c] for c in COUNTERS)))
+                        rows.append({"bench": name, "sm_mhz": int(mhz), "repeat": r, "time_s": m.time_s,
+                                     "energy_j": m.energy_j, **prof.counters})
                         bar.update()
                 dev_s += device.time_s() - t0
             finally:
@@ -71,7 +72,8 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
     finally:
         if bar is not None:
             bar.close()
-    bench = pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
+    # the counter columns are what the device's profiler names (EMO's vector, or DCGM fields)
+    bench = pd.DataFrame(rows, columns=None if rows else list(BENCH_COLUMNS))
     return bench, {"benchmarks": len(names), "clocks": len(clocks), "measurements": len(rows),
                    "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3), **ident}
 

@@ -33,7 +33,6 @@ from emo.io import write_json, write_parquet
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 
 log = logging.getLogger("emo")
-METRIC_COLUMNS = ["signature", "rank", "kernels", *COUNTERS, "passes", "cost_s", "source"]
 
 
 def first_ranges(packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame):
@@ -53,10 +52,13 @@ def first_ranges(packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame)
 
 
 def metrics_table(first: pd.DataFrame, ranges, counters: list[dict], passes, cost_s, source: str) -> pd.DataFrame:
-    rows = [{"signature": s, "rank": r.rank, "kernels": len(r.ordinals), **{c: v[c] for c in COUNTERS},
+    """One row per signature; the counter columns are what the profiler names (EMO's vector on ncu,
+    DCGM field names on a virtual GPU answering in DCGM form)."""
+    names = list(counters[0]) if counters else list(COUNTERS)
+    rows = [{"signature": s, "rank": r.rank, "kernels": len(r.ordinals), **{c: v[c] for c in names},
              "passes": p, "cost_s": cs, "source": source}
             for s, r, v, p, cs in zip(first["signature"], ranges, counters, passes, cost_s)]
-    return pd.DataFrame(rows, columns=METRIC_COLUMNS)
+    return pd.DataFrame(rows, columns=["signature", "rank", "kernels", *names, "passes", "cost_s", "source"])
 
 
 def no_counters(first: pd.DataFrame, ranges, why: str) -> pd.DataFrame:
