@@ -156,7 +156,8 @@ def main(argv=None) -> float:
     ap.add_argument("--gpus", default=None, help="comma-separated GPU models (default: a100,h100,rtx3080ti)")
     ap.add_argument("--workloads", default=None, help=f"comma-separated, from {','.join(WORKLOADS)}")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--counters", choices=("ncu", "dcgm"), default="ncu", help="the virtual GPU's counter form")
+    ap.add_argument("--counters", choices=("ncu", "dcgm", "none"), default="ncu",
+                    help="the virtual GPU's counter form (none: no profiling permission)")
     ap.add_argument("--clocks-stride", type=int, default=1, help="calibrate every N-th clock (interpolated)")
     a = ap.parse_args(argv)
     extra = (f"gpu.counters={a.counters}", f"model.clocks_stride={a.clocks_stride}")

@@ -60,7 +60,8 @@ def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -
     if not np.all(np.isfinite(t) & (t > 0)):
         raise ValueError(f"time_default: signature {sigs[int(np.argmin(np.where(np.isfinite(t), t, -1)))]!r} has a non-positive time")
     c = df[list(features)].to_numpy(np.float64)
-    if not np.all(np.isfinite(c)) or (c < 0).any():
+    partial = np.isnan(c).any(axis=1) & ~np.isnan(c).all(axis=1)  # all NaN: profiled without counters
+    if partial.any() or np.isinf(c).any() or (c < 0).any():
         raise ValueError("counters: values must be finite and >= 0")
     return sigs, c, t
 
@@ -141,23 +142,36 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
     basis = [j for j, n in enumerate(tables.names) if n != idle_bench]
     names = [tables.names[j] for j in basis]
     tb, eb = tables.time_s[basis], tables.energy_j[basis]
-    cb, cs = tables.counters[basis], counters
     x = np.zeros((len(sigs), len(basis)))
-    if tuple(tables.features) == tuple(COUNTERS):  # EMO's own counter vector
+    resid = np.zeros(len(sigs))
+    # A range profiled without counters (no profiler, no permission): every benchmark holds the same
+    # share of its time, i.e. the suite's mean curve, the best the model can say knowing only its duration.
+    unknown = np.isnan(counters).all(axis=1) if counters.shape[1] else np.ones(len(sigs), dtype=bool)
+    if np.isnan(tables.counters).any():  # calibrated without counters: nothing to mix on
+        unknown[:] = True
+    x[unknown] = t0[unknown, None] / (len(basis) * tb[None, :, f0])
+    resid[unknown] = np.nan
+    known = ~unknown
+    cb, cs, tk = tables.counters[basis], counters[known], t0[known]
+    if known.any() and tuple(tables.features) == tuple(COUNTERS):  # EMO's own counter vector
         work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
         keep = distinguishable(cb, tb[:, f0], intensive)
-        x[:, keep], resid = solve_nnls(
+        xk = np.zeros((known.sum(), len(basis)))
+        xk[:, keep], resid[known] = solve_nnls(
             cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
-            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, t0, intensive, time_counter_weight))
-    else:  # any other source's columns (DCGM ratios, ncu metrics): the model's feature inputs
+            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, tk, intensive, time_counter_weight))
+        x[known] = xk
+    elif known.any():  # any other source's columns (DCGM ratios, ncu metrics): the model's feature inputs
         from emo.model.features import distinguishable as distinct, mix, model_inputs
 
-        wi_b, wi_s = model_inputs(cb, tb[:, f0], cs, t0, tables.features)
+        wi_b, wi_s = model_inputs(cb, tb[:, f0], cs, tk, tables.features)
         keep = distinct(wi_b)
-        x[:, keep] = mix(wi_b, wi_s, list(np.nonzero(keep)[0]), tb[:, f0], time_counter_weight)
-        fitted = x @ wi_b.work
+        xk = np.zeros((known.sum(), len(basis)))
+        xk[:, keep] = mix(wi_b, wi_s, list(np.nonzero(keep)[0]), tb[:, f0], time_counter_weight)
+        fitted = xk @ wi_b.work
         norm = np.linalg.norm(wi_s.work, axis=1)
-        resid = np.where(norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0)
+        resid[known] = np.where(norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0)
+        x[known] = xk
 
     res = bench_resources(names, resources)
     kinds = sorted(set(res))
@@ -211,24 +225,6 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
     fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
                      time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)
     return fit_table(fit)
-
-
-def mean_mix_counters(bench: pd.DataFrame, time_default: pd.Series, default_mhz: int | None = None,
-                      idle_bench: str = IDLE_BENCH) -> pd.DataFrame:
-    """Counters for signatures that have none (no profiler, or no permission): every benchmark's
-    counter rate averaged, times the signature's time. The mix then holds each benchmark for the
-    same share of the time, so the signature gets the suite's mean curve (what the model can say
-    about a range it knows nothing of but its duration)."""
-    tables = bench_tables(bench, default_mhz)
-    fs = tables.features
-    keep = [j for j, n in enumerate(tables.names) if n != idle_bench]
-    # per column: totals as a rate (times the signature's time below), ratios as they are
-    total = np.array([fs.columns[c].form != "ratio" for c in fs])
-    per = np.where(total[None, :], tables.counters[keep] / tables.time_s[keep, tables.default_index][:, None],
-                   tables.counters[keep]).mean(axis=0)
-    t = time_default.astype(np.float64)
-    c = np.where(total[None, :], np.outer(t.to_numpy(), per), per[None, :])
-    return pd.DataFrame(c, index=t.index, columns=list(fs))
 
 
 def calibrate_energy_level(model: pd.DataFrame, occurrences, measured_energy_j: float, makespan_s: float, *,

@@ -20,7 +20,7 @@ import pandas as pd
 import hashlib
 import logging
 
-from emo.device import COUNTERS, open_device
+from emo.device import COUNTERS, ProfileResult, ProfilingUnavailable, open_device
 from emo.io import write_json, write_parquet
 from emo.microbench import benchmark_names
 from emo.progress import Progress
@@ -43,7 +43,7 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
     benchmark gets a freshly opened one (a long-lived session's measurement history only grows)."""
     if repeats < 1:
         raise ValueError(f"model.repeats: want >= 1, got {repeats}")
-    rows, prof_s, dev_s, clocks, ident = [], 0.0, 0.0, [], {}
+    rows, prof_s, dev_s, clocks, ident, missing = [], 0.0, 0.0, [], {}, []
     bar = None
     try:
         for name in names:
@@ -58,7 +58,14 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
                              "at least %.1f minutes of GPU time, plus one profiling range per benchmark",
                              len(names), len(clocks), repeats, n, min_seconds, n * min_seconds / 60)
                     bar = Progress(n, "calibrate")
-                prof = device.profile_range([name])
+                try:
+                    prof = device.profile_range([name])
+                except ProfilingUnavailable as e:  # the curves still calibrate; the fit then uses the mean mix
+                    if not missing:
+                        log.warning("calibrate: no benchmark counters (%s): the fit will give every pack the "
+                                    "microbenchmarks' mean mix", e)
+                    missing.append(name)
+                    prof = ProfileResult({c: float("nan") for c in COUNTERS}, passes=0, cost_s=0.0)
                 prof_s += prof.cost_s
                 for mhz in clocks:
                     for r in range(repeats):
@@ -75,7 +82,8 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
     # the counter columns are what the device's profiler names (EMO's vector, or DCGM fields)
     bench = pd.DataFrame(rows, columns=None if rows else list(BENCH_COLUMNS))
     return bench, {"benchmarks": len(names), "clocks": len(clocks), "measurements": len(rows),
-                   "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3), **ident}
+                   "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3),
+                   "counters": "none" if missing else "device", **ident}
 
 
 def device_identity(device) -> dict:

@@ -28,7 +28,6 @@ from emo.device import COUNTERS
 from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
 from emo.model.calibration import counter_features
-from emo.model.fit import mean_mix_counters
 from emo.model.predict import pack_tables, predict
 from emo.graph import Graph
 from emo.policy import FrequencyPolicy
@@ -40,10 +39,8 @@ def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, de
     one of `clocks` inside the calibrated range (a calibration at a clock subset is interpolated)."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
     features = counter_features(bench.columns)  # EMO's own counters, or the device's DCGM / ncu names
+    # a signature profiled without counters (source none) has NaN ones: the fit gives it the mean mix
     counters = metrics.set_index("signature").reindex(columns=list(features)).astype(np.float64)
-    unknown = counters.isna().all(axis=1)  # profiled without counters (source none): the mean mix
-    if unknown.any():
-        counters.loc[unknown] = mean_mix_counters(bench, time_default.reindex(counters.index[unknown]), default_mhz)
     return fit_signatures(bench, counters, time_default, default_mhz=default_mhz, clocks=clocks or None)
 
 

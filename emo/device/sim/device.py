@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device import COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
 
-COUNTER_FORMS = ("ncu", "dcgm")
+COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 from emo.device.sim.energy import EnergyMeter, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
@@ -335,6 +335,8 @@ class SimDevice:
         specs = as_specs(kernels)
         if not specs:
             raise ValueError("profile_range: empty kernel range")
+        if self.counter_form == "none":
+            raise ProfilingUnavailable("the virtual GPU is configured without counters (gpu.counters=none)")
         w = [s.work for s in specs]
         tab = self.gp.kernel_tables(w)
         d = tab.dur_ns[:, self.default_ci]
