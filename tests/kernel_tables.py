@@ -45,9 +45,9 @@ def _counters(dev: SimDevice, work: Work, form: str) -> dict[str, float]:
 
 
 def sim_tables(gpu: str = "a100", form: str = "dcgm", n_clocks: int = 10, step: int = 6, idle: bool = True,
-               min_seconds: float = 0.05) -> tuple[pd.DataFrame, pd.DataFrame]:
+               min_seconds: float = 0.05, overrides: tuple = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(bench, targets) long tables: name, sm_mhz, time_s, power_w, counter columns."""
-    cfg = compose([f"gpu={gpu}", "tracking.enabled=false"])["gpu"]
+    cfg = compose([f"gpu={gpu}", "tracking.enabled=false", *overrides])["gpu"]
     dev = SimDevice(cfg)
     top = dev.clocks.index(dev.default_clock())
     clocks = [dev.clocks[top - step * i] for i in range(n_clocks)]

@@ -103,3 +103,21 @@ def distinguishable(bench: Inputs, rtol: float = 1e-3) -> np.ndarray:
                 keep[j] = False
                 break
     return keep
+
+
+def spread_duplicates(x: np.ndarray, bench: Inputs, basis: list[int], rtol: float = 1e-3) -> np.ndarray:
+    """x with each weight shared equally among the basis benchmarks whose inputs are the same (the
+    counters cannot tell them apart, e.g. fp16 and bf16 tensor benchmarks): the mix's work is
+    unchanged, and its curves average over them instead of resting on one measurement's noise."""
+    w = np.hstack([bench.work[basis], bench.presence[basis]])
+    scale = np.maximum(np.abs(w).max(axis=0), 1e-300)
+    out = x.copy()
+    seen = np.zeros(len(basis), dtype=bool)
+    for j in range(len(basis)):
+        if seen[j]:
+            continue
+        same = np.all(np.abs(w - w[j]) <= rtol * scale, axis=1)
+        seen |= same
+        if same.sum() > 1:
+            out[:, same] = x[:, same].sum(axis=1, keepdims=True) / same.sum()
+    return out

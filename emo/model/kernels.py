@@ -13,8 +13,10 @@ The model (see docs/model.md):
   time    busy time per resource b_r(f) = sum_{j on r} x_j T_j(f) (a benchmark is on the resource of
           its largest work feature); T_s(f) = T_s(ref) N_p(b(f)) / N_p(b(ref)), p chosen so that
           N_p(b(ref)) = T_s(ref) where possible (emo.model.overlap);
-  energy  E_s(f) = P_idle(f) T_s(f) + k_s [(P_run(f) - P_idle(f)) T_s(f) + sum_j x_j W_j(f)],
-          W_j = E_j - P_run T_j the benchmark's work energy, k_s set by the anchor;
+  energy  E_s(f) = k_s [P_run(f) T_s(f) + sum_j x_j W_j(f)]: the power every running kernel pays over
+          the predicted time plus the work energy of the mix, W_j = E_j - P_run T_j, one factor k_s
+          per target set by the anchor (scaling the whole curve is less sensitive to noise in the
+          idle power than scaling the dynamic part alone);
   power   (data without time) P_s(f) = P_idle(f) + k_s sum_j x_j (P_j(f) - P_idle(f)).
 P_idle is the idle row's power where the table has one, else estimated (the intercept of benchmark
 power against activity at each clock) and said so. P_run comes from explicit same-work pairs; with
@@ -35,7 +37,7 @@ import pandas as pd
 
 from emo.device.features import FeatureSet, resolve_columns
 from emo.model.calibration import interp_curves
-from emo.model.features import UNATTRIBUTED, mix, model_inputs
+from emo.model.features import UNATTRIBUTED, mix, model_inputs, spread_duplicates
 from emo.model.nnls import solve_nnls
 from emo.model.overlap import P_MAX, calibrate_p, time_curves
 
@@ -177,16 +179,14 @@ def _times(x, tb, res: list[str], ts_ref, r: int, overlap: str, p_max: float) ->
 
 
 def _energies(x, t_s, tb, eb, p_idle, p_run, es_ref, r: int) -> np.ndarray:
-    """[S, C] anchored energy: idle power over the predicted time plus k_s x the dynamic energy."""
+    """[S, C] anchored energy: the model's energy, idle power over the predicted time plus the
+    dynamic energy of the mix, E(f) = P_idle T_s + (P_run - P_idle) T_s + sum_j x_j W_j, scaled to
+    the anchor (one factor per target: the level is measured, the model says how it changes)."""
     work_e = np.maximum(eb - p_run[None, :] * tb, 0.0)
-    dyn = (p_run - p_idle)[None, :] * t_s + x @ work_e
-    idle_e = p_idle[None, :] * t_s
-    ok = dyn[:, r] > 0
-    k = np.where(ok, (es_ref - idle_e[:, r]) / np.where(ok, dyn[:, r], 1.0), 0.0)
-    e = idle_e + np.maximum(k, 0.0)[:, None] * dyn
-    flat = ~ok | (k <= 0)  # nothing dynamic, or the anchor is below idle energy: scale the time curve
-    e[flat] = (es_ref[:, None] * t_s / t_s[:, r:r + 1])[flat]
-    return e
+    m = p_run[None, :] * t_s + x @ work_e
+    ok = m[:, r] > 0
+    return np.where(ok[:, None], es_ref[:, None] * m / np.where(ok, m[:, r], 1.0)[:, None],
+                    es_ref[:, None] * t_s / t_s[:, r:r + 1])
 
 
 def _powers(x, pb, p_idle, ps_ref, r: int) -> np.ndarray:
@@ -211,7 +211,8 @@ def _idle_scale(wi_b, tb, eb, pb, envelope, res, r, overlap, p_max, notes) -> fl
     for j in range(n):
         basis = [i for i in range(n) if i != j]
         one = lambda a: type(wi_b)(a.work[[j]], a.presence[[j]], a.work_columns, a.presence_columns)  # noqa: E731
-        x = mix(wi_b, one(wi_b), basis, tb[:, r] if tb is not None else None, PRESENCE_WEIGHT)
+        x = spread_duplicates(mix(wi_b, one(wi_b), basis, tb[:, r] if tb is not None else None, PRESENCE_WEIGHT),
+                              wi_b, basis)
         if not x.any():
             continue
         if tb is not None:
@@ -297,7 +298,7 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     p_run = _running_power(b, pairs, p_idle_b if j_idle is not None else p_idle[np.searchsorted(clocks, b.clocks)])
     p_run = np.maximum(interp_curves(b.clocks, p_run[None, :], clocks, False)[0], p_idle)
 
-    x = mix(wi_b, wi_s, basis, tb_ref, PRESENCE_WEIGHT)
+    x = spread_duplicates(mix(wi_b, wi_s, basis, tb_ref, PRESENCE_WEIGHT), wi_b, basis)
     mixed = x.sum(axis=1) > 0
     if (~mixed).any():
         notes.append(f"{int((~mixed).sum())} target(s) have no work any benchmark does: mean curve for them")
