@@ -160,6 +160,35 @@ def _running_power(bench: Curves, pairs, p_idle: np.ndarray) -> np.ndarray:
     return np.maximum((de * dt).sum(axis=0) / np.maximum((dt * dt).sum(axis=0), 1e-300), p_idle)
 
 
+def denoise(clocks: np.ndarray, values: np.ndarray, inverse: bool, degree: int = 3) -> np.ndarray:
+    """[N, C] each benchmark's curve, replaced by its least-squares cubic (in 1/f for time) where that
+    predicts its interior clocks, each left out in turn, better than interpolating its neighbours:
+    i.e. where the curve's measurement noise, not its shape, decides. Noise-free curves stay as
+    measured."""
+    x = 1.0 / clocks if inverse else clocks.astype(float)
+    x = (x - x.min()) / (x.max() - x.min())
+    n = len(x)
+    if n < degree + 3:
+        return values
+    from scipy.interpolate import PchipInterpolator
+
+    order = np.argsort(x)
+    x, values = x[order], values[:, order]
+    out = values.copy()
+    for j, v in enumerate(values):
+        e_int = e_poly = 0.0
+        for i in range(1, n - 1):
+            keep = np.arange(n) != i
+            e_int += abs(PchipInterpolator(x[keep], v[keep])(x[i]) - v[i]) / v[i]
+            c = np.polyfit(x[keep], v[keep], degree)
+            e_poly += abs(np.polyval(c, x[i]) - v[i]) / v[i]
+        if e_poly < e_int:  # measurement noise, not shape, dominates this curve
+            out[j] = np.polyval(np.polyfit(x, v, degree), x)
+    back = np.empty_like(out)
+    back[:, order] = out
+    return back
+
+
 def _resource(fs: FeatureSet, column: str) -> str:
     return "sm" if column == UNATTRIBUTED else fs.feature(column).resource
 
@@ -280,8 +309,11 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
     r = int(np.searchsorted(clocks, f_ref))
     has_t = b.time_s is not None
-    tb = interp_curves(b.clocks, b.time_s, clocks, True) if has_t else None
-    pb = interp_curves(b.clocks, b.power_w, clocks, False)
+    # every method sees the same benchmark curves, denoised where the data say so
+    bt = denoise(b.clocks, b.time_s, True) if has_t else None
+    bp = denoise(b.clocks, b.power_w, False)
+    tb = interp_curves(b.clocks, bt, clocks, True) if has_t else None
+    pb = interp_curves(b.clocks, bp, clocks, False)
     eb = pb * tb if has_t else None
     tb_ref = tb[:, r] if has_t else None
     ts_ref = s.time_s[:, is_] if has_t else None
