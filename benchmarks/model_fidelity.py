@@ -133,9 +133,14 @@ def case(args) -> dict:
     raw = [KernelRange(int(a), (int(b),)) for a, b in zip(ko["rank"], ko["ordinal"])]
     every = pack_ranges(packs, nodes["event"].to_numpy(np.int64), ords)
     costs = {}
+    from emo.device import ProfilingUnavailable
+
     for name, ranges in (("raw", raw), ("packs", every)):
         dev = open_device(cfg["gpu"])
-        costs[name] = float(sum(x.cost_s for x in dev.profile_ranges(cfg["workload"], ranges)))
+        try:
+            costs[name] = float(sum(x.cost_s for x in dev.profile_ranges(cfg["workload"], ranges)))
+        except ProfilingUnavailable:  # --counters none: nothing is profiled
+            costs[name] = 0.0
         dev.close()
     costs["sampled"] = float(pr["profiling_cost_s"])
     out = {"gpu": gpu, "workload": wl, "kernels": pk["kernels"], "packs": pk["packs"], "signatures": pk["signatures"],

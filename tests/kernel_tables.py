@@ -4,7 +4,6 @@ elementwise, normalisation, optimizer, int8 convolution, FP64 stencil), each at 
 with counters in DCGM form (activity ratios) or ncu form (totals per range)."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from emo.device.nvml import NCU_METRICS

@@ -4,7 +4,6 @@ own rank's kernels; the cost is stated before it starts; without ncu or permissi
 goes on without counters and says so."""
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 

@@ -99,7 +99,6 @@ def test_per_kernel_counters_in_a_trace_need_no_rerun(recorded, run_stage, tmp_p
     import gzip
 
     from emo.graph import Graph
-    from emo.pack.ranges import kernel_ordinals
     from emo.stages.profile import first_ranges, recorded_metrics
 
     d, src = recorded

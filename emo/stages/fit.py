@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.device import COUNTERS
 from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
 from emo.model.calibration import counter_features

@@ -64,7 +64,7 @@ def metrics_table(first: pd.DataFrame, ranges, counters: list[dict], passes, cos
 def no_counters(first: pd.DataFrame, ranges, why: str) -> pd.DataFrame:
     """The metrics table without counters (NaN): the fit gives these packs the mean mix."""
     log.warning("profile: %s: going on without pack counters; each pack gets the microbenchmarks' mean mix "
-                "(on the virtual GPU's kernels that costs ~20 points of time MAPE and ~7 of energy, docs/gpu.md)", why)
+                "(docs/gpu.md, 'Without profiling permission', says what that costs)", why)
     nan = {c: float("nan") for c in COUNTERS}
     return metrics_table(first, ranges, [nan] * len(ranges), [0] * len(ranges), [0.0] * len(ranges), "none")
 
