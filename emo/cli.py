@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
-COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare")
+COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration")
 # What `emo --help` lists, so that only the module of the command being run is imported (the
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
 # here is simply imported up front.

@@ -53,6 +53,7 @@ class GpuConfig:
     seed: int = 0  # virtual GPU: deterministic per seed
     noise: float = field(default=0.0, metadata=at_least(0))  # virtual GPU: relative std of measurement noise
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
+    counters: str = "ncu"  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
 
 
 # --------------------------------------------------------------------------- workloads

@@ -135,8 +135,8 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     assert (a.passes, a.cost_s, b.cost_s) == (3, pytest.approx(8 * 2 / 3), pytest.approx(8 / 3))
     with pytest.raises(ValueError, match="needs kernel ordinal 7"):
         dev.profile_ranges(wl, [KernelRange(0, (7,))])
-    with pytest.raises(ValueError, match="single-rank commands only"):
-        dev.profile_ranges(CommandWorkload(command=["python", "t.py"], nproc=2), [KernelRange(1, (0,))])
+    with pytest.raises(ValueError, match="rank 2 not in the command"):  # multi-rank: tests/test_nvml_profile_ranks.py
+        dev.profile_ranges(CommandWorkload(command=["python", "t.py"], nproc=2), [KernelRange(2, (0,))])
     with pytest.raises(ValueError, match="'command' workloads only"):
         dev.profile_ranges({"kind": "tp"}, [])
 

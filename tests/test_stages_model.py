@@ -96,10 +96,15 @@ def test_fit_reproduces_the_measured_iterations(chain):
     _, d, m = chain
     check = json.loads((d / "fit/check.json").read_text())
     assert abs(check["default"]["time_error_pct"]) < 0.5 and abs(check["default"]["energy_error_pct"]) < 1.0
-    assert abs(check["low"]["energy_error_pct"]) < 1.0
+    # the low clock (990 MHz) lies between clocks calibrated at stride 8: the fit interpolates the
+    # calibration there (it used to model it at the next lower calibrated clock, 930 MHz)
+    assert abs(check["low"]["energy_error_pct"]) < 1.5
     assert abs(check["low"]["time_error_pct"]) < 0.2 and 0.5 < m["fit"]["time_level"] < 3  # the time level fits it
     model = pd.read_parquet(d / "fit/model.parquet")
     assert (model["time_s"] > 0).all() and (model["dynamic_energy_j"] >= 0).all()
+    bench = pd.read_parquet(d / "calibrate/bench.parquet")
+    assert model["sm_mhz"].nunique() > bench["sm_mhz"].nunique()  # every supported clock in range
+    assert json.loads((d / "calibrate/calibration.json").read_text())["driver"] == "virtual"
 
 
 def test_time_level_scales_each_slowdown_from_the_default_clock(chain):

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from emo.device.features import EMO, FeatureSet
 from emo.policy import FrequencyPolicy
 
-# Table II counters, in this order, everywhere a counter vector is stored.
-COUNTERS = (
-    "sm_active_cycles", "active_warps", "dram_read_bytes", "dram_write_bytes", "l1_bytes",
-    "l2_bytes", "alu_inst", "fma_inst", "fp64_inst", "mem_inst", "tensor_inst",
-)
+# Table II counters, in this order, everywhere a counter vector is stored: a named feature set
+# (emo.device.features says what each one measures and how it maps from ncu and DCGM names).
+COUNTERS = FeatureSet(EMO)
 
 
 @dataclass
@@ -26,6 +25,11 @@ class Measurement:
     time_s: float
     energy_j: float
     sm_mhz: int | None = None  # the locked clock, when one was
+
+
+class ProfilingUnavailable(ValueError):
+    """The device cannot read counters here (no profiler installed, or no permission): the profile
+    stage then goes on without counters and says what that costs."""
 
 
 @dataclass
@@ -43,6 +47,7 @@ class KernelRange:
 
     rank: int
     ordinals: tuple[int, ...]
+    nccl: tuple[int, ...] = ()  # ordinals of the rank's NCCL kernels in that iteration: never replayed
 
 
 @dataclass

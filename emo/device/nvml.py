@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device import ProfilingUnavailable as NoCounters
+from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.zeusd import SOCK_ENV, ZeusdClient, ZeusdError
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier
@@ -32,6 +34,10 @@ from emo.runtime import PolicyApplier
 
 class GpuAccessError(ValueError):
     """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line."""
+
+
+class ProfilingUnavailable(GpuAccessError, NoCounters):
+    """No counters on this machine: no Nsight Compute, or no permission to read the counters."""
 
 
 def import_pynvml():
@@ -292,6 +298,11 @@ class NvmlDevice:
         self._controller = controller
         self._handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
         self.model = _str(self.nvml.nvmlDeviceGetName(self._handles[0]))
+        if self.name == "auto":  # conf/gpu/nvml.yaml: the model NVML reports names the GPU
+            self.name = gpu_key(self.model)
+        self.driver = "unknown"  # which driver a calibration came from (emo.stages.calibrate)
+        with contextlib.suppress(Exception):
+            self.driver = _str(self.nvml.nvmlSystemGetDriverVersion())
         self._clocks: list[int] | None = None
         self._policy: FrequencyPolicy | None = None
         self._locked: dict[int, int] = {}
@@ -440,35 +451,52 @@ class NvmlDevice:
         """Ranges of a `command` workload named by (rank, launch ordinals within an iteration): the
         command is rerun once under Nsight Compute, which profiles every kernel of one iteration
         (kernel replay inside an NVTX range the capture launcher opens at the iteration marker);
-        each range's counters are its kernels' counters summed (active_warps: cycle-weighted)."""
+        each range's counters are its kernels' counters summed (active_warps: cycle-weighted).
+        Multi-rank commands (torchrun) are profiled in the same run: ncu follows every rank's process
+        and skips NCCL kernels (a replayed collective would wait for peers that do not replay it), so
+        a range's ordinals are mapped past its rank's NCCL kernels (KernelRange.nccl)."""
         from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
             raise ValueError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
         spec = capture.CaptureSpec.from_workload(workload)
-        if spec.nproc != 1 or any(r.rank != 0 for r in ranges):
-            raise ValueError("profiling on hardware supports single-rank commands only (Nsight Compute cannot "
-                             "replay NCCL kernels across ranks); profile with workload.nproc=1")
+        bad = [r.rank for r in ranges if not 0 <= r.rank < spec.nproc]
+        if bad:
+            raise ValueError(f"profile range: rank {bad[0]} not in the command (workload.nproc={spec.nproc})")
         if not ranges:
             return []
         iteration = spec.wait + spec.warmup  # the first iteration the trace window records
-        cmd = ncu_command(capture.build_command(spec), nvtx_include=f"{capture.NVTX_RANGE}/", replay="kernel")
+        cmd = ncu_command(capture.build_command(spec), nvtx_include=f"{capture.NVTX_RANGE}/", replay="kernel",
+                          skip_nccl=True, all_processes=spec.nproc > 1)
         env = capture.build_env(spec, Path(tempfile.mkdtemp(prefix="emo-ncu-")))
         for k in (capture.ENV_DIR, capture.ENV_POLICY):
             env.pop(k, None)
         env[capture.ENV_NVTX_ITER] = str(iteration)
-        env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
+        if spec.nproc == 1:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
         text, cost = _run_ncu(cmd, env)
-        kernels = parse_ncu_kernels(text)
-        need = max(max(r.ordinals) for r in ranges) + 1
-        if len(kernels) < need:
-            raise ValueError(f"ncu profiled {len(kernels)} kernels in iteration {iteration}, but a range "
-                             f"needs kernel ordinal {need - 1}: does the command run the same kernels each iteration?")
+        per_rank = parse_ncu_kernels_by_rank(text, spec.nproc)
         passes = parse_ncu_passes(text)
         total = sum(len(r.ordinals) for r in ranges)
-        return [ProfileResult(counters=sum_counters([kernels[o] for o in r.ordinals]), passes=passes,
-                              cost_s=cost * len(r.ordinals) / total) for r in ranges]
+        out = []
+        for r in ranges:
+            idx = compute_indices(r)
+            kernels = per_rank[r.rank]
+            if max(idx) >= len(kernels):
+                raise ValueError(f"ncu profiled {len(kernels)} kernels of rank {r.rank} in iteration {iteration}, but a "
+                                 f"range needs kernel ordinal {max(r.ordinals)}: does the command run the same kernels "
+                                 "each iteration?")
+            out.append(ProfileResult(counters=sum_counters([kernels[i] for i in idx]), passes=passes,
+                                     cost_s=cost * len(r.ordinals) / total))
+        return out
+
+    def profile_cost_s(self, kernel_s_by_rank: list[list[float]], run_s: float, passes: int | None = None) -> float:
+        """What profile_ranges will cost, said before it starts: the command's own run plus, for the
+        slowest rank (ranks replay at once), every non-NCCL kernel of one iteration replayed `passes`
+        times with a save/restore of its memory (NCU_PASS_OVERHEAD_S each; an estimate, not measured)."""
+        p = passes or NCU_PASSES_ESTIMATE
+        return run_s + max((p * sum(k + NCU_PASS_OVERHEAD_S for k in ks) for ks in kernel_s_by_rank), default=0.0)
 
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:
@@ -501,29 +529,29 @@ def loops_for(per_launch_s: float, min_seconds: float) -> int:
 
 # --------------------------------------------------------------------------- Nsight Compute
 # Table II counters -> Nsight Compute metrics (first one present wins; names differ by arch).
-NCU_METRICS: dict[str, tuple[str, ...]] = {
-    "sm_active_cycles": ("sm__cycles_active.sum",),
-    "active_warps": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
-    "dram_read_bytes": ("dram__bytes_read.sum",),
-    "dram_write_bytes": ("dram__bytes_write.sum",),
-    "l1_bytes": ("l1tex__t_bytes.sum",),
-    "l2_bytes": ("lts__t_bytes.sum",),
-    "alu_inst": ("sm__inst_executed_pipe_alu.sum",),
-    "fma_inst": ("sm__inst_executed_pipe_fma.sum",),
-    "fp64_inst": ("sm__inst_executed_pipe_fp64.sum",),
-    "mem_inst": ("sm__inst_executed_pipe_lsu.sum",),
-    "tensor_inst": ("sm__inst_executed_pipe_tensor.sum", "sm__inst_executed_pipe_tensor_op_hmma.sum"),
-}
+NCU_METRICS = EMO_FROM_NCU
 assert tuple(NCU_METRICS) == COUNTERS
 
 
+# Before a profiling run: replay passes per kernel (ncu needs several for NCU_METRICS; the exact
+# count is printed by ncu and stored) and the save/restore cost of one pass. Estimates.
+NCU_PASSES_ESTIMATE = 8
+NCU_PASS_OVERHEAD_S = 2e-3
+NCCL_KERNELS = "regex:^(?!nccl)"  # ncu --kernel-name filter: every kernel whose name does not start with nccl
+
+
 def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None,
-                replay: str = "range") -> list[str]:
+                replay: str = "range", skip_nccl: bool = False, all_processes: bool = False) -> list[str]:
     """`ncu` over `argv` with every metric of NCU_METRICS, CSV on stdout. replay="range": each
     cuProfilerStart/Stop pair (or NVTX range matching nvtx_include) is one result; replay="kernel":
-    each kernel launched inside the NVTX ranges matching nvtx_include is one result."""
+    each kernel launched inside the NVTX ranges matching nvtx_include is one result. skip_nccl: do
+    not profile NCCL kernels; all_processes: follow the child processes (torchrun's ranks)."""
     metrics = sorted({m for ms in NCU_METRICS.values() for m in ms})
     cmd = [ncu, "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv", "--print-units", "base"]
+    if all_processes:
+        cmd += ["--target-processes", "all"]
+    if skip_nccl:
+        cmd += ["--kernel-name-base", "function", "--kernel-name", NCCL_KERNELS]
     if nvtx_include:
         cmd += ["--nvtx", "--nvtx-include", nvtx_include]
     else:
@@ -531,8 +559,9 @@ def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None =
     return cmd + list(argv)
 
 
-def _ncu_results(text: str) -> list[dict[str, float]]:
-    """Raw metric values per profiled result (range or kernel), in ncu's result-ID order."""
+def _ncu_results(text: str, with_process: bool = False):
+    """Raw metric values per profiled result (range or kernel), in ncu's result-ID order; with
+    with_process, (process id, device, metrics) per result."""
     import csv
     import io
 
@@ -541,20 +570,50 @@ def _ncu_results(text: str) -> list[dict[str, float]]:
         raise ValueError("ncu output holds no CSV rows (nothing was profiled?)")
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     by_id: dict[str, dict[str, float]] = {}
+    where: dict[str, tuple[str, str]] = {}
     id_key = next((k for k in ("ID", "Range Name", "Kernel Name") if k in rows[0]), None)
     for r in rows:
         key = r.get(id_key, "0") if id_key else "0"
+        where.setdefault(key, (r.get("Process ID") or "0", r.get("Device") or ""))
         val = (r.get("Metric Value") or "").replace(",", "")
         try:
             by_id.setdefault(key, {})[r["Metric Name"]] = float(val)
         except (ValueError, KeyError):
             continue
     keys = sorted(by_id, key=lambda k: int(k)) if all(k.isdigit() for k in by_id) else list(by_id)
-    return [by_id[k] for k in keys]
+    return [(*where[k], by_id[k]) for k in keys] if with_process else [by_id[k] for k in keys]
 
 
-def _to_counters(metrics: dict[str, float]) -> dict[str, float]:
-    return {c: next((metrics[n] for n in names if n in metrics), float("nan")) for c, names in NCU_METRICS.items()}
+def parse_ncu_kernels_by_rank(text: str, nproc: int) -> list[list[dict[str, float]]]:
+    """Counter vectors of kernel-replay results per rank, each in launch order. Ranks are ncu's
+    processes ordered by the CUDA device their kernels ran on (torchrun's rank r uses device r),
+    ties and missing devices by first result."""
+    found: dict[str, list] = {}
+    first: dict[str, int] = {}
+    device: dict[str, str] = {}
+    for i, (pid, dev, metrics) in enumerate(_ncu_results(text, with_process=True)):
+        found.setdefault(pid, []).append(_to_counters(metrics))
+        first.setdefault(pid, i)
+        device.setdefault(pid, dev)
+    if len(found) != nproc:
+        raise ValueError(f"ncu profiled kernels of {len(found)} processes, but the command has {nproc} ranks "
+                         "(did every rank reach the profiled iteration?)")
+    order = sorted(found, key=lambda p: (int(device[p]) if device[p].isdigit() else 1 << 30, first[p]))
+    return [found[p] for p in order]
+
+
+def compute_indices(r) -> list[int]:
+    """The positions of a range's kernels among its rank's profiled (non-NCCL) kernels."""
+    import bisect
+
+    nccl = sorted(r.nccl)
+    hit = [o for o in r.ordinals if o in set(nccl)]
+    if hit:
+        raise ValueError(f"profile range: rank {r.rank} ordinal {hit[0]} is a NCCL kernel; collectives are not profiled")
+    return [o - bisect.bisect_left(nccl, o) for o in r.ordinals]
+
+
+_to_counters = emo_counters
 
 
 def parse_ncu_csv(text: str) -> list[dict[str, float]]:
@@ -565,17 +624,6 @@ def parse_ncu_csv(text: str) -> list[dict[str, float]]:
 def parse_ncu_kernels(text: str) -> list[dict[str, float]]:
     """Counter vectors of kernel-replay results, in launch order (ncu's ID)."""
     return parse_ncu_csv(text)
-
-
-def sum_counters(kernels: list[dict[str, float]]) -> dict[str, float]:
-    """One range's counters from its kernels': sums, except active_warps (an occupancy share),
-    which is the mean weighted by each kernel's active cycles."""
-    out = {c: float(sum(k[c] for k in kernels)) for c in COUNTERS if c != "active_warps"}
-    cyc = [k["sm_active_cycles"] for k in kernels]
-    w = sum(cyc)
-    out["active_warps"] = (sum(k["active_warps"] * c for k, c in zip(kernels, cyc)) / w if w > 0
-                           else float(sum(k["active_warps"] for k in kernels) / max(len(kernels), 1)))
-    return {c: out[c] for c in COUNTERS}
 
 
 def parse_ncu_passes(text: str) -> int:
@@ -601,9 +649,64 @@ def _run_ncu(cmd: list[str], env: dict, timeout_s: float = 1800) -> tuple[str, f
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
     except FileNotFoundError as e:
-        raise GpuAccessError(f"{cmd[0]}: Nsight Compute not found (install it or put ncu on PATH)") from e
+        raise ProfilingUnavailable(f"{cmd[0]}: Nsight Compute not found (install it or put ncu on PATH)") from e
     cost = time.perf_counter() - t0
+    if "ERR_NVGPUCTRPERM" in (p.stdout or "") + (p.stderr or ""):
+        raise ProfilingUnavailable("ncu: no permission to read GPU performance counters (ERR_NVGPUCTRPERM): run as "
+                                   "root or load the driver with NVreg_RestrictProfilingToAdminUsers=0")
     if p.returncode != 0:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
         raise GpuAccessError(f"ncu failed ({p.returncode}): {tail[0]}")
     return p.stdout + "\n" + p.stderr, cost
+
+
+# --------------------------------------------------------------------------- discovery
+def gpu_key(model: str) -> str:
+    """A config key from NVML's model name: "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-40GB" ->
+    "a100_sxm4_40gb", "NVIDIA GeForce RTX 4090" -> "rtx4090"."""
+    import re
+
+    s = model.lower()
+    for word in ("nvidia", "geforce", "tesla", "quadro"):
+        s = s.replace(word, " ")
+    s = re.sub(r"\brtx\s+", "rtx", s.strip())
+    return re.sub(r"[^a-z0-9]+", "_", s).strip("_") or "gpu"
+
+
+def discover_gpu_config(nvml=None, index: int = 0) -> dict:
+    """A GPU configuration (conf/gpu schema, backend nvml) from what NVML reports about GPU `index`:
+    model, supported SM clocks at the highest memory clock, the default (max) clock, the default
+    power limit as TDP, the limit range and the driver. Only reads; needs no permission."""
+    nvml = nvml or import_pynvml()
+    nvml_init(nvml)
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        model = _str(nvml.nvmlDeviceGetName(h))
+        mem = max(int(m) for m in nvml.nvmlDeviceGetSupportedMemoryClocks(h))
+        clocks = sorted({int(c) for c in nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem)})
+        lo, hi = nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        tdp = nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0
+        driver = _str(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError as e:
+        raise explain(nvml, e, f"reading GPU {index}") from e
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return {"name": gpu_key(model), "backend": "nvml", "clocks_mhz": clocks, "default_mhz": clocks[-1],
+            "memory_mhz": mem, "tdp_w": tdp, "seed": 0, "noise": 0.0,
+            "physics": {"device_name": model, "driver": driver, "power_limit_min_w": lo / 1000.0,
+                        "power_limit_max_w": hi / 1000.0}}
+
+
+def gpu_config_yaml(cfg: dict) -> str:
+    """The discovered configuration as a conf/gpu/<name>.yaml a user can commit."""
+    import yaml
+
+    p = cfg["physics"]
+    head = (f"# {p['device_name']}, discovered from NVML by `emo gpu-config` (driver {p['driver']}).\n"
+            f"# Real GPU (backend nvml): the clocks and power limits are what the driver reports; no\n"
+            f"# virtual-GPU physics. Board power limit {p['power_limit_min_w']:g}-{p['power_limit_max_w']:g} W.\n"
+            "defaults:\n  - gpu_schema\n  - _self_\n\n")
+    body = {k: v for k, v in cfg.items() if k != "physics"}
+    body["physics"] = dict(p)
+    return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)

@@ -32,14 +32,20 @@ Inputs (plain tables; the model never sees a device, only what calibrate and pro
    + k * sum_s n_s D_s(f0), with n_s the executions of signature s per iteration.
    The what-if predictor sums dynamic_energy_j of the packs at their clocks plus idle power of
    every GPU over the makespan, so idle energy is never counted twice.
+
+Counters are a named feature set (emo.device.features): EMO's own vector keeps the equations above
+exactly; any other source's columns (DCGM ratios, ncu metrics) enter through emo.model.features as
+busy seconds and averages. `fit_predict` (emo.model.kernels) is the open interface: the same mix on
+long tables from any source, for standalone kernels, scored against two references.
 """
 from emo.model.calibration import BenchTables, bench_tables, idle_power, idle_power_w, running_power_w
 from emo.model.fit import (MODEL_COLUMNS, Fit, ModelArrays, calibrate_energy_level, fit_arrays,
                            fit_signatures, fit_table, model_arrays)
+from emo.model.kernels import fit_predict
 from emo.model.power import fit_power_mixture
 
 __all__ = [
     "BenchTables", "Fit", "MODEL_COLUMNS", "ModelArrays", "bench_tables", "calibrate_energy_level",
-    "fit_arrays", "fit_power_mixture", "fit_signatures", "fit_table", "idle_power", "idle_power_w",
+    "fit_arrays", "fit_power_mixture", "fit_predict", "fit_signatures", "fit_table", "idle_power", "idle_power_w",
     "model_arrays", "running_power_w",
 ]

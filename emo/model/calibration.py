@@ -17,18 +17,31 @@ Power terms, per clock f:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from emo.device import COUNTERS
+from emo.device.features import FEATURES, FeatureSet, resolve_columns
 
 # Counters that measure time or occupancy rather than work: they do not add up when the units of a
 # kernel work in parallel, and two runs of the same work at different occupancy differ in them.
 TIME_COUNTERS = ("sm_active_cycles", "active_warps")
 WORK_COUNTERS = tuple(c for c in COUNTERS if c not in TIME_COUNTERS)
 BENCH_COLUMNS = ("bench", "sm_mhz", "time_s", "energy_j")
+OTHER_COLUMNS = ("repeat",)
+
+
+def counter_features(columns) -> FeatureSet:
+    """The counter columns of a table: EMO's own vector when every one of them is there, else every
+    column a known source names (DCGM fields, ncu metrics: emo.device.features)."""
+    cols = [c for c in columns if c not in BENCH_COLUMNS and c not in OTHER_COLUMNS and c != "signature"]
+    if all(c in cols for c in COUNTERS):
+        return COUNTERS
+    fs, _ = resolve_columns(cols)
+    return FeatureSet({c: col for c, col in fs.columns.items() if col.feature in FEATURES})
 IDLE_BENCH = "idle"
 
 
@@ -41,7 +54,8 @@ class BenchTables:
     default_index: int  # index of the default clock in `clocks`
     time_s: np.ndarray  # [J, C] one launch
     energy_j: np.ndarray  # [J, C] one launch
-    counters: np.ndarray  # [J, K] one launch at the default clock, K = len(COUNTERS)
+    counters: np.ndarray  # [J, K] one launch at the default clock, columns of `features`
+    features: FeatureSet = COUNTERS  # which counter columns, as their source names them
 
     @property
     def default_mhz(self) -> int:
@@ -51,10 +65,28 @@ class BenchTables:
         return self.names.index(name)
 
 
-def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench") -> BenchTables:
+def interp_curves(clocks: np.ndarray, values: np.ndarray, at: np.ndarray, inverse: bool) -> np.ndarray:
+    """[N, len(at)] each row of values [N, C] at the clocks `at` (PCHIP: monotone where the data is,
+    no overshoot; in 1/f for time, where a compute-bound part is linear). Exact at measured clocks."""
+    from scipy.interpolate import PchipInterpolator
+
+    clocks, at = np.asarray(clocks, dtype=np.float64), np.asarray(at, dtype=np.float64)
+    if len(clocks) == 1:
+        return np.repeat(values, len(at), axis=1)
+    x = 1.0 / clocks[::-1] if inverse else clocks
+    v = values[:, ::-1] if inverse else values
+    return PchipInterpolator(x, v, axis=1)(1.0 / at if inverse else at)
+
+
+def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench",
+                 clocks: Sequence[int] | None = None) -> BenchTables:
     """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
-    counters were read at and the anchor of every curve (default: the highest clock)."""
-    missing = [c for c in (*BENCH_COLUMNS, *COUNTERS) if c not in bench.columns]
+    counters were read at and the anchor of every curve (default: the highest clock). `clocks`: the
+    GPU's supported clocks; those between the lowest and highest calibrated one are interpolated
+    (a calibration at a clock subset then predicts every clock in its range)."""
+    clocks_all = clocks
+    features = counter_features(bench.columns)
+    missing = [c for c in BENCH_COLUMNS if c not in bench.columns] or ([] if len(features) else list(COUNTERS))
     if missing:
         raise ValueError(f"{where}: missing columns {', '.join(missing)}")
     if bench.empty:
@@ -76,17 +108,24 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     f0 = int(clocks[-1]) if default_mhz is None else int(default_mhz)
     if f0 not in set(clocks.tolist()):
         raise ValueError(f"{where}: default clock {f0} MHz was not calibrated")
-    at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(COUNTERS)].median().reindex(list(names))
-    if at0.isna().any().any():
+    at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(features)].median().reindex(list(names))
+    if at0.isna().any().any() and not at0.isna().all().all():  # all NaN: calibrated without counters
         b = at0[at0.isna().any(axis=1)].index[0]
         raise ValueError(f"{where}: {b} has no counter vector at the default clock {f0} MHz")
     counters = at0.to_numpy(np.float64)
-    if (counters < 0).any():
+    if (counters[np.isfinite(counters)] < 0).any():
         raise ValueError(f"{where}: negative counter values")
     shape = (len(names), len(clocks))
-    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)),
-                       med["time_s"].to_numpy(np.float64).reshape(shape),
-                       med["energy_j"].to_numpy(np.float64).reshape(shape), counters)
+    t = med["time_s"].to_numpy(np.float64).reshape(shape)
+    e = med["energy_j"].to_numpy(np.float64).reshape(shape)
+    if clocks_all is not None:
+        want = np.asarray(sorted(set(int(c) for c in clocks_all)), dtype=np.int64)
+        want = np.union1d(want[(want >= clocks[0]) & (want <= clocks[-1])], clocks)
+        if len(want) > len(clocks):
+            t_new = interp_curves(clocks, t, want, True)
+            e = t_new * interp_curves(clocks, e / t, want, False)
+            t, clocks = t_new, want
+    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)), t, e, counters, features)
 
 
 def idle_power_w(tables: BenchTables, idle_bench: str = IDLE_BENCH) -> np.ndarray:
@@ -118,7 +157,8 @@ def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str
                 e = reg[n]
                 key.setdefault((e["kernel"], repr(e["args"])), []).append(j)
         return [g for g in key.values() if len(g) > 1]
-    w = tables.counters[:, [COUNTERS.index(c) for c in WORK_COUNTERS]]
+    fs = tables.features
+    w = tables.counters[:, [i for i, c in enumerate(fs) if fs.feature(c).role == "work"]]
     groups: list[list[int]] = []
     for j in range(len(tables.names)):
         if tables.names[j] in exclude or not w[j].any():

@@ -43,9 +43,9 @@ def bench_resources(names: Sequence[str], resources: Mapping[str, str] | None = 
     return [resources[n] for n in names]
 
 
-def _signature_inputs(counters: pd.DataFrame, time_default) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -> tuple[list[str], np.ndarray, np.ndarray]:
     df = counters.set_index("signature") if "signature" in counters.columns else counters
-    missing = [c for c in COUNTERS if c not in df.columns]
+    missing = [c for c in features if c not in df.columns]
     if missing:
         raise ValueError(f"counters: missing columns {', '.join(missing)}")
     if df.index.has_duplicates:
@@ -59,8 +59,9 @@ def _signature_inputs(counters: pd.DataFrame, time_default) -> tuple[list[str], 
     t = t0.reindex(sigs).to_numpy()
     if not np.all(np.isfinite(t) & (t > 0)):
         raise ValueError(f"time_default: signature {sigs[int(np.argmin(np.where(np.isfinite(t), t, -1)))]!r} has a non-positive time")
-    c = df[list(COUNTERS)].to_numpy(np.float64)
-    if not np.all(np.isfinite(c)) or (c < 0).any():
+    c = df[list(features)].to_numpy(np.float64)
+    partial = np.isnan(c).any(axis=1) & ~np.isnan(c).all(axis=1)  # all NaN: profiled without counters
+    if partial.any() or np.isinf(c).any() or (c < 0).any():
         raise ValueError("counters: values must be finite and >= 0")
     return sigs, c, t
 
@@ -141,13 +142,36 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
     basis = [j for j, n in enumerate(tables.names) if n != idle_bench]
     names = [tables.names[j] for j in basis]
     tb, eb = tables.time_s[basis], tables.energy_j[basis]
-    work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
-    cb, cs = tables.counters[basis], counters
-    keep = distinguishable(cb, tb[:, f0], intensive)
     x = np.zeros((len(sigs), len(basis)))
-    x[:, keep], resid = solve_nnls(
-        cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
-        zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, t0, intensive, time_counter_weight))
+    resid = np.zeros(len(sigs))
+    # A range profiled without counters (no profiler, no permission): every benchmark holds the same
+    # share of its time, i.e. the suite's mean curve, the best the model can say knowing only its duration.
+    unknown = np.isnan(counters).all(axis=1) if counters.shape[1] else np.ones(len(sigs), dtype=bool)
+    if np.isnan(tables.counters).any():  # calibrated without counters: nothing to mix on
+        unknown[:] = True
+    x[unknown] = t0[unknown, None] / (len(basis) * tb[None, :, f0])
+    resid[unknown] = np.nan
+    known = ~unknown
+    cb, cs, tk = tables.counters[basis], counters[known], t0[known]
+    if known.any() and tuple(tables.features) == tuple(COUNTERS):  # EMO's own counter vector
+        work_k = [i for i, c in enumerate(COUNTERS) if c not in TIME_COUNTERS]
+        keep = distinguishable(cb, tb[:, f0], intensive)
+        xk = np.zeros((known.sum(), len(basis)))
+        xk[:, keep], resid[known] = solve_nnls(
+            cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
+            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, tk, intensive, time_counter_weight))
+        x[known] = xk
+    elif known.any():  # any other source's columns (DCGM ratios, ncu metrics): the model's feature inputs
+        from emo.model.features import distinguishable as distinct, mix, model_inputs
+
+        wi_b, wi_s = model_inputs(cb, tb[:, f0], cs, tk, tables.features)
+        keep = distinct(wi_b)
+        xk = np.zeros((known.sum(), len(basis)))
+        xk[:, keep] = mix(wi_b, wi_s, list(np.nonzero(keep)[0]), tb[:, f0], time_counter_weight)
+        fitted = xk @ wi_b.work
+        norm = np.linalg.norm(wi_s.work, axis=1)
+        resid[known] = np.where(norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0)
+        x[known] = xk
 
     res = bench_resources(names, resources)
     kinds = sorted(set(res))
@@ -188,15 +212,16 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
                    default_mhz: int | None = None, overlap: str = "roofline",
                    resources: Mapping[str, str] | None = None, intensive: Sequence[str] = INTENSIVE,
                    time_counter_weight: float = TIME_COUNTER_WEIGHT, p_max: float = P_MAX,
-                   idle_bench: str = IDLE_BENCH) -> pd.DataFrame:
-    """Predicted time and energy of every signature at every calibrated clock.
+                   idle_bench: str = IDLE_BENCH, clocks: Sequence[int] | None = None) -> pd.DataFrame:
+    """Predicted time and energy of every signature at every calibrated clock (and, with `clocks`,
+    at every one of those between the lowest and highest calibrated clock, interpolated).
 
     bench: the calibration table; counters: one row per signature (index or `signature` column)
     with the COUNTERS columns; time_default: signature -> measured seconds at the default clock
     (Series or mapping). Energy is at level 1 until `calibrate_energy_level` sets it.
     """
-    tables = bench_tables(bench, default_mhz)
-    sigs, c, t0 = _signature_inputs(counters, time_default)
+    tables = bench_tables(bench, default_mhz, clocks=clocks)
+    sigs, c, t0 = _signature_inputs(counters, time_default, tables.features)
     fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
                      time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)
     return fit_table(fit)

@@ -82,3 +82,24 @@ def read_power_curves(path: str | Path) -> PowerCurves:
         raise ValueError(f"{path}: the default clocks {default} are not among the measured pairs")
     return PowerCurves(list(df.groupby("cfg")[0].first().astype(str)), components, (default[0], default[1]),
                        clocks, util[:, 0, :], df[1].to_numpy(np.float64).reshape(j, n_c))
+
+
+def long_table(curves: PowerCurves, mem_mhz: int | None = None) -> pd.DataFrame:
+    """The curves as the open calibration interface's long table (emo.model.kernels): one row per
+    configuration x core clock at one memory clock (default: the default memory clock), with
+    `name`, `sm_mhz`, `power_w` and one column per component under the file's own name (SP, INT,
+    ..., the `gpupowermodel` counter source). Repeated names get a `#k` suffix."""
+    mem = curves.default_mhz[1] if mem_mhz is None else int(mem_mhz)
+    cols = np.nonzero(curves.clocks[:, 1] == mem)[0]
+    if not len(cols):
+        raise ValueError(f"no measurements at memory clock {mem} MHz")
+    seen: dict[str, int] = {}
+    names = []
+    for n in curves.names:
+        seen[n] = seen.get(n, 0) + 1
+        names.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    j, c = len(names), len(cols)
+    out = pd.DataFrame({"name": np.repeat(names, c), "sm_mhz": np.tile(curves.clocks[cols, 0], j),
+                        "power_w": curves.power_w[:, cols].ravel()})
+    util = pd.DataFrame(np.repeat(curves.util, c, axis=0), columns=curves.components)
+    return pd.concat([out, util], axis=1)

@@ -5,6 +5,11 @@ default clock, which is always included), each measurement spanning at least `mo
 so that the energy counter resolves it, `model.repeats` times; its counter vector is read once at
 the default clock through the device's range profiler. The folder's hash covers the GPU
 configuration and the model section only: no workload ever re-runs it.
+
+Before it starts, the stage logs what it will cost (measurements x their minimum window, in
+minutes); while it runs, a progress bar with an ETA (emo.progress). `calibration.json` beside
+bench.parquet says which GPU model and driver measured it (what `emo calibration export` packs).
+A clock subset (`model.clocks_stride` > 1) is interpolated to every supported clock by the fit.
 """
 from __future__ import annotations
 
@@ -12,10 +17,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from emo.device import COUNTERS
+import hashlib
+import logging
+
+from emo.device import COUNTERS, ProfileResult, ProfilingUnavailable
 from emo.device.backends import open_device
-from emo.io import write_parquet
+from emo.io import write_json, write_parquet
 from emo.microbench import benchmark_names
+from emo.progress import Progress
+
+log = logging.getLogger("emo")
 
 BENCH_COLUMNS = ("bench", "sm_mhz", "repeat", "time_s", "energy_j", *COUNTERS)
 
@@ -33,24 +44,54 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
     benchmark gets a freshly opened one (a long-lived session's measurement history only grows)."""
     if repeats < 1:
         raise ValueError(f"model.repeats: want >= 1, got {repeats}")
-    rows, prof_s, dev_s, clocks = [], 0.0, 0.0, []
-    for name in names:
-        device = open_dev()
-        try:
-            t0 = device.time_s()
-            clocks = calibrated_clocks(device.supported_clocks(), device.default_clock(), stride)
-            prof = device.profile_range([name])
-            prof_s += prof.cost_s
-            for mhz in clocks:
-                for r in range(repeats):
-                    m = device.run_microbenchmark(name, mhz, min_seconds)
-                    rows.append((name, int(mhz), r, m.time_s, m.energy_j, *(prof.counters[c] for c in COUNTERS)))
-            dev_s += device.time_s() - t0
-        finally:
-            device.close()
-    bench = pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
+    rows, prof_s, dev_s, clocks, ident, missing = [], 0.0, 0.0, [], {}, []
+    bar = None
+    try:
+        for name in names:
+            device = open_dev()
+            try:
+                t0 = device.time_s()
+                clocks = calibrated_clocks(device.supported_clocks(), device.default_clock(), stride)
+                if bar is None:
+                    ident = device_identity(device)
+                    n = len(names) * len(clocks) * repeats
+                    log.info("calibrate: %d benchmarks x %d clocks x %d repeats = %d measurements of >= %g s: "
+                             "at least %.1f minutes of GPU time, plus one profiling range per benchmark",
+                             len(names), len(clocks), repeats, n, min_seconds, n * min_seconds / 60)
+                    bar = Progress(n, "calibrate")
+                try:
+                    prof = device.profile_range([name])
+                except ProfilingUnavailable as e:  # the curves still calibrate; the fit then uses the mean mix
+                    if not missing:
+                        log.warning("calibrate: no benchmark counters (%s): the fit will give every pack the "
+                                    "microbenchmarks' mean mix", e)
+                    missing.append(name)
+                    prof = ProfileResult({c: float("nan") for c in COUNTERS}, passes=0, cost_s=0.0)
+                prof_s += prof.cost_s
+                for mhz in clocks:
+                    for r in range(repeats):
+                        m = device.run_microbenchmark(name, mhz, min_seconds)
+                        rows.append({"bench": name, "sm_mhz": int(mhz), "repeat": r, "time_s": m.time_s,
+                                     "energy_j": m.energy_j, **prof.counters})
+                        bar.update()
+                dev_s += device.time_s() - t0
+            finally:
+                device.close()
+    finally:
+        if bar is not None:
+            bar.close()
+    # the counter columns are what the device's profiler names (EMO's vector, or DCGM fields)
+    bench = pd.DataFrame(rows, columns=None if rows else list(BENCH_COLUMNS))
     return bench, {"benchmarks": len(names), "clocks": len(clocks), "measurements": len(rows),
-                   "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3)}
+                   "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3),
+                   "counters": "none" if missing else "device", **ident}
+
+
+def device_identity(device) -> dict:
+    """Which GPU model and driver a calibration comes from (NVML's names; the virtual GPU says so)."""
+    model = getattr(device, "model", None) or getattr(getattr(device, "phys", None), "device_name", device.name)
+    driver = getattr(device, "driver", None) or ("virtual" if hasattr(device, "phys") else "unknown")
+    return {"gpu": device.name, "gpu_model": str(model), "driver": str(driver)}
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -58,4 +99,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     bench, metrics = calibrate(lambda: open_device(cfg["gpu"]), benchmark_names(), float(m["min_seconds"]),
                                int(m["repeats"]), int(m["clocks_stride"]))
     write_parquet(out / "bench.parquet", bench)
+    write_json(out / "calibration.json", {
+        "gpu": metrics["gpu"], "gpu_model": metrics["gpu_model"], "driver": metrics["driver"],
+        "clocks_mhz": sorted(int(c) for c in bench["sm_mhz"].unique()), "benchmarks": metrics["benchmarks"],
+        "bench_sha256": hashlib.sha256((out / "bench.parquet").read_bytes()).hexdigest()})
     return metrics

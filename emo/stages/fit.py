@@ -24,18 +24,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.device import COUNTERS
 from emo.io import write_json, write_parquet
 from emo.model import calibrate_energy_level, fit_signatures
+from emo.model.calibration import counter_features
 from emo.model.predict import pack_tables, predict
 from emo.graph import Graph
 from emo.policy import FrequencyPolicy, policy_device_ids
 
 
-def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int) -> pd.DataFrame:
-    """The model table at energy levels 1, anchored at each signature's median pack time."""
+def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int | None,
+             clocks: list[int] | None = None) -> pd.DataFrame:
+    """The model table at energy levels 1, anchored at each signature's median pack time; at every
+    one of `clocks` inside the calibrated range (a calibration at a clock subset is interpolated)."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
-    return fit_signatures(bench, metrics.set_index("signature")[list(COUNTERS)], time_default, default_mhz=default_mhz)
+    features = counter_features(bench.columns)  # EMO's own counters, or the device's DCGM / ncu names
+    # a signature profiled without counters (source none) has NaN ones: the fit gives it the mean mix
+    counters = metrics.set_index("signature").reindex(columns=list(features)).astype(np.float64)
+    return fit_signatures(bench, counters, time_default, default_mhz=default_mhz, clocks=clocks or None)
 
 
 def with_time_level(model: pd.DataFrame, level: float) -> pd.DataFrame:
@@ -131,11 +136,17 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     graph = Graph.load(inputs["packs"].parent)
     iterations = int(anchors.groupby("rank").size().max()) if len(anchors) else 1
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
-    model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]))
+    # default_mhz 0 (gpu=nvml): the highest calibrated clock; clocks_mhz empty: the calibrated ones
+    model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]) or None, list(cfg["gpu"]["clocks_mhz"]))
     lam = time_level(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
     model = with_time_level(model, lam)
-    a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
-    if how != "default-clock":
+    if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
+        a, k, how = 1.0, 1.0, "none (no measured energy)"
+    else:
+        a, k, how = energy_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    if how.startswith("none"):
+        pass
+    elif how != "default-clock":
         model = with_levels(model, a, k)
     else:
         occurrences = packs.groupby("signature")["dur_ns"].sum() / (
@@ -151,10 +162,11 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             continue
         pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], policy_device_ids(t.device_keys), meas["sm_mhz"])
         p = predict(t, pol)
+        e_meas = meas["iteration_energy_j"]
         check[name] = {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
-                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": meas["iteration_energy_j"],
+                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": e_meas,
                        "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
-                       "energy_error_pct": 100 * (p.energy_j / meas["iteration_energy_j"] - 1)}
+                       "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1)}
     write_json(out / "check.json", check)
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
             "time_level": lam, "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),

@@ -2,7 +2,19 @@
 through the device's range profiler (ranges named by rank and launch ordinal, as on hardware), with
 the profiling cost; plus the baseline iteration measured over a window long enough for the energy
 counter (BASELINE_SECONDS: a counter that updates every ~100 ms then errs by < 2 %, typically < 1 %),
-which the fit's energy-level calibration uses."""
+which the fit's energy-level calibration uses.
+
+Where the counters come from (column `source` of metrics.parquet):
+  device  the device's range profiler (Nsight Compute on hardware; every rank of a torchrun job
+          in one run, NCCL kernels not replayed), its cost stated in the log before it starts;
+  trace   per-kernel counters recorded by torch.profiler (a `counters/` folder of Kineto files
+          beside a recorded trace, emo.pack.counters): no re-run;
+  file    a metrics.parquet beside a recorded trace, from a profile run on a box of that GPU model;
+  none    no profiler or no permission to use it (or a recorded trace without counters): the fit
+          gives those packs the microbenchmarks' mean mix (docs/gpu.md says what that costs).
+A recorded trace cannot be re-run, so its baseline is what its window records (emo-capture/) say,
+or, without them, its iteration time alone (the energy level then stays the model's own).
+"""
 from __future__ import annotations
 
 import json
@@ -12,23 +24,67 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.device import COUNTERS
+import dataclasses
+import logging
+
+from emo.device import COUNTERS, ProfilingUnavailable
 from emo.device.backends import open_device
 from emo.graph import Graph
 from emo.io import write_json, write_parquet
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 
+log = logging.getLogger("emo")
+
+
+def first_ranges(packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame):
+    """(first occurrences, their kernel ranges with each rank's NCCL ordinals, kernel names per rank
+    in one iteration's launch order, kernel seconds per rank in that iteration)."""
+    first = packs[packs["first_occurrence"]].reset_index(drop=True)
+    ords = kernel_ordinals(events)
+    ranges = pack_ranges(first, nodes["event"].to_numpy(np.int64), ords)
+    ev = events.reset_index(drop=True).loc[ords.index].assign(**{c: ords[c] for c in ords.columns})
+    one = ev[ev["iteration"] == ev.groupby("rank")["iteration"].transform("min")].sort_values(["rank", "ordinal"])
+    names = {int(r): g["name"].astype(str).tolist() for r, g in one.groupby("rank")}
+    is_nccl = one["name"].astype(str).str.lower().str.contains("nccl")
+    nccl = {int(r): tuple(int(o) for o in g.loc[is_nccl.loc[g.index], "ordinal"]) for r, g in one.groupby("rank")}
+    secs = {int(r): (g.loc[~is_nccl.loc[g.index], "dur_ns"] * 1e-9).tolist() for r, g in one.groupby("rank")}
+    ranges = [dataclasses.replace(r, nccl=nccl.get(r.rank, ())) for r in ranges]
+    return first, ranges, names, [secs[r] for r in sorted(secs)]
+
+
+def metrics_table(first: pd.DataFrame, ranges, counters: list[dict], passes, cost_s, source: str) -> pd.DataFrame:
+    """One row per signature; the counter columns are what the profiler names (EMO's vector on ncu,
+    DCGM field names on a virtual GPU answering in DCGM form)."""
+    names = list(counters[0]) if counters else list(COUNTERS)
+    rows = [{"signature": s, "rank": r.rank, "kernels": len(r.ordinals), **{c: v[c] for c in names},
+             "passes": p, "cost_s": cs, "source": source}
+            for s, r, v, p, cs in zip(first["signature"], ranges, counters, passes, cost_s)]
+    return pd.DataFrame(rows, columns=["signature", "rank", "kernels", *names, "passes", "cost_s", "source"])
+
+
+def no_counters(first: pd.DataFrame, ranges, why: str) -> pd.DataFrame:
+    """The metrics table without counters (NaN): the fit gives these packs the mean mix."""
+    log.warning("profile: %s: going on without pack counters; each pack gets the microbenchmarks' mean mix "
+                "(docs/gpu.md, 'Without profiling permission', says what that costs)", why)
+    nan = {c: float("nan") for c in COUNTERS}
+    return metrics_table(first, ranges, [nan] * len(ranges), [0] * len(ranges), [0.0] * len(ranges), "none")
+
 
 def profile_first_occurrences(device, workload, packs: pd.DataFrame, events: pd.DataFrame,
-                              nodes: pd.DataFrame) -> pd.DataFrame:
-    """One row per signature: signature, rank, kernels, COUNTERS, passes, cost_s."""
-    first = packs[packs["first_occurrence"]].reset_index(drop=True)
-    ranges = pack_ranges(first, nodes["event"].to_numpy(np.int64), kernel_ordinals(events))
-    results = device.profile_ranges(workload, ranges)
-    rows = [{"signature": s, "rank": r.rank, "kernels": len(r.ordinals), **{c: res.counters[c] for c in COUNTERS},
-             "passes": res.passes, "cost_s": res.cost_s}
-            for s, r, res in zip(first["signature"], ranges, results)]
-    return pd.DataFrame(rows, columns=["signature", "rank", "kernels", *COUNTERS, "passes", "cost_s"])
+                              nodes: pd.DataFrame, run_s: float = 0.0) -> pd.DataFrame:
+    """One row per signature: signature, rank, kernels, COUNTERS, passes, cost_s, source."""
+    first, ranges, _, secs = first_ranges(packs, events, nodes)
+    estimate = getattr(device, "profile_cost_s", None)
+    if estimate is not None:
+        log.info("profile: Nsight Compute will replay %d kernels of one iteration on %d rank(s) (NCCL kernels are not "
+                 "replayed), several passes each: about %.1f minutes including one run of the command (an estimate)",
+                 max((len(k) for k in secs), default=0), len(secs), estimate(secs, run_s) / 60)
+    try:
+        results = device.profile_ranges(workload, ranges)
+    except ProfilingUnavailable as e:
+        return no_counters(first, ranges, str(e))
+    return metrics_table(first, ranges, [r.counters for r in results], [r.passes for r in results],
+                         [r.cost_s for r in results], "device")
 
 
 BASELINE_SECONDS = 5.0
@@ -64,25 +120,93 @@ def measure_baselines(device, workload, iteration_s: float, min_seconds: float, 
     return base
 
 
+def _load_kineto(path: Path) -> dict:
+    import gzip
+
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(data)
+
+
+def trace_counters(folder: Path) -> dict[int, list]:
+    """Per-kernel counters per rank from the Kineto files in `folder` (emo.pack.counters); ranks
+    from distributedInfo, else file order. Empty when the folder holds none."""
+    from emo.pack.counters import profiler_range_kernels
+
+    out: dict[int, list] = {}
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz"))) if folder.is_dir() else []
+    for i, f in enumerate(files):
+        doc = _load_kineto(f)
+        kern = profiler_range_kernels(doc.get("traceEvents", []))
+        if kern:
+            rank = (doc.get("distributedInfo") or {}).get("rank", i)
+            out[int(rank)] = kern
+    return out
+
+
+def recorded_metrics(src: Path, packs, events, nodes) -> pd.DataFrame:
+    """Counters of a recorded trace's packs: per-kernel counters in src/counters/, a metrics.parquet
+    from a profile run on that GPU model in src/, or none."""
+    from emo.pack.counters import range_counters
+
+    first, ranges, names, _ = first_ranges(packs, events, nodes)
+    folder = src if src.is_dir() else src.parent
+    per_kernel = trace_counters(folder / "counters")
+    if per_kernel:
+        vecs = range_counters(per_kernel, ranges, names)
+        return metrics_table(first, ranges, vecs, [0] * len(ranges), [0.0] * len(ranges), "trace")
+    given = folder / "metrics.parquet"
+    if given.is_file():
+        m = pd.read_parquet(given).drop_duplicates("signature").set_index("signature")
+        missing = [s for s in first["signature"] if s not in m.index]
+        if missing:
+            raise ValueError(f"{given}: no counters for {len(missing)} of the trace's {len(first)} pack signatures "
+                             f"(e.g. {missing[0]}): it comes from another job or packing")
+        vecs = [m.loc[s, list(COUNTERS)].to_dict() for s in first["signature"]]
+        return metrics_table(first, ranges, vecs, [0] * len(ranges), [0.0] * len(ranges), "file")
+    return no_counters(first, ranges, f"{folder} has no counters/ folder of per-kernel counters and no metrics.parquet")
+
+
+def recorded_baseline(src: Path, events: pd.DataFrame) -> dict:
+    """The baseline iteration of a recorded trace: its window records (emo trace writes them: wall
+    time and NVML energy of the active iterations), else its iteration time from ProfilerStep marks."""
+    folder = src if src.is_dir() else src.parent
+    wins = [json.loads(p.read_text()) for p in sorted((folder / "emo-capture").glob("rank*.window.json"))]
+    if wins:
+        n = int(wins[0]["iterations"])
+        t = max(float(w["time_s"]) for w in wins)
+        e = [float(w["energy_j"]) for w in wins if w.get("energy_j") is not None]
+        return {"sm_mhz": None, "iterations": n, "iteration_time_s": t / n,
+                "iteration_energy_j": sum(e) / n if len(e) == len(wins) else None, "source": "window"}
+    steps = events[(events["kind"] == "annotation") & events["name"].astype(str).str.startswith("ProfilerStep#")]
+    if steps.empty:
+        raise ValueError(f"{src}: a recorded trace needs ProfilerStep# annotations or emo-capture window records "
+                         "to know its iteration time")
+    t = float(steps.groupby("rank")["dur_ns"].median().max()) * 1e-9
+    return {"sm_mhz": None, "iterations": int(steps.groupby("rank").size().min()), "iteration_time_s": t,
+            "iteration_energy_j": None, "source": "trace"}
+
+
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
-    if cfg["workload"]["kind"] == "recorded":
-        raise ValueError("profile: a recorded trace cannot be re-run for profiling; use workload=tp|pp|offload "
-                         "or workload=command on a GPU box")
     packs = pd.read_parquet(inputs["packs"])
     events = pd.read_parquet(inputs["events"])
     nodes = Graph.load(inputs["graph_nodes"].parent).nodes
     measured = json.loads(Path(inputs["measured"]).read_text())
-    device = open_device(cfg["gpu"])
-    try:
-        metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes)
-        it_s = float(measured["time_s"]) / int(measured["iterations"])
-        gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
-        baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
-                                     int(cfg["trace"]["warmup"]), gpus)
-    finally:
-        device.close()
+    if cfg["workload"]["kind"] == "recorded":  # no re-run: counters and baseline from what was recorded
+        src = Path(cfg["workload"]["path"])
+        metrics = recorded_metrics(src, packs, events, nodes)
+        baseline = recorded_baseline(src, events)
+    else:
+        device = open_device(cfg["gpu"])
+        try:
+            it_s = float(measured["time_s"]) / int(measured["iterations"])
+            metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"]))
+            gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
+            baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
+                                         int(cfg["trace"]["warmup"]), gpus)
+        finally:
+            device.close()
     write_parquet(out / "metrics.parquet", metrics)
     write_json(out / "baseline.json", baseline)
     return {"signatures": len(metrics), "profiled_kernels": int(metrics["kernels"].sum()),
-            "profiling_cost_s": round(float(metrics["cost_s"].sum()), 3),
+            "profiling_cost_s": round(float(metrics["cost_s"].sum()), 3), "counters": str(metrics["source"].iloc[0]),
             "baseline_iteration_s": baseline["iteration_time_s"], "baseline_energy_j": baseline["iteration_energy_j"]}

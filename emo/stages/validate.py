@@ -86,6 +86,20 @@ def _run_dict(run: RunResult) -> dict:
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     wl, vcfg, ocfg = cfg["workload"], cfg["validate"], cfg["optimizer"]
+    if wl["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
+        import logging
+
+        why = "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
+        logging.getLogger("emo").warning(why)
+        pred = {}
+        if "policy" in inputs:
+            meta = FrequencyPolicy.load(inputs["policy"])
+            base_t, base_e = meta.meta.get("baseline_time_s"), meta.meta.get("baseline_energy_j")
+            if base_t and base_e and meta.predicted_time_s and meta.predicted_energy_j:
+                pred = {"predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
+                        "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1)}
+        write_json(out / "result.json", {"skipped": why, "method": ocfg["name"], **pred})
+        return {"skipped": 1, **pred}
     n, warmup, method = int(vcfg["iterations"]), int(vcfg["warmup"]), ocfg["name"]
     if n < MIN_ITERATIONS:
         raise ValueError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device import COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
+
+COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 from emo.device.sim.energy import EnergyMeter, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
@@ -67,6 +69,9 @@ class SimDevice:
         if int(cfg["default_mhz"]) not in clocks:
             raise ValueError(f"gpu.default_mhz ({self.name}): {cfg['default_mhz']} is not a supported clock")
         self.phys = SimPhysics.from_config(cfg.get("physics"), where=f"gpu.physics ({self.name})")
+        self.counter_form = str(cfg.get("counters", "ncu"))  # what profile_range answers in (not physics)
+        if self.counter_form not in COUNTER_FORMS:
+            raise ValueError(f"gpu.counters: {self.counter_form!r} is not one of {', '.join(COUNTER_FORMS)}")
         self.gp = GpuPhysics(self.phys, clocks, float(cfg["tdp_w"]))
         self.clocks = clocks
         self.default_ci = clocks.index(int(cfg["default_mhz"]))
@@ -330,6 +335,8 @@ class SimDevice:
         specs = as_specs(kernels)
         if not specs:
             raise ValueError("profile_range: empty kernel range")
+        if self.counter_form == "none":
+            raise ProfilingUnavailable("the virtual GPU is configured without counters (gpu.counters=none)")
         w = [s.work for s in specs]
         tab = self.gp.kernel_tables(w)
         d = tab.dur_ns[:, self.default_ci]
@@ -351,6 +358,10 @@ class SimDevice:
         }
         assert tuple(c) == COUNTERS
         passes = 4  # 11 metrics from several hardware units: CUPTI needs a few replay passes
+        if self.counter_form == "dcgm":  # what DCGM's profiling fields would average over the range
+            from emo.device.sim.profiling import dcgm_fields
+
+            c, passes = dcgm_fields(w, d, f_hz, self.phys), 1  # sampled while it runs, no replay
         busy = float(d.sum()) + 3000.0 * len(specs)
         cost_ns = 5e7 + passes * (busy + 2e6)  # session set-up + per pass (save/restore memory)
         self._profile_busy(tab, cost_ns)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from emo.device import KernelRange, ProfileResult
 from emo.device.sim.program import KernelSpec, Op, Program, Work
 
@@ -63,3 +65,30 @@ def profile_ranges(device, workload: Any, ranges: list[KernelRange]) -> list[Pro
                              "collectives are not profiled")
         results.append(device.profile_range([program.kernels[k] for k in kids]))
     return results
+
+
+def dcgm_fields(works: list[Work], dur_ns: np.ndarray, f_hz: float, phys) -> dict[str, float]:
+    """What DCGM's profiling fields would report over a window that ran `works` back to back for
+    `dur_ns` each at clock f_hz: activity ratios averaged over the window's time (emo.device.features).
+    A pipe's ratio is its cycles busy over the SM cycles of the window; DRAM's, its bytes over what
+    the bus moves in that time."""
+    d = np.asarray(dur_ns, dtype=np.float64)
+    span = float(d.sum())
+    get = lambda f: np.array([getattr(w, f) for w in works], dtype=np.float64)  # noqa: E731
+    aw = get("active_warps")
+    sm_cycles = phys.sms * f_hz * span * 1e-9
+
+    def pipe(*pairs) -> float:
+        return float(min(1.0, sum(get(w).sum() / getattr(phys, r) for w, r in pairs) / sm_cycles))
+
+    return {
+        "DCGM_FI_PROF_SM_ACTIVE": float(np.sum(d * np.minimum(1.0, aw * 8 + 0.05)) / span),
+        "DCGM_FI_PROF_SM_OCCUPANCY": float(np.sum(d * aw) / span),
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": pipe(("fp16_tensor_flop", "fp16_tensor_flop_per_sm_cycle"),
+                                                ("int8_tensor_op", "int8_tensor_op_per_sm_cycle")),
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE": pipe(("fp64_flop", "fp64_flop_per_sm_cycle")),
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE": pipe(("fp32_flop", "fp32_flop_per_sm_cycle")),
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0,  # the virtual GPU's work has no non-tensor FP16
+        "DCGM_FI_PROF_DRAM_ACTIVE": float(min(1.0, (get("dram_read_bytes").sum() + get("dram_write_bytes").sum())
+                                             / (phys.dram_gbps * span))),
+    }

@@ -1,0 +1,109 @@
+"""`emo calibration export|import`: a calibration as a file a team shares per GPU model.
+
+    emo calibration export [overrides...] --out a100.emocal     # the calibrate stage's result
+    emo calibration import a100.emocal [overrides...]           # install it for this configuration
+
+The file is a zip of bench.parquet and manifest.json: the GPU model and driver that measured it,
+its clocks and benchmarks, and the sha256 of bench.parquet. Its id (printed, and in the manifest)
+is a hash of the GPU model, the driver and that content, so two files with the same id hold the
+same measurements of the same GPU. Import checks the content against the hash and the GPU model
+against the configuration's, then writes it where the calibrate stage of this configuration would,
+so the pipeline reuses it instead of measuring (about 35-40 minutes on an A100 at every clock).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+BENCH = "bench.parquet"
+
+
+def calibration_id(gpu_model: str, driver: str, bench_sha256: str) -> str:
+    return hashlib.sha256(f"{gpu_model}\n{driver}\n{bench_sha256}".encode()).hexdigest()[:16]
+
+
+def export_calibration(folder: Path, out: Path) -> dict:
+    """Pack a calibrate stage folder (bench.parquet + calibration.json) into `out`; the manifest."""
+    bench, info = folder / BENCH, folder / "calibration.json"
+    if not bench.is_file():
+        raise FileNotFoundError(f"{bench}: no calibration here (run the calibrate stage first: emo run)")
+    meta = json.loads(info.read_text()) if info.is_file() else {"gpu": "unknown", "gpu_model": "unknown", "driver": "unknown"}
+    data = bench.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    manifest = {**meta, "bench_sha256": sha, "id": calibration_id(meta["gpu_model"], meta["driver"], sha)}
+    from emo.io import atomic_path
+
+    with atomic_path(out) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+        z.writestr(BENCH, data)
+    return manifest
+
+
+def read_calibration(path: Path) -> tuple[dict, bytes]:
+    """(manifest, bench.parquet bytes) of an exported file, checked against its hashes."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read(MANIFEST))
+            data = z.read(BENCH)
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
+        raise ValueError(f"{path}: not an EMO calibration (want a zip with {MANIFEST} and {BENCH})") from None
+    sha = hashlib.sha256(data).hexdigest()
+    if sha != manifest.get("bench_sha256") or manifest.get("id") != calibration_id(
+            manifest.get("gpu_model", ""), manifest.get("driver", ""), sha):
+        raise ValueError(f"{path}: content does not match its manifest's hash (corrupted or edited)")
+    return manifest, data
+
+
+def import_calibration(path: Path, folder: Path, gpu_name: str) -> dict:
+    """Install an exported calibration as the calibrate stage's output in `folder`."""
+    manifest, data = read_calibration(path)
+    if gpu_name != "auto" and manifest.get("gpu") not in (gpu_name, "unknown"):
+        raise ValueError(f"{path}: a calibration of gpu={manifest.get('gpu')} ({manifest.get('gpu_model')}), "
+                         f"but this configuration is gpu={gpu_name}")
+    from emo.io import atomic_path, write_json
+
+    with atomic_path(folder / BENCH) as tmp:
+        tmp.write_bytes(data)
+    write_json(folder / "calibration.json", {k: v for k, v in manifest.items() if k != "id"} | {"imported_from": manifest["id"]})
+    return manifest
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibration", help="export or import a calibration (one file per GPU model)",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="calibration_command", required=True)
+    e = sub.add_parser("export", help="pack this configuration's calibration into a file")
+    e.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run (e.g. gpu=h100)")
+    e.add_argument("--out", required=True, help="file to write")
+    e.set_defaults(func=_cmd_export)
+    i = sub.add_parser("import", help="install a calibration file for this configuration")
+    i.add_argument("file")
+    i.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run")
+    i.set_defaults(func=_cmd_import)
+
+
+def _folder(overrides: list[str]) -> tuple[Path, dict]:
+    from emo.plan import compose, plan
+
+    cfg = compose(overrides)
+    return plan(cfg)["calibrate"].dir, cfg
+
+
+def _cmd_export(args) -> int:
+    folder, _ = _folder(args.overrides)
+    m = export_calibration(folder, Path(args.out))
+    print(f"wrote {args.out}: calibration {m['id']} of {m['gpu_model']} (driver {m['driver']})")
+    return 0
+
+
+def _cmd_import(args) -> int:
+    folder, cfg = _folder(args.overrides)
+    m = import_calibration(Path(args.file), folder, cfg["gpu"]["name"])
+    print(f"installed calibration {m['id']} of {m['gpu_model']} (driver {m['driver']}) in {folder}", file=sys.stdout)
+    return 0

@@ -1,0 +1,123 @@
+"""The open calibration interface (emo.model.kernels, `emo model fit`) on real and virtual-GPU data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from emo.cli import main
+from emo.model.gpupowermodel import long_table, read_power_curves
+from emo.model.kernels import fit_predict
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvfs" / "gpupowermodel_titanx"
+MICRO = DATA / "TitanX__titanx_micro_names_peak_idle_HPCAandCF.csv"
+APPS = DATA / "TitanX__titanx_real_allFsPower_HPCAandCF.csv"
+needs_data = pytest.mark.skipif(not MICRO.is_file(), reason=f"{DATA} not present")
+
+
+@pytest.fixture(scope="module")
+def titanx(tmp_path_factory):
+    d = tmp_path_factory.mktemp("titanx")
+    long_table(read_power_curves(MICRO)).to_csv(d / "bench.csv", index=False)
+    long_table(read_power_curves(APPS)).to_parquet(d / "apps.parquet", index=False)
+    return d
+
+
+@pytest.fixture(scope="module")
+def sim_dcgm():
+    from kernel_tables import sim_tables
+
+    return sim_tables(form="dcgm")
+
+
+@pytest.fixture(scope="module")
+def sim_ncu():
+    from kernel_tables import sim_tables
+
+    return sim_tables(form="ncu")
+
+
+def _json(capsys, argv) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@needs_data
+def test_titanx_through_the_cli_beats_the_mean_curve(titanx, capsys):
+    out = _json(capsys, ["model", "fit", "--bench", str(titanx / "bench.csv"), "--targets", str(titanx / "apps.parquet"),
+                         "--json"])
+    assert out["reference_mhz"] == 1164 and out["mape_time_pct"] is None  # power-only data
+    assert out["mape_power_pct"] < out["mean_curve"]["mape_power_pct"]  # ~1.8 % vs ~5.2 %
+    assert out["mape_power_pct"] < out["nnls"]["mape_power_pct"]  # plain anchored NNLS ~3.8 %
+    assert out["mape_power_pct"] < 2.5
+    preds = pd.DataFrame(out["predictions"])
+    assert preds["name"].nunique() == 35 and len(preds) == 35 * 16
+    assert preds["anchor"].sum() == 35
+    a = preds[preds["anchor"]]
+    np.testing.assert_allclose(a["emo_power_w"], a["measured_power_w"])  # the anchor is kept exactly
+
+
+@needs_data
+def test_titanx_without_an_idle_row_estimates_it_and_says_so(titanx, capsys):
+    bench = pd.read_csv(titanx / "bench.csv")
+    bench[bench["name"] != "Idle"].to_csv(titanx / "noidle.csv", index=False)
+    out = _json(capsys, ["model", "fit", "--bench", str(titanx / "noidle.csv"), "--targets",
+                         str(titanx / "apps.parquet"), "--ref-mhz", "975", "--json"])
+    assert any("no idle row" in n for n in out["notes"])
+    assert out["mape_power_pct"] < out["mean_curve"]["mape_power_pct"]
+
+
+@pytest.mark.parametrize("form", ["dcgm", "ncu"])
+@pytest.mark.parametrize("idle", [True, False])
+def test_virtual_gpu_kernels_beat_both_references(form, idle, request):
+    bench, targets = request.getfixturevalue(f"sim_{form}")
+    if not idle:
+        bench = bench[bench["name"] != "idle"]
+    res = fit_predict(bench, targets, counters=form)
+    emo, mean, plain = res.scores["emo"], res.scores["mean_curve"], res.scores["nnls"]
+    for q in ("mape_time_pct", "mape_energy_pct"):
+        assert emo[q] < mean[q] and emo[q] < plain[q], (q, res.scores)
+    assert emo["mape_time_pct"] < 3.0 and emo["mape_energy_pct"] < 2.0
+    assert any("idle" in n for n in res.notes)
+    json.dumps(res.to_json())  # plain JSON
+
+
+def test_a_clock_subset_predicts_every_clock(sim_ncu):
+    bench, targets = sim_ncu
+    clocks = np.sort(bench["sm_mhz"].unique())
+    sub = bench[bench["sm_mhz"].isin(clocks[::3]) | (bench["sm_mhz"] == clocks[-1])]
+    full, part = fit_predict(bench, targets), fit_predict(sub, targets)
+    assert set(part.predictions["sm_mhz"]) == set(clocks)  # the targets' clocks, interpolated
+    for q in ("mape_time_pct", "mape_energy_pct"):
+        assert part.scores["emo"][q] < full.scores["emo"][q] + 1.0
+
+
+def test_explicit_pairs_and_unknown_columns(sim_ncu):
+    bench, targets = sim_ncu
+    res = fit_predict(bench, targets, pairs=[("fp32_fma_low", "fp32_fma_high"), ("int32_low", "int32_high")])
+    assert res.scores["emo"]["mape_energy_pct"] < res.scores["mean_curve"]["mape_energy_pct"]
+    with pytest.raises(ValueError, match="pairs: 'nope' is not a benchmark"):
+        fit_predict(bench, targets, pairs=[("nope", "int32_high")])
+    extra = fit_predict(bench.assign(my_counter=1.0), targets.assign(my_counter=1.0))
+    assert any("my_counter" in n for n in extra.notes) and "my_counter" in extra.features
+
+
+def test_bad_tables_get_one_line(sim_ncu, tmp_path, capsys):
+    bench, targets = sim_ncu
+    with pytest.raises(ValueError, match="targets: missing counter column"):
+        fit_predict(bench, targets.drop(columns=["dram__bytes_read.sum"]))
+    with pytest.raises(ValueError, match="has no row at the reference clock"):
+        fit_predict(bench, targets[targets["sm_mhz"] != targets["sm_mhz"].max()])
+    with pytest.raises(ValueError, match="needs an energy_j or a power_w"):
+        fit_predict(bench.drop(columns=["power_w"]), targets)
+    with pytest.raises(ValueError, match="ref-mhz: 1 MHz is not a benchmark clock"):
+        fit_predict(bench, targets, ref_mhz=1)
+    with pytest.raises(ValueError, match="no measurement of int32_high"):
+        fit_predict(bench.drop(index=bench.index[(bench["name"] == "int32_high")][:1]), targets)
+    (tmp_path / "bad.csv").write_text("name,sm_mhz\n")
+    assert main(["model", "fit", "--bench", str(tmp_path / "bad.csv"), "--targets", str(tmp_path / "bad.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bench" in err[0]
