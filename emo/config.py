@@ -36,8 +36,8 @@ def one_of(*values) -> dict:
 
 
 NON_EMPTY = {"allowed": (lambda v: len(v) > 0, "non-empty")}
-CLOCKS = {"allowed": (lambda v: len(v) > 0 and all(c > 0 for c in v) and list(v) == sorted(set(v)),
-                      "a non-empty ascending list of clocks > 0 (MHz)")}
+CLOCKS = {"allowed": (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v)),
+                      "an ascending list of clocks > 0 (MHz); empty only on NVML, which reports them")}
 LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)")}
 
 
@@ -47,9 +47,9 @@ class GpuConfig:
     name: str = MISSING  # model key, e.g. "a100"
     backend: str = field(default="sim", metadata=one_of("sim", "nvml"))  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
     clocks_mhz: list[int] = field(default_factory=list, metadata=CLOCKS)  # supported SM clocks, ascending
-    default_mhz: int = field(default=MISSING, metadata=above(0))  # clock the GPU runs at when unlocked (the baseline: max clock)
+    default_mhz: int = field(default=MISSING, metadata=at_least(0))  # clock the GPU runs at when unlocked (the baseline: max clock)
     memory_mhz: int = field(default=0, metadata=at_least(0))
-    tdp_w: float = field(default=MISSING, metadata=above(0))
+    tdp_w: float = field(default=MISSING, metadata=at_least(0))
     seed: int = 0  # virtual GPU: deterministic per seed
     noise: float = field(default=0.0, metadata=at_least(0))  # virtual GPU: relative std of measurement noise
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
@@ -226,6 +226,11 @@ def check(cfg: dict) -> None:
         _bad("optimizer.change_interval_ms", f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
              opt["change_interval_ms"])
     gpu = cfg.get("gpu", {})
+    if "clocks_mhz" in gpu and not gpu["clocks_mhz"] and gpu.get("backend") != "nvml":
+        _bad("gpu.clocks_mhz", "a non-empty ascending list of clocks > 0 (MHz) (only NVML discovers them)", gpu["clocks_mhz"])
+    for key in ("default_mhz", "tdp_w"):  # 0 on NVML: what the device reports
+        if key in gpu and gpu[key] <= 0 and gpu.get("backend") != "nvml":
+            _bad(f"gpu.{key}", "> 0 (0 only on NVML, which reports it)", gpu[key])
     if gpu.get("clocks_mhz") and gpu.get("default_mhz") not in gpu["clocks_mhz"]:
         _bad("gpu.default_mhz", f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
              gpu.get("default_mhz"))

@@ -69,7 +69,7 @@ def test_unknown_group_choice_lists_the_choices():
     with pytest.raises(ValueError) as e:
         compose(["gpu=nosuch"])
     msg = str(e.value)
-    assert "gpu/nosuch" in msg and "a100, h100, rtx3080ti, v100" in msg and "\n" not in msg
+    assert "gpu/nosuch" in msg and "a100, h100, nvml, rtx3080ti, v100" in msg and "\n" not in msg
     assert "schema" not in msg and "provider" not in msg
 
 
