@@ -5,7 +5,8 @@ Tiles a real trace (DLRM rank 0 from ../shared/data/traces, 3.4k events) into tr
 
 - EMO's default analysis: read_trace + build_graph + compile_graph + whatif;
 - EMO's HTA-compatible mode: `emo analyze --hta-compatible` (emo.analyze.analyze_trace, which
-  also does the default analysis) on rank 0;
+  also does the default analysis) on rank 0 ("hta-c"), and HTA's own job alone in that mode
+  (read_trace + hta_critical_path on rank 0, "path");
 - HTA 0.5.0 (TraceAnalysis + critical_path_analysis on rank 0) in its own virtual environment (it
   needs pandas<3; created on first use under ~/.cache/emo/hta-venv).
 
@@ -104,6 +105,11 @@ def emo_run(path: str, mode: str, rate: bool) -> dict:
     if mode == "hta":
         a = analyze_trace(path, rank=0, hta_compatible=True)
         out = {"total_s": time.perf_counter() - t, "cp_us": a.summary["critical_path_us"]}
+        from emo.graph.hta import hta_critical_path
+
+        t = time.perf_counter()  # HTA's own job alone: read the trace, its critical path on rank 0
+        hta_critical_path(read_trace(path), 0)
+        out["path_s"] = time.perf_counter() - t
     else:
         events = read_trace(path)
         t_read = time.perf_counter() - t
@@ -160,7 +166,8 @@ def whatif_rate(compiled, repeats: int = 20) -> float:
 
 
 HEADER = (f"{'events':>9} {'nodes':>8} {'EMO s':>7} {'EMO MB':>7} {'HTA s':>7} {'HTA MB':>7} {'HTA/EMO':>7}  "
-          f"{'EMO read':>8} {'EMO g+cp':>8} {'HTA read':>8} {'HTA g+cp':>8}  {'EMO hta-c s':>11} {'MB':>6} {'HTA/hta-c':>9}")
+          f"{'EMO read':>8} {'EMO g+cp':>8} {'HTA read':>8} {'HTA g+cp':>8}  {'EMO hta-c s':>11} {'MB':>6} {'HTA/hta-c':>9}"
+          f"  {'path s':>7} {'HTA/path':>8}")
 
 
 def row(n_ev: int, emo: dict, hc: dict, h: dict | None) -> str:
@@ -170,7 +177,8 @@ def row(n_ev: int, emo: dict, hc: dict, h: dict | None) -> str:
     hta_s = h["parse_s"] + h["cp_s"]
     return (head + f"{hta_s:>7.2f} {h['rss_mb']:>7.0f} {hta_s / emo['total_s']:>7.1f}  "
             f"{emo['read_s']:>8.3f} {emo['total_s'] - emo['read_s']:>8.3f} {h['parse_s']:>8.2f} {h['cp_s']:>8.2f}  "
-            f"{hc['total_s']:>11.3f} {hc['rss_mb']:>6.0f} {hta_s / hc['total_s']:>9.1f}")
+            f"{hc['total_s']:>11.3f} {hc['rss_mb']:>6.0f} {hta_s / hc['total_s']:>9.1f}"
+            f"  {hc['path_s']:>7.3f} {hta_s / hc['path_s']:>8.1f}")
 
 
 def write_trace(path: Path, base: dict, events: list[dict]) -> None:

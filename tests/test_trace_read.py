@@ -171,8 +171,8 @@ def test_folder_read_in_parallel_equals_serial(monkeypatch):
 
     serial = read_trace(TRACES / "dlrm_8rank")
     monkeypatch.setattr(ranks, "PARALLEL_BYTES", 0)  # worker processes even for these small files
-    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert ranks.readers(sorted((TRACES / "dlrm_8rank").iterdir())) == 3
+    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert ranks.readers(sorted((TRACES / "dlrm_8rank").iterdir())) == 4
     parallel = read_trace(TRACES / "dlrm_8rank")
     assert parallel.equals(serial)
 
@@ -181,7 +181,7 @@ def test_parallel_reader_passes_the_one_line_error_on(tmp_path, monkeypatch):
     import emo.trace.ranks as ranks
 
     monkeypatch.setattr(ranks, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     _write(tmp_path, "a.json", _small_doc())
     (tmp_path / "b.json").write_bytes(b'{"traceEvents": [')
     with pytest.raises(ValueError, match=r"b\.json: truncated or malformed JSON"):

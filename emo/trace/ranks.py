@@ -1,8 +1,9 @@
 """Read the per-rank files of a folder, in parallel where the machine has cores for it.
 
-Each worker is a fresh `python -m emo.trace.ranks` process that reads its share of the files one
-at a time and hands each table back as an Arrow (Feather) file, so memory is bounded by the
-tables themselves plus one file being parsed per worker. Fresh processes rather than a fork: the
+This process reads one share of the files; each other share goes to a fresh
+`python -m emo.trace.ranks` process that reads its files one at a time and hands each table back as
+an Arrow (Feather) file, so memory is bounded by the tables themselves plus one file being parsed
+per reader. Fresh processes rather than a fork: the
 caller may hold threads (a progress bar, a tracking client), and a forked lock is a deadlock; and
 unlike multiprocessing's spawn, no caller's main module is re-imported."""
 from __future__ import annotations
@@ -17,17 +18,21 @@ import pandas as pd
 
 from emo.trace.kineto import read_kineto
 
-# Folders of at least this many bytes are read by several processes (below, starting them costs more)
+# Folders of at least this many bytes are read by several processes, on machines with at least
+# MIN_CORES cores: a worker's start (an interpreter importing numpy and pandas) costs about as much
+# as parsing a 60k-event file, so on two cores the pool only breaks even.
 PARALLEL_BYTES = 32 << 20
+MIN_CORES = 4
 MAX_READERS = 8
 
 
 def readers(files: list[Path]) -> int:
     """How many processes read `files`: one per core, at most one per file and MAX_READERS; one
-    (this process) for small folders."""
-    if sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
+    (this process) for small folders and small machines."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < MIN_CORES or sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
         return 1
-    return max(1, min(len(files), len(os.sched_getaffinity(0)), MAX_READERS))
+    return max(1, min(len(files), cores, MAX_READERS))
 
 
 def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
@@ -36,15 +41,19 @@ def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
     if n < 2:
         return [read_kineto(f, rank=i) for i, f in enumerate(files)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    share = [i % n for i in range(len(files))]  # this process reads share 0 while the workers read theirs
     with tempfile.TemporaryDirectory(prefix="emo-ranks-") as tmp:
-        jobs = [[f"{i}={f}" for i, f in enumerate(files) if i % n == w] for w in range(n)]
-        procs = [subprocess.Popen([sys.executable, "-m", "emo.trace.ranks", tmp, *job], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for job in jobs]
-        errors = [p.communicate()[1].strip() for p in procs]
+        procs = [subprocess.Popen([sys.executable, "-m", "emo.trace.ranks", tmp,
+                                   *(f"{i}={f}" for i, f in enumerate(files) if share[i] == w)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for w in range(1, n)]
+        try:
+            mine = {i: read_kineto(f, rank=i) for i, f in enumerate(files) if share[i] == 0}
+        finally:
+            errors = [p.communicate()[1].strip() for p in procs]
         for p, err in zip(procs, errors):
             if p.returncode != 0:
                 raise ValueError(err.splitlines()[-1] if err else f"a trace reader exited with {p.returncode}")
-        return [pd.read_feather(Path(tmp) / f"{i}.feather") for i in range(len(files))]
+        return [mine[i] if share[i] == 0 else pd.read_feather(Path(tmp) / f"{i}.feather") for i in range(len(files))]
 
 
 def _worker(out: str, jobs: list[str]) -> int:
