@@ -1,7 +1,6 @@
 """The execution graph on the real traces: HTA parity, replay error, cross-rank collectives."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,7 @@ from emo.graph.hta import hta_critical_path
 from emo.graph.whatif import compile_graph, whatif
 from emo.trace import clip_window, read_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
-pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="shared real traces not present")
+from real_traces import real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 ALEX = "hta_alexnet_a100_2stream_cudasync.json.gz"
 # HTA 0.5.0's critical path (us) on these files, from shared/data/traces/README.md
@@ -31,7 +29,7 @@ _cache: dict = {}
 
 def events(name):
     if name not in _cache:
-        _cache[name] = read_trace(TRACES / name)
+        _cache[name] = read_trace(real(name))
     return _cache[name]
 
 

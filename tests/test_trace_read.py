@@ -10,8 +10,7 @@ import pytest
 
 from emo.trace import COLUMNS, clip_window, read_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
-pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="shared real traces not present")
+from real_traces import TRACES, real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 ALEXNET = TRACES / "hta_alexnet_a100_2stream_cudasync.json.gz"
 ES1 = TRACES / "hta_event_sync_a100_1stream.json.gz"
@@ -32,7 +31,7 @@ def test_schema_fixed_names_and_dtypes():
 
 
 def test_folder_of_ranks():
-    ev = read_trace(TRACES / "dlrm_8rank")
+    ev = read_trace(real("dlrm_8rank"))
     assert sorted(ev["rank"].unique()) == list(range(8))
     nccl = ev[ev["name"].str.startswith("nccl") & (ev["kind"] == "kernel")]
     assert nccl.groupby("rank").size().tolist() == [8] * 8
@@ -40,7 +39,7 @@ def test_folder_of_ranks():
 
 
 def test_nsys_sqlite():
-    ev = read_trace(TRACES / "pipit_nsys_cloverleaf_a100.sqlite")
+    ev = read_trace(real("pipit_nsys_cloverleaf_a100.sqlite"))
     assert (ev["kind"] == "kernel").sum() == 1312
     # syncType says "event sync"; the correlated cudaDeviceSynchronize says what it really is
     assert set(ev.loc[ev["kind"] == "sync", "sync_kind"]) == {"Context Sync"}
@@ -169,11 +168,11 @@ def test_driver_launches_link_like_runtime_ones(tmp_path):
 def test_folder_read_in_parallel_equals_serial(monkeypatch):
     import emo.trace.ranks as ranks
 
-    serial = read_trace(TRACES / "dlrm_8rank")
+    serial = read_trace(real("dlrm_8rank"))
     monkeypatch.setattr(ranks, "PARALLEL_BYTES", 0)  # worker processes even for these small files
     monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert ranks.readers(sorted((TRACES / "dlrm_8rank").iterdir())) == 4
-    parallel = read_trace(TRACES / "dlrm_8rank")
+    assert ranks.readers(sorted(real("dlrm_8rank").iterdir())) == 4
+    parallel = read_trace(real("dlrm_8rank"))
     assert parallel.equals(serial)
 
 
