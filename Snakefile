@@ -1,17 +1,56 @@
 # EMO's pipeline: calibrate -> trace -> graph -> pack -> profile -> fit -> optimize -> validate.
 # Configuration is composed from conf/ with Hydra: `snakemake -c 2 --config 'overrides=["workload=pp"]'`
-# or, more simply, `emo run workload=pp`. Every stage writes results/<stage>/<hash>/, the hash
-# covering the configuration it depends on, its inputs and its code (emo/plan.py).
-from emo.plan import compose, plan
+# or, more simply, `emo run workload=pp`. A sweep (`emo run -m ...`) passes every job's overrides as
+# `--config 'jobs=[[...], [...]]'` and runs as this one DAG. Every stage writes results/<stage>/<hash>/,
+# the hash covering the configuration it depends on, its inputs and its code (emo/plan.py); the rules
+# are generic over that hash, and SWEEP says which job planned each folder (emo/sweep.py).
+from emo import sweep
 
-EMO = compose(config.get("overrides", []))
-P = plan(EMO)
-config["resolved"] = EMO  # what the stages read (workflow/scripts/stage.py)
+SWEEP = sweep.from_snakemake_config(config)
+# what each stage reads (workflow/scripts/stage.py): the configuration of the job that planned the folder
+config["resolved"] = {s: {h: j.cfg for h, j in by_hash.items()} for s, by_hash in SWEEP.by_stage.items()}
+
+
+wildcard_constraints:
+    hash="[0-9a-f]+",
+
+
+def out(stage, name):
+    """An output of `stage` in the folder its {hash} names (emo.plan: results/<stage>/<hash>/)."""
+    return str(SWEEP.results / stage / "{hash}" / name)
+
+
+def up(stage, upstream, name):
+    """Input function: file `name` of the `upstream` folder that this `stage` folder is computed from."""
+    return lambda w: SWEEP.upstream(stage, w.hash, upstream, name)
+
+
+def params(stage):
+    return lambda w: SWEEP.plan(stage, w.hash).params
+
+
+def log_of(stage):
+    return str(SWEEP.results / stage / "logs" / "{hash}.log")
+
+
+def gpus(stage):
+    """GPUs a job of this stage holds (resources: gpu): its workload's ranks on real GPUs, 1 on the virtual GPU."""
+    return lambda w: sweep.gpus_needed(SWEEP.job(stage, w.hash).cfg)
 
 
 rule all:
     input:
-        P["validate"].out("result.json"),  # offline methods pull trace -> ... -> optimize; online ones only validate
+        [job.result for job in SWEEP.jobs],  # offline methods pull trace -> ... -> optimize; online ones only validate
+
+
+# plain `snakemake`: its main process is MLflow's one writer when the run ends (`emo run` runs
+# without these hooks and does the same itself, also when nothing had to run)
+onsuccess:
+    sweep.finish(SWEEP, config.get("sweep"))
+
+
+onerror:
+    sweep.finish(SWEEP, config.get("sweep"))
 
 
 include: "workflow/rules/trace.smk"

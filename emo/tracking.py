@@ -1,23 +1,32 @@
 """MLflow logging: the embedded store (`sqlite:///results/mlflow.db`) needs no server.
 
-`emo run` opens one parent run per sweep and one child run per job and passes the child's id to the
-stages through EMO_MLFLOW_RUN_ID; a stage run by plain `snakemake` opens a run of its own.
+One writer: stages only write their `metrics.json`; when a Snakemake run ends, its main process
+(`emo run`, or plain `snakemake`) logs every job from its stage folders (`log_sweep`): one parent run
+per sweep with the sweep's params, a child per job with the resolved configuration as params, every
+stage's metrics (also for stages reused from an earlier run) and the artifacts a reader wants. Parallel
+jobs therefore never write to the SQLite store at once; `MLFLOW_TRACKING_URI` points every run at a
+tracking server instead (a cluster whose jobs do not share a disk).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
-RUN_ID_ENV = "EMO_MLFLOW_RUN_ID"
 logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def tracking_uri(tracking_cfg: dict) -> str:
+    """The store: MLFLOW_TRACKING_URI when set (a tracking server), else the configured one."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg["uri"]
 
 
 def _mlflow(tracking_cfg: dict):
     import mlflow
 
-    uri, name = tracking_cfg["uri"], tracking_cfg["experiment"]
+    uri, name = tracking_uri(tracking_cfg), tracking_cfg["experiment"]
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
     if store:
         store.mkdir(parents=True, exist_ok=True)
@@ -42,45 +51,81 @@ def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def log_stage(cfg: dict, stage: str, stage_hash: str, metrics: dict, artifacts: list[Path]) -> None:
-    """Log a stage's numeric metrics (prefixed by the stage) into the job's run, or a run of its own."""
-    tracking = cfg["tracking"]
-    if not tracking["enabled"]:
-        return
-    mlflow = _mlflow(tracking)
-    run_id = os.environ.get(RUN_ID_ENV)
-    ctx = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=f"{stage}-{stage_hash}")
-    with ctx:
-        if not run_id:
-            mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "optimizer", "budget", "results") if k in cfg}))
-        mlflow.set_tag(f"emo.{stage}.hash", stage_hash)
-        mlflow.log_metrics({f"{stage}.{k}": float(v) for k, v in metrics.items() if _is_number(v)})
-        for path in artifacts:
-            mlflow.log_artifact(str(path), artifact_path=f"{stage}")
-
-
-@contextlib.contextmanager
-def job_run(cfg: dict, name: str, parent_id: str | None = None):
-    """A child run for one job of a sweep, its params the resolved configuration; yields its id."""
-    tracking = cfg["tracking"]
-    if not tracking["enabled"]:
-        yield None
-        return
-    mlflow = _mlflow(tracking)
-    with mlflow.start_run(run_name=name, parent_run_id=parent_id, nested=parent_id is not None) as run:
-        mlflow.log_params(flatten(cfg))
-        yield run.info.run_id
-
-
-@contextlib.contextmanager
-def sweep_run(tracking: dict, name: str):
-    if not tracking["enabled"]:
-        yield None
-        return
-    mlflow = _mlflow(tracking)
-    with mlflow.start_run(run_name=name) as run:
-        yield run.info.run_id
-
-
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# --------------------------------------------------------------------------- a finished Snakemake run
+ARTIFACTS = {"optimize": ("policy.json",), "validate": ("result.json", "pareto.parquet")}
+
+
+def job_record(plans: dict) -> tuple[dict[str, float], dict[str, str], list[Path]]:
+    """A job's metrics (`<stage>.<name>`), tags (`emo.<stage>.hash`) and artifacts, read from its
+    stage folders: the same whether a stage ran now or was reused."""
+    import json
+
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    artifacts: list[Path] = []
+    for stage, p in plans.items():
+        mfile = p.dir / "metrics.json"
+        if not (p.dir / "config.json").exists() or not mfile.exists():
+            continue  # not computed (the run failed before it, or --until stopped earlier)
+        tags[f"emo.{stage}.hash"] = p.hash
+        metrics.update({f"{stage}.{k}": float(v) for k, v in json.loads(mfile.read_text()).items() if _is_number(v)})
+        artifacts += [p.dir / name for name in ARTIFACTS.get(stage, ()) if (p.dir / name).exists()]
+        artifacts += sorted((p.dir / "plots").glob("*.png"))
+    return metrics, tags, artifacts
+
+
+def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
+    """A sweep's params: what every job shares, and each swept key with all its values (`sweep.<key>`)."""
+    flat = [flatten(c) for c in cfgs]
+    shared = {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
+    swept = {}
+    for k in sorted({k for f in flat for k in f} - set(shared)):
+        swept[f"sweep.{k}"] = ",".join(dict.fromkeys(f.get(k, "") for f in flat))[:500]
+    return {**shared, **swept, "sweep.overrides": " ".join(overrides)[:500], "sweep.jobs": str(len(cfgs))}
+
+
+def log_sweep(jobs: list, name: str | None, overrides: list[str] = ()) -> dict[str, str]:
+    """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
+    sweep), FINISHED when its result is there and FAILED otherwise. Returns {job name: run id}."""
+    if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
+        return {}
+    from mlflow.tracking import MlflowClient
+
+    mlflow = _mlflow(jobs[0].cfg["tracking"])
+    client = MlflowClient()
+    exp_id = mlflow.get_experiment_by_name(jobs[0].cfg["tracking"]["experiment"]).experiment_id
+    now = int(time.time() * 1000)
+    parent = None
+    if name is not None:
+        parent = client.create_run(exp_id, run_name=name).info.run_id
+        _batch(client, parent, params=sweep_params([j.cfg for j in jobs], list(overrides)))
+    ids: dict[str, str] = {}
+    ok_all = True
+    for job in jobs:
+        metrics, tags, artifacts = job_record(job.plans)
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        run_id = client.create_run(exp_id, run_name=job.name, tags=tags).info.run_id
+        _batch(client, run_id, params=flatten(job.cfg), metrics=metrics, now=now)
+        for path in artifacts:
+            client.log_artifact(run_id, str(path), artifact_path=path.parent.name if path.parent.name == "plots" else path.parents[1].name)
+        ok = Path(job.result).exists()
+        ok_all &= ok
+        client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+        ids[job.name] = run_id
+    if parent:
+        client.set_terminated(parent, "FINISHED" if ok_all else "FAILED")
+    return ids
+
+
+def _batch(client, run_id: str, params: dict | None = None, metrics: dict | None = None, now: int = 0) -> None:
+    from mlflow.entities import Metric, Param
+
+    ps = [Param(k, v) for k, v in (params or {}).items()]
+    ms = [Metric(k, v, now, 0) for k, v in (metrics or {}).items()]
+    for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])

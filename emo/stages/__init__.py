@@ -2,8 +2,9 @@
 
 `run_stage` is what every workflow script calls: it builds the stage folder in a hidden temporary
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
-the folder's hash covers, last), then logs the metrics to MLflow. An interrupted run therefore never
-leaves a stage folder that a later run would trust.
+the folder's hash covers, last); its `metrics.json` goes to MLflow when the Snakemake run ends
+(emo.tracking.log_sweep). An interrupted run therefore never leaves a stage folder that a later run
+would trust.
 """
 from __future__ import annotations
 
@@ -48,9 +49,6 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("%s: %s", stage, metrics)
-    from emo import tracking
-
-    tracking.log_stage(params["cfg"], stage, params["hash"], metrics, [out / "config.json", out / "metrics.json"])
     return metrics
 
 

@@ -3,17 +3,22 @@
 ONLINE_METHODS = ("zeus", "geepafs")
 
 
+def validate_inputs(w):
+    job = SWEEP.job("validate", w.hash)
+    return {} if job.cfg["optimizer"]["name"] in ONLINE_METHODS else {"policy": job.plans["optimize"].out("policy.json")}
+
+
 rule validate:
     input:
-        **({} if EMO["optimizer"]["name"] in ONLINE_METHODS else {"policy": P["optimize"].out("policy.json")}),
+        unpack(validate_inputs),
     output:
-        result=P["validate"].out("result.json"),
-        config=P["validate"].out("config.json"),
+        result=out("validate", "result.json"),
+        config=out("validate", "config.json"),
     params:
-        emo=P["validate"].params,
+        emo=params("validate"),
     log:
-        P["validate"].log,
+        log_of("validate"),
     resources:
-        gpu=1,
+        gpu=gpus("validate"),
     script:
         "../scripts/stage.py"
