@@ -15,27 +15,7 @@ wildcard_constraints:
     hash="[0-9a-f]+",
 
 
-def out(stage, name):
-    """An output of `stage` in the folder its {hash} names (emo.plan: results/<stage>/<hash>/)."""
-    return str(SWEEP.results / stage / "{hash}" / name)
-
-
-def up(stage, upstream, name):
-    """Input function: file `name` of the `upstream` folder that this `stage` folder is computed from."""
-    return lambda w: SWEEP.upstream(stage, w.hash, upstream, name)
-
-
-def params(stage):
-    return lambda w: SWEEP.plan(stage, w.hash).params
-
-
-def log_of(stage):
-    return str(SWEEP.results / stage / "logs" / "{hash}.log")
-
-
-def gpus(stage):
-    """GPUs a job of this stage holds (resources: gpu): its workload's ranks on real GPUs, 1 on the virtual GPU."""
-    return lambda w: sweep.gpus_needed(SWEEP.job(stage, w.hash).cfg)
+include: "workflow/rules/common.smk"
 
 
 rule all:

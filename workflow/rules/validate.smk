@@ -1,13 +1,5 @@
 # validate: max clock vs the method, measured on the device. Offline methods (emo, static, perseus)
 # bring optimize's policy; online baselines (zeus, geepafs) tune while validate runs them.
-ONLINE_METHODS = ("zeus", "geepafs")
-
-
-def validate_inputs(w):
-    job = SWEEP.job("validate", w.hash)
-    return {} if job.cfg["optimizer"]["name"] in ONLINE_METHODS else {"policy": job.plans["optimize"].out("policy.json")}
-
-
 rule validate:
     input:
         unpack(validate_inputs),

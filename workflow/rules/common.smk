@@ -1,0 +1,34 @@
+# Helpers the rules share: every rule is generic over its stage folder's {hash}; SWEEP (the Snakefile)
+# says which job planned that folder, hence its inputs, params and GPUs (emo/sweep.py).
+
+
+def out(stage, name):
+    """An output of `stage` in the folder its {hash} names (emo.plan: results/<stage>/<hash>/)."""
+    return str(SWEEP.results / stage / "{hash}" / name)
+
+
+def up(stage, upstream, name):
+    """Input function: file `name` of the `upstream` folder that this `stage` folder is computed from."""
+    return lambda w: SWEEP.upstream(stage, w.hash, upstream, name)
+
+
+def params(stage):
+    return lambda w: SWEEP.plan(stage, w.hash).params
+
+
+def log_of(stage):
+    return str(SWEEP.results / stage / "logs" / "{hash}.log")
+
+
+def gpus(stage):
+    """GPUs a job of this stage holds (resources: gpu): its workload's ranks on real GPUs, 1 on the virtual GPU."""
+    return lambda w: sweep.gpus_needed(SWEEP.job(stage, w.hash).cfg)
+
+
+# validate: offline methods (emo, static, perseus) bring optimize's policy; online baselines tune while it runs
+ONLINE_METHODS = ("zeus", "geepafs")
+
+
+def validate_inputs(w):
+    job = SWEEP.job("validate", w.hash)
+    return {} if job.cfg["optimizer"]["name"] in ONLINE_METHODS else {"policy": job.plans["optimize"].out("policy.json")}
