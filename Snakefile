@@ -16,11 +16,18 @@ wildcard_constraints:
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/summary.smk"
+
+
+report: "workflow/report/workflow.rst"
 
 
 rule all:
     input:
-        [job.result for job in SWEEP.jobs],  # offline methods pull trace -> ... -> optimize; online ones only validate
+        # every job's result (offline methods pull trace -> ... -> optimize; online ones only validate)
+        # and the sweep's summary (the compare table and plots, what `snakemake --report` shows)
+        [job.result for job in SWEEP.jobs],
+        rules.summary.output.index,
 
 
 # plain `snakemake`: its main process is MLflow's one writer when the run ends (`emo run` runs

@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
-COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare")
+COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare", "emo.ui")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,8 +3,8 @@ plots a reader wants.
 
     emo compare [--uri sqlite:///results/mlflow.db] [--experiment emo] [--plots DIR] [--csv FILE]
 
-The table: one row per workload x budget, one column per method, each cell `ES% / PL%` measured by
-validate (the latest run of that cell wins). The plots (with --plots): per workload, energy vs time
+The table: one row per GPU x workload x budget, one column per method, each cell `ES% / PL%` measured by
+validate (the latest run of that cell wins). The plots (with --plots): per GPU x workload, energy vs time
 per iteration with the static clocks' curve (measured by validate for optimizer=static) and each
 method's point; and for EMO's policy, the timeline of one iteration per GPU with the critical path
 and the chosen clocks.
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from emo.io import write_json
 
 METHOD_ORDER = ("emo", "static", "zeus", "perseus", "geepafs")
 METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
@@ -86,17 +88,32 @@ def latest(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows workload x budget, a column per method, cells `ES% / PL%`."""
+    """Rows GPU x workload x budget, a column per method, cells `ES% / PL%`."""
     r = latest(runs)
     if r.empty:
         return pd.DataFrame()
     r = r.assign(cell=[f"{es:5.1f} / {pl:4.1f}" for es, pl in zip(r["es_pct"], r["pl_pct"])])
     methods = [m for m in METHOD_ORDER if m in set(r["method"])] + sorted(set(r["method"]) - set(METHOD_ORDER))
-    t = r.pivot_table(index=["workload", "budget"], columns="method", values="cell", aggfunc="first")
+    t = r.pivot_table(index=["gpu", "workload", "budget"], columns="method", values="cell", aggfunc="first")
     t = t.reindex(columns=methods).fillna("-")
-    t.index = t.index.set_names(["workload", "budget"])
+    t.index = t.index.set_names(["gpu", "workload", "budget"])
     t.columns.name = "ES% / PL%"
     return t
+
+
+def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
+    """The runs table from validate's result.json files ((resolved config, validate folder) per job)
+    instead of MLflow: what the pipeline's own summary rule reads."""
+    from emo.tracking import flatten
+
+    frames = []
+    for cfg, vdir in jobs:
+        res = json.loads((Path(vdir) / "result.json").read_text())
+        row = {"run_id": Path(vdir).name, "tags.emo.validate.hash": Path(vdir).name,
+               **{f"params.{k}": v for k, v in flatten(cfg).items()},
+               **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()}}
+        frames.append(row)
+    return runs_table(pd.DataFrame(frames))
 
 
 # --------------------------------------------------------------------------- stage folders
@@ -129,7 +146,7 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
 
     written = []
     r = latest(runs)
-    for wl, group in r.groupby("workload"):
+    for (gpu, wl), group in r.groupby(["gpu", "workload"]):
         fig, ax = plt.subplots(figsize=(6.4, 4.8))
         static = group[(group["method"] == "static") & group["validate_hash"].notna()]
         for h in static["validate_hash"]:
@@ -149,10 +166,10 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
                     label=f"{method} ({budget:.0%})")
         ax.set_xlabel("iteration time (ms)")
         ax.set_ylabel("energy per iteration (J, all GPUs)")
-        ax.set_title(f"{wl}: energy vs time")
+        ax.set_title(f"{wl} on {gpu}: energy vs time")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        path = out / f"energy_time_{_slug(wl)}.png"
+        path = out / f"energy_time_{_slug(gpu)}_{_slug(wl)}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
@@ -218,6 +235,35 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in s).strip("_").lower()
 
 
+# --------------------------------------------------------------------------- the pipeline's summary
+def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, list[str]]:
+    """A sweep's shareable summary from its jobs' (name, resolved config, validate folder): the table
+    (`compare.tsv`), ES/PL and prediction errors per job (`jobs.tsv`), the plots (`plots/`) and which
+    plots belong to which job (`plots.json`, validate hash -> file names: MLflow attaches them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    runs = results_rows([(cfg, vdir) for _, cfg, vdir in jobs])
+    runs["job"] = [name for name, _, _ in jobs]
+    results = Path(jobs[0][2]).parents[1]
+    table(runs).to_csv(out / "compare.tsv", sep="\t")
+    cols = ["job", "gpu", "workload", "method", "budget", "es_pct", "pl_pct", "time_error_pct", "energy_error_pct",
+            "validate_hash"]
+    runs[cols].to_csv(out / "jobs.tsv", sep="\t", index=False, float_format="%.3f")
+    index: dict[str, list[str]] = {h: [] for h in runs["validate_hash"]}
+    for path in plot_energy_time(runs, results, out / "plots"):
+        gpu_wl = path.stem.removeprefix("energy_time_")
+        for _, row in runs.iterrows():
+            if f"{_slug(row['gpu'])}_{_slug(row['workload'])}" == gpu_wl:
+                index[row["validate_hash"]].append(path.name)
+    for _, row in runs.iterrows():
+        p = plot_timeline(results, row["validate_hash"], out / "plots",
+                          f"{row['workload']} on {row['gpu']} {row['method']} {row['budget']:.0%}")
+        if p:
+            index[row["validate_hash"]].append(p.name)
+    write_json(out / "plots.json", index)
+    return index
+
+
 # --------------------------------------------------------------------------- command
 def results_dir(uri: str, runs: pd.DataFrame) -> Path:
     """Where the stage folders are: the runs' `results` param, else beside the SQLite store."""
@@ -235,7 +281,9 @@ def main(args: argparse.Namespace) -> int:
         from emo.plan import compose
 
         tracking = compose(args.overrides)["tracking"]
-        uri, experiment = uri or tracking["uri"], experiment or tracking["experiment"]
+        from emo.tracking import tracking_uri
+
+        uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
     runs = load_runs(uri, experiment)
@@ -253,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
         results = results_dir(uri, runs)
         written = plot_energy_time(runs, results, out)
         for _, row in latest(runs)[lambda d: (d["method"] == "emo") & d["validate_hash"].notna()].iterrows():
-            p = plot_timeline(results, row["validate_hash"], out, f"{row['workload']} emo {row['budget']:.0%}")
+            p = plot_timeline(results, row["validate_hash"], out, f"{row['workload']} on {row['gpu']} emo {row['budget']:.0%}")
             if p:
                 written.append(p)
         for p in written:

@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="jobs at once (cores; on the virtual GPU one job per core)")
     p.add_argument("-n", "--dry-run", action="store_true", help="show what would run")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (e.g. trace)")
+    p.add_argument("--report", metavar="FILE", help="then write Snakemake's HTML report of the run (table, plots)")
     p.set_defaults(func=main)
 
 
@@ -35,13 +36,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
     ok = snakemake(jobs, args.cores, dry_run=args.dry_run, until=args.until,
                    gpus=sweep.gpus_available(sw.jobs[0].cfg, args.cores))
+    if ok and args.report and not args.dry_run:
+        ok = snakemake(jobs, args.cores, report=args.report)
     if not args.dry_run:
         sweep.finish(sw, name, args.overrides)  # MLflow and the result lines, also when nothing had to run
     return 0 if ok else 1
 
 
 def snakemake(jobs: list[list[str]], cores: int, *, dry_run: bool = False, until: str | None = None,
-              gpus: int = 1) -> bool:
+              gpus: int = 1, report: str | None = None) -> bool:
     """Run the Snakefile on every job's targets at once (one DAG) through the Snakemake API; True when
     it succeeded. `gpus`: the `gpu` resource the GPU-touching rules share."""
     from snakemake.api import SnakemakeApi
@@ -56,6 +59,12 @@ def snakemake(jobs: list[list[str]], cores: int, *, dry_run: bool = False, until
                 workdir=Path.cwd(),
             )
             dag = workflow.dag(DAGSettings(until=frozenset([until]) if until else frozenset(), force_incomplete=True))
+            if report:
+                from snakemake.report.html_reporter import ReportSettings
+
+                dag.create_report(reporter="html", report_settings=ReportSettings(path=Path(report)))
+                print(f"emo: report {report}", file=sys.stderr)
+                return True
             # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
             dag.execute_workflow(executor="dryrun" if dry_run else "local",
                                  execution_settings=ExecutionSettings(no_hooks=True))

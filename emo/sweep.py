@@ -67,6 +67,22 @@ class Sweep:
     def folders(self, stage: str) -> list[str]:
         return sorted(self.by_stage.get(stage, {}))
 
+    @property
+    def summary(self) -> Path:
+        """The sweep's summary folder (compare table, plots: the report), named by its jobs' results."""
+        import hashlib
+
+        key = ",".join(sorted(j.plans["validate"].hash for j in self.jobs))
+        return self.results / "summary" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def plots(self, job: Job) -> list[Path]:
+        """The summary's plots of one job (energy-time of its GPU x workload, its timeline)."""
+        import json
+
+        index = self.summary / "plots.json"
+        names = json.loads(index.read_text()).get(job.plans["validate"].hash, []) if index.exists() else []
+        return [self.summary / "plots" / n for n in names]
+
 
 def build(job_overrides: list[list[str]]) -> Sweep:
     """Compose and plan every job; one table of stage folders over all of them (shared ones once)."""
@@ -202,7 +218,7 @@ def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_resu
     plain `snakemake`): log every job to MLflow from its stage folders, then print its result line."""
     from emo import tracking
 
-    ids = tracking.log_sweep(list(sw.jobs), name, list(overrides))
+    ids = tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs})
     if print_results:
         for job in sw.jobs:
             print(result_line(job), flush=True)

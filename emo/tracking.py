@@ -74,7 +74,6 @@ def job_record(plans: dict) -> tuple[dict[str, float], dict[str, str], list[Path
         tags[f"emo.{stage}.hash"] = p.hash
         metrics.update({f"{stage}.{k}": float(v) for k, v in json.loads(mfile.read_text()).items() if _is_number(v)})
         artifacts += [p.dir / name for name in ARTIFACTS.get(stage, ()) if (p.dir / name).exists()]
-        artifacts += sorted((p.dir / "plots").glob("*.png"))
     return metrics, tags, artifacts
 
 
@@ -88,7 +87,7 @@ def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
     return {**shared, **swept, "sweep.overrides": " ".join(overrides)[:500], "sweep.jobs": str(len(cfgs))}
 
 
-def log_sweep(jobs: list, name: str | None, overrides: list[str] = ()) -> dict[str, str]:
+def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: dict[str, list[Path]] | None = None) -> dict[str, str]:
     """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
     sweep), FINISHED when its result is there and FAILED otherwise. Returns {job name: run id}."""
     if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
@@ -112,7 +111,10 @@ def log_sweep(jobs: list, name: str | None, overrides: list[str] = ()) -> dict[s
         run_id = client.create_run(exp_id, run_name=job.name, tags=tags).info.run_id
         _batch(client, run_id, params=flatten(job.cfg), metrics=metrics, now=now)
         for path in artifacts:
-            client.log_artifact(run_id, str(path), artifact_path=path.parent.name if path.parent.name == "plots" else path.parents[1].name)
+            client.log_artifact(run_id, str(path), artifact_path=path.parents[1].name)  # under the stage's name
+        for path in (plots or {}).get(job.name, []):
+            if path.exists():
+                client.log_artifact(run_id, str(path), artifact_path="plots")
         ok = Path(job.result).exists()
         ok_all &= ok
         client.set_terminated(run_id, "FINISHED" if ok else "FAILED")

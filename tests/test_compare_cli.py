@@ -56,16 +56,30 @@ def test_compare_prints_the_table_and_writes_plots(store, tmp_path, capsys):
     header = out.splitlines()[0]
     assert header.index("emo") < header.index("static") < header.index("zeus") < header.index("geepafs")
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert pngs == ["energy_time_tp2.png", "energy_time_tp4.png"]
+    assert pngs == ["energy_time_a100_tp2.png", "energy_time_a100_tp4.png"]
     assert len(pd.read_csv(tmp_path / "runs.csv")) == len(CELLS)
 
 
 def test_latest_run_of_a_cell_wins():
     runs = pd.DataFrame([
         {"run_id": "new", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 21.0, "pl_pct": 1.0},
+        {"run_id": "h100", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "h100", "es_pct": 9.0, "pl_pct": 1.0},
         {"run_id": "old", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 5.0, "pl_pct": 1.0},
     ])
-    assert table(runs).loc[("TP2", 0.02), "emo"].startswith(" 21.0")
+    assert table(runs).loc[("a100", "TP2", 0.02), "emo"].startswith(" 21.0")
+
+
+def test_two_gpus_are_two_rows_and_two_plots(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    results = tmp_path / "results"
+    jobs = [fake_job(results, ["workload=offload", "optimizer.name=emo"], 30.0, 0.1),
+            fake_job(results, ["gpu=h100", "workload=offload", "optimizer.name=emo"], 25.0, 0.2)]
+    tracking.log_sweep(jobs, None)
+    assert cli_main(["compare", "--uri", f"sqlite:///{results}/mlflow.db", "--plots", str(tmp_path / "plots")]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "offload" in ln]
+    assert len(rows) == 2 and any("a100" in r and "30.0" in r for r in rows) and any("h100" in r and "25.0" in r for r in rows)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["energy_time_a100_offload.png", "energy_time_h100_offload.png"]
 
 
 def test_workload_labels():

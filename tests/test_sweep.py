@@ -52,7 +52,7 @@ def test_the_sweep_is_one_dag_with_each_shared_stage_once(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     stats = job_stats(r.stdout + r.stderr)
     assert stats == {"calibrate": 1, "trace": 2, "graph": 2, "pack": 2, "profile": 2, "fit": 2, "optimize": 2,
-                     "validate": 3, "all": 1, "total": 17}
+                     "validate": 3, "summary": 1, "all": 1, "total": 18}
 
 
 def test_parallel_jobs_get_their_own_gpus(tmp_path):
@@ -118,7 +118,9 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
     assert len(lines) == 4 and all(" ES " in ln and " PL " in ln for ln in lines)
     assert any("policy " in ln and "policy.json" in ln for ln in lines)
 
-    assert cli_main(args) == 0  # nothing runs; the second sweep's runs still carry every metric
+    assert cli_main([*args, "--report", str(tmp_path / "report.html")]) == 0  # nothing runs; every metric is still logged
+    report = (tmp_path / "report.html").read_text()
+    assert "compare.tsv" in report and "jobs.tsv" in report and "energy_time_a100_tp2.png" in report
     assert len([ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("emo: ")]) == 4
     df, client = mlflow_runs(results)
     parents = df[df["tags.mlflow.parentRunId"].isna()]
@@ -133,7 +135,8 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
     emo_runs = children[children["params.optimizer.name"] == "emo"]
     assert emo_runs["metrics.optimize.predicted_time_s"].notna().all()
     for run_id in emo_runs["run_id"]:
-        names = {a.path for d in ("optimize", "validate") for a in client.list_artifacts(run_id, d)}
-        assert {"optimize/policy.json", "validate/result.json"} <= names
+        names = {a.path for d in ("optimize", "validate", "plots") for a in client.list_artifacts(run_id, d)}
+        assert {"optimize/policy.json", "validate/result.json", "plots/energy_time_a100_tp2.png"} <= names
+        assert any(n.startswith("plots/timeline_") for n in names)
     first, second = (children[children["tags.mlflow.parentRunId"] == p] for p in parents["run_id"])
     assert sorted(first["metrics.validate.es_pct"]) == sorted(second["metrics.validate.es_pct"])
