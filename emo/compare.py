@@ -53,15 +53,9 @@ def workload_label(params: dict) -> str:
 
 def load_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every MLflow run with validate's metrics: one row each, newest first."""
-    import mlflow
+    from emo.tracking import search
 
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
-    df = mlflow.search_runs([exp.experiment_id], filter_string="metrics.`validate.es_pct` > -1e30",
-                            order_by=["attributes.start_time DESC"])
-    return runs_table(df)
+    return runs_table(search(uri, experiment, "metrics.`validate.es_pct` > -1e30"))
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,10 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -23,20 +27,49 @@ def tracking_uri(tracking_cfg: dict) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg["uri"]
 
 
-def _mlflow(tracking_cfg: dict):
-    import mlflow
+def open_store(tracking_cfg: dict):
+    """(an MlflowClient on the store, the experiment's id), creating the experiment when it is new.
+    No global state: mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI to this process and its
+    children, so a second run in the same process (or a job it starts) would log into the first's store."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
 
     uri, name = tracking_uri(tracking_cfg), tracking_cfg["experiment"]
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
     if store:
         store.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    if store and mlflow.get_experiment_by_name(name) is None:
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is None:
         # artifacts beside the database, not in ./mlruns of whatever folder the user is in
-        with contextlib.suppress(mlflow.exceptions.MlflowException):  # another stage created it first
-            mlflow.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri())
-    mlflow.set_experiment(name)
-    return mlflow
+        with contextlib.suppress(MlflowException):  # another process created it first
+            c.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri() if store else None)
+        exp = c.get_experiment_by_name(name)
+    return c, exp.experiment_id
+
+
+def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":
+    """Every run of the experiment, newest first, as mlflow.search_runs frames them (run_id, status,
+    params.*, metrics.*, tags.*), without touching MLflow's global tracking URI."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
+    rows, token = [], None
+    while True:
+        page = c.search_runs([exp.experiment_id], filter_string, order_by=["attributes.start_time DESC"],
+                             max_results=1000, page_token=token)
+        for r in page:
+            rows.append({"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+                         **{f"params.{k}": v for k, v in r.data.params.items()},
+                         **{f"metrics.{k}": v for k, v in r.data.metrics.items()},
+                         **{f"tags.{k}": v for k, v in r.data.tags.items()}})
+        token = page.token
+        if not token:
+            return pd.DataFrame(rows)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -92,11 +125,7 @@ def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: di
     sweep), FINISHED when its result is there and FAILED otherwise. Returns {job name: run id}."""
     if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
         return {}
-    from mlflow.tracking import MlflowClient
-
-    mlflow = _mlflow(jobs[0].cfg["tracking"])
-    client = MlflowClient()
-    exp_id = mlflow.get_experiment_by_name(jobs[0].cfg["tracking"]["experiment"]).experiment_id
+    client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None
     if name is not None:

@@ -101,10 +101,12 @@ def test_a_stage_on_a_real_backend_sees_only_its_gpus(tmp_path, monkeypatch):
 
 
 def mlflow_runs(results: Path):
-    import mlflow
+    from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{results}/mlflow.db")
-    return mlflow.search_runs(experiment_names=["emo"]), mlflow.MlflowClient()
+    from emo.tracking import search
+
+    uri = f"sqlite:///{results}/mlflow.db"
+    return search(uri, "emo"), MlflowClient(tracking_uri=uri)
 
 
 @pytest.mark.slow
