@@ -8,5 +8,6 @@ rule calibrate:
         log_of("calibrate"),
     resources:
         gpu=gpus("calibrate"),
+        gpu_model=gpu_model("calibrate"),
     script:
         "../scripts/stage.py"

@@ -25,6 +25,11 @@ def gpus(stage):
     return lambda w: sweep.gpus_needed(SWEEP.job(stage, w.hash).cfg)
 
 
+def gpu_model(stage):
+    """The GPU model it needs (resources: gpu_model, what the slurm and kubernetes executors ask for)."""
+    return lambda w: SWEEP.job(stage, w.hash).cfg["gpu"]["name"]
+
+
 # validate: offline methods (emo, static, perseus) bring optimize's policy; online baselines tune while it runs
 ONLINE_METHODS = ("zeus", "geepafs")
 

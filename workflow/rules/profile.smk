@@ -14,5 +14,6 @@ rule profile:
         log_of("profile"),
     resources:
         gpu=gpus("profile"),
+        gpu_model=gpu_model("profile"),
     script:
         "../scripts/stage.py"

@@ -9,5 +9,6 @@ rule trace:
         log_of("trace"),
     resources:
         gpu=gpus("trace"),
+        gpu_model=gpu_model("trace"),
     script:
         "../scripts/stage.py"

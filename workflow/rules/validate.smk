@@ -12,5 +12,6 @@ rule validate:
         log_of("validate"),
     resources:
         gpu=gpus("validate"),
+        gpu_model=gpu_model("validate"),
     script:
         "../scripts/stage.py"
