@@ -1,7 +1,9 @@
 """A 12-job sweep run sequentially (one Snakemake run per job, one after another, as `emo run -m` did
 before the one-DAG runner) and as one Snakemake DAG at -j 2, side by side, each into a fresh results
 folder; the stage folders both write must be the same, byte for byte (but for the wall times stages
-record: metrics.json, optimize's solve_s, gzip's header time). Last line: `sweep speedup: X` (sequential wall time / one-DAG wall time).
+record: metrics.json, optimize's solve_s, gzip's header time). Both stop after validate (`--until
+validate`: the sweep's summary plots are not compared) and both end by logging every job to MLflow.
+Last line: `sweep speedup: X` (sequential wall time / one-DAG wall time).
 
     python benchmarks/sweep_scaling.py [--jobs 2] [--keep DIR]
 """
@@ -25,8 +27,9 @@ import sys
 from emo import run, sweep
 jobs = sweep.expand(sys.argv[2:], True)
 sw = sweep.build(jobs)
-for job in jobs:  # one Snakemake run per job, one after another
-    assert run.snakemake([job], int(sys.argv[1])), job
+cores = int(sys.argv[1])
+for job in jobs:  # one Snakemake run per job, one after another (each may use every core)
+    assert run.snakemake([job], cores, gpus=cores, until="validate"), job
 sweep.finish(sw, "sweep " + " ".join(sys.argv[2:]), sys.argv[2:], print_results=False)
 """
 
@@ -76,7 +79,8 @@ def main() -> int:
             sys.exit(f"sweep_scaling: {d} is not empty")
     py = sys.executable
     t_seq = timed([py, "-c", SEQUENTIAL, str(args.jobs), f"results={seq / 'results'}", *SWEEP], seq, seq / "log.txt")
-    t_dag = timed([py, "-m", "emo.cli", "run", "-m", "-j", str(args.jobs), f"results={dag / 'results'}", *SWEEP],
+    t_dag = timed([py, "-m", "emo.cli", "run", "-m", "-j", str(args.jobs), "--until", "validate",
+                   f"results={dag / 'results'}", *SWEEP],
                   dag, dag / "log.txt")
 
     a, b = stage_files(seq / "results"), stage_files(dag / "results")
