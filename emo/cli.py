@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
-COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration")
+COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration", "emo.ui")
 # What `emo --help` lists, so that only the module of the command being run is imported (the
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
 # here is simply imported up front.
@@ -16,6 +16,10 @@ COMMANDS = {
     "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
     "reset-clocks": ("emo.clocks", "restore default GPU clocks after a crashed run"),
     "compare": ("emo.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
+    "model": ("emo.model_cli", "the energy-latency model on tables from any source"),
+    "gpu-config": ("emo.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
+    "calibration": ("emo.calibration", "export or import a calibration (one file per GPU model)"),
+    "ui": ("emo.ui", "MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)"),
 }
 
 

@@ -3,8 +3,8 @@ plots a reader wants.
 
     emo compare [--uri sqlite:///results/mlflow.db] [--experiment emo] [--plots DIR] [--csv FILE]
 
-The table: one row per workload x budget, one column per method, each cell `ES% / PL%` measured by
-validate (the latest run of that cell wins). The plots (with --plots): per workload, energy vs time
+The table: one row per GPU x workload x budget, one column per method, each cell `ES% / PL%` measured by
+validate (the latest run of that cell wins). The plots (with --plots): per GPU x workload, energy vs time
 per iteration with the static clocks' curve (measured by validate for optimizer=static) and each
 method's point; and for EMO's policy, the timeline of one iteration per GPU with the critical path
 and the chosen clocks.
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from emo.io import write_json
 from emo.methods import METHODS as METHOD_ORDER
 
 METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
@@ -52,27 +53,23 @@ def workload_label(params: dict) -> str:
 
 def load_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every MLflow run with validate's metrics: one row each, newest first."""
-    import mlflow
+    from emo.tracking import search
 
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
-    df = mlflow.search_runs([exp.experiment_id], filter_string="metrics.`validate.es_pct` > -1e30",
-                            order_by=["attributes.start_time DESC"])
-    return runs_table(df)
+    return runs_table(search(uri, experiment, "metrics.`validate.es_pct` > -1e30"))
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """MLflow's search_runs frame -> workload, method, budget, metrics, the validate folder's hash."""
     if df.empty:
-        return pd.DataFrame(columns=["run_id", "workload", "method", "budget", "gpu", "validate_hash", *METRICS])
+        return pd.DataFrame(columns=["run_id", "workload", "method", "budget", "gpu", "validate_hash", "graph_hash",
+                                     "optimize_hash", *METRICS])
     rows = []
     for _, r in df.iterrows():
         params = {k[len("params."):]: v for k, v in r.items() if k.startswith("params.") and isinstance(v, str)}
         row = {"run_id": r["run_id"], "workload": workload_label(params),
                "method": params.get("optimizer.name", "emo"), "budget": float(params.get("budget", "nan")),
                "gpu": params.get("gpu.name", "?"), "validate_hash": r.get("tags.emo.validate.hash"),
+               "graph_hash": r.get("tags.emo.graph.hash"), "optimize_hash": r.get("tags.emo.optimize.hash"),
                "results": params.get("results")}
         for m in METRICS:
             v = r.get(f"metrics.validate.{m}")
@@ -87,17 +84,32 @@ def latest(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows workload x budget, a column per method, cells `ES% / PL%`."""
+    """Rows GPU x workload x budget, a column per method, cells `ES% / PL%`."""
     r = latest(runs)
     if r.empty:
         return pd.DataFrame()
     r = r.assign(cell=[f"{es:5.1f} / {pl:4.1f}" for es, pl in zip(r["es_pct"], r["pl_pct"])])
     methods = [m for m in METHOD_ORDER if m in set(r["method"])] + sorted(set(r["method"]) - set(METHOD_ORDER))
-    t = r.pivot_table(index=["workload", "budget"], columns="method", values="cell", aggfunc="first")
+    t = r.pivot_table(index=["gpu", "workload", "budget"], columns="method", values="cell", aggfunc="first")
     t = t.reindex(columns=methods).fillna("-")
-    t.index = t.index.set_names(["workload", "budget"])
+    t.index = t.index.set_names(["gpu", "workload", "budget"])
     t.columns.name = "ES% / PL%"
     return t
+
+
+def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
+    """The runs table from validate's result.json files ((resolved config, validate folder) per job)
+    instead of MLflow: what the pipeline's own summary rule reads."""
+    from emo.tracking import flatten
+
+    frames = []
+    for cfg, vdir in jobs:
+        res = json.loads((Path(vdir) / "result.json").read_text())
+        row = {"run_id": Path(vdir).name, "tags.emo.validate.hash": Path(vdir).name,
+               **{f"params.{k}": v for k, v in flatten(cfg).items()},
+               **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()}}
+        frames.append(row)
+    return runs_table(pd.DataFrame(frames))
 
 
 # --------------------------------------------------------------------------- stage folders
@@ -121,8 +133,27 @@ def upstream(results: Path, stage: str, stage_hash: str, want: str) -> Path | No
 
 
 # --------------------------------------------------------------------------- plots
+MARKERS = dict(zip(METHOD_ORDER, "osD^v"))
+COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
+
+
+def static_curve(results: Path, validate_hashes: list[str]) -> pd.DataFrame | None:
+    """The static clocks' measured curve for these jobs' GPU x workload: validate measures it for
+    optimizer=static; when the sweep had none, any static validate folder of the same trace (and so
+    the same GPU and workload) in the results folder serves."""
+    traces = {upstream(results, "validate", h, "trace") for h in validate_hashes if h} - {None}
+    candidates = [stage_dir(results, "validate", h) for h in validate_hashes if h]
+    candidates += sorted(p.parent for p in results.glob("validate/*/pareto.parquet"))
+    for vdir in candidates:
+        if (vdir / "pareto.parquet").exists() and upstream(results, "validate", vdir.name, "trace") in traces:
+            return pd.read_parquet(vdir / "pareto.parquet").sort_values("sm_mhz")
+    return None
+
+
 def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]:
-    """Per workload: the static clocks' energy-time curve and each method's measured point."""
+    """Per GPU x workload: the static clocks' measured energy-time curve, the max clock, each
+    method's measured point labelled with its ES/PL, the budgets as time limits, and a zoom on the
+    region where the methods sit."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,93 +161,190 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
 
     written = []
     r = latest(runs)
-    for wl, group in r.groupby("workload"):
-        fig, ax = plt.subplots(figsize=(6.4, 4.8))
-        static = group[(group["method"] == "static") & group["validate_hash"].notna()]
-        for h in static["validate_hash"]:
-            p = stage_dir(results, "validate", h) / "pareto.parquet"
-            if p.exists():
-                c = pd.read_parquet(p).sort_values("sm_mhz")
-                ax.plot(c["time_s"] * 1e3, c["energy_j"], "-o", color="0.6", ms=3, label="static clocks")
-                for _, pt in c.iloc[[0, -1]].iterrows():
-                    ax.annotate(f"{int(pt['sm_mhz'])} MHz", (pt["time_s"] * 1e3, pt["energy_j"]), fontsize=7, color="0.4")
-                break
+    for (gpu, wl), group in r.groupby(["gpu", "workload"]):
+        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+        curve = static_curve(results, list(group["validate_hash"].dropna()))
         base = group.iloc[0]
-        ax.plot(base["t_ori_s"] * 1e3, base["e_ori_j"], "k*", ms=12, label="max clock")
-        markers = dict(zip(METHOD_ORDER, "osD^v"))
+        t0, e0 = base["t_ori_s"] * 1e3, base["e_ori_j"]
+        for a in (ax, zoom):
+            if curve is not None:
+                a.plot(curve["time_s"] * 1e3, curve["energy_j"], "-o", color="0.6", ms=3, lw=1,
+                       label="static clocks (measured)", zorder=1)
+            a.plot(t0, e0, "k*", ms=12, label="max clock", zorder=3)
+            for b in sorted(group["budget"].unique()):
+                a.axvline(t0 * (1 + b), color="0.3", ls="--", lw=0.8, zorder=0)
+            a.grid(alpha=0.3)
+        if curve is not None:
+            for _, pt in curve.iloc[[0, len(curve) // 2, -1]].iterrows():
+                ax.annotate(f"{int(pt['sm_mhz'])} MHz", (pt["time_s"] * 1e3, pt["energy_j"]), fontsize=7,
+                            color="0.4", xytext=(4, 4), textcoords="offset points")
         for (method, budget), g in group.groupby(["method", "budget"]):
             row = g.iloc[0]
-            ax.plot(row["t_opt_s"] * 1e3, row["e_opt_j"], markers.get(method, "x"), ms=8,
-                    label=f"{method} ({budget:.0%})")
-        ax.set_xlabel("iteration time (ms)")
+            x, y = row["t_opt_s"] * 1e3, row["e_opt_j"]
+            for a in (ax, zoom):
+                a.plot(x, y, MARKERS.get(method, "x"), color=COLORS.get(method, "k"), ms=8, zorder=4,
+                       mfc="white" if budget != group["budget"].min() else COLORS.get(method, "k"),
+                       label=f"{method}, budget {budget:.0%}")
+            zoom.annotate(f"ES {row['es_pct']:.1f} %\nPL {row['pl_pct']:.1f} %", (x, y), fontsize=7,
+                          xytext=(5, -12), textcoords="offset points", color=COLORS.get(method, "k"))
+        # the zoom: the methods and the budgets, with a margin
+        xs = [t0, *(group["t_opt_s"] * 1e3), *(t0 * (1 + group["budget"]))]
+        ys = [e0, *group["e_opt_j"]]
+        dx, dy = (max(xs) - min(xs)) or t0 * 0.01, (max(ys) - min(ys)) or e0 * 0.01
+        zoom.set_xlim(min(xs) - 0.15 * dx, max(xs) + 0.15 * dx)
+        zoom.set_ylim(min(ys) - 0.2 * dy, max(ys) + 0.15 * dy)
+        for b in sorted(group["budget"].unique()):
+            zoom.text(t0 * (1 + b), zoom.get_ylim()[1], f" {b:.0%} budget", fontsize=7, va="top", color="0.3")
+        ax.set_title("all static clocks" if curve is not None else "static clocks not measured (add optimizer=static)",
+                     fontsize=9)
+        zoom.set_title("zoom: the methods (dashed: the budgets' time limits)", fontsize=9)
+        for a in (ax, zoom):
+            a.set_xlabel("iteration time (ms)")
         ax.set_ylabel("energy per iteration (J, all GPUs)")
-        ax.set_title(f"{wl}: energy vs time")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        path = out / f"energy_time_{_slug(wl)}.png"
-        fig.tight_layout()
+        handles, labels = zoom.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+        fig.suptitle(f"{wl} on {gpu.upper()}: energy vs time per iteration, measured by validate")
+        fig.tight_layout(rect=(0, 0, 0.83, 1))
+        path = out / f"energy_time_{_slug(gpu)}_{_slug(wl)}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
     return written
 
 
-def plot_timeline(results: Path, validate_hash: str, out: Path, title: str) -> Path | None:
-    """One iteration per GPU: kernels (critical path highlighted) and the policy's clock steps."""
-    opt_dir = upstream(results, "validate", validate_hash, "optimize")
-    graph_dir = upstream(results, "validate", validate_hash, "graph")
-    if opt_dir is None or graph_dir is None or not (opt_dir / "policy.json").exists():
+def stream_names(nodes: pd.DataFrame) -> dict[int, str]:
+    """A name per CUDA stream by what it carries: NCCL collectives, P2P copies, copies, compute."""
+    names = {}
+    for s, g in nodes.groupby("stream"):
+        kinds = set(g["kind"])
+        if kinds & {"collective", "coll_wait"}:
+            names[s] = "NCCL"
+        elif kinds <= {"memcpy", "memset"}:
+            names[s] = "P2P" if g["name"].str.contains("PtoP|P2P|Peer", regex=True).any() else "copies"
+        else:
+            names[s] = "compute"
+    return names
+
+
+def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str) -> Path | None:
+    """One iteration: per GPU its host thread's activity and its kernels per named stream (the critical
+    path highlighted), and below, on the same time axis, every GPU's SM clock under the method (an
+    online method's setting instead: it has no schedule)."""
+    result = validate_dir / "result.json"
+    if graph_dir is None or not (graph_dir / "nodes.parquet").exists() or not result.exists():
         return None
+    res_json = json.loads(result.read_text())
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from emo.graph.graph import GPU_NODE_KINDS, Graph
     from emo.graph.whatif import compile_graph, whatif
     from emo.policy import FrequencyPolicy
 
+    policy = FrequencyPolicy.load(opt_dir / "policy.json") if opt_dir and (opt_dir / "policy.json").exists() else None
     graph = Graph.load(graph_dir)
-    policy = FrequencyPolicy.load(opt_dir / "policy.json")
     res = whatif(compile_graph(graph))
     nodes = graph.nodes.assign(start=res.start_ns, finish=res.finish_ns)
     crit = np.zeros(len(nodes), bool)
     crit[res.critical_path] = True
     gpu = nodes["kind"].isin(GPU_NODE_KINDS).to_numpy()
+    host = nodes["kind"].isin(("cpu", "runtime")).to_numpy()
     t0 = int(nodes.loc[gpu, "start"].min())
-    period_ns = (policy.period_ms or (nodes.loc[gpu, "finish"].max() - t0) / 1e6) * 1e6
-    keep = gpu & (nodes["start"].to_numpy() < t0 + period_ns)
-    devs = sorted(nodes.loc[keep, "rank"].unique())
-    fig, axes = plt.subplots(len(devs), 1, figsize=(10, 1.6 * len(devs) + 0.8), sharex=True, squeeze=False)
-    for ax, rank in zip(axes[:, 0], devs):
-        sel = keep & (nodes["rank"].to_numpy() == rank)
-        sub = nodes[sel]
-        streams = {s: i for i, s in enumerate(sorted(sub["stream"].unique()))}
-        for is_crit, color in ((False, "tab:blue"), (True, "tab:red")):
-            part = sub[crit[sel] == is_crit]
-            for s, g in part.groupby("stream"):
-                ax.broken_barh(list(zip((g["start"] - t0) / 1e6, (g["finish"] - g["start"]) / 1e6)),
-                               (streams[s], 0.8), facecolors=color, edgecolor="white", linewidth=0.2)
-        ax.set_yticks([i + 0.4 for i in streams.values()], [f"s{s}" for s in streams])
-        ax.set_ylabel(f"GPU {rank}")
-        steps = policy.steps.get(int(rank)) or policy.steps.get(0) or []
-        if steps:
-            tw = ax.twinx()
-            xs = [s.t_ms for s in steps] + [period_ns / 1e6]
-            ys = [s.sm_mhz for s in steps] + [steps[-1].sm_mhz]
-            tw.step(xs, ys, where="post", color="tab:green", lw=1.5)
-            tw.set_ylabel("SM MHz", color="tab:green", fontsize=8)
-    axes[0, 0].set_title(f"{title}: kernels per stream (critical path red), SM clock (green)")
-    axes[-1, 0].set_xlabel("time in iteration (ms, max-clock baseline)")
+    # one iteration: the policy's period, else the measured max-clock iteration time
+    period_ns = ((policy.period_ms if policy else None) or res_json.get("metrics", {}).get("t_ori_s", 0) * 1e3
+                 or (nodes.loc[gpu, "finish"].max() - t0) / 1e6) * 1e6
+    window = (nodes["finish"].to_numpy() > t0) & (nodes["start"].to_numpy() < t0 + period_ns)
+    devs = sorted(nodes.loc[gpu & window, "rank"].unique())
+    rows_per = {rank: stream_names(nodes[gpu & window & (nodes["rank"].to_numpy() == rank)]) for rank in devs}
+    heights = [len(rows_per[r]) + 1 for r in devs] + [2]
+    fig, axes = plt.subplots(len(devs) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.6), sharex=True,
+                             gridspec_kw={"height_ratios": heights})
+    ms = lambda v: (v - t0) / 1e6  # noqa: E731
+    for ax, rank in zip(axes[:-1], devs):
+        mine = window & (nodes["rank"].to_numpy() == rank)
+        streams = rows_per[rank]
+        ylabels = ["host"] + [f"{name} (s{s})" for s, name in streams.items()]
+        h = nodes[mine & host]
+        ax.broken_barh(list(zip(ms(h["start"]), (h["finish"] - h["start"]) / 1e6)), (0, 0.8), facecolors="0.65")
+        for i, s in enumerate(streams, start=1):
+            sel = mine & gpu & (nodes["stream"].to_numpy() == s)
+            for is_crit, color in ((False, "tab:blue"), (True, "tab:red")):
+                g = nodes[sel & (crit == is_crit)]
+                ax.broken_barh(list(zip(ms(g["start"]), (g["finish"] - g["start"]) / 1e6)), (i, 0.8),
+                               facecolors=color, edgecolor="none")
+        ax.set_yticks([i + 0.4 for i in range(len(ylabels))], ylabels, fontsize=8)
+        ax.set_ylabel(f"GPU {rank}", fontsize=9)
+        ax.invert_yaxis()
+    clock = axes[-1]
+    method = res_json.get("method", "?")
+    if policy is not None:
+        for k, rank in enumerate(devs):
+            steps = policy.steps.get(int(rank)) or policy.steps.get(0) or []
+            if steps:
+                xs = [st.t_ms for st in steps] + [period_ns / 1e6]
+                ys = [st.sm_mhz for st in steps] + [steps[-1].sm_mhz]
+                clock.step(xs, ys, where="post", lw=2.2 - 0.5 * (k % 3), ls=("-", "--", ":", "-.")[k % 4],
+                           label=f"GPU {rank}")  # GPUs often share a schedule: styles keep each visible
+        clock.set_ylabel("SM clock (MHz)", fontsize=8)
+        clock.legend(fontsize=7, loc="lower left", ncol=len(devs))
+    else:  # online methods settle at a setting instead of a schedule
+        setting = res_json.get("setting", {})
+        what = (f"power limit {setting['power_limit_w']:.0f} W" if "power_limit_w" in setting
+                else ", ".join(f"{k} {v}" for k, v in setting.items() if isinstance(v, (int, float))))
+        clock.text(0.01, 0.5, f"{method} (online): no clock schedule; it settled at {what or 'its own setting'}",
+                   transform=clock.transAxes, va="center", fontsize=8)
+        clock.set_yticks([])
+    clock.set_xlabel("time in the iteration (ms; kernels at their max-clock replay times)")
+    fig.legend(handles=[Patch(color="0.65", label="host (CPU, CUDA runtime)"), Patch(color="tab:blue", label="kernel"),
+                        Patch(color="tab:red", label="kernel on the critical path")],
+               loc="upper right", fontsize=8, ncol=3, frameon=False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     path = out / f"timeline_{_slug(title)}.png"
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
 def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in s).strip("_").lower()
+    import re
+
+    return re.sub(r"_+", "_", "".join(c if c.isalnum() else "_" for c in s)).strip("_").lower()
+
+
+# --------------------------------------------------------------------------- the pipeline's summary
+def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, list[str]]:
+    """A sweep's shareable summary from its jobs' (name, resolved config, validate folder): the table
+    (`compare.tsv`), ES/PL and prediction errors per job (`jobs.tsv`), the plots (`plots/`) and which
+    plots belong to which job (`plots.json`, validate hash -> file names: MLflow attaches them)."""
+    from emo.plan import plan
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    runs = results_rows([(cfg, vdir) for _, cfg, vdir in jobs])
+    runs["job"] = [name for name, _, _ in jobs]
+    results = Path(jobs[0][2]).parents[1]
+    table(runs).to_csv(out / "compare.tsv", sep="\t")
+    cols = ["job", "gpu", "workload", "method", "budget", "es_pct", "pl_pct", "time_error_pct", "energy_error_pct",
+            "validate_hash"]
+    runs[cols].to_csv(out / "jobs.tsv", sep="\t", index=False, float_format="%.3f")
+    index: dict[str, list[str]] = {h: [] for h in runs["validate_hash"]}
+    for path in plot_energy_time(runs, results, out / "plots"):
+        gpu_wl = path.stem.removeprefix("energy_time_")
+        for _, row in runs.iterrows():
+            if f"{_slug(row['gpu'])}_{_slug(row['workload'])}" == gpu_wl:
+                index[row["validate_hash"]].append(path.name)
+    for (name, cfg, vdir), (_, row) in zip(jobs, runs.iterrows()):
+        plans = plan(cfg)
+        p = plot_timeline(plans["graph"].dir, plans["optimize"].dir, Path(vdir), out / "plots",
+                          f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}")
+        if p:
+            index[row["validate_hash"]].append(p.name)
+    write_json(out / "plots.json", index)
+    return index
 
 
 # --------------------------------------------------------------------------- command
@@ -236,7 +364,9 @@ def main(args: argparse.Namespace) -> int:
         from emo.plan import compose
 
         tracking = compose(args.overrides)["tracking"]
-        uri, experiment = uri or tracking["uri"], experiment or tracking["experiment"]
+        from emo.tracking import tracking_uri
+
+        uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
     runs = load_runs(uri, experiment)
@@ -253,8 +383,12 @@ def main(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         results = results_dir(uri, runs)
         written = plot_energy_time(runs, results, out)
-        for _, row in latest(runs)[lambda d: (d["method"] == "emo") & d["validate_hash"].notna()].iterrows():
-            p = plot_timeline(results, row["validate_hash"], out, f"{row['workload']} emo {row['budget']:.0%}")
+        for _, row in latest(runs)[lambda d: d["validate_hash"].notna()].iterrows():
+            hashes = {st: row.get(f"{st}_hash") for st in ("graph", "optimize")}
+            dirs = {st: stage_dir(results, st, h) if isinstance(h, str) else upstream(results, "validate", row["validate_hash"], st)
+                    for st, h in hashes.items()}
+            p = plot_timeline(dirs["graph"], dirs["optimize"], stage_dir(results, "validate", row["validate_hash"]), out,
+                              f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}")
             if p:
                 written.append(p)
         for p in written:

@@ -1,8 +1,8 @@
 """`emo run [-m] KEY=VALUE ...`: compose the configuration and run the Snakemake pipeline on it.
 
-With -m (multirun), comma lists sweep: `emo run -m budget=0.02,0.05 workload.tp=2,4,8` runs every
-combination one after the other (parallel Snakemake runs in one folder would lock each other), each a
-child of one MLflow parent run; the content-hashed stage folders make jobs share what they can.
+With -m (multirun), comma lists sweep: `emo run -m budget=0.02,0.05 workload.tp=2,4,8` puts every
+combination's targets into one Snakemake run (emo.sweep), so independent jobs run at once (`-j N`) and
+stage folders the jobs share run once; MLflow gets one parent run and a child per job when it ends.
 
 A run holds its results folder's lock (emo.locks) and runs Snakemake without Snakemake's own lock,
 which lives in the working directory and outlives a killed run. A failure ends with one line
@@ -13,84 +13,68 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import signal
 import sys
 from pathlib import Path
 
 from emo import errors, locks
-from emo.plan import ROOT, compose
+from emo.plan import ROOT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the pipeline (Snakemake) on a Hydra-composed configuration")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload=pp workload.pp=4 budget=0.05")
     p.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
-    p.add_argument("-c", "--cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument("-c", "--cores", "-j", "--jobs", dest="cores", type=int, default=None,
+                   help="jobs at once (default: every core; with --profile, the profile's jobs)")
+    p.add_argument("--profile", metavar="NAME", help="a Snakemake workflow profile: profiles/NAME (default, slurm, "
+                                                     "kubernetes, cluster-generic) or a folder; e.g. a cluster's executor")
     p.add_argument("-n", "--dry-run", action="store_true", help="show what would run")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (e.g. trace)")
     p.add_argument("--unlock", action="store_true",
                    help="remove what killed runs left (Snakemake locks in this folder, hidden .tmp and empty stage folders)")
     p.add_argument("-v", "--verbose", action="store_true", help="show Snakemake's log and the stages' tracebacks")
+    p.add_argument("--report", metavar="FILE", help="then write Snakemake's HTML report of the run (table, plots)")
     p.set_defaults(func=main)
 
 
-def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The jobs of a run: one without -m; the cartesian product of the sweep values with it."""
-    if not multirun:
-        return [list(overrides)]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    choices = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.get_key_element()
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        choices.append([f"{key}={v}" for v in values])
-    return [list(combo) for combo in itertools.product(*choices)]
-
-
 def main(args: argparse.Namespace) -> int:
+    from emo import sweep
+
+    jobs = sweep.expand(args.overrides, args.multirun)
+    sw = sweep.build(jobs)  # every job's configuration is checked before any runs
     if args.unlock:
-        return unlock(compose(args.overrides))
-    jobs = expand(args.overrides, args.multirun)
-    cfgs = [compose(job) for job in jobs]  # every job's configuration is checked before any runs
+        return unlock(sw.jobs[0].cfg)
     if args.verbose:
         os.environ[errors.VERBOSE_ENV] = "1"
+    name = "sweep " + " ".join(args.overrides) if args.multirun else None
     held = contextlib.nullcontext() if args.dry_run else \
-        locks.hold([Path(c["results"]) for c in cfgs], "emo run " + " ".join(args.overrides))
+        locks.hold(sorted({Path(j.cfg["results"]) for j in sw.jobs}), "emo run " + " ".join(args.overrides))
     try:
         with held, errors.signals_raise():
-            return run_jobs(args, jobs, cfgs)
+            return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
+        if not args.dry_run:
+            sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
 
 
-def run_jobs(args: argparse.Namespace, jobs: list[list[str]], cfgs: list[dict]) -> int:
-    from emo import tracking
+def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:
+    from emo import sweep
 
-    failed = 0
-    with tracking.sweep_run(cfgs[0]["tracking"], "sweep " + " ".join(args.overrides)) if args.multirun and not args.dry_run else contextlib.nullcontext() as parent:
-        for job, cfg in zip(jobs, cfgs):
-            print(f"emo: job {' '.join(job) or '(defaults)'}", file=sys.stderr)
-            if args.dry_run:
-                ok = snakemake(job, args.cores, dry_run=True, until=args.until, verbose=args.verbose) is None
-            else:
-                error, run_id = None, None
-                try:
-                    with tracking.job_run(cfg, " ".join(job) or "defaults", parent) as run_id:
-                        error = snakemake(job, args.cores, run_id=run_id, until=args.until, verbose=args.verbose)
-                except KeyboardInterrupt as e:
-                    tracking.finish(cfg["tracking"], run_id, "KILLED", errors.one_line(e))
-                    raise
-                if error:
-                    tracking.finish(cfg["tracking"], run_id, "FAILED", error)
-                ok = error is None
-            failed += not ok
-    if failed and parent:
-        tracking.finish(cfgs[0]["tracking"], parent, "FAILED", f"{failed} of {len(jobs)} jobs failed")
-    return 1 if failed else 0
+    if len(jobs) > 1:
+        print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
+    cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
+    gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
+    run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose)
+    error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
+    if error is None and args.report and not args.dry_run:
+        error = snakemake(jobs, cores, report=args.report, **run)
+    if not args.dry_run:
+        sweep.finish(sw, name, args.overrides, error=error)  # MLflow and the result lines, also when nothing had to run
+    return 0 if error is None else 1
 
 
 def interrupted_line(e: KeyboardInterrupt) -> str:
@@ -115,42 +99,58 @@ def unlock(cfg: dict) -> int:
     return 0
 
 
-def snakemake(overrides: list[str], cores: int, *, dry_run: bool = False, run_id: str | None = None,
-              until: str | None = None, verbose: bool = False) -> str | None:
-    """Run the Snakefile through the Snakemake API; None when it succeeded, else the error line
-    (already printed). KeyboardInterrupt (or Interrupted) when a signal stopped it."""
+PROFILES = ROOT / "profiles"
+
+
+def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
+              gpus: int | None = 1, report: str | None = None, profile: str | None = None,
+              verbose: bool = False) -> str | None:
+    """Run the Snakefile on every job's targets at once (one DAG), as the `snakemake` command line
+    would (so a workflow profile, its executor plugin and its settings apply unchanged); None when it
+    succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
+    GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
+    folder of profiles/ or a path. Snakemake's own lock is off: emo.locks guards the results folder,
+    and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
+    import json
     import tempfile
 
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.enums import Quietness
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
-                                          ResourceSettings)
-    from emo.tracking import RUN_ID_ENV
+    from snakemake.cli import args_to_api, parse_args
 
-    if run_id:
-        os.environ[RUN_ID_ENV] = run_id
+    argv = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
+            "--config", f"jobs={json.dumps([list(j) for j in jobs])}",
+            # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
+            "--no-hooks", "--rerun-incomplete", "--nolock"]
+    if profile:
+        path = PROFILES / profile if (PROFILES / profile).is_dir() else Path(profile)
+        if not (path / "config.yaml").is_file():
+            names = ", ".join(sorted(p.name for p in PROFILES.iterdir() if p.is_dir()))
+            raise ValueError(f"--profile {profile}: no such workflow profile (profiles/: {names})")
+        argv += ["--workflow-profile", str(path)]
+    if cores is not None:
+        argv += ["--jobs" if profile else "--cores", str(cores)]
+    if gpus is not None:
+        argv += ["--resources", f"gpu={gpus}"]
+    if dry_run:
+        argv += ["--dry-run"]
+    elif not verbose:
+        argv += ["--quiet", "all"]  # a line per stage comes from the stages
+    if until:
+        argv += ["--until", until]
+    if report:
+        argv += ["--report", str(report)]
     fd, reports = tempfile.mkstemp(prefix="emo-errors-", suffix=".jsonl")
     os.close(fd)
     os.environ[errors.ERRORS_ENV] = reports
     keep_handlers()
-    quiet = None if verbose or dry_run else {Quietness.ALL}  # a line per stage comes from the stages
     try:
-        with SnakemakeApi(OutputSettings(dryrun=dry_run, quiet=quiet, show_failed_logs=False)) as api:
-            workflow = api.workflow(
-                resource_settings=ResourceSettings(cores=cores, resources={"gpu": 1}),
-                config_settings=ConfigSettings(config={"overrides": list(overrides)}),
-                snakefile=ROOT / "Snakefile",
-                workdir=Path.cwd(),
-            )
-            dag = workflow.dag(DAGSettings(until=frozenset([until]) if until else frozenset(), force_incomplete=True))
-            # our lock (emo.locks) guards the results folder; Snakemake's would outlive a kill -9
-            dag.execute_workflow(executor="dryrun" if dry_run else "local",
-                                 execution_settings=ExecutionSettings(lock=False))
-        return None
-    except Exception as e:
-        return failure(e, errors.read_reports(Path(reports)))
+        parser, args = parse_args(argv)
+        ok = bool(args_to_api(args, parser))
+        if ok:
+            if report:
+                print(f"emo: report {report}", file=sys.stderr)
+            return None
+        return failure(errors.read_reports(Path(reports)))
     finally:
-        os.environ.pop(RUN_ID_ENV, None)
         os.environ.pop(errors.ERRORS_ENV, None)
         Path(reports).unlink(missing_ok=True)
 
@@ -167,13 +167,13 @@ def keep_handlers() -> None:
         job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
 
 
-def failure(e: Exception, reports: list[dict]) -> str:
+def failure(reports: list[dict]) -> str:
     """Print the one line that says what failed: the failing stages' own lines when they reported
-    one, else Snakemake's first line; a stage stopped by a signal means the run was interrupted."""
+    one, else a pointer to Snakemake's log; a stage stopped by a signal means the run was interrupted."""
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
-    lines = [errors.stage_line(r) for r in reports] or [f"emo: error: pipeline failed: {errors.one_line(e)} (run with --verbose for Snakemake's log)"]
+    lines = [errors.stage_line(r) for r in reports] or [
+        "emo: error: pipeline failed (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):
         print(line, file=sys.stderr)
     return lines[0].removeprefix("emo: error: ")
-

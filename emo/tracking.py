@@ -1,9 +1,13 @@
 """MLflow logging: the embedded store (`sqlite:///results/mlflow.db`) needs no server.
 
-`emo run` opens one parent run per sweep and one child run per job and passes the child's id to the
-stages through EMO_MLFLOW_RUN_ID; a stage run by plain `snakemake` opens a run of its own.
-A failed stage tags the run with its error line (`emo.<stage>.error`) and a failed or killed job ends
-FAILED or KILLED. Opening the store is serialised by a file lock beside the database, so processes
+One writer: stages only write their `metrics.json`; when a Snakemake run ends, its main process
+(`emo run`, or plain `snakemake`) logs every job from its stage folders (`log_sweep`): one parent run
+per sweep with the sweep's params, a child per job with the resolved configuration as params, every
+stage's metrics (also for stages reused from an earlier run) and the artifacts a reader wants. Parallel
+jobs therefore never write to the SQLite store at once; `MLFLOW_TRACKING_URI` points every run at a
+tracking server instead (a cluster whose jobs do not share a disk).
+A job that failed ends FAILED (KILLED when a signal stopped the run) with the error line as its
+`emo.error` tag. Opening the store is serialised by a file lock beside the database, so processes
 that start at once on a fresh folder do not race to create MLflow's tables.
 """
 from __future__ import annotations
@@ -12,26 +16,66 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-RUN_ID_ENV = "EMO_MLFLOW_RUN_ID"
+if TYPE_CHECKING:
+    import pandas as pd
+
 logging.getLogger("alembic").setLevel(logging.WARNING)
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
 
 
-def _mlflow(tracking_cfg: dict):
-    import mlflow
+def tracking_uri(tracking_cfg: dict) -> str:
+    """The store: MLFLOW_TRACKING_URI when set (a tracking server), else the configured one."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg["uri"]
 
-    uri, name = tracking_cfg["uri"], tracking_cfg["experiment"]
+
+def open_store(tracking_cfg: dict):
+    """(an MlflowClient on the store, the experiment's id), creating the experiment when it is new.
+    No global state: mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI to this process and its
+    children, so a second run in the same process (or a job it starts) would log into the first's store."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri, name = tracking_uri(tracking_cfg), tracking_cfg["experiment"]
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
-    mlflow.set_tracking_uri(uri)
+    if store:
+        store.mkdir(parents=True, exist_ok=True)
+    c = MlflowClient(tracking_uri=uri)
     with _store_lock(store):
-        if store and mlflow.get_experiment_by_name(name) is None:
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
             # artifacts beside the database, not in ./mlruns of whatever folder the user is in
-            with contextlib.suppress(mlflow.exceptions.MlflowException):  # another stage created it first
-                mlflow.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri())
-        mlflow.set_experiment(name)
-    return mlflow
+            with contextlib.suppress(MlflowException):  # another process created it first
+                c.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri() if store else None)
+            exp = c.get_experiment_by_name(name)
+    return c, exp.experiment_id
+
+
+def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":
+    """Every run of the experiment, newest first, as mlflow.search_runs frames them (run_id, status,
+    params.*, metrics.*, tags.*), without touching MLflow's global tracking URI."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
+    rows, token = [], None
+    while True:
+        page = c.search_runs([exp.experiment_id], filter_string, order_by=["attributes.start_time DESC"],
+                             max_results=1000, page_token=token)
+        for r in page:
+            rows.append({"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+                         **{f"params.{k}": v for k, v in r.data.params.items()},
+                         **{f"metrics.{k}": v for k, v in r.data.metrics.items()},
+                         **{f"tags.{k}": v for k, v in r.data.tags.items()}})
+        token = page.token
+        if not token:
+            return pd.DataFrame(rows)
 
 
 @contextlib.contextmanager
@@ -49,33 +93,6 @@ def _store_lock(store: Path | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def stage_failed(cfg: dict, stage: str, stage_hash: str, error: str, *, killed: bool = False) -> None:
-    """Tag the job's run with the stage's error line; a stage run on its own gets a run that ends
-    FAILED (KILLED when a signal stopped it). The job's run itself is ended by `emo run` (finish)."""
-    tracking = cfg["tracking"]
-    if not tracking["enabled"]:
-        return
-    mlflow = _mlflow(tracking)
-    run_id = os.environ.get(RUN_ID_ENV)
-    if run_id:
-        mlflow.MlflowClient().set_tag(run_id, f"emo.{stage}.error", error[:5000])
-        return
-    mlflow.start_run(run_name=f"{stage}-{stage_hash}")
-    mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "optimizer", "budget", "results") if k in cfg}))
-    mlflow.set_tags({f"emo.{stage}.hash": stage_hash, f"emo.{stage}.error": error[:5000]})
-    mlflow.end_run("KILLED" if killed else "FAILED")
-
-
-def finish(tracking_cfg: dict, run_id: str | None, status: str, error: str | None = None) -> None:
-    """End a run (after its `with` block) as FAILED or KILLED, the error line as the `emo.error` tag."""
-    if not run_id or not tracking_cfg["enabled"]:
-        return
-    client = _mlflow(tracking_cfg).MlflowClient()
-    if error:
-        client.set_tag(run_id, "emo.error", error[:5000])
-    client.set_terminated(run_id, status)
-
-
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     """Nested config -> {"workload.tp": "2", ...} (MLflow params are flat strings)."""
     out: dict[str, str] = {}
@@ -88,45 +105,83 @@ def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def log_stage(cfg: dict, stage: str, stage_hash: str, metrics: dict, artifacts: list[Path]) -> None:
-    """Log a stage's numeric metrics (prefixed by the stage) into the job's run, or a run of its own."""
-    tracking = cfg["tracking"]
-    if not tracking["enabled"]:
-        return
-    mlflow = _mlflow(tracking)
-    run_id = os.environ.get(RUN_ID_ENV)
-    ctx = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=f"{stage}-{stage_hash}")
-    with ctx:
-        if not run_id:
-            mlflow.log_params(flatten({k: cfg[k] for k in ("gpu", "workload", "optimizer", "budget", "results") if k in cfg}))
-        mlflow.set_tag(f"emo.{stage}.hash", stage_hash)
-        mlflow.log_metrics({f"{stage}.{k}": float(v) for k, v in metrics.items() if _is_number(v)})
-        for path in artifacts:
-            mlflow.log_artifact(str(path), artifact_path=f"{stage}")
-
-
-@contextlib.contextmanager
-def job_run(cfg: dict, name: str, parent_id: str | None = None):
-    """A child run for one job of a sweep, its params the resolved configuration; yields its id."""
-    tracking = cfg["tracking"]
-    if not tracking["enabled"]:
-        yield None
-        return
-    mlflow = _mlflow(tracking)
-    with mlflow.start_run(run_name=name, parent_run_id=parent_id, nested=parent_id is not None) as run:
-        mlflow.log_params(flatten(cfg))
-        yield run.info.run_id
-
-
-@contextlib.contextmanager
-def sweep_run(tracking: dict, name: str):
-    if not tracking["enabled"]:
-        yield None
-        return
-    mlflow = _mlflow(tracking)
-    with mlflow.start_run(run_name=name) as run:
-        yield run.info.run_id
-
-
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# --------------------------------------------------------------------------- a finished Snakemake run
+ARTIFACTS = {"optimize": ("policy.json",), "validate": ("result.json", "pareto.parquet")}
+
+
+def job_record(plans: dict) -> tuple[dict[str, float], dict[str, str], list[Path]]:
+    """A job's metrics (`<stage>.<name>`), tags (`emo.<stage>.hash`) and artifacts, read from its
+    stage folders: the same whether a stage ran now or was reused."""
+    import json
+
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    artifacts: list[Path] = []
+    for stage, p in plans.items():
+        mfile = p.dir / "metrics.json"
+        if not (p.dir / "config.json").exists() or not mfile.exists():
+            continue  # not computed (the run failed before it, or --until stopped earlier)
+        tags[f"emo.{stage}.hash"] = p.hash
+        metrics.update({f"{stage}.{k}": float(v) for k, v in json.loads(mfile.read_text()).items() if _is_number(v)})
+        artifacts += [p.dir / name for name in ARTIFACTS.get(stage, ()) if (p.dir / name).exists()]
+    return metrics, tags, artifacts
+
+
+def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
+    """A sweep's params: what every job shares, and each swept key with all its values (`sweep.<key>`)."""
+    flat = [flatten(c) for c in cfgs]
+    shared = {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
+    swept = {}
+    for k in sorted({k for f in flat for k in f} - set(shared)):
+        swept[f"sweep.{k}"] = ",".join(dict.fromkeys(f.get(k, "") for f in flat))[:500]
+    return {**shared, **swept, "sweep.overrides": " ".join(overrides)[:500], "sweep.jobs": str(len(cfgs))}
+
+
+def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: dict[str, list[Path]] | None = None,
+              *, error: str | None = None, killed: bool = False) -> dict[str, str]:
+    """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
+    sweep), FINISHED when its result is there, else FAILED (KILLED after a signal) with `error` as its
+    emo.error tag. Returns {job name: run id}."""
+    if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
+        return {}
+    client, exp_id = open_store(jobs[0].cfg["tracking"])
+    now = int(time.time() * 1000)
+    parent = None
+    if name is not None:
+        parent = client.create_run(exp_id, run_name=name).info.run_id
+        _batch(client, parent, params=sweep_params([j.cfg for j in jobs], list(overrides)))
+    ids: dict[str, str] = {}
+    ok_all = True
+    for job in jobs:
+        metrics, tags, artifacts = job_record(job.plans)
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        run_id = client.create_run(exp_id, run_name=job.name, tags=tags).info.run_id
+        _batch(client, run_id, params=flatten(job.cfg), metrics=metrics, now=now)
+        for path in artifacts:
+            client.log_artifact(run_id, str(path), artifact_path=path.parents[1].name)  # under the stage's name
+        for path in (plots or {}).get(job.name, []):
+            if path.exists():
+                client.log_artifact(run_id, str(path), artifact_path="plots")
+        ok = Path(job.result).exists()
+        ok_all &= ok
+        if not ok and error:
+            client.set_tag(run_id, "emo.error", error[:5000])
+        client.set_terminated(run_id, "FINISHED" if ok else ("KILLED" if killed else "FAILED"))
+        ids[job.name] = run_id
+    if parent:
+        client.set_terminated(parent, "FINISHED" if ok_all else ("KILLED" if killed else "FAILED"))
+    return ids
+
+
+def _batch(client, run_id: str, params: dict | None = None, metrics: dict | None = None, now: int = 0) -> None:
+    from mlflow.entities import Metric, Param
+
+    ps = [Param(k, v) for k, v in (params or {}).items()]
+    ms = [Metric(k, v, now, 0) for k, v in (metrics or {}).items()]
+    for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])

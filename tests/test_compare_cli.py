@@ -8,7 +8,8 @@ from emo import tracking
 from emo.cli import main as cli_main
 from emo.compare import table, workload_label
 from emo.io import write_json
-from emo.plan import compose
+from emo.plan import compose, plan
+from emo.sweep import Job
 
 CELLS = {  # (workload.tp, method, budget) -> (es %, pl %)
     (2, "emo", 0.02): (20.0, 1.8), (2, "static", 0.02): (6.0, 1.9), (2, "zeus", 0.02): (3.0, 1.2),
@@ -16,24 +17,32 @@ CELLS = {  # (workload.tp, method, budget) -> (es %, pl %)
 }
 
 
+def fake_job(results, overrides, es, pl, pareto=False):
+    """A job whose validate folder holds a result (as a finished stage leaves it)."""
+    cfg = compose([*overrides, f"results={results}"])
+    job = Job(tuple(overrides), cfg, plan(cfg), " ".join(overrides))
+    t_ori, e_ori = 0.2, 150.0
+    metrics = {"es_pct": es, "pl_pct": pl, "t_ori_s": t_ori, "e_ori_j": e_ori,
+               "t_opt_s": t_ori * (1 + pl / 100), "e_opt_j": e_ori * (1 - es / 100)}
+    vdir = job.plans["validate"].dir
+    vdir.mkdir(parents=True)
+    write_json(vdir / "metrics.json", metrics)
+    write_json(vdir / "result.json", {"method": cfg["optimizer"]["name"], "gpu": cfg["gpu"]["name"], "metrics": metrics})
+    write_json(vdir / "config.json", {"stage": "validate", "hash": job.plans["validate"].hash, "covers": {"inputs": {}}})
+    if pareto:
+        pd.DataFrame({"sm_mhz": [1005, 1200, 1410], "time_s": [0.27, 0.23, 0.2],
+                      "energy_j": [105.0, 118.0, 150.0]}).to_parquet(vdir / "pareto.parquet")
+    return job
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(tracking.RUN_ID_ENV, raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     results = tmp_path / "results"
-    for (tp, method, budget), (es, pl) in CELLS.items():
-        cfg = compose([f"workload.tp={tp}", f"optimizer.name={method}", f"budget={budget}", f"results={results}"])
-        t_ori, e_ori = 0.2, 150.0
-        metrics = {"es_pct": es, "pl_pct": pl, "t_ori_s": t_ori, "e_ori_j": e_ori,
-                   "t_opt_s": t_ori * (1 + pl / 100), "e_opt_j": e_ori * (1 - es / 100)}
-        h = f"{method}{tp}{int(budget * 100)}"
-        vdir = results / "validate" / h
-        vdir.mkdir(parents=True)
-        write_json(vdir / "config.json", {"stage": "validate", "hash": h, "covers": {"inputs": {}}})
-        if method == "static":
-            pd.DataFrame({"sm_mhz": [1005, 1200, 1410], "time_s": [0.27, 0.23, 0.2],
-                          "energy_j": [105.0, 118.0, 150.0]}).to_parquet(vdir / "pareto.parquet")
-        tracking.log_stage(cfg, "validate", h, metrics, [])  # as a stage run outside `emo run` logs
+    jobs = [fake_job(results, [f"workload.tp={tp}", f"optimizer.name={method}", f"budget={budget}"], es, pl, method == "static")
+            for (tp, method, budget), (es, pl) in CELLS.items()]
+    tracking.log_sweep(jobs, None)  # as plain `snakemake` logs when its run ends
     return results
 
 
@@ -47,16 +56,30 @@ def test_compare_prints_the_table_and_writes_plots(store, tmp_path, capsys):
     header = out.splitlines()[0]
     assert header.index("emo") < header.index("static") < header.index("zeus") < header.index("geepafs")
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert pngs == ["energy_time_tp2.png", "energy_time_tp4.png"]
+    assert pngs == ["energy_time_a100_tp2.png", "energy_time_a100_tp4.png"]
     assert len(pd.read_csv(tmp_path / "runs.csv")) == len(CELLS)
 
 
 def test_latest_run_of_a_cell_wins():
     runs = pd.DataFrame([
         {"run_id": "new", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 21.0, "pl_pct": 1.0},
+        {"run_id": "h100", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "h100", "es_pct": 9.0, "pl_pct": 1.0},
         {"run_id": "old", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 5.0, "pl_pct": 1.0},
     ])
-    assert table(runs).loc[("TP2", 0.02), "emo"].startswith(" 21.0")
+    assert table(runs).loc[("a100", "TP2", 0.02), "emo"].startswith(" 21.0")
+
+
+def test_two_gpus_are_two_rows_and_two_plots(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    results = tmp_path / "results"
+    jobs = [fake_job(results, ["workload=offload", "optimizer.name=emo"], 30.0, 0.1),
+            fake_job(results, ["gpu=h100", "workload=offload", "optimizer.name=emo"], 25.0, 0.2)]
+    tracking.log_sweep(jobs, None)
+    assert cli_main(["compare", "--uri", f"sqlite:///{results}/mlflow.db", "--plots", str(tmp_path / "plots")]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "offload" in ln]
+    assert len(rows) == 2 and any("a100" in r and "30.0" in r for r in rows) and any("h100" in r and "25.0" in r for r in rows)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["energy_time_a100_offload.png", "energy_time_h100_offload.png"]
 
 
 def test_workload_labels():

@@ -159,7 +159,7 @@ def _open_store(uri: str, q) -> None:
     try:
         from emo import tracking
 
-        tracking._mlflow({"uri": uri, "experiment": "emo"})
+        tracking.open_store({"uri": uri, "experiment": "emo"})
         q.put("ok")
     except Exception as e:  # the race shows as sqlalchemy's "table ... already exists"
         q.put(f"{type(e).__name__}: {e}"[:300])

@@ -2,12 +2,13 @@
 
 `run_stage` is what every workflow script calls: it builds the stage folder in a hidden temporary
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
-the folder's hash covers, last), then logs the metrics to MLflow. An interrupted run therefore never
-leaves a stage folder that a later run would trust.
+the folder's hash covers, last); its `metrics.json` goes to MLflow when the Snakemake run ends
+(emo.tracking.log_sweep). An interrupted run therefore never leaves a stage folder that a later run
+would trust.
 
 A failure is one line (`emo.errors`): the traceback goes to the stage log, the line to `emo run`
-(through EMO_ERRORS) or to stderr, and the stage's MLflow run is marked FAILED (KILLED when a signal
-stopped it) with the line as a tag.
+(through EMO_ERRORS) or to stderr; `emo run` marks the job's MLflow run FAILED (KILLED when a
+signal stopped it) with the line as a tag.
 """
 from __future__ import annotations
 
@@ -74,9 +75,6 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("%s: %s", stage, metrics)
     print(f"emo: {stage} done in {metrics[f'{stage}_wall_s']:.1f} s: {out}", file=sys.stderr)
-    from emo import tracking
-
-    tracking.log_stage(params["cfg"], stage, params["hash"], metrics, [out / "config.json", out / "metrics.json"])
     return metrics
 
 
@@ -96,17 +94,12 @@ def run_script(stage: str, params: dict, inputs: dict[str, str], out_dir: str | 
 
 
 def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, log_file: str | None) -> None:
-    """The error path: traceback to the log, the one line to whoever shows it, the run's status."""
-    from emo import errors, tracking
+    """The error path: traceback to the log, the one line to whoever shows it (emo run records it in
+    MLflow: one writer)."""
+    from emo import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
-    line = errors.one_line(e, {str(tmp): str(out)})
-    killed = errors.is_interrupt(e)
-    errors.report(stage, line, log_file, killed=killed)
-    try:
-        tracking.stage_failed(params["cfg"], stage, params["hash"], line, killed=killed)
-    except Exception as te:  # the line above already says what failed; MLflow trouble must not hide it
-        log.warning("could not record the failure in MLflow: %s", te)
+    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e))
 
 
 def _setup_logging(log_file: str | None) -> None:

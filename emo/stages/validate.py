@@ -25,6 +25,7 @@ from emo.device import RunResult
 from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.policy import FrequencyPolicy
+from emo.progress import progress, track
 
 MIN_ITERATIONS = 5
 
@@ -69,7 +70,7 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
 def measure_static_curve(device: Any, workload: Any, devices: list[int], clocks: list[int],
                          iterations: int, warmup: int) -> pd.DataFrame:
     rows = []
-    for f in clocks:
+    for f in track(clocks, "validate: static clocks"):
         device.set_policy(FrequencyPolicy.static(device.name, devices, f))
         t, e = per_iteration(device.run(workload, iterations, warmup=warmup))
         rows.append({"sm_mhz": f, "time_s": t, "energy_j": e})
@@ -114,19 +115,22 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run
         probe = device.run(wl, 1, warmup=warmup)
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(probe.time_s, 1e-9)))
-        base = device.run(wl, n, warmup=warmup)
-        devices = sorted(base.energy_per_device_j) or [0]
-        explore = None
-        setting: dict = {}
-        if policy is not None:
-            device.set_policy(policy)
-            opt = device.run(wl, n, warmup=warmup)
-            device.set_policy(None)
-            setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
-        else:
-            res = run_online(method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"],
-                             iterations=n, warmup=warmup)
-            opt, explore, setting = res.steady, res.explore, res.setting
+        with progress(2, f"validate: max clock, then {method}") as bar:
+            base = device.run(wl, n, warmup=warmup)
+            bar.update()
+            devices = sorted(base.energy_per_device_j) or [0]
+            explore = None
+            setting: dict = {}
+            if policy is not None:
+                device.set_policy(policy)
+                opt = device.run(wl, n, warmup=warmup)
+                device.set_policy(None)
+                setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
+            else:
+                res = run_online(method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"],
+                                 iterations=n, warmup=warmup)
+                opt, explore, setting = res.steady, res.explore, res.setting
+            bar.update()
         curve = None
         if method == "static" and vcfg["pareto_points"] > 0:
             clocks = pareto_clocks(device.supported_clocks(), vcfg["pareto_points"], ocfg["min_clock_fraction"])

@@ -1,12 +1,13 @@
 rule calibrate:
     output:
-        bench=P["calibrate"].out("bench.parquet"),
-        config=P["calibrate"].out("config.json"),
+        bench=out("calibrate", "bench.parquet"),
+        config=out("calibrate", "config.json"),
     params:
-        emo=P["calibrate"].params,
+        emo=params("calibrate"),
     log:
-        P["calibrate"].log,
+        log_of("calibrate"),
     resources:
-        gpu=1,
+        gpu=gpus("calibrate"),
+        gpu_model=gpu_model("calibrate"),
     script:
         "../scripts/stage.py"

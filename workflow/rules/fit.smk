@@ -1,19 +1,19 @@
 rule fit:
     input:
-        bench=rules.calibrate.output.bench,
-        metrics=rules.profile.output.metrics,
-        baseline=rules.profile.output.baseline,
-        packs=rules.pack.output.packs,
-        pack_nodes=rules.pack.output.nodes,
-        iterations=rules.pack.output.iterations,
-        measured=rules.trace.output.measured,
+        bench=up("fit", "calibrate", "bench.parquet"),
+        metrics=up("fit", "profile", "metrics.parquet"),
+        baseline=up("fit", "profile", "baseline.json"),
+        packs=up("fit", "pack", "packs.parquet"),
+        pack_nodes=up("fit", "pack", "nodes.parquet"),
+        iterations=up("fit", "pack", "iterations.parquet"),
+        measured=up("fit", "trace", "measured.json"),
     output:
-        model=P["fit"].out("model.parquet"),
-        check=P["fit"].out("check.json"),
-        config=P["fit"].out("config.json"),
+        model=out("fit", "model.parquet"),
+        check=out("fit", "check.json"),
+        config=out("fit", "config.json"),
     params:
-        emo=P["fit"].params,
+        emo=params("fit"),
     log:
-        P["fit"].log,
+        log_of("fit"),
     script:
         "../scripts/stage.py"

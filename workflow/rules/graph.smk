@@ -1,14 +1,14 @@
 rule graph:
     input:
-        events=rules.trace.output.events,
+        events=up("graph", "trace", "events.parquet"),
     output:
-        nodes=P["graph"].out("nodes.parquet"),
-        edges=P["graph"].out("edges.parquet"),
-        summary=P["graph"].out("summary.json"),
-        config=P["graph"].out("config.json"),
+        nodes=out("graph", "nodes.parquet"),
+        edges=out("graph", "edges.parquet"),
+        summary=out("graph", "summary.json"),
+        config=out("graph", "config.json"),
     params:
-        emo=P["graph"].params,
+        emo=params("graph"),
     log:
-        P["graph"].log,
+        log_of("graph"),
     script:
         "../scripts/stage.py"

@@ -2,18 +2,18 @@
 # graph and the fitted model. Its hash covers optimizer + budget: a new budget re-runs only this and validate.
 rule optimize:
     input:
-        packs=rules.pack.output.packs,
-        nodes=rules.pack.output.nodes,
-        edges=rules.pack.output.edges,
-        iterations=rules.pack.output.iterations,
-        model=rules.fit.output.model,
+        packs=up("optimize", "pack", "packs.parquet"),
+        nodes=up("optimize", "pack", "nodes.parquet"),
+        edges=up("optimize", "pack", "edges.parquet"),
+        iterations=up("optimize", "pack", "iterations.parquet"),
+        model=up("optimize", "fit", "model.parquet"),
     output:
-        policy=P["optimize"].out("policy.json"),
-        summary=P["optimize"].out("summary.json"),
-        config=P["optimize"].out("config.json"),
+        policy=out("optimize", "policy.json"),
+        summary=out("optimize", "summary.json"),
+        config=out("optimize", "config.json"),
     params:
-        emo=P["optimize"].params,
+        emo=params("optimize"),
     log:
-        P["optimize"].log,
+        log_of("optimize"),
     script:
         "../scripts/stage.py"

@@ -1,17 +1,17 @@
 rule pack:
     input:
-        nodes=rules.graph.output.nodes,
-        edges=rules.graph.output.edges,
-        events=rules.trace.output.events,
+        nodes=up("pack", "graph", "nodes.parquet"),
+        edges=up("pack", "graph", "edges.parquet"),
+        events=up("pack", "trace", "events.parquet"),
     output:
-        packs=P["pack"].out("packs.parquet"),
-        nodes=P["pack"].out("nodes.parquet"),
-        edges=P["pack"].out("edges.parquet"),
-        iterations=P["pack"].out("iterations.parquet"),
-        config=P["pack"].out("config.json"),
+        packs=out("pack", "packs.parquet"),
+        nodes=out("pack", "nodes.parquet"),
+        edges=out("pack", "edges.parquet"),
+        iterations=out("pack", "iterations.parquet"),
+        config=out("pack", "config.json"),
     params:
-        emo=P["pack"].params,
+        emo=params("pack"),
     log:
-        P["pack"].log,
+        log_of("pack"),
     script:
         "../scripts/stage.py"

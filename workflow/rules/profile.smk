@@ -1,18 +1,19 @@
 rule profile:
     input:
-        packs=rules.pack.output.packs,
-        events=rules.trace.output.events,
-        measured=rules.trace.output.measured,
-        graph_nodes=rules.graph.output.nodes,
+        packs=up("profile", "pack", "packs.parquet"),
+        events=up("profile", "trace", "events.parquet"),
+        measured=up("profile", "trace", "measured.json"),
+        graph_nodes=up("profile", "graph", "nodes.parquet"),
     output:
-        metrics=P["profile"].out("metrics.parquet"),
-        baseline=P["profile"].out("baseline.json"),
-        config=P["profile"].out("config.json"),
+        metrics=out("profile", "metrics.parquet"),
+        baseline=out("profile", "baseline.json"),
+        config=out("profile", "config.json"),
     params:
-        emo=P["profile"].params,
+        emo=params("profile"),
     log:
-        P["profile"].log,
+        log_of("profile"),
     resources:
-        gpu=1,
+        gpu=gpus("profile"),
+        gpu_model=gpu_model("profile"),
     script:
         "../scripts/stage.py"

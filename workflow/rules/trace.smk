@@ -1,13 +1,16 @@
 rule trace:
+    input:
+        unpack(read_files("trace")),  # a recorded workload.path
     output:
-        events=P["trace"].out("events.parquet"),
-        measured=P["trace"].out("measured.json"),
-        config=P["trace"].out("config.json"),
+        events=out("trace", "events.parquet"),
+        measured=out("trace", "measured.json"),
+        config=out("trace", "config.json"),
     params:
-        emo=P["trace"].params,
+        emo=params("trace"),
     log:
-        P["trace"].log,
+        log_of("trace"),
     resources:
-        gpu=1,
+        gpu=gpus("trace"),
+        gpu_model=gpu_model("trace"),
     script:
         "../scripts/stage.py"

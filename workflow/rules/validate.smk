@@ -1,19 +1,17 @@
 # validate: max clock vs the method, measured on the device. Offline methods (emo, static, perseus)
 # bring optimize's policy; online baselines (zeus, geepafs) tune while validate runs them.
-ONLINE_METHODS = ("zeus", "geepafs")
-
-
 rule validate:
     input:
-        **({} if EMO["optimizer"]["name"] in ONLINE_METHODS else {"policy": P["optimize"].out("policy.json")}),
+        unpack(validate_inputs),
     output:
-        result=P["validate"].out("result.json"),
-        config=P["validate"].out("config.json"),
+        result=out("validate", "result.json"),
+        config=out("validate", "config.json"),
     params:
-        emo=P["validate"].params,
+        emo=params("validate"),
     log:
-        P["validate"].log,
+        log_of("validate"),
     resources:
-        gpu=1,
+        gpu=gpus("validate"),
+        gpu_model=gpu_model("validate"),
     script:
         "../scripts/stage.py"

@@ -1,13 +1,14 @@
-# The one adapter every rule runs: the rule's name is the stage (emo/stages/<rule>.py).
+# The one adapter every rule runs: the rule's name is the stage (emo/stages/<rule>.py), the {hash}
+# wildcard its folder; a GPU-touching rule runs on the GPU(s) it holds (emo.sweep.gpu_for_stage).
 import sys
 from pathlib import Path
 
 from emo.stages import run_script
+from emo.sweep import gpu_for_stage
 
-sys.exit(run_script(
-    snakemake.rule,
-    {"cfg": snakemake.config["resolved"], **snakemake.params.emo},
-    dict(snakemake.input),
-    Path(snakemake.output.config).parent,
-    snakemake.log[0],
-))
+cfg = snakemake.config["resolved"][snakemake.rule][snakemake.wildcards.hash]
+out = Path(snakemake.output.config).parent
+with gpu_for_stage(cfg, int(snakemake.resources.get("gpu", 0)), out.parents[1]):
+    status = run_script(snakemake.rule, {"cfg": cfg, **snakemake.params.emo}, dict(snakemake.input), out,
+                        snakemake.log[0])
+sys.exit(status)

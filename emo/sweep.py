@@ -1,0 +1,229 @@
+"""A Hydra sweep as one Snakemake DAG: every job's configuration is composed and planned, and the
+Snakefile's rules are generic over stage folders (`results/<stage>/{hash}/`), so the jobs' targets
+go to one Snakemake run; a stage folder several jobs share is one node of that DAG (same hash, one
+job). Independent jobs then run at once: `-j N` on a workstation, one GPU each on a GPU box
+(`resources: gpu=...`, the GPU handed over through CUDA_VISIBLE_DEVICES), or a cluster through a
+Snakemake executor plugin.
+
+This module is plain data and functions; the Snakefile builds a `Sweep` from its config and looks
+up, for a rule's `{hash}` wildcard, the job that planned it (its configuration and upstream folders).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emo.plan import StagePlan, compose, plan
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The jobs of a run: one without -m; the cartesian product of the sweep values with it."""
+    if not multirun:
+        return [list(overrides)]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices.append([f"{key}={v}" for v in values])
+    return [list(combo) for combo in itertools.product(*choices)]
+
+
+@dataclass(frozen=True)
+class Job:
+    overrides: tuple[str, ...]
+    cfg: dict = field(repr=False)
+    plans: dict[str, StagePlan] = field(repr=False)
+    name: str = ""  # what tells it apart from the sweep's other jobs (its MLflow run name)
+
+    @property
+    def result(self) -> str:
+        return self.plans["validate"].out("result.json")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    jobs: tuple[Job, ...]
+    results: Path  # the one results folder every job writes into
+    by_stage: dict[str, dict[str, Job]]  # stage -> folder hash -> the first job that planned it
+
+    def job(self, stage: str, stage_hash: str) -> Job:
+        return self.by_stage[stage][stage_hash]
+
+    def plan(self, stage: str, stage_hash: str) -> StagePlan:
+        return self.job(stage, stage_hash).plans[stage]
+
+    def upstream(self, stage: str, stage_hash: str, up: str, name: str) -> str:
+        """The path of file `name` of stage `up` that folder `stage`/`stage_hash` is computed from."""
+        return self.job(stage, stage_hash).plans[up].out(name)
+
+    def folders(self, stage: str) -> list[str]:
+        return sorted(self.by_stage.get(stage, {}))
+
+    @property
+    def summary(self) -> Path:
+        """The sweep's summary folder (compare table, plots: the report), named by its jobs' results."""
+        import hashlib
+
+        key = ",".join(sorted(j.plans["validate"].hash for j in self.jobs))
+        return self.results / "summary" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def plots(self, job: Job) -> list[Path]:
+        """The summary's plots of one job (energy-time of its GPU x workload, its timeline)."""
+        import json
+
+        index = self.summary / "plots.json"
+        names = json.loads(index.read_text()).get(job.plans["validate"].hash, []) if index.exists() else []
+        return [self.summary / "plots" / n for n in names]
+
+
+def build(job_overrides: list[list[str]]) -> Sweep:
+    """Compose and plan every job; one table of stage folders over all of them (shared ones once)."""
+    shared = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
+    jobs = []
+    for o in job_overrides:
+        cfg = compose(o)
+        jobs.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
+    jobs = tuple(jobs)
+    roots = {Path(j.cfg["results"]) for j in jobs}
+    if len(roots) != 1:
+        raise ValueError(f"results: a sweep writes into one results folder, not {len(roots)} ({', '.join(sorted(map(str, roots)))})")
+    by_stage: dict[str, dict[str, Job]] = {}
+    for j in jobs:
+        for stage, p in j.plans.items():
+            by_stage.setdefault(stage, {}).setdefault(p.hash, j)
+    return Sweep(jobs, roots.pop(), by_stage)
+
+
+def from_snakemake_config(config: dict) -> Sweep:
+    """The Snakefile's sweep: `--config 'jobs=[["budget=0.02"],["budget=0.05"]]'` (what `emo run -m`
+    passes), or one job from `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
+    if config.get("jobs"):
+        return build([[str(o) for o in job] for job in config["jobs"]])
+    return build([[str(o) for o in config.get("overrides", [])]])
+
+
+def gpus_needed(cfg: dict) -> int:
+    """GPUs one job of this configuration occupies: the workload's ranks on real GPUs; one slot on
+    the virtual GPU (it runs on a CPU core, so jobs spread over cores)."""
+    if cfg["gpu"].get("backend", "sim") == "sim":
+        return 1
+    wl = cfg["workload"]
+    return int(wl.get("tp") or wl.get("pp") or wl.get("gpus") or 1)
+
+
+def gpus_available(cfg: dict, cores: int) -> int:
+    """The `gpu` resource of a run: the visible GPUs of a real backend, one slot per core on the virtual GPU."""
+    if cfg["gpu"].get("backend", "sim") == "sim":
+        return max(cores, 1)
+    return len(visible_gpus())
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES (a scheduler sets it on a cluster
+    node), else every GPU NVML counts."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        return [x.strip() for x in env.split(",") if x.strip()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver: no GPU to hand out
+        return []
+
+
+@contextlib.contextmanager
+def claim_gpus(count: int, lock_dir: Path, available: list[str] | None = None, poll_s: float = 0.2) -> Iterator[list[str]]:
+    """Hold `count` of the visible GPUs for one job (an exclusive lock file per GPU, released on exit
+    however the job ends) and export them as CUDA_VISIBLE_DEVICES. Snakemake's `gpu` resource already
+    keeps the sum of running jobs' GPUs within what is there, so a claim finds free GPUs at once; the
+    locks decide which ones."""
+    ids = visible_gpus() if available is None else available
+    if count > len(ids):
+        raise ValueError(f"gpu: this job needs {count} GPUs but {len(ids)} are visible ({','.join(ids) or 'none'})")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    held: list[tuple[str, int]] = []
+    try:
+        while len(held) < count:
+            for gid in ids:
+                if len(held) == count or any(g == gid for g, _ in held):
+                    continue
+                fd = os.open(lock_dir / f"gpu{gid}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append((gid, fd))
+                except BlockingIOError:
+                    os.close(fd)
+            if len(held) < count:
+                time.sleep(poll_s)
+        previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(g for g, _ in held)
+        try:
+            yield [g for g, _ in held]
+        finally:
+            if previous is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = previous
+    finally:
+        for _, fd in held:
+            os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def gpu_for_stage(cfg: dict, gpus: int, results: Path) -> Iterator[list[str]]:
+    """What a GPU-touching rule runs inside: its own GPU(s) on a real backend, nothing on the virtual GPU."""
+    if gpus <= 0 or cfg["gpu"].get("backend", "sim") == "sim":
+        yield []
+        return
+    with claim_gpus(gpus, results / ".gpu-locks") as ids:
+        yield ids
+
+
+# --------------------------------------------------------------------------- when the run ends
+def result_line(job: Job) -> str:
+    """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing)."""
+    import json
+
+    res = Path(job.result)
+    if not res.exists():
+        done = [s for s, p in job.plans.items() if (p.dir / "config.json").exists()]
+        last = job.plans[done[-1]].dir if done else None
+        return f"emo: {job.name}: no result yet" + (f" (last stage done: {done[-1]}, {last})" if last else "")
+    r = json.loads(res.read_text())
+    m = r["metrics"]
+    err = ""
+    if "time_error_pct" in m:
+        err = f", prediction error {m['time_error_pct']:.2f} % time / {m.get('energy_error_pct', float('nan')):.2f} % energy"
+    policy = job.plans["optimize"].out("policy.json")
+    where = f"policy {policy}" if r.get("predicted") is not None and Path(policy).exists() else f"online {r['method']}, result {res}"
+    return (f"emo: {job.name}: {r['method']} on {r['gpu']}, budget {100 * r['budget']:g} %: "
+            f"ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{err}; {where}")
+
+
+def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_results: bool = True,
+           error: str | None = None, killed: bool = False) -> dict[str, str]:
+    """The one writer when a Snakemake run ends (emo run, or the Snakefile's onsuccess/onerror for
+    plain `snakemake`): log every job to MLflow from its stage folders (a job without its result ends
+    FAILED, or KILLED when a signal stopped the run, with `error` as its emo.error tag), then print
+    its result line."""
+    from emo import tracking
+
+    ids = tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs},
+                             error=error, killed=killed)
+    if print_results:
+        for job in sw.jobs:
+            print(result_line(job), flush=True)
+    return ids

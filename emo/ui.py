@@ -1,0 +1,45 @@
+"""`emo ui`: MLflow's web UI on the store `emo run` logs into (the tracking config's URI, or
+MLFLOW_TRACKING_URI). The default install has only `mlflow-skinny` (no web server), so the UI is the
+`ui` extra: `python3 -m pip install -e '.[ui]'`.
+
+    emo ui [--port 5000] [--host 127.0.0.1] [KEY=VALUE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import subprocess
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ui", help="MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides selecting the tracking config, e.g. results=out")
+    p.set_defaults(func=main)
+
+
+def server_installed() -> bool:
+    """The full `mlflow` distribution (mlflow-skinny ships mlflow.server but not what it imports)."""
+    try:
+        importlib.metadata.distribution("mlflow")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def command(uri: str, host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+
+
+def main(args: argparse.Namespace) -> int:
+    from emo.plan import compose
+    from emo.tracking import tracking_uri
+
+    if not server_installed():
+        raise ValueError("emo ui needs MLflow's web server, which the default install leaves out: "
+                         "python3 -m pip install -e '.[ui]'")
+    uri = tracking_uri(compose(args.overrides)["tracking"])
+    print(f"emo ui: {uri} on http://{args.host}:{args.port}", file=sys.stderr)
+    return subprocess.call(command(uri, args.host, args.port))

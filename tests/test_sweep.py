@@ -1,0 +1,144 @@
+"""A sweep as one Snakemake DAG: jobs, shared stage folders once, a GPU per job, MLflow from one writer."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from emo import sweep
+from emo.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
+         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5"]
+
+
+def test_a_sweep_plans_every_job_and_shares_stage_folders(tmp_path):
+    jobs = sweep.expand([f"results={tmp_path}", "workload.tp=2,4", "budget=0.02,0.05", "optimizer=emo,zeus"], True)
+    sw = sweep.build(jobs)
+    assert len(sw.jobs) == 8 and sw.results == tmp_path
+    count = {s: len(sw.folders(s)) for s in sw.by_stage}
+    assert count["calibrate"] == 1  # one GPU model: one calibration
+    assert count["trace"] == count["graph"] == count["pack"] == count["profile"] == count["fit"] == 2  # per workload
+    assert count["validate"] == 8
+    assert {j.name for j in sw.jobs} >= {"workload.tp=2 budget=0.02 optimizer=emo", "workload.tp=4 budget=0.05 optimizer=zeus"}
+    j = sw.jobs[0]
+    assert sw.upstream("fit", j.plans["fit"].hash, "calibrate", "bench.parquet") == j.plans["calibrate"].out("bench.parquet")
+
+
+def test_a_sweep_writes_into_one_results_folder(tmp_path):
+    with pytest.raises(ValueError, match="results: a sweep writes into one results folder"):
+        sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
+
+
+def job_stats(out: str) -> dict[str, int]:
+    block = out[out.index("Job stats:"):].split("\n\n")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
+
+
+def test_the_sweep_is_one_dag_with_each_shared_stage_once(tmp_path):
+    """Snakemake's own dry run of three jobs: one calibration, a trace chain per workload, optimize only
+    for the offline methods, a validate per job."""
+    jobs = '[["budget=0.02","optimizer=emo"],["budget=0.05","optimizer=zeus"],["budget=0.05","optimizer=emo","workload.tp=4"]]'
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
+                        "--config", f"jobs={jobs}"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    stats = job_stats(r.stdout + r.stderr)
+    assert stats == {"calibrate": 1, "trace": 2, "graph": 2, "pack": 2, "profile": 2, "fit": 2, "optimize": 2,
+                     "validate": 3, "summary": 1, "all": 1, "total": 18}
+
+
+def test_parallel_jobs_get_their_own_gpus(tmp_path):
+    held: list[list[str]] = []
+    lock = threading.Lock()
+    gate = threading.Barrier(2)
+
+    def job(n):
+        with sweep.claim_gpus(n, tmp_path, ["0", "1", "2"], poll_s=0.01) as ids:
+            with lock:
+                held.append(ids)
+            gate.wait(timeout=10)  # both hold their GPUs at the same time
+
+    threads = [threading.Thread(target=job, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert sorted(len(h) for h in held) == [1, 2]
+    assert len({g for h in held for g in h}) == 3  # no GPU handed to two jobs
+
+    # a third claim waits until a GPU is free again
+    with sweep.claim_gpus(3, tmp_path, ["0", "1", "2"]):
+        start = time.perf_counter()
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (sweep.claim_gpus(1, tmp_path, ["0", "1", "2"], poll_s=0.01).__enter__(), done.set()))
+        t.start()
+        time.sleep(0.2)
+        assert not done.is_set()
+    t.join(timeout=5)
+    assert done.is_set() and time.perf_counter() - start >= 0.2
+
+
+def test_a_stage_on_a_real_backend_sees_only_its_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    cfg = {"gpu": {"backend": "nvml"}, "workload": {"kind": "tp", "tp": 2}}
+    assert sweep.gpus_needed(cfg) == 2 and sweep.gpus_available(cfg, cores=2) == 4
+    with sweep.gpu_for_stage(cfg, 2, tmp_path) as ids:
+        assert ids == ["4", "5"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    with sweep.gpu_for_stage({"gpu": {"backend": "sim"}}, 1, tmp_path) as ids:  # the virtual GPU: nothing to hold
+        assert ids == [] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    with pytest.raises(ValueError, match="needs 8 GPUs but 4 are visible"):
+        with sweep.gpu_for_stage({**cfg, "workload": {"kind": "tp", "tp": 8}}, 8, tmp_path):
+            pass
+
+
+def mlflow_runs(results: Path):
+    from mlflow.tracking import MlflowClient
+
+    from emo.tracking import search
+
+    uri = f"sqlite:///{results}/mlflow.db"
+    return search(uri, "emo"), MlflowClient(tracking_uri=uri)
+
+
+@pytest.mark.slow
+def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    results = tmp_path / "results"
+    args = ["run", "-m", "-j", "2", f"results={results}", *SMALL, "optimizer=emo,zeus", "budget=0.02,0.05"]
+    assert cli_main(args) == 0
+    lines = [ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("emo: ")]
+    assert len(lines) == 4 and all(" ES " in ln and " PL " in ln for ln in lines)
+    assert any("policy " in ln and "policy.json" in ln for ln in lines)
+
+    assert cli_main([*args, "--report", str(tmp_path / "report.html")]) == 0  # nothing runs; every metric is still logged
+    report = (tmp_path / "report.html").read_text()
+    assert "compare.tsv" in report and "jobs.tsv" in report and "energy_time_a100_tp2.png" in report
+    assert len([ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("emo: ")]) == 4
+    df, client = mlflow_runs(results)
+    parents = df[df["tags.mlflow.parentRunId"].isna()]
+    children = df[df["tags.mlflow.parentRunId"].notna()]
+    assert len(parents) == 2 and len(children) == 8  # nothing lost, nothing twice
+    assert set(parents["params.sweep.budget"]) == {"0.02,0.05"} and set(parents["params.sweep.jobs"]) == {"4"}
+    for _, group in children.groupby("tags.mlflow.parentRunId"):
+        assert sorted(group["tags.mlflow.runName"]) == sorted(f"optimizer={o} budget={b}" for o in ("emo", "zeus")
+                                                               for b in ("0.02", "0.05"))
+    assert (children["status"] == "FINISHED").all()
+    assert children["metrics.validate.es_pct"].notna().all() and children["metrics.trace.trace_wall_s"].notna().all()
+    emo_runs = children[children["params.optimizer.name"] == "emo"]
+    assert emo_runs["metrics.optimize.predicted_time_s"].notna().all()
+    for run_id in emo_runs["run_id"]:
+        names = {a.path for d in ("optimize", "validate", "plots") for a in client.list_artifacts(run_id, d)}
+        assert {"optimize/policy.json", "validate/result.json", "plots/energy_time_a100_tp2.png"} <= names
+        assert any(n.startswith("plots/timeline_") for n in names)
+    first, second = (children[children["tags.mlflow.parentRunId"] == p] for p in parents["run_id"])
+    assert sorted(first["metrics.validate.es_pct"]) == sorted(second["metrics.validate.es_pct"])
