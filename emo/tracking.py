@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -167,10 +168,13 @@ def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: di
         for path in (plots or {}).get(job.name, []):
             if path.exists():
                 client.log_artifact(run_id, str(path), artifact_path="plots")
-        ok = Path(job.result).exists()
+        ok = Path(job.result).exists() or (error is None and not killed)  # --until stops before the result
         ok_all &= ok
         if not ok and error:
             client.set_tag(run_id, "emo.error", error[:5000])
+            stage = re.search(r"\(stage (\w+),", error)
+            if stage:  # the stage that failed, as the line names it
+                client.set_tag(run_id, f"emo.{stage.group(1)}.error", error[:5000])
         client.set_terminated(run_id, "FINISHED" if ok else ("KILLED" if killed else "FAILED"))
         ids[job.name] = run_id
     if parent:

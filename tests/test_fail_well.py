@@ -36,10 +36,11 @@ def spawn(*args, cwd):
 
 
 def runs(results: Path) -> list[dict]:
-    import mlflow
+    """The runs in that folder's store (no mlflow.set_tracking_uri: it exports MLFLOW_TRACKING_URI,
+    and every later `emo run` this process spawns would log into this store)."""
+    from emo.tracking import search
 
-    mlflow.set_tracking_uri(f"sqlite:///{results}/mlflow.db")
-    return mlflow.search_runs(search_all_experiments=True).to_dict("records")
+    return search(f"sqlite:///{results}/mlflow.db", "emo").to_dict("records")
 
 
 def wait_for(predicate, timeout=120.0):
