@@ -44,8 +44,8 @@ def open_store(tracking_cfg: dict):
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
     if store:
         store.mkdir(parents=True, exist_ok=True)
-    c = MlflowClient(tracking_uri=uri)
-    with _store_lock(store):
+    with _store_lock(store):  # the first access creates MLflow's tables: one process at a time
+        c = MlflowClient(tracking_uri=uri)
         exp = c.get_experiment_by_name(name)
         if exp is None:
             # artifacts beside the database, not in ./mlruns of whatever folder the user is in
