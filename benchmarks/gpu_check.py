@@ -229,8 +229,9 @@ def pipeline(dev, workdir: Path, check: Check) -> dict:
         ov = _gpu_overrides(dev, script, results)
         if opt:
             ov.append(f"optimizer={opt}")
-        ok = emo_run.snakemake(ov, cores=os.cpu_count() or 1, until=have[-1])
-        out[f"pipeline[{opt or 'default'}]"] = "ok" if ok else "failed (see the Snakemake log above)"
+        error = emo_run.snakemake([ov], os.cpu_count() or 1, until=have[-1])  # None: it succeeded
+        ok = error is None
+        out[f"pipeline[{opt or 'default'}]"] = "ok" if ok else f"failed: {error}"
         if not ok:
             out["_status"] = "FAIL"
             return out

@@ -29,7 +29,7 @@ jobs = sweep.expand(sys.argv[2:], True)
 sw = sweep.build(jobs)
 cores = int(sys.argv[1])
 for job in jobs:  # one Snakemake run per job, one after another (each may use every core)
-    assert run.snakemake([job], cores, gpus=cores, until="validate"), job
+    assert run.snakemake([job], cores, gpus=cores, until="validate") is None, job  # None: it succeeded
 sweep.finish(sw, "sweep " + " ".join(sys.argv[2:]), sys.argv[2:], print_results=False)
 """
 
