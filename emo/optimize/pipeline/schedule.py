@@ -24,7 +24,7 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
                  window_clear_ms: np.ndarray | None = None, meta: dict | None = None) -> FrequencyPolicy:
     """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
     [group, window]: where each window starts in the iteration (default: the items' change points on
-    the baseline timeline, else window × window_ms; emo.optimize.tables.planned_window_starts gives
+    the baseline timeline, else window × window_ms; pipeline.tables.planned_window_starts gives
     the planned ones). Windows that start at or after the period (padding) never make a step.
     `window_clear_ms` [group, window]: when the window before has finished its packs (planned_window
     _clear); a down-step lands no earlier."""
