@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from emo.optimize import make_items, optimize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances

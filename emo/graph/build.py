@@ -60,7 +60,6 @@ class _Builder:
         rows = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
         g = ev.iloc[rows]
         nccl = is_nccl(g["name"]) & (g["kind"] == "kernel").to_numpy()
-        n_ranks = ev["rank"].nunique()
         key = np.where(g["process_group"].to_numpy(dtype=object) != "", g["process_group"], g["name"])
         c = pd.DataFrame({"row": rows, "rank": g["rank"].to_numpy(), "key": key,
                           "start": g["start_ns"].to_numpy(), "end": (g["start_ns"] + g["dur_ns"]).to_numpy()})[nccl]
