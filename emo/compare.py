@@ -3,8 +3,11 @@ plots a reader wants.
 
     emo compare [--uri sqlite:///results/mlflow.db] [--experiment emo] [--plots DIR] [--csv FILE]
 
-The table: one row per GPU x workload x budget, one column per method, each cell `ES% / PL%` measured by
-validate (the latest run of that cell wins). The plots (with --plots): per GPU x workload, energy vs time
+The table: one row per GPU x workload x budget, one column per method, each cell `ES±sd/PL±sd` measured by
+validate over the seeds run (`gpu.seed`; the latest run of each seed wins; `ES/PL` from one seed; `!`
+over budget + 0.5 %). Static is the best measured static clock within budget when validate measured
+the static curve; then EMO's margin over that curve at its own PL and whether EMO is ahead, by
+emo.scoring's rule (ahead = beyond the combined spread of every method within budget). The plots (with --plots): per GPU x workload, energy vs time
 per iteration with the static clocks' curve (measured by validate for optimizer=static) and each
 method's point; and for EMO's policy, the timeline of one iteration per GPU with the critical path
 and the chosen clocks.
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from emo import scoring
 from emo.io import write_json
 from emo.methods import METHODS as METHOD_ORDER
 
@@ -61,14 +65,14 @@ def load_runs(uri: str, experiment: str) -> pd.DataFrame:
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """MLflow's search_runs frame -> workload, method, budget, metrics, the validate folder's hash."""
     if df.empty:
-        return pd.DataFrame(columns=["run_id", "workload", "method", "budget", "gpu", "validate_hash", "graph_hash",
+        return pd.DataFrame(columns=["run_id", "workload", "method", "budget", "gpu", "seed", "validate_hash", "graph_hash",
                                      "optimize_hash", *METRICS])
     rows = []
     for _, r in df.iterrows():
         params = {k[len("params."):]: v for k, v in r.items() if k.startswith("params.") and isinstance(v, str)}
         row = {"run_id": r["run_id"], "workload": workload_label(params),
                "method": params.get("optimizer.name", "emo"), "budget": float(params.get("budget", "nan")),
-               "gpu": params.get("gpu.name", "?"), "validate_hash": r.get("tags.emo.validate.hash"),
+               "gpu": params.get("gpu.name", "?"), "seed": int(params.get("gpu.seed", 0) or 0), "validate_hash": r.get("tags.emo.validate.hash"),
                "graph_hash": r.get("tags.emo.graph.hash"), "optimize_hash": r.get("tags.emo.optimize.hash"),
                "results": params.get("results")}
         for m in METRICS:
@@ -79,22 +83,58 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latest(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (gpu, workload, method, budget): the newest (runs come newest first)."""
-    return runs.drop_duplicates(["gpu", "workload", "method", "budget"], keep="first").reset_index(drop=True)
+    """One row per (gpu, workload, method, budget, seed): the newest (runs come newest first)."""
+    if "seed" not in runs:
+        runs = runs.assign(seed=0)
+    return runs.drop_duplicates(["gpu", "workload", "method", "budget", "seed"], keep="first").reset_index(drop=True)
 
 
-def table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows GPU x workload x budget, a column per method, cells `ES% / PL%`."""
+def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """Rows GPU x workload x budget; a column per method (`ES±sd/PL±sd` over the seeds), EMO's margin
+    over the static curve, and whether EMO is ahead. `curves`: static validate hash -> the clocks it
+    measured (emo.scoring.static_points), when the stage folders are at hand."""
     r = latest(runs)
     if r.empty:
         return pd.DataFrame()
-    r = r.assign(cell=[f"{es:5.1f} / {pl:4.1f}" for es, pl in zip(r["es_pct"], r["pl_pct"])])
+    curves = curves or {}
     methods = [m for m in METHOD_ORDER if m in set(r["method"])] + sorted(set(r["method"]) - set(METHOD_ORDER))
-    t = r.pivot_table(index=["gpu", "workload", "budget"], columns="method", values="cell", aggfunc="first")
-    t = t.reindex(columns=methods).fillna("-")
-    t.index = t.index.set_names(["gpu", "workload", "budget"])
+    static = r[(r["method"] == "static") & r["validate_hash"].isin(list(curves))] if "validate_hash" in r else r.iloc[:0]
+    rows = []
+    for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
+        bpct = 100 * budget
+        seed_curve = {int(row["seed"]): curves[row["validate_hash"]]
+                      for _, row in static[(static["gpu"] == gpu) & (static["workload"] == wl)].iterrows()}
+        scores = {}
+        for m, g in cell.groupby("method"):
+            points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
+            if m == "static":
+                points = [scoring.best_static(seed_curve[int(row["seed"])], bpct)[:2] if int(row["seed"]) in seed_curve
+                          else pt for pt, (_, row) in zip(points, g.iterrows())]
+            scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
+        out = {"gpu": gpu, "workload": wl, "budget": budget, **{m: s.text(bpct) for m, s in scores.items()}}
+        emo = cell[(cell["method"] == "emo") & cell["seed"].isin(list(seed_curve))]
+        out["EMO - static curve"] = "-"
+        if len(emo):
+            mg = scoring.margins([(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
+                                 [seed_curve[int(sd)] for sd in emo["seed"]])
+            out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
+        ok, why = scoring.ahead(scores, bpct)
+        out["EMO ahead"] = "yes" if ok else f"no: {why}"
+        rows.append(out)
+    t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
+    t = t.reindex(columns=[*methods, "EMO - static curve", "EMO ahead"]).fillna("-")
     t.columns.name = "ES% / PL%"
     return t
+
+
+def static_points(runs: pd.DataFrame, results: Path) -> dict[str, pd.DataFrame]:
+    """Static validate hash -> every clock it measured (its curve and its own pick) as PL/ES %."""
+    out = {}
+    for _, row in runs[(runs["method"] == "static") & runs["validate_hash"].notna()].iterrows():
+        f = stage_dir(results, "validate", row["validate_hash"]) / "pareto.parquet"
+        if f.exists():
+            out[row["validate_hash"]] = scoring.static_points(pd.read_parquet(f), row.to_dict())
+    return out
 
 
 def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
@@ -161,7 +201,7 @@ def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, lis
     runs = results_rows([(cfg, vdir) for _, cfg, vdir in jobs])
     runs["job"] = [name for name, _, _ in jobs]
     results = Path(jobs[0][2]).parents[1]
-    table(runs).to_csv(out / "compare.tsv", sep="\t")
+    table(runs, static_points(runs, results)).to_csv(out / "compare.tsv", sep="\t")
     cols = ["job", "gpu", "workload", "method", "budget", "es_pct", "pl_pct", "time_error_pct", "energy_error_pct",
             "validate_hash"]
     runs[cols].to_csv(out / "jobs.tsv", sep="\t", index=False, float_format="%.3f")
@@ -207,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
     if runs.empty:
         print("emo compare: no validated runs yet", file=sys.stderr)
         return 1
-    t = table(runs)
+    t = table(runs, static_points(runs, results_dir(uri, runs)))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(t.to_string())
     if args.csv:

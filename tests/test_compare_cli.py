@@ -52,7 +52,7 @@ def test_compare_prints_the_table_and_writes_plots(store, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "TP2" in out and "TP4" in out
-    assert "20.0 /  1.8" in out and " 6.0 /  1.9" in out and "25.0 /  4.6" in out
+    assert "20.0/1.8" in out and " 6.0/1.9" in out and "25.0/4.6" in out
     header = out.splitlines()[0]
     assert header.index("emo") < header.index("static") < header.index("zeus") < header.index("geepafs")
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
@@ -66,7 +66,30 @@ def test_latest_run_of_a_cell_wins():
         {"run_id": "h100", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "h100", "es_pct": 9.0, "pl_pct": 1.0},
         {"run_id": "old", "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100", "es_pct": 5.0, "pl_pct": 1.0},
     ])
-    assert table(runs).loc[("a100", "TP2", 0.02), "emo"].startswith(" 21.0")
+    assert table(runs).loc[("a100", "TP2", 0.02), "emo"] == "21.0/1.0"
+
+
+def test_seeds_give_mean_and_spread_the_measured_static_curve_and_the_margin(tmp_path):
+    """Three seeds per method: cells are mean±sd; static is the best measured clock within budget
+    + 0.5 % from its curve (not its own pick); EMO's margin is over that curve at EMO's own PL."""
+    from emo.compare import results_rows, static_points
+
+    results = tmp_path / "results"
+    jobs = []
+    for seed, (es, pl) in enumerate([(10.0, 1.0), (11.0, 1.2), (12.0, 1.1)]):
+        jobs.append(fake_job(results, ["workload.tp=2", "optimizer.name=emo", "budget=0.02", f"gpu.seed={seed}"], es, pl))
+        jobs.append(fake_job(results, ["workload.tp=2", "optimizer.name=static", "budget=0.02", f"gpu.seed={seed}"],
+                             1.0, 0.5, pareto=True))
+    runs = results_rows([(j.cfg, str(j.plans["validate"].dir)) for j in jobs])
+    assert sorted(runs["seed"]) == [0, 0, 1, 1, 2, 2]
+    t = table(runs, static_points(runs, results))
+    row = t.loc[("a100", "TP2", 0.02)]
+    assert row["emo"] == "11.0±1.0/1.1±0.1"
+    assert row["static"] == "1.0±0.0/0.5±0.0"  # nothing on the curve (PL 15 %, 35 %) fits in 2.5 %
+    # the curve: (0, 0), (0.5, 1) from static's own pick, then (15, 21.3): at PL ~1.1 it gives ~1.4
+    margin = float(row["EMO - static curve"].split("±")[0])
+    assert 9.0 < margin < 10.0
+    assert row["EMO ahead"] == "yes"
 
 
 def test_two_gpus_are_two_rows_and_two_plots(tmp_path, monkeypatch, capsys):
