@@ -83,6 +83,22 @@ def load(result: str) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def followable_slack_pct(graph_dir: Path, latency_ms: float) -> float:
+    """Slack a clock can follow: the what-if's slack windows (per GPU stream, runs of ops off the
+    critical path) lasting at least the clock-request latency, their slack summed, as a share of the
+    GPU's busy time."""
+    from emo.graph.graph import GPU_NODE_KINDS, Graph
+    from emo.graph.whatif import compile_graph, slack_windows, whatif
+
+    graph = Graph.load(graph_dir)
+    res = whatif(compile_graph(graph))
+    gpu = graph.nodes["kind"].isin(GPU_NODE_KINDS).to_numpy()
+    busy = float((res.finish_ns[gpu] - res.start_ns[gpu]).sum())
+    w = slack_windows(graph, res)
+    long = w[(w["end_ns"] - w["start_ns"]) >= latency_ms * 1e6]
+    return 100.0 * float(long["slack_ns"].sum()) / busy if busy > 0 else 0.0
+
+
 def static_curve(result: dict | None, vdir: Path) -> pd.DataFrame | None:
     """One seed's measured static curve as PL/ES % against its own max-clock baseline, static's own
     policy (a measured clock too) included; None when it was not measured."""
