@@ -79,6 +79,10 @@ class TPWorkload(WorkloadConfig):
     kind: str = "tp"
     tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
     chunks: int = field(default=2, metadata=at_least(1))  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    # domino: the batch in `chunks`, each chunk's all-reduce overlapping the next chunk's compute;
+    # megatron: plain Megatron-LM, the whole batch at once, forward all-reduces blocking the compute
+    # stream (backward's input-gradient all-reduce still overlaps the weight gradients); chunks unused
+    overlap: str = field(default="domino", metadata=one_of("domino", "megatron"))
     training: bool = True
     model: TransformerShape = field(default_factory=TransformerShape)
 
@@ -256,7 +260,7 @@ def _workload_rules(w: dict) -> None:
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
                 _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
-        if m["batch"] % w["chunks"]:
+        if w.get("overlap", "domino") == "domino" and m["batch"] % w["chunks"]:
             _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
     elif kind == "pp":
         if w["microbatches"] < w["pp"]:
