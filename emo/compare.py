@@ -45,6 +45,8 @@ def workload_label(params: dict) -> str:
         return f"TP{params.get('workload.tp', '?')}{plain}"
     if kind == "pp":
         return f"PP{params.get('workload.pp', '?')} {params.get('workload.partition', '')}".strip()
+    if kind == "hybrid":
+        return "x".join(f"{k.upper()}{params.get(f'workload.{k}', '?')}" for k in ("tp", "pp", "dp"))
     if kind == "recorded":
         return f"recorded {Path(params.get('workload.path', '?')).name}"
     if kind == "command":

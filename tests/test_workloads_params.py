@@ -59,6 +59,8 @@ def test_dataclass_configs_are_accepted() -> None:
     (["workload=tp", "workload.tp=8", "workload.overlap=megatron"], 8),
     (["workload=pp", "workload.pp=8", "workload.partition=parameter"], 8),
     (["workload=offload"], 1),
+    (["workload=hybrid"], 8),
+    (["workload=hybrid", "workload.tp=4", "workload.pp=2", "workload.dp=1"], 8),
 ])
 def test_hydra_workload_files_build(overrides: list[str], ranks: int) -> None:
     from hydra import compose, initialize_config_dir
