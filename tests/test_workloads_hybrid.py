@@ -14,8 +14,8 @@ import pytest
 from emo.compare import workload_label
 from emo.device.sim.program import Op
 from emo.workloads import build_program
-from emo.workloads.pp import DP, Grid, one_f_one_b
 from emo.workloads.emitter import COMPUTE
+from emo.workloads.pp import DP, Grid, one_f_one_b
 
 ROOT = Path(__file__).resolve().parents[1]
 
