@@ -45,9 +45,12 @@ def workload_label(params: dict) -> str:
     """A short name for a workload from its flattened config params (e.g. TP4, PP8 parameter)."""
     kind = params.get("workload.kind", "?")
     if kind == "tp":
-        return f"TP{params.get('workload.tp', '?')}"
+        plain = " megatron" if params.get("workload.overlap") == "megatron" else ""
+        return f"TP{params.get('workload.tp', '?')}{plain}"
     if kind == "pp":
         return f"PP{params.get('workload.pp', '?')} {params.get('workload.partition', '')}".strip()
+    if kind == "hybrid":
+        return "x".join(f"{k.upper()}{params.get(f'workload.{k}', '?')}" for k in ("tp", "pp", "dp"))
     if kind == "recorded":
         return f"recorded {Path(params.get('workload.path', '?')).name}"
     if kind == "command":

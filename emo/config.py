@@ -79,6 +79,10 @@ class TPWorkload(WorkloadConfig):
     kind: str = "tp"
     tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
     chunks: int = field(default=2, metadata=at_least(1))  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    # domino: the batch in `chunks`, each chunk's all-reduce overlapping the next chunk's compute;
+    # megatron: plain Megatron-LM, the whole batch at once, forward all-reduces blocking the compute
+    # stream (backward's input-gradient all-reduce still overlaps the weight gradients); chunks unused
+    overlap: str = field(default="domino", metadata=one_of("domino", "megatron"))
     training: bool = True
     model: TransformerShape = field(default_factory=TransformerShape)
 
@@ -91,6 +95,19 @@ class PPWorkload(WorkloadConfig):
     partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))  # "uniform" or "parameter" (embedding and LM head make stages uneven)
     # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
+
+
+@dataclass
+class HybridWorkload(WorkloadConfig):
+    kind: str = "hybrid"
+    tp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # tensor-parallel ranks per stage (one NVLink domain)
+    pp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # pipeline stages
+    dp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # data-parallel replicas; tp * pp * dp GPUs in all
+    microbatches: int = field(default=4, metadata=at_least(1))  # per replica and step, >= pp (1F1B)
+    partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))
+    bucket_mb: float = field(default=25.0, metadata=above(0))  # DDP's bucket_cap_mb: gradients all-reduced per bucket
+    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches, 8 layers so the default stays small
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, batch=1))
 
 
 @dataclass
@@ -211,7 +228,7 @@ class Config:
     results: str = field(default="results", metadata=NON_EMPTY)  # artifacts: results/<stage>/<hash>/
 
 
-WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload,
+WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "hybrid": HybridWorkload, "offload": OffloadWorkload,
              "recorded": RecordedWorkload, "command": CommandWorkload}
 
 
@@ -256,9 +273,20 @@ def _workload_rules(w: dict) -> None:
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
                 _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
-        if m["batch"] % w["chunks"]:
+        if w.get("overlap", "domino") == "domino" and m["batch"] % w["chunks"]:
             _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
     elif kind == "pp":
+        if w["microbatches"] < w["pp"]:
+            _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
+        if m["layers"] < w["pp"]:
+            _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
+    elif kind == "hybrid":
+        if w["tp"] * w["pp"] * w["dp"] > 64:
+            _bad("workload.dp", f"such that workload.tp * workload.pp * workload.dp <= 64 GPUs "
+                 f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})", w["dp"])
+        for k in ("heads", "vocab"):
+            if m[k] % w["tp"]:
+                _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
         if w["microbatches"] < w["pp"]:
             _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
         if m["layers"] < w["pp"]:

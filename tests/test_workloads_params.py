@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ({"kind": "tp", "tp": 3}, "workload.tp must be one of 2, 4, 8 (got 3)"),
     ({"kind": "tp", "tp": 8, "model": {"heads": 12, "hidden": 768}}, "workload.model.heads must be divisible by workload.tp (8) (got 12)"),
     ({"kind": "tp", "chunks": 3}, "workload.chunks must be a divisor of workload.model.batch (4) (got 3)"),
+    ({"kind": "tp", "overlap": "ring"}, "workload.overlap must be one of domino, megatron (got 'ring')"),
     ({"kind": "tp", "chunks": 0}, "workload.chunks must be >= 1 (got 0)"),
     ({"kind": "tp", "model": {"hidden": 4100}}, "workload.model.hidden must be divisible by workload.model.heads (32) (got 4100)"),
     ({"kind": "tp", "model": {"dtype": "fp8"}}, "workload.model.dtype must be one of bf16, fp16"),
@@ -55,8 +56,11 @@ def test_dataclass_configs_are_accepted() -> None:
 @pytest.mark.parametrize("overrides,ranks", [
     (["workload=tp"], 2),
     (["workload=tp", "workload.tp=4"], 4),
+    (["workload=tp", "workload.tp=8", "workload.overlap=megatron"], 8),
     (["workload=pp", "workload.pp=8", "workload.partition=parameter"], 8),
     (["workload=offload"], 1),
+    (["workload=hybrid"], 8),
+    (["workload=hybrid", "workload.tp=4", "workload.pp=2", "workload.dp=1"], 8),
 ])
 def test_hydra_workload_files_build(overrides: list[str], ranks: int) -> None:
     from hydra import compose, initialize_config_dir

@@ -16,10 +16,14 @@ CONFIGS = [
     {"kind": "tp", "tp": 4, "chunks": 4},
     {"kind": "tp", "tp": 8, "chunks": 1, "model": {"layers": 2}},
     {"kind": "tp", "tp": 2, "training": False},
+    {"kind": "tp", "tp": 4, "overlap": "megatron"},
     {"kind": "pp"},
     {"kind": "pp", "pp": 2, "microbatches": 3},
     {"kind": "pp", "pp": 8, "microbatches": 8, "partition": "parameter"},
     {"kind": "pp", "pp": 4, "microbatches": 5, "partition": "parameter"},
+    {"kind": "hybrid"},
+    {"kind": "hybrid", "tp": 4, "pp": 4, "dp": 2, "microbatches": 5, "partition": "parameter"},
+    {"kind": "hybrid", "tp": 1, "pp": 2, "dp": 4, "microbatches": 3, "bucket_mb": 5},
     {"kind": "offload", "decode_tokens": 2},
 ]
 
@@ -177,6 +181,24 @@ def test_tp_all_reduces_overlap_the_next_chunk() -> None:
     assert all(c.ranks == (0, 1) and c.group == "tp" and c.nbytes == 2 * 2048 * 4096 * 2 for c in big)
     # embedding + 2 per layer forward, 2 per layer backward + lm head, per chunk
     assert len(big) == 2 * (1 + 2 + 2 + 1)
+
+
+def test_megatron_forward_all_reduces_block_and_backward_ones_overlap_weight_gradients() -> None:
+    p = build_program({"kind": "tp", "tp": 2, "overlap": "megatron", "model": {"layers": 1}})
+    ops = p.ops[0]
+    fwd_end = next(i for i, op in enumerate(ops) if op[0] == Op.BEGIN and op[1] == "## backward ##")
+    colls = [i for i, op in enumerate(ops) if op[0] == Op.COLLECTIVE and p.collectives[op[2]].dtype == "bf16"]
+    between = []
+    for i in colls:
+        done = ops[i + 1]
+        j = next(j for j in range(i, len(ops)) if ops[j][0] == Op.WAIT and ops[j][2] == done[1])
+        between.append(sum(op[0] == Op.LAUNCH and op[1] == 7 for op in ops[i:j]))
+    fwd = [n for i, n in zip(colls, between) if i < fwd_end]
+    bwd = [n for i, n in zip(colls, between) if i > fwd_end]
+    assert fwd and all(n == 0 for n in fwd)  # the compute stream waits for each forward all-reduce at once
+    assert bwd and all(n > 0 for n in bwd)  # weight-gradient GEMMs run under the input-gradient all-reduce
+    assert all(p.collectives[ops[i][2]].nbytes == 4 * 2048 * 4096 * 2 for i in colls)  # the whole batch
+    assert len(colls) == 1 + 2 + 2 + 1 and p.meta["chunks"] == 1 and p.meta["overlap"] == "megatron"
 
 
 def test_tp_kernel_names_follow_the_gpu() -> None:

@@ -6,15 +6,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from emo.config import OffloadWorkload, PPWorkload, TPWorkload
+from emo.config import HybridWorkload, OffloadWorkload, PPWorkload, TPWorkload
 
-SCHEMAS = {"tp": TPWorkload, "pp": PPWorkload, "offload": OffloadWorkload}
+SCHEMAS = {"tp": TPWorkload, "pp": PPWorkload, "hybrid": HybridWorkload, "offload": OffloadWorkload}
 
 
 def resolve(cfg: Any):
-    """A TPWorkload / PPWorkload / OffloadWorkload from a config node, a dict or a dataclass; unknown
+    """A TPWorkload / PPWorkload / HybridWorkload / OffloadWorkload from a config node, a dict or a dataclass; unknown
     keys and wrong types are errors (the same schema Hydra checks)."""
-    if isinstance(cfg, (TPWorkload, PPWorkload, OffloadWorkload)):
+    if isinstance(cfg, (TPWorkload, PPWorkload, HybridWorkload, OffloadWorkload)):
         node = OmegaConf.structured(cfg)
     else:
         node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))

@@ -10,16 +10,18 @@ ends with clip-grad-norm all-reduced over all stages, AdamW per stage and a bloc
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from emo.config import PPWorkload, check_workload
 from emo.device.sim.program import CollectiveSpec, Program
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
-from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
+from emo.workloads.transformer import Dims, Phase, backward_phases, data_loader, forward_phases, issue, optimizer_step
 
 P2P_PREV = 24  # stream of the link to the previous stage
 P2P_NEXT = 28  # stream of the link to the next stage
+DP = 32  # the data-parallel process group's NCCL stream (gradient buckets)
 
 
 def validate(w: PPWorkload) -> None:
@@ -87,32 +89,104 @@ def one_f_one_b(stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
 
 def build(w: PPWorkload, arch: Arch) -> Program:
     validate(w)
-    m, P, M = w.model, w.pp, w.microbatches
+    return pipeline(w, arch, Grid(1, w.pp, 1))
+
+
+# --------------------------------------------------------------------------- the grid of ranks
+@dataclass(frozen=True)
+class Grid:
+    """Where each rank sits in a TP x PP x DP job, in Megatron-LM's order: tensor-parallel ranks
+    adjacent (one NVLink domain), then data-parallel replicas, then pipeline stages."""
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def rank(self, s: int, d: int, t: int) -> int:
+        return (s * self.dp + d) * self.tp + t
+
+    def tp_group(self, s: int, d: int) -> tuple[int, ...]:
+        return tuple(self.rank(s, d, t) for t in range(self.tp))
+
+    def dp_group(self, s: int, t: int) -> tuple[int, ...]:
+        return tuple(self.rank(s, d, t) for d in range(self.dp))
+
+    def mp_group(self, d: int) -> tuple[int, ...]:
+        """The model-parallel group of replica d (every stage and TP rank): clip-grad-norm's all-reduce."""
+        return tuple(sorted(self.rank(s, d, t) for s in range(self.pp) for t in range(self.tp)))
+
+    def name(self, what: str, s: int = 0, d: int = 0, t: int = 0) -> str:
+        """Process-group names; the plain pipeline keeps its own ("pp0-1", "pp")."""
+        if self.tp == self.dp == 1:
+            return {"p2p": f"pp{s}-{s + 1}", "mp": "pp"}[what]
+        return {"p2p": f"pp{s}-{s + 1}.{d}.{t}", "mp": f"mp{d}", "tp": f"tp{s}.{d}", "dp": f"dp{s}.{t}"}[what]
+
+
+def grad_buckets(phases: list[Phase], grads: dict[str, int], cap_bytes: int) -> list[list[Phase]]:
+    """Backward phases in runs whose gradients fill one DDP bucket each (`cap_bytes`, in backward
+    order, as DDP's reducer fills them): the bucket's all-reduce can start once its run is done."""
+    runs: list[list[Phase]] = [[]]
+    fill = 0
+    for ph in phases:
+        runs[-1].append(ph)
+        fill += grads.get(ph.name, 0)
+        if fill >= cap_bytes:
+            runs.append([])
+            fill = 0
+    return [r for r in runs if r]
+
+
+def pipeline(w, arch: Arch, grid: Grid) -> Program:
+    """1F1B over `grid.pp` stages, each stage a tensor-parallel group of `grid.tp` ranks, the whole
+    pipeline replicated `grid.dp` times; with dp > 1 the last micro-batch's backward all-reduces the
+    gradients over the replicas in DDP buckets (`w.bucket_mb`) as they fill, overlapping the rest of
+    that backward, and the optimizer step waits for them."""
+    m, P, M, T = w.model, grid.pp, w.microbatches, grid.tp
     dtype = m.dtype if arch.bf16 else "fp16"
-    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, 1)
-    sizes = partition(w, d)
-    act = m.batch * m.seq * m.hidden * K.ELT  # one micro-batch's activation (or its gradient)
+    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, T)
+    sizes = partition(w, Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, 1))
+    act = m.batch * m.seq * m.hidden * K.ELT  # one micro-batch's activation (or its gradient), whole on every TP rank
     schedules = [one_f_one_b(s, P, M) for s in range(P)]
     params = [sizes[s] * d.layer_params() + (d.embedding_params() if s == 0 else 0)
               + (d.head_params() if s == P - 1 else 0) for s in range(P)]
-    b = Builder(f"pp{P}", P, {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"},
-                {"kind": "pp", "pp": P, "microbatches": M, "partition": w.partition, "layers_per_stage": sizes,
-                 "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype})
+    streams = {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"}
+    if grid.dp > 1:
+        streams[DP] = "nccl_dp"
+    if w.kind == "pp":
+        meta = {"kind": "pp", "pp": P, "microbatches": M, "partition": w.partition}
+    else:
+        meta = {"kind": "hybrid", "tp": T, "pp": P, "dp": grid.dp, "microbatches": M, "partition": w.partition,
+                "bucket_mb": w.bucket_mb}
+    b = Builder(f"pp{P}" if meta["kind"] == "pp" else f"tp{T}pp{P}dp{grid.dp}", grid.ranks, streams,
+                {**meta, "layers_per_stage": sizes, "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype})
+    h, f = m.hidden, m.ffn_mult * m.hidden
+    grad_bytes = K.ELT * ((4 * h * h + 3 * h) // T + 3 * h), K.ELT * ((2 * f * h + f) // T + 3 * h)
 
-    def transfer(src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
-        lo = min(src, dst)
-        return ("p2p", lo, direction, mb), CollectiveSpec("sendrecv", (src, dst), act, f"pp{lo}-{lo + 1}", dtype)
-
-    for s in range(P):
-        em = b.rank(s)
+    for r in range(grid.ranks):
+        s, dd, t = r // (T * grid.dp), (r // T) % grid.dp, r % T
+        em = b.rank(r)
         first, last = s == 0, s == P - 1
+        tp_group, tp_name = grid.tp_group(s, dd), grid.name("tp", s, dd) if T > 1 else "tp"
         fwd = forward_phases(d, m.batch, sizes[s], first, last)
         bwd = backward_phases(d, m.batch, sizes[s], first, last)
+        grads = {ph.name: grad_bytes[0] if ph.name.startswith("attention") else grad_bytes[1]
+                 for ph in bwd if ph.name.endswith("_backward")}
+        grads["lm_head_backward"] = K.ELT * d.head_params()
+        grads["embedding_backward"] = K.ELT * d.embedding_params()
         # the link to the next stage carries transfers in the order that stage meets them
         queue = [("fwd" if kind == "F" else "bwd", mb) for kind, mb in schedules[s + 1]] if not last else []
         pos = 0
         fwd_done: dict[int, int] = {}  # micro-batch -> event after its forward on the compute stream
         grad_in: dict[int, int] = {}  # micro-batch -> event after its gradient arrived
+
+        def transfer(src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
+            lo = min(src, dst)
+            ranks = (grid.rank(src, dd, t), grid.rank(dst, dd, t))
+            return (("p2p", lo, dd, t, direction, mb),
+                    CollectiveSpec("sendrecv", ranks, act, grid.name("p2p", lo, dd, t), dtype))
 
         def flush() -> None:
             """Post the next link's transfers as far as this stage can: receives at once, sends once
@@ -130,6 +204,21 @@ def build(w: PPWorkload, arch: Arch) -> Program:
                     grad_in[mb] = em.record(P2P_NEXT)
                 pos += 1
 
+        def backward(mb: int) -> None:
+            key = ("tp", s, dd, "bwd", mb)
+            if grid.dp == 1 or mb != M - 1:  # gradients accumulate locally (DDP's no_sync)
+                issue(em, bwd, 1, tp_group, key, tp_name)
+                return
+            runs = grad_buckets(bwd, grads, int(w.bucket_mb * 2**20))
+            for i, run in enumerate(runs):
+                issue(em, run, 1, tp_group, key + (i,), tp_name)
+                nbytes = sum(grads.get(ph.name, 0) for ph in run)
+                if nbytes:
+                    em.join(COMPUTE, DP)
+                    em.collective(DP, ("dp", s, t, i), CollectiveSpec("allreduce", grid.dp_group(s, t), nbytes,
+                                                                      grid.name("dp", s, dd, t), dtype))
+            em.wait(COMPUTE, em.record(DP))  # the optimizer step needs every bucket reduced
+
         em.iteration()
         if first or last:
             data_loader(em, m.batch * m.seq * M, ms=3.0)  # tokens on the first stage, labels on the last
@@ -141,7 +230,7 @@ def build(w: PPWorkload, arch: Arch) -> Program:
                     if not first:
                         em.collective(P2P_PREV, *transfer(s - 1, s, "fwd", mb))
                         em.wait(COMPUTE, em.record(P2P_PREV))
-                    issue(em, fwd, 1, (s,), ("fwd", mb))
+                    issue(em, fwd, 1, tp_group, ("tp", s, dd, "fwd", mb), tp_name)
                     if not last:
                         fwd_done[mb] = em.record(COMPUTE)
                         flush()
@@ -150,13 +239,13 @@ def build(w: PPWorkload, arch: Arch) -> Program:
                     if not last:
                         flush()
                         em.wait(COMPUTE, grad_in[mb])
-                    issue(em, bwd, 1, (s,), ("bwd", mb))
+                    backward(mb)
                     if not first:
                         em.join(COMPUTE, P2P_PREV)
                         em.collective(P2P_PREV, *transfer(s, s - 1, "bwd", mb))
         flush()
         assert pos == len(queue), f"stage {s}: {len(queue) - pos} transfers to the next stage never posted"
-        optimizer_step(em, arch, params[s], tuple(range(P)), "pp")
+        optimizer_step(em, arch, params[s], grid.mp_group(dd), grid.name("mp", s, dd, t))
         em.cpu(150.0, "Optimizer.zero_grad#AdamW.zero_grad")
         em.memcpy("DtoH", 4, blocking=True)  # loss.item() on the last stage, grad_norm.item() elsewhere
     return b.program

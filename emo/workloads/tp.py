@@ -1,9 +1,12 @@
-"""Tensor parallelism (Megatron split) with Domino-style overlap of the all-reduces.
+"""Tensor parallelism (Megatron split) with Domino-style overlap of the all-reduces, or without it.
 
-Every rank of the TP group runs the same program: the batch is split into `chunks`; each attention
-and MLP block ends in an all-reduce over the group, issued on the NCCL stream after a record/wait
-join while the compute stream moves on to the next chunk; the consumer waits for it just before
-use. Forward, backward (input-gradient all-reduce overlapping the weight gradients), clip-grad-norm
+Every rank of the TP group runs the same program. `overlap: domino`: the batch is split into
+`chunks`; each attention and MLP block ends in an all-reduce over the group, issued on the NCCL
+stream after a record/wait join while the compute stream moves on to the next chunk; the consumer
+waits for it just before use. `overlap: megatron`: the batch in one piece, so the compute stream
+waits for each forward all-reduce at once (the synchronous all_reduce of Megatron-LM's
+RowParallelLinear); in backward the input-gradient all-reduce still overlaps the weight-gradient
+GEMMs, as Megatron's async grad-input all-reduce does. Forward, backward (input-gradient all-reduce overlapping the weight gradients), clip-grad-norm
 with its all-reduce, fused AdamW, and loss.item() at the end.
 """
 from __future__ import annotations
@@ -26,12 +29,13 @@ def build(w: TPWorkload, arch: Arch) -> Program:
     m = w.model
     dtype = m.dtype if arch.bf16 else "fp16"
     d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, w.tp)
-    seqs = m.batch // w.chunks
+    chunks = w.chunks if w.overlap == "domino" else 1
+    seqs = m.batch // chunks
     group = tuple(range(w.tp))
     params = m.layers * d.layer_params() + d.embedding_params() + d.head_params()
     b = Builder(f"tp{w.tp}", w.tp, {COMPUTE: "compute", NCCL: "nccl"},
-                {"kind": "tp", "tp": w.tp, "chunks": w.chunks, "training": w.training, "gpu": arch.gpu,
-                 "dtype": dtype, "params_per_rank": params})
+                {"kind": "tp", "tp": w.tp, "chunks": chunks, "overlap": w.overlap, "training": w.training,
+                 "gpu": arch.gpu, "dtype": dtype, "params_per_rank": params})
     fwd = forward_phases(d, seqs, m.layers, first=True, last=True)
     bwd = backward_phases(d, seqs, m.layers, first=True, last=True)
     for r in group:
@@ -39,11 +43,11 @@ def build(w: TPWorkload, arch: Arch) -> Program:
         em.iteration()
         data_loader(em, m.batch * m.seq)
         with em.scope("## forward ##"):
-            issue(em, fwd, w.chunks, group, ("fwd",))
+            issue(em, fwd, chunks, group, ("fwd",))
         if w.training:
             with em.scope("## backward ##"):
                 em.cpu(40.0, "aten::ones_like")  # loss.backward(): the seed gradient
-                issue(em, bwd, w.chunks, group, ("bwd",))
+                issue(em, bwd, chunks, group, ("bwd",))
             optimizer_step(em, arch, params, group, "tp")
             em.cpu(150.0, "Optimizer.zero_grad#AdamW.zero_grad")
         em.memcpy("DtoH", 4, blocking=True)  # loss.item()

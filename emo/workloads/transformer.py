@@ -179,10 +179,12 @@ def backward_phases(d: Dims, seqs: int, layers: int, first: bool, last: bool) ->
 
 
 # --------------------------------------------------------------------------- issuing
-def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, ...], key: tuple) -> None:
+def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, ...], key: tuple,
+          name: str = "tp") -> None:
     """Issue `phases` for `chunks` chunks, Domino style: phase p of every chunk is issued before phase
     p+1, so the all-reduce of chunk i (on the NCCL stream, after a record/wait join) overlaps the
-    compute of chunk i+1; the consumer of a reduced tensor waits for its event just before `post`."""
+    compute of chunk i+1; the consumer of a reduced tensor waits for its event just before `post`.
+    `group` are the ranks of the tensor-parallel group and `name` its process group's name."""
     reduce = len(group) > 1
     pending: list[int | None] = [None] * chunks
     prev: Phase | None = None
@@ -196,7 +198,7 @@ def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, .
             ph.pre(em, c)
             if reduce and ph.ar_bytes:
                 em.join(COMPUTE, NCCL)
-                em.collective(NCCL, key + (p, c), CollectiveSpec("allreduce", group, ph.ar_bytes, "tp", ph.ar_dtype))
+                em.collective(NCCL, key + (p, c), CollectiveSpec("allreduce", group, ph.ar_bytes, name, ph.ar_dtype))
                 pending[c] = em.record(NCCL)
             ph.side(em, c)
         prev = ph
@@ -216,7 +218,7 @@ def optimizer_step(em: RankEmitter, arch: Arch, params: int, norm_group: tuple[i
     em.launch(K.grad_norm_cleanup(arch))
     if len(norm_group) > 1:
         em.join(COMPUTE, NCCL)
-        em.collective(NCCL, ("grad_norm",), CollectiveSpec("allreduce", norm_group, 4, group, "fp32"))
+        em.collective(NCCL, ("grad_norm", group), CollectiveSpec("allreduce", norm_group, 4, group, "fp32"))
         em.wait(COMPUTE, em.record(NCCL))
     with em.scope("Optimizer.step#AdamW.step"):
         em.cpu(60.0, "aten::_foreach_add_")  # step counters
