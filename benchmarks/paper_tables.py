@@ -21,6 +21,9 @@ the trace, the profile and every measurement differ between seeds. Scoring (emo.
   - EMO's margin over the static curve: its ES minus the measured curve's ES at EMO's measured PL,
     per seed (the energy slack saved, not a slower clock); above the curve when the mean margin
     exceeds its spread.
+  - `slack`: the slack a clock can follow, from the first seed's what-if: slack windows (per GPU
+    stream, runs of ops off the critical path) lasting at least the median clock-request latency
+    calibrate measured, their slack summed, as a share of GPU busy time.
 Last line: `EMO ahead in N of M cells; above the static curve in K of M`. Every per-seed number is
 also written to paper_tables.json in the results folder.
 """
@@ -99,6 +102,17 @@ def followable_slack_pct(graph_dir: Path, latency_ms: float) -> float:
     return 100.0 * float(long["slack_ns"].sum()) / busy if busy > 0 else 0.0
 
 
+def slack_text(job) -> str:
+    """The cell's followable slack (first seed) at the median clock-request latency calibrate measured."""
+    if job is None or not (job.plans["graph"].dir / "nodes.parquet").exists():
+        return "-"
+    cal = Path(job.plans["calibrate"].out("calibration.json"))
+    lat = json.loads(cal.read_text()).get("clock_latency_ms") if cal.exists() else None
+    if not lat:
+        return "-"
+    return f"{followable_slack_pct(job.plans['graph'].dir, float(lat['p50'])):.1f}%"
+
+
 def static_curve(result: dict | None, vdir: Path) -> pd.DataFrame | None:
     """One seed's measured static curve as PL/ES % against its own max-clock baseline, static's own
     policy (a measured clock too) included; None when it was not measured."""
@@ -140,11 +154,12 @@ def main() -> int:
         print(f"the pipeline failed for some jobs (exit {rc}): see {log}; scoring what finished", file=sys.stderr)
     sw = build(jobs)
     folder = {(c[1], c[3], s, m): Path(j.result).parent for (c, s, m), j in zip(grid, sw.jobs)}
+    emo_job = {(c[1], c[3]): j for (c, s, m), j in zip(grid, sw.jobs) if s == seeds[0] and m == "emo"}
     got = {key: load(str(vdir / "result.json")) for key, vdir in folder.items()}
 
     width = 22
     print(f"{'table':<6}{'workload':<14}{'budget':>7}  " + "".join(f"{m + ' ES/PL %':>{width}}" for m in methods)
-          + f"{'EMO - static curve':>20}  EMO ahead")
+          + f"{'EMO - static curve':>20}{'slack':>8}  EMO ahead")
     n_ahead = n_above = n_below = 0
     record = []
     for table, label, _, budget in cells(args.quick):
@@ -180,7 +195,8 @@ def main() -> int:
             margin_txt = f"{mg.es:>+14.2f}±{mg.es_sd:.2f}"
         ok, why = scoring.ahead(scores, bpct)
         n_ahead += ok
-        print(f"{table:<6}{label:<14}{budget:>7.0%}  " + "".join(texts) + margin_txt + f"  {'yes' if ok else 'no'} {why}",
+        print(f"{table:<6}{label:<14}{budget:>7.0%}  " + "".join(texts) + margin_txt + f"{slack_text(emo_job.get((label, budget))):>8}"
+              + f"  {'yes' if ok else 'no'} {why}",
               flush=True)
     (results / "paper_tables.json").write_text(json.dumps(record, indent=1))
     n = len(cells(args.quick))
