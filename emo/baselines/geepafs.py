@@ -7,8 +7,8 @@ Algorithms 1-2) and, where the paper leaves a detail open, the authors' code
 
 1. probing: the probe clocks F are visited low -> high -> low (`samples_per_clock` visits of each,
    M samples in all), each for one sample interval T2 (`sample_ms`); at its end the loop reads what
-   NVML reports: GPU utilisation G and memory(-bandwidth) utilisation U (the last utilisation sample,
-   `Device.utilization_samples`) and the power P (energy counter over the interval);
+   NVML reports: GPU utilisation G and memory(-bandwidth) utilisation U (NVML's utilisation samples
+   of the interval, `Device.utilization_samples`) and the power P (energy counter over the interval);
 2. the fold line (Eq. 1): U(f) = a1 f + b1 below a critical clock f_c, a2 f + b2 above it, two
    sloped segments, least squares over every split of the probe clocks (a split's crossing outside
    its gap is pinned to the gap's lower clock); one line over all samples competes, and a fold needs
@@ -163,13 +163,16 @@ def _policy(gpu: str, clocks: dict[int, int]) -> FrequencyPolicy:
     return FrequencyPolicy(gpu=gpu, steps={d: [Step(0.0, int(f))] for d, f in clocks.items()})
 
 
-def _last_sample(device: Any, d: int, kind: str) -> float:
-    """What nvmlDeviceGetUtilizationRates reads at the end of a run: its last utilisation sample."""
+def _sampled(device: Any, d: int, kind: str) -> float:
+    """NVML's utilisation over one sample interval: the mean of its samples (T2 is about one NVML
+    sample period, so on hardware the reading at its end covers it; a run of whole iterations
+    always starts at an iteration's start, and its last sample alone would always see the same
+    phase of the iteration)."""
     samples = device.utilization_samples(d)[kind]
     if not samples:
         raise ValueError("optimizer.geepafs.sample_ms: a sample interval spans no whole utilisation sample "
                          "period of the device; raise it")
-    return float(samples[-1][1])
+    return float(np.mean([v for _, v in samples]))
 
 
 class _Tally:
@@ -230,8 +233,8 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
             for d in devices:
                 s = samples[d]
                 s["mhz"].append(f)
-                s["memory"].append(_last_sample(device, d, "memory"))
-                s["gpu"].append(_last_sample(device, d, "gpu"))
+                s["memory"].append(_sampled(device, d, "memory"))
+                s["gpu"].append(_sampled(device, d, "gpu"))
                 s["power_w"].append(run.energy_per_device_j.get(d, 0.0) / max(run.time_s, 1e-12))
         record: dict = {"period": index}
         for d in devices:
