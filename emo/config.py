@@ -176,11 +176,15 @@ class ZeusOptions:
 
 @dataclass
 class GeepafsOptions:
-    """GEEPAFS's probing loop (online; run by validate against the device)."""
+    """GEEPAFS's control loop (online; run by validate against the device); the paper's T1, T2, M."""
 
-    probe_fractions: list[float] = field(default_factory=lambda: [1.0, 0.85, 0.7, 0.55], metadata=NON_EMPTY)  # of the max clock
-    hold_iterations: int = field(default=8, metadata=at_least(1))  # iterations at the chosen clock before probing again
-    periods: int = field(default=2, metadata=at_least(1))  # control periods measured
+    probe_fractions: list[float] = field(default_factory=lambda: [0.79, 0.86, 0.94, 1.0], metadata=NON_EMPTY)  # of the max clock (the authors' A100 list: 1110-1410 MHz)
+    samples_per_clock: int = field(default=2, metadata=at_least(1))  # visits of each probe clock per probing phase (M = this x probes)
+    sample_ms: float = field(default=200.0, metadata=above(0))  # T2: one probe sample's interval
+    period_ms: float = field(default=15000.0, metadata=above(0))  # T1: the control period (probing, then holding f_opt)
+    periods: int = field(default=2, metadata=at_least(1))  # control periods measured (probing included), after one to start
+    min_memory_utilization: float = field(default=0.03, metadata=between(0, 1))  # below it: no model (f_bound = max clock)
+    max_fit_error: float = field(default=0.08, metadata=at_least(0))  # fold-line RMS error (utilisation) above which the model is dropped
 
 
 @dataclass

@@ -331,3 +331,14 @@ def test_utilization_is_the_mean_of_samples_taken_during_the_last_run(monkeypatc
     fake.samples = {fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1100, 40), (1900, 80), (2100, 1)],
                     fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)]}
     assert dev.utilization(0) == {"gpu": 0.9, "memory": pytest.approx(0.6)}
+
+
+def test_utilization_samples_are_nvmls_own_samples_inside_the_last_run(monkeypatch):
+    fake, dev = _device(monkeypatch)
+    assert dev.utilization_samples(0) == {"gpu": [], "memory": []}  # no run yet
+    dev._last_run_us = (1000.0, 2000.0)
+    fake.samples = {fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1900, 80), (1100, 40), (2100, 1)],
+                    fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)]}
+    got = dev.utilization_samples(0)
+    assert got["memory"] == [(pytest.approx(1100e-6), 0.4), (pytest.approx(1900e-6), 0.8)]  # oldest first, % -> fraction
+    assert got["gpu"] == [(pytest.approx(1500e-6), 0.9)]

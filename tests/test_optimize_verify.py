@@ -172,3 +172,33 @@ def test_a_down_step_waits_for_the_previous_windows_packs():
     assert down and down[0].t_ms >= 35.0 + 10.0 - 1e-9
     for x in (5.0, 10.0, 15.0):  # X runs at max clock wherever the request lands
         assert predict(t, policy, transition_ms=x).makespan_ns <= predict(t, None).makespan_ns + 1_000
+
+
+def test_perseus_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(monkeypatch):
+    """Equal search effort: both methods go through the one budget search (fit_budget, at most
+    optimizer.budget_solves solves) and the one predictor polish (optimizer.predictor_evaluations)."""
+    pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
+    t = _tables()
+    seen: dict[str, dict] = {}
+    fit, pol = run.fit_budget, run.polish_on_predictor
+
+    def spy_fit(*a, solves, **k):
+        seen.setdefault(method, {})["solves"] = solves
+        return fit(*a, solves=solves, **k)
+
+    def spy_polish(*a, evaluations, **k):
+        seen.setdefault(method, {})["evaluations"] = evaluations
+        return pol(*a, evaluations=evaluations, **k)
+
+    monkeypatch.setattr(run, "fit_budget", spy_fit)
+    monkeypatch.setattr(run, "polish_on_predictor", spy_polish)
+    opt = {**compose([])["optimizer"], "change_points": "grid", "budget_solves": 3, "predictor_evaluations": 50}
+    out = {}
+    for method in ("emo", "perseus"):
+        out[method] = solve(t, {**opt, "name": method}, 0.05, gpu="a100")
+    assert seen["emo"] == seen["perseus"] == {"solves": 3, "evaluations": 50}
+    rec = out["perseus"][1]["perseus"]
+    assert 1 <= len(rec["budget_tries"]) <= 3 and "predictor_moves" in rec
+    assert rec["polished_energy_j"] <= rec["search_energy_j"] + 1e-9  # the polish keeps only savings
+    base = predict(t, None)
+    assert worst_case(t, out["perseus"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000

@@ -4,7 +4,7 @@
     run_online(name, device, workload, devices, budget, optimizer_cfg, gpu_cfg) -> OnlineResult
 
 - zeus: the `zeus` package's GlobalPowerLimitOptimizer, driving the device's power limit;
-- geepafs: GEEPAFS's probe / fold-line / lowest-clock-within-target loop, driving locked clocks.
+- geepafs: GEEPAFS's loop as its paper describes it (probe, two-segment fold line, f_bound / f_eff / f_cap, hold), driving locked clocks from NVML's sampled utilisation.
 Both run against any `emo.device.Device` (the virtual GPU or NVML), through the same protocol.
 """
 from __future__ import annotations

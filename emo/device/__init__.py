@@ -99,6 +99,11 @@ class Device(Protocol):
         """Utilisation over the last run, fractions 0..1 (NVML's utilisation rates): `gpu`, the share
         of time a kernel ran; `memory`, how busy device memory was (what online governors read)."""
 
+    def utilization_samples(self, device: int = 0) -> dict[str, list[tuple[float, float]]]:
+        """NVML's utilisation samples taken during the last run (nvmlDeviceGetSamples), per kind
+        (`gpu`: share of the sample period a kernel ran; `memory`: share of it device memory was
+        read or written) a list of (t_s, fraction 0..1), oldest first, one per NVML sample period."""
+
     def run(self, workload: Any, iterations: int, *, warmup: int = 1,
             trace_dir: Path | None = None) -> RunResult:
         """Run `workload` (a workload config) for warmup + iterations under the current policy;

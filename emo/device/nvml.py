@@ -371,6 +371,23 @@ class NvmlDevice:
                 out[key] = getattr(rates, key) / 100.0
         return out
 
+    def utilization_samples(self, device: int = 0) -> dict[str, list[tuple[float, float]]]:
+        """NVML's utilisation samples (nvmlDeviceGetSamples) with timestamps inside the last run, per
+        kind as (t_s, fraction), oldest first; none without a run."""
+        window = getattr(self, "_last_run_us", None)
+        out: dict[str, list[tuple[float, float]]] = {"gpu": [], "memory": []}
+        if window is None:
+            return out
+        for key, kind in (("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
+                          ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
+            try:
+                _, samples = self.nvml.nvmlDeviceGetSamples(self._handles[device], kind, int(window[0]))
+            except self.nvml.NVMLError:
+                continue
+            out[key] = sorted((s.timeStamp * 1e-6, s.sampleValue.uiVal / 100.0)
+                              for s in samples if window[0] <= s.timeStamp <= window[1])
+        return out
+
     # -- control
     def lock_clock(self, device: int, mhz: int) -> None:
         if mhz not in self.supported_clocks():

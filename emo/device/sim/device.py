@@ -383,3 +383,34 @@ class SimDevice:
     def __repr__(self) -> str:
         return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
 
+
+    def utilization_samples(self, device: int = 0) -> dict[str, list[tuple[float, float]]]:
+        """NVML-style utilisation samples of the last run (nvmlDeviceGetSamples): one per sample
+        period (`gpu.nvml_sample_ms`, default 1/6 s, NVML's fastest rate) lying wholly inside the
+        run, each the share of its period a kernel ran (`gpu`) or device memory was busy (`memory`),
+        in whole percent as NVML reports them; (t_s at the period's end, fraction 0..1)."""
+        self._check_gpu(device)
+        res, tab = self.last_sim, getattr(self, "last_tables", None)
+        g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
+        period = float(self.cfg.get("nvml_sample_ms", 1000.0 / 6)) * 1e6
+        n = 0 if res is None else int((res.t_end - res.t_start) // period)
+        if g is None or tab is None or n < 1:
+            return {"gpu": [], "memory": []}
+        cols = []
+        if g.segs:
+            s = np.asarray(g.segs, dtype=np.float64)
+            cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
+        kern = res.ranks[g.idx].kernels
+        if len(kern):
+            k = np.asarray(kern, dtype=np.float64)
+            cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7]))
+        edges = res.t_start + period * np.arange(n + 1)
+        busy, mem = np.zeros(n), np.zeros(n)
+        for s0, s1, kid, eff in cols:
+            # each segment's overlap with each sample period
+            ov = np.clip(np.minimum(s1[:, None], edges[None, 1:]) - np.maximum(s0[:, None], edges[None, :-1]), 0, None)
+            busy += ov.sum(axis=0)
+            mem += (ov * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)][:, None]).sum(axis=0)
+        t = [float(x) * 1e-9 for x in edges[1:]]
+        pct = lambda x: [float(v) for v in np.floor(np.minimum(x / period, 1.0) * 100.0) / 100.0]  # noqa: E731
+        return {"gpu": list(zip(t, pct(busy))), "memory": list(zip(t, pct(mem)))}

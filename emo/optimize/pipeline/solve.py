@@ -5,7 +5,10 @@ EMO: the DP (solvers.dp, Algorithm 2, with its local search) plans on the timing
 predictor (the same engine with clock timelines, at the configured request latencies) checks the
 pick: a budget search re-solves the DP at a smaller budget while the worst case ends late, the best
 static schedule joins as a start, windows are raised if nothing fits, and single-window moves judged
-by the predictor finish. Every limit is a count, so the same inputs give the same files.
+by the predictor finish. Perseus gets the same budget search (its lowtime walk re-solved, projected
+onto the windows) and the same predictor polish, with the same counts (optimizer.budget_solves,
+optimizer.predictor_evaluations): the two methods differ only in the solver the search asks. Every
+limit is a count, so the same inputs give the same files.
 """
 from __future__ import annotations
 
@@ -129,10 +132,21 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     def energy(policy: FrequencyPolicy) -> float:
         return expected(tables, policy, lats).energy_j
 
+    def search(solve_at):  # the budget search over one method's solves, every method the same count
+        return fit_budget(tables, solve_at, build, repair, plan_budget, transitions_ms=lats,
+                          solves=int(opt["budget_solves"]))
+
+    def polish(sol: Solution, policy: FrequencyPolicy, checked: dict):  # the same predictor polish for every method
+        start_energy = energy(policy)
+        sol, policy, checked["predictor_moves"] = polish_on_predictor(
+            tables, sol, build, budget=plan_budget, evaluations=int(opt["predictor_evaluations"]), transitions_ms=lats)
+        checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        checked.update({"start_energy_j": start_energy, "polished_energy_j": energy(policy)})
+        return sol, policy, checked
+
     if name == "emo":
-        sol, policy, checked = fit_budget(
-            tables, lambda b: optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"]), search=False),
-            build, repair, plan_budget, transitions_ms=lats, solves=int(opt["budget_solves"]))
+        sol, policy, checked = search(
+            lambda b: optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"]), search=False))
         dp_energy = energy(policy)
         # every static schedule is an EMO schedule too: start from the best one when clock transitions
         # (which the DP does not charge) cost the windowed pick more than it saved
@@ -140,22 +154,22 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
                                                        "emo", plan_budget, info=sol.info))
         if energy(uni_policy) < dp_energy:
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
-        start_energy = energy(policy)
-        sol, policy, checked["predictor_moves"] = polish_on_predictor(
-            tables, sol, build, budget=plan_budget, evaluations=int(opt["predictor_evaluations"]), transitions_ms=lats)
-        checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
-        # which layer saved what (predicted energy at the mean latency)
-        checked.update({"dp_energy_j": dp_energy, "start_energy_j": start_energy, "polished_energy_j": energy(policy)})
-        record.update(checked)
+        sol, policy, checked = polish(sol, policy, checked)
+        record.update({**checked, "dp_energy_j": dp_energy})  # which layer saved what (mean latency)
     elif name == "static":
         sol = optimize_static(p, plan_budget, items=items)
         record["static_curve"] = sol.info.pop("static_curve")
         policy = build(sol)
-    else:  # perseus: its per-unit clocks projected onto windows, then the same final check as EMO's
-        raw = optimize_perseus(p, plan_budget, level=str(opt["perseus_level"]))
-        sol = Solution(p, items, project(raw, items), raw.method, plan_budget, info=dict(raw.info))
-        record.update({"unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6})
-        sol, policy, checked = repair(sol)
+    else:  # perseus: its per-unit clocks projected onto windows, then EMO's budget search and polish
+        def perseus_at(b: float) -> Solution:
+            raw = optimize_perseus(p, b, level=str(opt["perseus_level"]))
+            return Solution(p, items, project(raw, items), raw.method, b,
+                            info={**raw.info, "unprojected_energy_j": raw.energy_j,
+                                  "unprojected_time_ms": raw.makespan_ns * 1e-6})
+
+        sol, policy, checked = search(perseus_at)
+        checked["search_energy_j"] = energy(policy)
+        sol, policy, checked = polish(sol, policy, checked)
         record.update(checked)
     policy.budget = budget  # the user's budget; the planning budget is in the summary
     plan = sol.summary()
