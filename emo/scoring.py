@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-TOLERANCE_PCT = 0.5  # percentage points of PL over the budget that still count as within it
+from emo.methods import PL_TOLERANCE_PCT as TOLERANCE_PCT
 
 
 @dataclass(frozen=True)
