@@ -253,8 +253,8 @@ class _Builder:
         cp = self.ops[self.ops["call_row"] >= 0]
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
-        sc = cp[np.isin(ev["name"].to_numpy()[cp["call_row"].to_numpy()], list(SYNC_COPY_CALLS))
-                & ~ev["name"].str.contains("HtoD", regex=False).to_numpy()[cp["row"].to_numpy()]]
+        sc = cp[ev["name"].take(cp["call_row"].to_numpy()).isin(SYNC_COPY_CALLS).to_numpy(bool)]
+        sc = sc[~ev["name"].take(sc["row"].to_numpy()).str.contains("HtoD", regex=False).to_numpy(bool)]
         waits.append(pd.DataFrame({"call_row": sc["call_row"], "op_row": sc["row"]}))
         w = pd.concat([x[["call_row", "op_row"]] for x in waits if len(x)], ignore_index=True) if any(
             len(x) for x in waits) else pd.DataFrame({"call_row": [], "op_row": []}, dtype=np.int64)

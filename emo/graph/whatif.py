@@ -429,8 +429,8 @@ def compile_graph(graph: Graph) -> Compiled:
     start_abs = nodes["start_ns"].to_numpy(np.int64)
     t0 = int(start_abs.min()) if n else 0
     rec = (start_abs - t0)[order]
-    codes = {k: i for i, k in enumerate(EDGE_KINDS)}
-    ekind = edges["kind"].map(codes).fillna(0).to_numpy(np.int64)[e_order]
+    ekind = pd.Categorical(edges["kind"], categories=EDGE_KINDS).codes.astype(np.int64)  # -1: unknown
+    ekind = np.maximum(ekind, 0)[e_order]  # (read as "program")
     lag, offset, delay = _recorded_lags(indptr, src, fs, ekind, dur, rec, ROUNDING_TOLERANCE_NS)
     kind = nodes["kind"].to_numpy(dtype=object)[order]
     dev = np.where(nodes["device"].to_numpy() >= 0,
