@@ -81,7 +81,7 @@ class _Builder:
         w = g[whole]
         ids = self.add_nodes(kind=kinds[whole], rank=w["rank"].to_numpy(), device=w["device"].to_numpy(),
                              stream=w["stream"].to_numpy(), thread=-1, start_ns=w["start_ns"].to_numpy(),
-                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].to_numpy(), event=rows[whole])
+                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].array, event=rows[whole])
         self.in_node[rows[whole]] = ids
         self.out_node[rows[whole]] = ids
 
@@ -94,7 +94,7 @@ class _Builder:
                             name=first["key"].astype(str).to_numpy(), event=-1)
         m = ev.iloc[matched["row"].to_numpy()]
         common = dict(rank=m["rank"].to_numpy(), device=m["device"].to_numpy(), stream=m["stream"].to_numpy(),
-                      thread=-1, name=m["name"].to_numpy(), event=matched["row"].to_numpy())
+                      thread=-1, name=m["name"].array, event=matched["row"].to_numpy())
         arrive = matched["arrive"].to_numpy()
         waits = self.add_nodes(kind="coll_wait", start_ns=matched["start"].to_numpy(), dur_ns=0, **common)
         xfer = self.add_nodes(kind="collective", start_ns=arrive,
@@ -108,11 +108,10 @@ class _Builder:
         self.collectives = matched
 
         # same-stream order
-        o = g.assign(row=rows).sort_values(["rank", "device", "stream", "start_ns"], kind="stable")
-        same = ((o["rank"].to_numpy()[1:] == o["rank"].to_numpy()[:-1])
-                & (o["device"].to_numpy()[1:] == o["device"].to_numpy()[:-1])
-                & (o["stream"].to_numpy()[1:] == o["stream"].to_numpy()[:-1]))
-        r = o["row"].to_numpy()
+        rk, dv, st = (g[c].to_numpy() for c in ("rank", "device", "stream"))
+        o = np.lexsort((g["start_ns"].to_numpy(), st, dv, rk))
+        same = (rk[o][1:] == rk[o][:-1]) & (dv[o][1:] == dv[o][:-1]) & (st[o][1:] == st[o][:-1])
+        r = rows[o]
         self.add_edges(self.out_node[r[:-1][same]], self.in_node[r[1:][same]], "stream")
 
     # ------------------------------------------------------------------ host side
@@ -141,14 +140,14 @@ class _Builder:
         tstart, tend = start[top], end[top]
         ids = self.add_nodes(kind="runtime", rank=t["rank"].to_numpy(), device=-1, stream=-1,
                              thread=t["thread"].to_numpy(), start_ns=tstart, dur_ns=tend - tstart,
-                             name=t["name"].to_numpy(), event=top_rows)
+                             name=t["name"].array, event=top_rows)
         self.call_node = np.full(len(ev), -1, np.int64)
         self.call_node[rows] = ids[top_pos]
         self.in_node[rows] = ids[top_pos]
         self.out_node[rows] = ids[top_pos]
         self.top = pd.DataFrame({"row": top_rows, "grp": tgrp, "start": tstart, "end": tend, "node": ids,
                                  "rank": t["rank"].to_numpy(), "pid": t["pid"].to_numpy(),
-                                 "thread": t["thread"].to_numpy(), "name": t["name"].to_numpy()})
+                                 "thread": t["thread"].to_numpy(), "name": t["name"].array})
 
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
@@ -317,7 +316,7 @@ class _Builder:
         sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"].to_numpy(), device=-1, stream=-1,
                                   thread=blocked["thread"].to_numpy(), start_ns=blocked["ready"].to_numpy(),
                                   dur_ns=(blocked["end"] - blocked["ready"]).to_numpy(),
-                                  name=blocked["name"].to_numpy(), event=blocked["row"].to_numpy())
+                                  name=blocked["name"].array, event=blocked["row"].to_numpy())
         sync_of = np.full(len(ev), -1, np.int64)
         sync_of[blocked["row"].to_numpy()] = sync_ids
         self.out_node[blocked["row"].to_numpy()] = sync_ids
