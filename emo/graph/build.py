@@ -206,32 +206,34 @@ class _Builder:
         waits = []
         streams = self.ops[["rank", "device", "stream"]].drop_duplicates()
 
-        ss = s[s["sync_kind"] == "Stream Sync"]
-        waits.append(self._last_op_before(pd.DataFrame({"rank": ss["rank"], "device": ss["device"],
-                                                        "stream": ss["stream"], "t": ss["call_t"],
-                                                        "call_row": ss["call_row"]})))
-        cs = s[s["sync_kind"] == "Context Sync"]
-        cq = pd.DataFrame({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"], "call_row": cs["call_row"]})
-        waits.append(self._last_op_before(cq.merge(streams, on=["rank", "device"])))
+        if len(s):  # (the pandas calls below cost the same on no rows: a small trace pays them)
+            ss = s[s["sync_kind"] == "Stream Sync"]
+            waits.append(self._last_op_before(pd.DataFrame({"rank": ss["rank"], "device": ss["device"],
+                                                            "stream": ss["stream"], "t": ss["call_t"],
+                                                            "call_row": ss["call_row"]})))
+            cs = s[s["sync_kind"] == "Context Sync"]
+            cq = pd.DataFrame({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
+                               "call_row": cs["call_row"]})
+            waits.append(self._last_op_before(cq.merge(streams, on=["rank", "device"])))
 
-        # event record -> waiter: find the record call, then the last op on the recorded stream before it
-        rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
-            ["rank", "wait_event_corr", "rec_t"]]
-        es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
-        waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
-                                                        "stream": es["wait_stream"], "t": es["rec_t"],
-                                                        "call_row": es["call_row"]})))
-        sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
-        if len(sw):
-            src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                     "stream": sw["wait_stream"], "t": sw["rec_t"],
-                                                     "key": np.arange(len(sw))}))
-            dst = self._first_op_after(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                     "stream": sw["stream"], "t": sw["call_t"],
-                                                     "key": np.arange(len(sw))}))
-            pair = src[["key", "op_row"]].merge(dst[["key", "op_row"]], on="key", suffixes=("_src", "_dst"))
-            self.add_edges(self.out_node[pair["op_row_src"].to_numpy()], self.in_node[pair["op_row_dst"].to_numpy()],
-                           "event")
+            # event record -> waiter: find the record call, then the last op on the recorded stream before it
+            rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
+                ["rank", "wait_event_corr", "rec_t"]]
+            es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
+            waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
+                                                            "stream": es["wait_stream"], "t": es["rec_t"],
+                                                            "call_row": es["call_row"]})))
+            sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
+            if len(sw):
+                src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
+                                                         "stream": sw["wait_stream"], "t": sw["rec_t"],
+                                                         "key": np.arange(len(sw))}))
+                dst = self._first_op_after(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
+                                                         "stream": sw["stream"], "t": sw["call_t"],
+                                                         "key": np.arange(len(sw))}))
+                pair = src[["key", "op_row"]].merge(dst[["key", "op_row"]], on="key", suffixes=("_src", "_dst"))
+                self.add_edges(self.out_node[pair["op_row_src"].to_numpy()],
+                               self.in_node[pair["op_row_dst"].to_numpy()], "event")
 
         # synchronising calls the trace has no cuda_sync row for (older traces, DLRM)
         covered = set(s["call_row"].tolist())
@@ -239,8 +241,9 @@ class _Builder:
         bare = top[~top["row"].isin(covered)]
         self._inferred_stream_waits(bare[bare["name"] == "cudaStreamWaitEvent"])
         ds = bare[bare["name"].isin(["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"])]
-        waits.append(self._last_op_before(
-            pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
+        if len(ds):
+            waits.append(self._last_op_before(
+                pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
         st = bare[bare["name"].isin(["cudaStreamSynchronize", "cuStreamSynchronize"])]
         if len(st):  # the stream is the one this thread last launched on
             lq = pd.merge_asof(pd.DataFrame({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"],
