@@ -41,26 +41,28 @@ class HtaPath:
 
 
 def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
-    e = events[events["rank"] == rank].reset_index(drop=True)
+    rows = events["rank"].to_numpy() == rank
+    e = events if rows.all() else events[rows].reset_index(drop=True)  # (no copy for a one-rank trace)
     ts = -(-e["start_ns"].to_numpy(np.int64) // 1000)
     end = (e["start_ns"].to_numpy(np.int64) + e["dur_ns"].to_numpy(np.int64)) // 1000
-    kind = e["kind"].to_numpy(dtype=object)
-    gpu_side = np.isin(kind, ("kernel", "memcpy", "memset", "sync", "gpu_annotation"))
+    gpu_side = e["kind"].isin(("kernel", "memcpy", "memset", "sync", "gpu_annotation")).to_numpy(bool)
+    corr = e["correlation"].to_numpy(np.int64)
     df = pd.DataFrame({
-        "kind": kind, "name": e["name"].to_numpy(dtype=object),
+        "kind": _coded(e["kind"]), "name": _coded(e["name"]),
         "pid": np.where(gpu_side, e["device"].to_numpy(np.int64), e["pid"].to_numpy(np.int64)),
         "tid": e["thread"].to_numpy(np.int64), "stream": e["stream"].to_numpy(np.int64),
-        "ts": ts, "end": end, "dur": end - ts, "correlation": e["correlation"].to_numpy(np.int64),
-        "sync_kind": e["sync_kind"].to_numpy(dtype=object),
+        "ts": ts, "end": end, "dur": end - ts, "correlation": corr,
+        "sync_kind": _coded(e["sync_kind"]),
         "wait_corr": e["wait_event_corr"].to_numpy(np.int64), "wait_stream": e["wait_stream"].to_numpy(np.int64),
     })
     df["gpu_side"] = gpu_side  # HTA's GPU filter: stream >= 0 or a cuda_sync event
     # index_correlation: host call <-> GPU event of the same correlation id (HTA's convention:
     # -1 no correlation, 0 correlated but partner absent)
-    ic = np.minimum(df["correlation"].to_numpy(), 0)
-    has = df["correlation"].to_numpy() != -1
-    cpu = df[has & ~gpu_side].reset_index()[["index", "correlation"]]
-    gpu = df[has & gpu_side].reset_index()[["index", "correlation"]]
+    ic = np.minimum(corr, 0)
+    has = corr != -1
+    row = np.arange(len(df))
+    cpu = pd.DataFrame({"index": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]})
+    gpu = pd.DataFrame({"index": row[has & gpu_side], "correlation": corr[has & gpu_side]})
     m = cpu.merge(gpu, on="correlation")
     ic[m["index_x"].to_numpy()] = m["index_y"].to_numpy()
     ic[m["index_y"].to_numpy()] = m["index_x"].to_numpy()
@@ -68,10 +70,19 @@ def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     return df
 
 
+def _coded(col: pd.Series) -> pd.Categorical:
+    """A text column coded by its distinct values (kept as Python strings): the row selections
+    below then move integer codes, not strings."""
+    codes, uniques = pd.factorize(col, use_na_sentinel=False)
+    return pd.Categorical.from_codes(codes, pd.Index(np.asarray(uniques, dtype=object), dtype=object))
+
+
 def _window(df: pd.DataFrame, annotation: str, instance: int) -> tuple[int, int]:
     if not annotation:
         return int(df["ts"].min()), int(df["end"].max())
-    hits = df[df["name"].astype(str).str.contains(annotation, regex=False).to_numpy(bool)]
+    names = df["name"].cat
+    has = names.categories.to_series().astype(str).str.contains(annotation, regex=False).to_numpy(bool)
+    hits = df[has[names.codes.to_numpy()]]
     if len(hits) <= instance:
         raise ValueError(f"annotation {annotation!r} instance {instance} not found ({len(hits)} instance(s))")
     return int(hits["ts"].iloc[instance]), int(hits["end"].iloc[instance])
