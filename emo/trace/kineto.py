@@ -162,6 +162,7 @@ _ARG_CODES = [_CODE[k] for k in _ARG_KINDS]
 _ARG_INTS = ("correlation", "external_id", "device", "stream", "wait_on_cuda_event_record_corr_id",
              "wait_on_stream", "bytes")
 _CAT, _PH, _TS, _DUR = attrgetter("cat"), attrgetter("ph"), attrgetter("ts"), attrgetter("dur")
+_NAME = attrgetter("name")
 _KIND_NAMES = np.array(KIND_CODES, dtype=object)
 # The largest |microseconds| whose nanoseconds fit in int64
 _MAX_US = (2 ** 63 - 1) // 1000
@@ -206,12 +207,10 @@ def _read_kineto(path: Path, rank: int | None):
     kind_arr = _KIND_NAMES[codes]
     n = len(kept)
 
-    def column(field: str) -> list:
-        return list(map(attrgetter(field), kept))
-
-    name = column("name")
+    name = _objects(map(_NAME, kept), n)
+    name_codes, name_values = pd.factorize(name)  # a missing (None) name is coded -1
     try:
-        if None in name:
+        if n and name_codes.min() < 0:
             raise TypeError
         ts_us = np.fromiter(map(_TS, kept), dtype=np.float64, count=n)
         dur_us = np.fromiter(map(_DUR, kept), dtype=np.float64, count=n)
@@ -220,7 +219,6 @@ def _read_kineto(path: Path, rank: int | None):
     except (TypeError, ValueError):
         _explain_bad_event(path, events, index)
         raise
-    name = _objects(name, n)
     for col, what in ((ts_us, "timestamp"), (dur_us, "duration")):
         big = np.abs(col) > _MAX_US
         if big.any():
@@ -232,7 +230,7 @@ def _read_kineto(path: Path, rank: int | None):
         i = int(np.argmin(dur))
         raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a negative duration")
     runtime = codes == _CODE["runtime"]
-    hip = [s for s in set(name[runtime].tolist()) if _HIP.match(str(s))]
+    hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
         raise ValueError(f"{path}: a ROCm/HIP trace ({min(hip)}); EMO reads NVIDIA CUDA traces only")
     pid = _ints(kept, "pid")
@@ -281,7 +279,7 @@ def _read_kineto(path: Path, rank: int | None):
     return normalise({
         "rank": np.full(n, rank, np.int32), "world_size": np.full(n, world, np.int32), "device": device,
         "stream": stream, "pid": pid, "thread": tid, "kind": pd.Categorical.from_codes(codes - 1, KIND_CODES[1:]),
-        "name": name, "start_ns": ts,
+        "name": pd.Categorical.from_codes(name_codes, pd.Index(name_values, dtype=object)), "start_ns": ts,
         "dur_ns": dur, "correlation": col["correlation"], "external_id": col["external_id"],
         "sync_kind": sync_kind, "wait_event_corr": col["wait_on_cuda_event_record_corr_id"],
         "wait_stream": col["wait_on_stream"], "process_group": pg, "group_ranks": granks, "bytes": col["bytes"],

@@ -94,14 +94,14 @@ def _text(values: np.ndarray) -> pd.Series:
     else:
         codes, uniques = pd.factorize(values)
     if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
-        return pd.Series(values, dtype="str")
+        return pd.Series(np.asarray(values, dtype=object), dtype="str")
     try:
         import pyarrow as pa
 
         arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
         return pd.Series(arr.cast(pa.large_string()), dtype="str")
     except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
-        return pd.Series(values, dtype="str")
+        return pd.Series(np.asarray(values, dtype=object), dtype="str")
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
