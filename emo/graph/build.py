@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
+from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, is_nccl
 
 # Calls that return only once their copy is done, whatever stream they use.
@@ -421,10 +422,11 @@ def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
 
 def build_graph(events: pd.DataFrame) -> Graph:
     """Execution graph (nodes + happens-before edges) of a normalised event table."""
-    b = _Builder(events)
-    b.gpu_ops()
-    b.host_calls()
-    b.launches()
-    waits = b.syncs()
-    b.program_order(waits)
-    return b.finish()
+    with no_gc():  # its temporaries hold no cycles; a full collection here cost more than the build
+        b = _Builder(events)
+        b.gpu_ops()
+        b.host_calls()
+        b.launches()
+        waits = b.syncs()
+        b.program_order(waits)
+        return b.finish()

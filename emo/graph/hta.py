@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.whatif import toposort
+from emo.trace.kineto import no_gc
 from emo.trace.schema import LAUNCH_CALLS
 
 BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
@@ -105,6 +106,11 @@ def _queue_lengths(df: pd.DataFrame) -> np.ndarray:
 
 
 def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "", instance: int = 0) -> HtaPath:
+    with no_gc():  # (as build_graph: no cycles, and a full collection cost more than the small cases)
+        return _hta_critical_path(events, rank, annotation, instance)
+
+
+def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instance: int) -> HtaPath:
     df = _rank_frame(events, rank)
     if df.empty:
         raise ValueError(f"no events on rank {rank}")
