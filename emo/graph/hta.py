@@ -21,7 +21,6 @@ import pandas as pd
 
 from emo.graph.whatif import toposort
 from emo.trace.kineto import no_gc
-from emo.trace.schema import LAUNCH_CALLS
 
 BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
                             "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync"})
