@@ -30,6 +30,13 @@ class Analysis:
 
 def analyze_trace(path, rank: int | None = None, annotation: str | None = None, instance: int = 0,
                   hta_compatible: bool = False) -> Analysis:
+    from emo.trace.kineto import no_gc
+
+    with no_gc():  # the analysis makes no cycles: no collection passes over all the imported modules
+        return _analyze(path, rank, annotation, instance, hta_compatible)
+
+
+def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
     from emo.graph import build_graph, summary
     from emo.graph.whatif import compile_graph, whatif
     from emo.trace import clip_window, read_trace

@@ -119,3 +119,11 @@ def test_saved_graph_keeps_its_summary(dlrm, tmp_path):
     s2 = summary(Graph.load(tmp_path))
     for key in ("critical_path_us", "makespan_us", "replay_error_us", "collectives_matched", "ranks", "slack_us"):
         assert s2[key] == s[key], key
+
+
+def test_hta_distinct_is_np_unique():
+    from emo.graph.hta import _distinct
+
+    rng = np.random.default_rng(0)
+    for x in (np.zeros(0, np.int64), np.array([3]), rng.integers(-5, 5, 100), rng.integers(0, 2**40, 1000)):
+        assert np.array_equal(_distinct(x), np.unique(x))

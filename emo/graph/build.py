@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
+from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, is_nccl
 
 # Calls that return only once their copy is done, whatever stream they use.
@@ -81,7 +82,7 @@ class _Builder:
         w = g[whole]
         ids = self.add_nodes(kind=kinds[whole], rank=w["rank"].to_numpy(), device=w["device"].to_numpy(),
                              stream=w["stream"].to_numpy(), thread=-1, start_ns=w["start_ns"].to_numpy(),
-                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].to_numpy(), event=rows[whole])
+                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].array, event=rows[whole])
         self.in_node[rows[whole]] = ids
         self.out_node[rows[whole]] = ids
 
@@ -94,7 +95,7 @@ class _Builder:
                             name=first["key"].astype(str).to_numpy(), event=-1)
         m = ev.iloc[matched["row"].to_numpy()]
         common = dict(rank=m["rank"].to_numpy(), device=m["device"].to_numpy(), stream=m["stream"].to_numpy(),
-                      thread=-1, name=m["name"].to_numpy(), event=matched["row"].to_numpy())
+                      thread=-1, name=m["name"].array, event=matched["row"].to_numpy())
         arrive = matched["arrive"].to_numpy()
         waits = self.add_nodes(kind="coll_wait", start_ns=matched["start"].to_numpy(), dur_ns=0, **common)
         xfer = self.add_nodes(kind="collective", start_ns=arrive,
@@ -108,11 +109,10 @@ class _Builder:
         self.collectives = matched
 
         # same-stream order
-        o = g.assign(row=rows).sort_values(["rank", "device", "stream", "start_ns"], kind="stable")
-        same = ((o["rank"].to_numpy()[1:] == o["rank"].to_numpy()[:-1])
-                & (o["device"].to_numpy()[1:] == o["device"].to_numpy()[:-1])
-                & (o["stream"].to_numpy()[1:] == o["stream"].to_numpy()[:-1]))
-        r = o["row"].to_numpy()
+        rk, dv, st = (g[c].to_numpy() for c in ("rank", "device", "stream"))
+        o = np.lexsort((g["start_ns"].to_numpy(), st, dv, rk))
+        same = (rk[o][1:] == rk[o][:-1]) & (dv[o][1:] == dv[o][:-1]) & (st[o][1:] == st[o][:-1])
+        r = rows[o]
         self.add_edges(self.out_node[r[:-1][same]], self.in_node[r[1:][same]], "stream")
 
     # ------------------------------------------------------------------ host side
@@ -141,14 +141,14 @@ class _Builder:
         tstart, tend = start[top], end[top]
         ids = self.add_nodes(kind="runtime", rank=t["rank"].to_numpy(), device=-1, stream=-1,
                              thread=t["thread"].to_numpy(), start_ns=tstart, dur_ns=tend - tstart,
-                             name=t["name"].to_numpy(), event=top_rows)
+                             name=t["name"].array, event=top_rows)
         self.call_node = np.full(len(ev), -1, np.int64)
         self.call_node[rows] = ids[top_pos]
         self.in_node[rows] = ids[top_pos]
         self.out_node[rows] = ids[top_pos]
         self.top = pd.DataFrame({"row": top_rows, "grp": tgrp, "start": tstart, "end": tend, "node": ids,
                                  "rank": t["rank"].to_numpy(), "pid": t["pid"].to_numpy(),
-                                 "thread": t["thread"].to_numpy(), "name": t["name"].to_numpy()})
+                                 "thread": t["thread"].to_numpy(), "name": t["name"].array})
 
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
@@ -207,32 +207,34 @@ class _Builder:
         waits = []
         streams = self.ops[["rank", "device", "stream"]].drop_duplicates()
 
-        ss = s[s["sync_kind"] == "Stream Sync"]
-        waits.append(self._last_op_before(pd.DataFrame({"rank": ss["rank"], "device": ss["device"],
-                                                        "stream": ss["stream"], "t": ss["call_t"],
-                                                        "call_row": ss["call_row"]})))
-        cs = s[s["sync_kind"] == "Context Sync"]
-        cq = pd.DataFrame({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"], "call_row": cs["call_row"]})
-        waits.append(self._last_op_before(cq.merge(streams, on=["rank", "device"])))
+        if len(s):  # (the pandas calls below cost the same on no rows: a small trace pays them)
+            ss = s[s["sync_kind"] == "Stream Sync"]
+            waits.append(self._last_op_before(pd.DataFrame({"rank": ss["rank"], "device": ss["device"],
+                                                            "stream": ss["stream"], "t": ss["call_t"],
+                                                            "call_row": ss["call_row"]})))
+            cs = s[s["sync_kind"] == "Context Sync"]
+            cq = pd.DataFrame({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
+                               "call_row": cs["call_row"]})
+            waits.append(self._last_op_before(cq.merge(streams, on=["rank", "device"])))
 
-        # event record -> waiter: find the record call, then the last op on the recorded stream before it
-        rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
-            ["rank", "wait_event_corr", "rec_t"]]
-        es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
-        waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
-                                                        "stream": es["wait_stream"], "t": es["rec_t"],
-                                                        "call_row": es["call_row"]})))
-        sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
-        if len(sw):
-            src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                     "stream": sw["wait_stream"], "t": sw["rec_t"],
-                                                     "key": np.arange(len(sw))}))
-            dst = self._first_op_after(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                     "stream": sw["stream"], "t": sw["call_t"],
-                                                     "key": np.arange(len(sw))}))
-            pair = src[["key", "op_row"]].merge(dst[["key", "op_row"]], on="key", suffixes=("_src", "_dst"))
-            self.add_edges(self.out_node[pair["op_row_src"].to_numpy()], self.in_node[pair["op_row_dst"].to_numpy()],
-                           "event")
+            # event record -> waiter: find the record call, then the last op on the recorded stream before it
+            rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
+                ["rank", "wait_event_corr", "rec_t"]]
+            es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
+            waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
+                                                            "stream": es["wait_stream"], "t": es["rec_t"],
+                                                            "call_row": es["call_row"]})))
+            sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
+            if len(sw):
+                src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
+                                                         "stream": sw["wait_stream"], "t": sw["rec_t"],
+                                                         "key": np.arange(len(sw))}))
+                dst = self._first_op_after(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
+                                                         "stream": sw["stream"], "t": sw["call_t"],
+                                                         "key": np.arange(len(sw))}))
+                pair = src[["key", "op_row"]].merge(dst[["key", "op_row"]], on="key", suffixes=("_src", "_dst"))
+                self.add_edges(self.out_node[pair["op_row_src"].to_numpy()],
+                               self.in_node[pair["op_row_dst"].to_numpy()], "event")
 
         # synchronising calls the trace has no cuda_sync row for (older traces, DLRM)
         covered = set(s["call_row"].tolist())
@@ -240,8 +242,9 @@ class _Builder:
         bare = top[~top["row"].isin(covered)]
         self._inferred_stream_waits(bare[bare["name"] == "cudaStreamWaitEvent"])
         ds = bare[bare["name"].isin(["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"])]
-        waits.append(self._last_op_before(
-            pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
+        if len(ds):
+            waits.append(self._last_op_before(
+                pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
         st = bare[bare["name"].isin(["cudaStreamSynchronize", "cuStreamSynchronize"])]
         if len(st):  # the stream is the one this thread last launched on
             lq = pd.merge_asof(pd.DataFrame({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"],
@@ -253,8 +256,8 @@ class _Builder:
         cp = self.ops[self.ops["call_row"] >= 0]
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
-        sc = cp[np.isin(ev["name"].to_numpy()[cp["call_row"].to_numpy()], list(SYNC_COPY_CALLS))
-                & ~ev["name"].str.contains("HtoD", regex=False).to_numpy()[cp["row"].to_numpy()]]
+        sc = cp[ev["name"].take(cp["call_row"].to_numpy()).isin(SYNC_COPY_CALLS).to_numpy(bool)]
+        sc = sc[~ev["name"].take(sc["row"].to_numpy()).str.contains("HtoD", regex=False).to_numpy(bool)]
         waits.append(pd.DataFrame({"call_row": sc["call_row"], "op_row": sc["row"]}))
         w = pd.concat([x[["call_row", "op_row"]] for x in waits if len(x)], ignore_index=True) if any(
             len(x) for x in waits) else pd.DataFrame({"call_row": [], "op_row": []}, dtype=np.int64)
@@ -317,7 +320,7 @@ class _Builder:
         sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"].to_numpy(), device=-1, stream=-1,
                                   thread=blocked["thread"].to_numpy(), start_ns=blocked["ready"].to_numpy(),
                                   dur_ns=(blocked["end"] - blocked["ready"]).to_numpy(),
-                                  name=blocked["name"].to_numpy(), event=blocked["row"].to_numpy())
+                                  name=blocked["name"].array, event=blocked["row"].to_numpy())
         sync_of = np.full(len(ev), -1, np.int64)
         sync_of[blocked["row"].to_numpy()] = sync_ids
         self.out_node[blocked["row"].to_numpy()] = sync_ids
@@ -419,10 +422,11 @@ def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
 
 def build_graph(events: pd.DataFrame) -> Graph:
     """Execution graph (nodes + happens-before edges) of a normalised event table."""
-    b = _Builder(events)
-    b.gpu_ops()
-    b.host_calls()
-    b.launches()
-    waits = b.syncs()
-    b.program_order(waits)
-    return b.finish()
+    with no_gc():  # its temporaries hold no cycles; a full collection here cost more than the build
+        b = _Builder(events)
+        b.gpu_ops()
+        b.host_calls()
+        b.launches()
+        waits = b.syncs()
+        b.program_order(waits)
+        return b.finish()

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.whatif import toposort
-from emo.trace.schema import LAUNCH_CALLS
+from emo.trace.kineto import no_gc
 
 BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
                             "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync"})
@@ -41,26 +41,28 @@ class HtaPath:
 
 
 def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
-    e = events[events["rank"] == rank].reset_index(drop=True)
+    rows = events["rank"].to_numpy() == rank
+    e = events if rows.all() else events[rows].reset_index(drop=True)  # (no copy for a one-rank trace)
     ts = -(-e["start_ns"].to_numpy(np.int64) // 1000)
     end = (e["start_ns"].to_numpy(np.int64) + e["dur_ns"].to_numpy(np.int64)) // 1000
-    kind = e["kind"].to_numpy(dtype=object)
-    gpu_side = np.isin(kind, ("kernel", "memcpy", "memset", "sync", "gpu_annotation"))
+    gpu_side = e["kind"].isin(("kernel", "memcpy", "memset", "sync", "gpu_annotation")).to_numpy(bool)
+    corr = e["correlation"].to_numpy(np.int64)
     df = pd.DataFrame({
-        "kind": kind, "name": e["name"].to_numpy(dtype=object),
+        "kind": _coded(e["kind"]), "name": _coded(e["name"]),
         "pid": np.where(gpu_side, e["device"].to_numpy(np.int64), e["pid"].to_numpy(np.int64)),
         "tid": e["thread"].to_numpy(np.int64), "stream": e["stream"].to_numpy(np.int64),
-        "ts": ts, "end": end, "dur": end - ts, "correlation": e["correlation"].to_numpy(np.int64),
-        "sync_kind": e["sync_kind"].to_numpy(dtype=object),
+        "ts": ts, "end": end, "dur": end - ts, "correlation": corr,
+        "sync_kind": _coded(e["sync_kind"]),
         "wait_corr": e["wait_event_corr"].to_numpy(np.int64), "wait_stream": e["wait_stream"].to_numpy(np.int64),
     })
     df["gpu_side"] = gpu_side  # HTA's GPU filter: stream >= 0 or a cuda_sync event
     # index_correlation: host call <-> GPU event of the same correlation id (HTA's convention:
     # -1 no correlation, 0 correlated but partner absent)
-    ic = np.minimum(df["correlation"].to_numpy(), 0)
-    has = df["correlation"].to_numpy() != -1
-    cpu = df[has & ~gpu_side].reset_index()[["index", "correlation"]]
-    gpu = df[has & gpu_side].reset_index()[["index", "correlation"]]
+    ic = np.minimum(corr, 0)
+    has = corr != -1
+    row = np.arange(len(df))
+    cpu = pd.DataFrame({"index": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]})
+    gpu = pd.DataFrame({"index": row[has & gpu_side], "correlation": corr[has & gpu_side]})
     m = cpu.merge(gpu, on="correlation")
     ic[m["index_x"].to_numpy()] = m["index_y"].to_numpy()
     ic[m["index_y"].to_numpy()] = m["index_x"].to_numpy()
@@ -68,10 +70,19 @@ def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     return df
 
 
+def _coded(col: pd.Series) -> pd.Categorical:
+    """A text column coded by its distinct values (kept as Python strings): the row selections
+    below then move integer codes, not strings."""
+    codes, uniques = pd.factorize(col, use_na_sentinel=False)
+    return pd.Categorical.from_codes(codes, pd.Index(np.asarray(uniques, dtype=object), dtype=object))
+
+
 def _window(df: pd.DataFrame, annotation: str, instance: int) -> tuple[int, int]:
     if not annotation:
         return int(df["ts"].min()), int(df["end"].max())
-    hits = df[df["name"].astype(str).str.contains(annotation, regex=False).to_numpy(bool)]
+    names = df["name"].cat
+    has = names.categories.to_series().astype(str).str.contains(annotation, regex=False).to_numpy(bool)
+    hits = df[has[names.codes.to_numpy()]]
     if len(hits) <= instance:
         raise ValueError(f"annotation {annotation!r} instance {instance} not found ({len(hits)} instance(s))")
     return int(hits["ts"].iloc[instance]), int(hits["end"].iloc[instance])
@@ -94,6 +105,11 @@ def _queue_lengths(df: pd.DataFrame) -> np.ndarray:
 
 
 def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "", instance: int = 0) -> HtaPath:
+    with no_gc():  # (as build_graph: no cycles, and a full collection cost more than the small cases)
+        return _hta_critical_path(events, rank, annotation, instance)
+
+
+def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instance: int) -> HtaPath:
     df = _rank_frame(events, rank)
     if df.empty:
         raise ValueError(f"no events on rank {rank}")
@@ -143,11 +159,11 @@ def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "",
     by_key = np.argsort(key, kind="stable")
     path = np.asarray(path, np.int64)
     step = by_key[np.searchsorted(key[by_key], path[:-1] * max(n, 1) + path[1:], side="right") - 1]
-    on_path: dict = {}
-    for ww, tt in zip(w[step].tolist(), t[step].tolist()):
-        on_path[EDGE_TYPES[tt]] = on_path.get(EDGE_TYPES[tt], 0) + ww
-    return HtaPath(cp_us=int(length), path_nodes=len(path), graph_nodes=int(len(np.unique(np.r_[s, d]))),
-                   graph_edges=int(len(np.unique(key))), breakdown_us=on_path, window_us=(lo, hi),
+    types, weights = t[step], w[step]
+    first = {k: int(np.argmax(types == k)) for k in range(len(EDGE_TYPES)) if (types == k).any()}
+    on_path = {EDGE_TYPES[k]: int(weights[types == k].sum()) for k in sorted(first, key=first.get)}  # in path order
+    return HtaPath(cp_us=int(length), path_nodes=len(path), graph_nodes=len(_distinct(np.r_[s, d])),
+                   graph_edges=len(_distinct(key)), breakdown_us=on_path, window_us=(lo, hi),
                    path_points=tuple(zip(pt_ev[path].tolist(), pt_start[path].tolist(), node_ts[path].tolist())))
 
 
@@ -290,9 +306,17 @@ def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
     found = pos < len(rec_corr)
     found[found] = rec_corr[pos[found]] == wait_corr[found]
     prev_launch = np.where(found & (wait_corr != -1), _at(rec_prev, pos), -1)
-    _, stream_id = np.unique(g["stream"].to_numpy(np.int64), return_inverse=True)
+    streams = g["stream"].to_numpy(np.int64)
+    stream_id = np.searchsorted(_distinct(streams), streams)
     return _gpu_kernel(g.index.to_numpy(np.int64), code, stream_id.astype(np.int64), g["ic"].to_numpy(np.int64),
                        prev_launch, next_launch, op_of, ql, df["ts"].to_numpy(np.int64), start_node, end_node, node_ts)
+
+
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of an int array (np.unique, by a plain sort: numpy 2.4's
+    hash-based np.unique took 0.5 s on the 1M edge keys of a 500k-event trace, a sort 10 ms)."""
+    x = np.sort(x)
+    return x[np.r_[True, x[1:] != x[:-1]]] if len(x) else x
 
 
 def _at(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -413,16 +437,26 @@ def _longest_path_kernel(n, order, s, d, w):
     return dist, pred
 
 
-def _longest_path(n, s, d, w) -> tuple[int, list[int]]:
+def _longest_path(n, s, d, w) -> tuple[int, np.ndarray]:
     if n == 0:
-        return 0, []
+        return 0, np.zeros(0, np.int64)
     order = toposort(n, s, d)
     if len(order) < n:
         raise ValueError("dependency cycle in the HTA-compatible graph")
     dist, pred = _longest_path_kernel(n, order, s, d, w)
-    v = int(np.argmax(dist))
-    path = [v]
-    while pred[v] >= 0:
-        v = int(pred[v])
-        path.append(v)
-    return int(dist.max()), path[::-1]
+    return int(dist.max()), _backtrack(pred, np.argmax(dist))
+
+
+@numba.njit(cache=True)
+def _backtrack(pred, v):
+    """The path ending at v, first node first."""
+    m = 1
+    u = v
+    while pred[u] >= 0:
+        u = pred[u]
+        m += 1
+    path = np.empty(m, np.int64)
+    for i in range(m - 1, -1, -1):
+        path[i] = v
+        v = pred[v]
+    return path

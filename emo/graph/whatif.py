@@ -429,8 +429,9 @@ def compile_graph(graph: Graph) -> Compiled:
     start_abs = nodes["start_ns"].to_numpy(np.int64)
     t0 = int(start_abs.min()) if n else 0
     rec = (start_abs - t0)[order]
-    codes = {k: i for i, k in enumerate(EDGE_KINDS)}
-    ekind = edges["kind"].map(codes).fillna(0).to_numpy(np.int64)[e_order]
+    codes, kinds = pd.factorize(edges["kind"])  # coded once per distinct kind, not mapped per row
+    to_kind = np.array([EDGE_KINDS.index(k) if k in EDGE_KINDS else 0 for k in kinds] + [0], np.int64)
+    ekind = to_kind[codes][e_order]  # an unknown or missing kind (code -1: the last entry) reads as "program"
     lag, offset, delay = _recorded_lags(indptr, src, fs, ekind, dur, rec, ROUNDING_TOLERANCE_NS)
     kind = nodes["kind"].to_numpy(dtype=object)[order]
     dev = np.where(nodes["device"].to_numpy() >= 0,

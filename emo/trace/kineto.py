@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any, Union
 
 import msgspec
 import numpy as np
 import orjson
+import pandas as pd
 
 try:  # ISA-L's inflate is several times faster than zlib's and reads the same streams
     from isal.igzip import decompress as _gunzip
@@ -150,11 +152,18 @@ def _int(v, default=-1) -> int:
 
 # Categories as written (current lower-case and older capitalised ones), so no per-event .lower()
 _KIND_OF_CAT = {c: k for cat, k in CATEGORY_KIND.items() for c in (cat, cat.capitalize(), cat.upper())}
+# Kinds as small codes (0: an event EMO does not read), so per-event tests are integer compares
+KIND_CODES = (None,) + tuple(dict.fromkeys(CATEGORY_KIND.values()))
+_CODE = {k: i for i, k in enumerate(KIND_CODES) if k}
+_CODE_OF_CAT = {c: _CODE[k] for c, k in _KIND_OF_CAT.items()}
 # Kinds whose args EMO reads (a cpu_op's ids are not used)
 _ARG_KINDS = ("runtime", "kernel", "memcpy", "memset", "sync", "gpu_annotation")
+_ARG_CODES = [_CODE[k] for k in _ARG_KINDS]
 _ARG_INTS = ("correlation", "external_id", "device", "stream", "wait_on_cuda_event_record_corr_id",
              "wait_on_stream", "bytes")
 _CAT, _PH, _TS, _DUR = attrgetter("cat"), attrgetter("ph"), attrgetter("ts"), attrgetter("dur")
+_NAME = attrgetter("name")
+_KIND_NAMES = np.array(KIND_CODES, dtype=object)
 # The largest |microseconds| whose nanoseconds fit in int64
 _MAX_US = (2 ** 63 - 1) // 1000
 
@@ -166,41 +175,42 @@ def read_kineto(path: Path, rank: int | None = None):
 
 
 def _kinds(path: Path, events: list) -> np.ndarray:
-    """Each event's kind by its category (None: not one EMO reads), one dict look-up per event in C."""
+    """Each event's kind as a code into KIND_CODES (0: not one EMO reads), one dict look-up per
+    event in C."""
     cats = list(map(_CAT, events))
     try:
         seen = set(cats)
     except TypeError:  # an unhashable (list, dict) category somewhere: read it as no category
         cats = [c if isinstance(c, str) else None for c in cats]
         seen = set(cats)
-    table = dict(_KIND_OF_CAT)
+    table = dict(_CODE_OF_CAT)
     for cat in seen - table.keys():
         if isinstance(cat, str) and cat.lower() in HIP_CATEGORIES:
             raise ValueError(f"{path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
-        table[cat] = CATEGORY_KIND.get(cat.lower()) if isinstance(cat, str) else None
-    return np.array(list(map(table.get, cats)), dtype=object)
+        table[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower()), 0) if isinstance(cat, str) else 0
+    return np.fromiter(map(table.__getitem__, cats), dtype=np.int8, count=len(cats))
 
 
 def _read_kineto(path: Path, rank: int | None):
     events, info = decode_events(path)
     rank = _int(info.get("rank"), rank if rank is not None else 0)
     world = _int(info.get("world_size"), -1)
-    karr = _kinds(path, events)
-    index = np.flatnonzero(karr != None)  # noqa: E711 - elementwise comparison
+    codes = _kinds(path, events)
+    index = np.flatnonzero(codes)
     kept = list(map(events.__getitem__, index.tolist()))
-    complete = np.array(list(map(_PH, kept)), dtype=object) == "X"  # only complete events are intervals
+    # only complete events are intervals
+    complete = np.fromiter(map(eq, map(_PH, kept), repeat("X")), dtype=bool, count=len(kept))
     if not complete.all():
         index = index[complete]
         kept = list(map(events.__getitem__, index.tolist()))
-    kind_arr = karr[index]
+    codes = codes[index]
+    kind_arr = _KIND_NAMES[codes]
     n = len(kept)
 
-    def column(field: str) -> list:
-        return list(map(attrgetter(field), kept))
-
-    name = column("name")
+    name = _objects(map(_NAME, kept), n)
+    name_codes, name_values = pd.factorize(name)  # a missing (None) name is coded -1
     try:
-        if None in name:
+        if n and name_codes.min() < 0:
             raise TypeError
         ts_us = np.fromiter(map(_TS, kept), dtype=np.float64, count=n)
         dur_us = np.fromiter(map(_DUR, kept), dtype=np.float64, count=n)
@@ -209,7 +219,6 @@ def _read_kineto(path: Path, rank: int | None):
     except (TypeError, ValueError):
         _explain_bad_event(path, events, index)
         raise
-    name = _objects(name, n)
     for col, what in ((ts_us, "timestamp"), (dur_us, "duration")):
         big = np.abs(col) > _MAX_US
         if big.any():
@@ -220,43 +229,43 @@ def _read_kineto(path: Path, rank: int | None):
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
         raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a negative duration")
-    runtime = kind_arr == "runtime"
-    hip = [s for s in set(name[runtime].tolist()) if _HIP.match(str(s))]
+    runtime = codes == _CODE["runtime"]
+    hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
         raise ValueError(f"{path}: a ROCm/HIP trace ({min(hip)}); EMO reads NVIDIA CUDA traces only")
-    pid = _ints(column("pid"))
-    tid = _ints(column("tid"))
+    pid = _ints(kept, "pid")
+    tid = _ints(kept, "tid")
     # args: only of the kinds whose ids EMO reads, one column at a time
-    need = np.flatnonzero(np.isin(kind_arr, _ARG_KINDS))
+    need = np.flatnonzero(np.isin(codes, _ARG_CODES))
     args = list(map(attrgetter("args"), map(kept.__getitem__, need.tolist())))
     if set(map(type, args)) - {_Args}:  # args that are not an object carry nothing
         args = [a if type(a) is _Args else _NO_ARGS for a in args]
     m = len(need)
 
     def arg(field: str, ints: bool = True) -> np.ndarray:
-        values = list(map(attrgetter(field), args))
         if not ints:
-            return _objects(values, m)
+            return _objects(map(attrgetter(field), args), m)
         out = np.full(n, -1, np.int64)
-        out[need] = _ints(values)
+        out[need] = _ints(args, field)
         return out
 
     col = {k: arg(k) for k in _ARG_INTS}
-    gpu = np.isin(kind_arr, tuple(GPU_KINDS))
-    is_sync = kind_arr == "sync"
+    gpu = np.isin(codes, [_CODE[k] for k in GPU_KINDS])
+    is_sync = codes == _CODE["sync"]
     device = np.where(gpu, np.where(col["device"] >= 0, col["device"], pid), -1)
     stream = np.where(gpu, np.where((col["stream"] < 0) & ~is_sync, tid, col["stream"]), -1)
-    sub = kind_arr[need]
+    sub = codes[need]
     sync_kind = np.full(n, "", dtype=object)
     sv = arg("cuda_sync_kind", ints=False)
-    ss = sub == "sync"
+    ss = sub == _CODE["sync"]
     sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name[need[ss]], sv[ss])]
     pg = np.full(n, "", dtype=object)
     granks = np.full(n, "", dtype=object)
-    kern = sub == "kernel"
+    kern = sub == _CODE["kernel"]
     g = arg("pg_long", ints=False)
     g = np.where(g != _UNSET, g, arg("pg_name", ints=False))
     named = kern & (g != _UNSET)
+    listed = np.zeros(m, bool)
     if named.any():
         pg[need[named]] = [str(x) for x in g[named]]
         r = arg("pg_ranks", ints=False)
@@ -265,9 +274,12 @@ def _read_kineto(path: Path, rank: int | None):
         groups = _group_ranks(info)
         cfg = named & ~listed
         granks[need[cfg]] = [groups.get(x, "") for x in pg[need[cfg]]]
+    sync_kind, pg, granks = (_sparse_text(c, need[at]) for c, at in
+                             ((sync_kind, ss), (pg, named), (granks, named | listed)))
     return normalise({
         "rank": np.full(n, rank, np.int32), "world_size": np.full(n, world, np.int32), "device": device,
-        "stream": stream, "pid": pid, "thread": tid, "kind": kind_arr, "name": name, "start_ns": ts,
+        "stream": stream, "pid": pid, "thread": tid, "kind": pd.Categorical.from_codes(codes - 1, KIND_CODES[1:]),
+        "name": pd.Categorical.from_codes(name_codes, pd.Index(name_values, dtype=object)), "start_ns": ts,
         "dur_ns": dur, "correlation": col["correlation"], "external_id": col["external_id"],
         "sync_kind": sync_kind, "wait_event_corr": col["wait_on_cuda_event_record_corr_id"],
         "wait_stream": col["wait_on_stream"], "process_group": pg, "group_ranks": granks, "bytes": col["bytes"],
@@ -294,6 +306,15 @@ def _rank_list(v) -> str:
         return ""
 
 
+def _sparse_text(col: np.ndarray, rows: np.ndarray) -> pd.Categorical:
+    """A text column that is "" outside `rows`, coded from the values at those rows only."""
+    values = col[rows]
+    cats = pd.Index(list(dict.fromkeys(["", *values.tolist()])), dtype=object)
+    codes = np.zeros(len(col), np.int64)
+    codes[rows] = cats.get_indexer(values)
+    return pd.Categorical.from_codes(codes, cats)
+
+
 def _objects(values, n: int) -> np.ndarray:
     """A 1-d object array (np.array would nest list values)."""
     return np.fromiter(values, dtype=object, count=n)
@@ -309,12 +330,14 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.round((us - whole) * 1000).astype(np.int64)
 
 
-def _ints(values) -> np.ndarray:
-    """int64 array; anything not an integer (a string pid like "Spans", None) becomes -1."""
+def _ints(objs: list, field: str) -> np.ndarray:
+    """Field `field` of every object as int64; anything not an integer (a string pid like "Spans",
+    None) becomes -1."""
+    get = attrgetter(field)
     try:
-        return np.array(values, dtype=np.int64)
+        return np.fromiter(map(get, objs), dtype=np.int64, count=len(objs))
     except (TypeError, ValueError, OverflowError):
-        return np.array([_int(v) for v in values], dtype=np.int64)
+        return np.array([_int(v) for v in map(get, objs)], dtype=np.int64)
 
 
 def _explain_bad_event(path: Path, events: list, keep) -> None:

@@ -77,6 +77,8 @@ def normalise(columns: dict) -> pd.DataFrame:
 
     def array(c: str, t: str) -> np.ndarray:
         v = columns.get(c, "" if t == "str" else -1)
+        if isinstance(v, pd.Categorical):  # a text column already coded by its reader
+            return v
         v = np.asarray(v.to_numpy() if isinstance(v, pd.Series) else v, dtype=object if t == "str" else None)
         return np.full(n, v.item(), dtype=v.dtype) if v.ndim == 0 else v
 
@@ -87,16 +89,19 @@ def normalise(columns: dict) -> pd.DataFrame:
 
 def _text(values: np.ndarray) -> pd.Series:
     """A str column; built from its distinct values (names repeat: a trace has few distinct kernels)."""
-    codes, uniques = pd.factorize(values)
+    if isinstance(values, pd.Categorical):
+        codes, uniques = values.codes, values.categories.to_numpy(dtype=object)
+    else:
+        codes, uniques = pd.factorize(values)
     if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
-        return pd.Series(values, dtype="str")
+        return pd.Series(np.asarray(values, dtype=object), dtype="str")
     try:
         import pyarrow as pa
 
         arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
         return pd.Series(arr.cast(pa.large_string()), dtype="str")
     except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
-        return pd.Series(values, dtype="str")
+        return pd.Series(np.asarray(values, dtype=object), dtype="str")
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
