@@ -37,6 +37,43 @@ def test_a_sweep_writes_into_one_results_folder(tmp_path):
         sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
 
 
+def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path):
+    jobs = sweep.expand([f"results={tmp_path}", "budget=0.02,0.05"], True)
+    sw = sweep.build(jobs)
+    with sweep.planned(sw):
+        assert sweep.from_snakemake_config({"jobs": jobs}) is sw
+        other = sweep.from_snakemake_config({"jobs": jobs[:1]})  # not the planned jobs: composed here
+        assert other is not sw and [list(j.overrides) for j in other.jobs] == jobs[:1]
+    assert sweep.from_snakemake_config({"jobs": jobs}) is not sw  # only while that run lasts
+
+
+def test_a_fresh_mlflow_store_is_a_copy_of_one_empty_store(tmp_path, monkeypatch):
+    """MLflow's migrations run once per MLflow version (into the cache); each new store is a copy, and
+    MLflow still adds its Default experiment and ours, as on a store it made itself."""
+    import mlflow
+
+    from emo import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    empty = tmp_path / "cache" / "emo" / f"mlflow-{mlflow.__version__}-empty.db"
+    stores = []
+    for name in ("a", "b"):
+        client, exp = tracking.open_store({"uri": f"sqlite:///{tmp_path / name / 'mlflow.db'}", "experiment": "emo"})
+        run = client.create_run(exp, run_name=name).info.run_id
+        client.log_metric(run, "x", 1.0)
+        client.set_terminated(run)
+        stores.append(client)
+        assert empty.exists()
+    import sqlite3
+
+    assert sqlite3.connect(empty).execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    for name, client in zip("ab", stores):
+        assert sorted(e.name for e in client.search_experiments()) == ["Default", "emo"]
+        runs = client.search_runs([client.get_experiment_by_name("emo").experiment_id])
+        assert [(r.info.run_name, r.data.metrics) for r in runs] == [(name, {"x": 1.0})]
+
+
 def job_stats(out: str) -> dict[str, int]:
     block = out[out.index("Job stats:"):].split("\n\n")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
