@@ -177,5 +177,37 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
         names = {a.path for d in ("optimize", "validate", "plots") for a in client.list_artifacts(run_id, d)}
         assert {"optimize/policy.json", "validate/result.json", "plots/energy_time_a100_tp2.png"} <= names
         assert any(n.startswith("plots/timeline_") for n in names)
+    for run_id in children[children["params.optimizer.name"] == "zeus"]["run_id"]:  # online methods get one too
+        assert any(a.path.startswith("plots/timeline_") for a in client.list_artifacts(run_id, "plots"))
+    check_timeline(results)
     first, second = (children[children["tags.mlflow.parentRunId"] == p] for p in parents["run_id"])
     assert sorted(first["metrics.validate.es_pct"]) == sorted(second["metrics.validate.es_pct"])
+
+
+def check_timeline(results: Path) -> None:
+    """The timeline draws kernels where the predictor puts them under a method's clocks: at the max
+    clock, at a static low clock (slower, every kernel at that clock), and under EMO's policy (the
+    time the optimize stage predicted, each kernel at one of the policy's clocks)."""
+    import json
+
+    from emo.model.predict import load_pack_tables
+    from emo.plots import predicted_timeline
+    from emo.policy import FrequencyPolicy
+
+    covers = lambda d: json.loads((d / "config.json").read_text())["covers"]
+    opt = next(p.parent for p in sorted(results.glob("optimize/*/policy.json")))
+    pack, fit = (results / st / covers(opt)["inputs"][st] for st in ("pack", "fit"))
+    graph = results / "graph" / covers(pack)["inputs"]["graph"]
+    policy = FrequencyPolicy.load(opt / "policy.json")
+    clocks = load_pack_tables(pack, fit).clocks_mhz.tolist()
+    top = predicted_timeline(pack, fit, graph, None, None)
+    low = predicted_timeline(pack, fit, graph, FrequencyPolicy.static("a100", list(policy.steps), min(clocks)), None)
+    latency = covers(opt)["config"]["optimizer"]["transition_ms"]
+    mine = predicted_timeline(pack, fit, graph, policy, (latency[0] + latency[-1]) / 2)  # the stage's mean latency
+    kernels = lambda tl: tl.work[tl.work["kind"] == "kernel"]
+    assert set(kernels(top)["sm_mhz"]) == {max(clocks)} and set(kernels(low)["sm_mhz"]) == {min(clocks)}
+    assert low.time_s > 1.5 * top.time_s and low.t1 - low.t0 > 1.5 * (top.t1 - top.t0)
+    span = lambda tl: (kernels(tl)["start"] + kernels(tl)["dur"]).max() - kernels(tl)["start"].min()
+    assert span(low) > 1.5 * span(top)
+    assert mine.time_s == pytest.approx(policy.predicted_time_s, rel=1e-9)  # the optimize stage's own prediction
+    assert set(kernels(mine)["sm_mhz"]) <= {s.sm_mhz for ss in policy.steps.values() for s in ss}
