@@ -204,7 +204,7 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     """One iteration as the method runs it: per GPU its host thread's activity and its kernels per
     named stream, at the times EMO's predictor gives them under the method's clocks (the policy of an
     offline method, the clocks an online method settled at), each kernel coloured by the SM clock it
-    runs at; below, on the same time axis, every GPU's SM clock as the requests land. A method that
+    starts at; below, on the same time axis, every GPU's SM clock as the requests land. A method that
     settled on no clock (zeus: a power limit) is drawn at the max clock and says so."""
     result = validate_dir / "result.json"
     if graph_dir is None or not (graph_dir / "nodes.parquet").exists() or not result.exists():
