@@ -77,7 +77,8 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def _imported(name: str, f: Path) -> set[str]:
+@functools.cache  # stages share most modules; each is parsed once per process (as code_digest is cached)
+def _imported(name: str, f: Path) -> frozenset[str]:
     """The emo modules `f` (module `name`) may import: import statements anywhere in it (also inside
     functions, where heavy imports are deferred), relative ones resolved, and "emo.x.y" strings
     naming a module (backends loaded by name, e.g. emo.device.BACKENDS)."""
@@ -97,7 +98,7 @@ def _imported(name: str, f: Path) -> set[str]:
             found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
             found.add(node.value.split(":")[0])
-    return {m for m in found if m.split(".")[0] == "emo" and module_file(m) is not None}
+    return frozenset(m for m in found if m.split(".")[0] == "emo" and module_file(m) is not None)
 
 
 def imported_modules(root: str) -> list[str]:

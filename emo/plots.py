@@ -3,6 +3,7 @@ curve, each method's point, the budgets) and one iteration's timeline per job.""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -91,13 +92,127 @@ def stream_names(nodes: pd.DataFrame) -> dict[int, str]:
     return names
 
 
+def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict] | None:
+    """(pack folder, fit folder, optimizer config) a timeline is predicted on: the ones the method's
+    optimize folder was computed from; for an online method (no optimize folder), the pack and fit
+    folders computed from the same graph (the same GPU and workload), as an offline method used them."""
+    def covers(d: Path) -> dict:
+        f = d / "config.json"
+        return json.loads(f.read_text())["covers"] if f.exists() else {}
+
+    results = graph_dir.parents[1]
+    if opt_dir is not None and covers(opt_dir):
+        c = covers(opt_dir)
+        return results / "pack" / c["inputs"]["pack"], results / "fit" / c["inputs"]["fit"], c["config"]["optimizer"]
+    packs = [d.parent.name for d in sorted(results.glob("pack/*/config.json"))
+             if covers(d.parent).get("inputs", {}).get("graph") == graph_dir.name]
+    fits = [d.parent for d in sorted(results.glob("fit/*/config.json")) if covers(d.parent).get("inputs", {}).get("pack") in packs]
+    if not fits:
+        return None
+    return results / "pack" / covers(fits[0])["inputs"]["pack"], fits[0], {}
+
+
+def method_policy(res_json: dict, opt_dir: Path | None):
+    """The clocks a method ran: its policy (offline), a fixed clock per GPU for an online method that
+    settled on clocks (geepafs), None for one that settled on something else (zeus: a power limit)."""
+    from emo.policy import FrequencyPolicy, Step
+
+    if opt_dir is not None and (opt_dir / "policy.json").exists():
+        return FrequencyPolicy.load(opt_dir / "policy.json")
+    clocks = res_json.get("setting", {}).get("clocks")
+    if clocks:
+        return FrequencyPolicy(gpu=res_json.get("gpu", "?"), steps={int(d): [Step(0.0, int(mhz))] for d, mhz in clocks.items()})
+    return None
+
+
+@dataclass
+class Timeline:
+    """One iteration as EMO's predictor times it under a method's clocks (ns on the predictor's clock)."""
+    work: pd.DataFrame  # GPU work: rank, stream, start, dur, kind, name, sm_mhz (the clock it starts at)
+    host: pd.DataFrame  # host activity: rank, start, dur
+    clocks: dict[int, tuple[np.ndarray, np.ndarray]]  # rank -> (times, SM MHz from then on) within [t0, t1]
+    t0: float
+    t1: float
+    iteration: int  # which traced iteration [t0, t1) is
+    time_s: float  # predicted time per iteration
+    transition_ms: float | None  # the clock-request latency it was timed with (None: no clock changes)
+
+
+def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, transition_ms: float | None) -> Timeline:
+    """The middle traced iteration under `policy` (None: the max clock): every pack-graph node at its
+    predicted start and finish, a pack's member kernels at their recorded places within it scaled with
+    the pack, and each GPU's clock as its requests land `transition_ms` after they are issued."""
+    from emo.graph.graph import GPU_NODE_KINDS, Graph
+    from emo.model.predict import (
+        clock_timelines,
+        iteration_marks,
+        load_pack_tables,
+        predict,
+    )
+
+    tables = load_pack_tables(pack_dir, fit_dir)
+    pnodes = tables.graph.nodes
+    changes = policy is not None and any(len({s.sm_mhz for s in ss}) > 1 for ss in policy.steps.values())
+    transition_ms = transition_ms if changes else None
+    pred = predict(tables, policy, transition_ms=transition_ms)
+    marks = iteration_marks(tables, pred.start_ns)  # start_ns: by node id
+    ptr, ts, cis = clock_timelines(tables, policy, marks, transition_ms or 0.0, end_ns=float(pred.finish_ns.max()))
+    k = marks.shape[1] // 2 if marks.shape[1] else 0  # steady state: the middle iteration
+    t0 = float(marks[:, k].min()) if marks.shape[1] else float(pred.start_ns.min())
+    t1 = float(marks[:, k + 1].min()) if marks.shape[1] > k + 1 else t0 + pred.time_s * 1e9
+    start, finish = pred.start_ns, pred.finish_ns
+
+    kernels = Graph.load(graph_dir).nodes
+    packs = pd.read_parquet(pack_dir / "packs.parquet")
+    rows = []
+    k_start, k_dur = kernels["start_ns"].to_numpy(np.float64), kernels["dur_ns"].to_numpy(np.float64)
+    rec_start, rec_dur = pnodes["start_ns"].to_numpy(np.float64), pnodes["dur_ns"].to_numpy(np.float64)
+    for p in packs.itertuples(index=False):
+        ps, pf = start[p.node], finish[p.node]
+        if pf < t0 or ps > t1:
+            continue
+        scale = (pf - ps) / max(rec_dur[p.node], 1.0)
+        m = np.asarray(p.members, np.int64)
+        a = ps + (k_start[m] - rec_start[p.node]) * scale  # recorded offset within the pack, scaled
+        rows += [(p.rank, p.device, p.stream, x, d, "kernel", "") for x, d in zip(a, k_dur[m] * scale)]
+    window = (finish > t0) & (start < t1)
+    other = pnodes[pnodes["kind"].isin(GPU_NODE_KINDS).to_numpy() & ~tables.is_pack & window]
+    rows += [(r.rank, r.device, r.stream, start[i], finish[i] - start[i], r.kind, r.name)
+             for i, r in zip(other.index, other.itertuples())]
+    work = pd.DataFrame(rows, columns=["rank", "device", "stream", "start", "dur", "kind", "name"])
+
+    def clock_at(dense: int, t: np.ndarray) -> np.ndarray:
+        tt, cc = ts[ptr[dense]:ptr[dense + 1]], cis[ptr[dense]:ptr[dense + 1]]
+        return tables.clocks_mhz[cc[np.searchsorted(tt, t, side="right") - 1]]
+
+    dense_of = {key: i for i, key in enumerate(tables.device_keys)}
+    work["sm_mhz"] = 0
+    for key, g in work.groupby(["rank", "device"]):
+        work.loc[g.index, "sm_mhz"] = clock_at(dense_of[tuple(int(x) for x in key)], g["start"].to_numpy())
+    clocks = {}
+    for n, (rank, _) in enumerate(tables.device_keys):
+        tt = ts[ptr[n]:ptr[n + 1]]
+        xs = np.r_[t0, tt[(tt > t0) & (tt < t1)], t1]
+        clocks[int(rank)] = (xs, clock_at(n, xs))
+    is_host = pnodes["kind"].isin(("cpu", "runtime")).to_numpy() & window
+    host = pd.DataFrame({"rank": pnodes.loc[is_host, "rank"].to_numpy(), "start": start[is_host],
+                         "dur": finish[is_host] - start[is_host]})
+    return Timeline(work, host, clocks, t0, t1, k, pred.time_s, transition_ms)
+
+
 def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str) -> Path | None:
-    """One iteration: per GPU its host thread's activity and its kernels per named stream (the critical
-    path highlighted), and below, on the same time axis, every GPU's SM clock under the method (an
-    online method's setting instead: it has no schedule)."""
+    """One iteration as the method runs it: per GPU its host thread's activity and its kernels per
+    named stream, at the times EMO's predictor gives them under the method's clocks (the policy of an
+    offline method, the clocks an online method settled at), each kernel coloured by the SM clock it
+    starts at; below, on the same time axis, every GPU's SM clock as the requests land. A method that
+    settled on no clock (zeus: a power limit) is drawn at the max clock and says so."""
     result = validate_dir / "result.json"
     if graph_dir is None or not (graph_dir / "nodes.parquet").exists() or not result.exists():
         return None
+    chain = stage_chain(graph_dir, opt_dir)
+    if chain is None or not all((d / "config.json").exists() for d in chain[:2]):
+        return None
+    pack_dir, fit_dir, opt_cfg = chain
     res_json = json.loads(result.read_text())
     import matplotlib
 
@@ -105,71 +220,67 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from emo.graph.graph import GPU_NODE_KINDS, Graph
-    from emo.graph.whatif import compile_graph, whatif
-    from emo.policy import FrequencyPolicy
+    from emo.optimize.pipeline.check import latencies
 
-    policy = FrequencyPolicy.load(opt_dir / "policy.json") if opt_dir and (opt_dir / "policy.json").exists() else None
-    graph = Graph.load(graph_dir)
-    res = whatif(compile_graph(graph))
-    nodes = graph.nodes.assign(start=res.start_ns, finish=res.finish_ns)
-    crit = np.zeros(len(nodes), bool)
-    crit[res.critical_path] = True
-    gpu = nodes["kind"].isin(GPU_NODE_KINDS).to_numpy()
-    host = nodes["kind"].isin(("cpu", "runtime")).to_numpy()
-    t0 = int(nodes.loc[gpu, "start"].min())
-    # one iteration: the policy's period, else the measured max-clock iteration time
-    period_ns = ((policy.period_ms if policy else None) or res_json.get("metrics", {}).get("t_ori_s", 0) * 1e3
-                 or (nodes.loc[gpu, "finish"].max() - t0) / 1e6) * 1e6
-    window = (nodes["finish"].to_numpy() > t0) & (nodes["start"].to_numpy() < t0 + period_ns)
-    devs = sorted(nodes.loc[gpu & window, "rank"].unique())
-    rows_per = {rank: stream_names(nodes[gpu & window & (nodes["rank"].to_numpy() == rank)]) for rank in devs}
-    heights = [len(rows_per[r]) + 1 for r in devs] + [2]
-    fig, axes = plt.subplots(len(devs) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.6), sharex=True,
+    policy = method_policy(res_json, opt_dir)
+    tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy,
+                            latencies(opt_cfg["transition_ms"])[1] if "transition_ms" in opt_cfg else None)
+    drawn, host, t0, k = tl.work, tl.host, tl.t0, tl.iteration
+    ranks = sorted(drawn["rank"].unique())
+    names_per = {r: stream_names(drawn[drawn["rank"] == r]) for r in ranks}
+    heights = [len(names_per[r]) + 1 for r in ranks] + [2]
+    fig, axes = plt.subplots(len(ranks) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.8), sharex=True,
                              gridspec_kw={"height_ratios": heights})
-    ms = lambda v: (v - t0) / 1e6
-    for ax, rank in zip(axes[:-1], devs):
-        mine = window & (nodes["rank"].to_numpy() == rank)
-        streams = rows_per[rank]
+    ms = lambda v: (np.asarray(v, float) - t0) / 1e6
+    # one colour scale and one clock axis for every GPU: the clocks used in this iteration (at least 100 MHz wide)
+    lo, hi = min(float(c.min()) for _, c in tl.clocks.values()), max(float(c.max()) for _, c in tl.clocks.values())
+    pad = max(100 - (hi - lo), 0) / 2
+    lo, hi = lo - pad, hi + pad
+    cmap = plt.get_cmap("viridis")
+    for ax, rank in zip(axes[:-1], ranks):
+        streams = names_per[rank]
         ylabels = ["host"] + [f"{name} (s{s})" for s, name in streams.items()]
-        h = nodes[mine & host]
-        ax.broken_barh(list(zip(ms(h["start"]), (h["finish"] - h["start"]) / 1e6)), (0, 0.8), facecolors="0.65")
+        h = host[host["rank"] == rank]
+        ax.broken_barh(list(zip(ms(h["start"]), h["dur"] / 1e6)), (0, 0.8), facecolors="0.65")
+        mine = drawn[drawn["rank"] == rank]
         for i, s in enumerate(streams, start=1):
-            sel = mine & gpu & (nodes["stream"].to_numpy() == s)
-            for is_crit, color in ((False, "tab:blue"), (True, "tab:red")):
-                g = nodes[sel & (crit == is_crit)]
-                ax.broken_barh(list(zip(ms(g["start"]), (g["finish"] - g["start"]) / 1e6)), (i, 0.8),
-                               facecolors=color, edgecolor="none")
+            g = mine[mine["stream"] == s]
+            colors = cmap((g["sm_mhz"].to_numpy(float) - lo) / max(hi - lo, 1))
+            ax.broken_barh(list(zip(ms(g["start"]), g["dur"] / 1e6)), (i, 0.8), facecolors=colors, edgecolor="none")
         ax.set_yticks([i + 0.4 for i in range(len(ylabels))], ylabels, fontsize=8)
         ax.set_ylabel(f"GPU {rank}", fontsize=9)
         ax.invert_yaxis()
     clock = axes[-1]
     method = res_json.get("method", "?")
-    if policy is not None:
-        for k, rank in enumerate(devs):
-            steps = policy.steps.get(int(rank)) or policy.steps.get(0) or []
-            if steps:
-                xs = [st.t_ms for st in steps] + [period_ns / 1e6]
-                ys = [st.sm_mhz for st in steps] + [steps[-1].sm_mhz]
-                clock.step(xs, ys, where="post", lw=2.2 - 0.5 * (k % 3), ls=("-", "--", ":", "-.")[k % 4],
-                           label=f"GPU {rank}")  # GPUs often share a schedule: styles keep each visible
-        clock.set_ylabel("SM clock (MHz)", fontsize=8)
-        clock.legend(fontsize=7, loc="lower left", ncol=len(devs))
-    else:  # online methods settle at a setting instead of a schedule
-        setting = res_json.get("setting", {})
-        what = (f"power limit {setting['power_limit_w']:.0f} W" if "power_limit_w" in setting
-                else ", ".join(f"{k} {v}" for k, v in setting.items() if isinstance(v, (int, float))))
-        clock.text(0.01, 0.5, f"{method} (online): no clock schedule; it settled at {what or 'its own setting'}",
-                   transform=clock.transAxes, va="center", fontsize=8)
-        clock.set_yticks([])
-    clock.set_xlabel("time in the iteration (ms; kernels at their max-clock replay times)")
-    fig.legend(handles=[Patch(color="0.65", label="host (CPU, CUDA runtime)"), Patch(color="tab:blue", label="kernel"),
-                        Patch(color="tab:red", label="kernel on the critical path")],
-               loc="upper right", fontsize=8, ncol=3, frameon=False)
+    for n, (rank, (xs, ys)) in enumerate(sorted(tl.clocks.items())):
+        clock.step(ms(xs), ys, where="post", lw=2.2 - 0.5 * (n % 3), ls=("-", "--", ":", "-.")[n % 4],
+                   label=f"GPU {rank}")  # GPUs often share a schedule: styles keep each visible
+    clock.set_ylim(lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo))
+    clock.set_ylabel("SM clock (MHz)", fontsize=8)
+    clock.legend(fontsize=7, loc="lower left", ncol=len(tl.clocks))
+    setting = res_json.get("setting", {})
+    if policy is None:
+        what = f"a power limit of {setting['power_limit_w']:.0f} W" if "power_limit_w" in setting else "no clock"
+        note = f"{method} settled at {what}, not a clock: drawn at the max clock (the predictor models clocks, not power caps)"
+        under = "at the max clock"
+    elif opt_dir is None or not (opt_dir / "policy.json").exists():
+        note, under = f"{method} (online): the clocks it settled at", "at the clocks it settled at"
+    else:
+        note, under = "", "under its policy"
+    if note:
+        clock.set_title(note, fontsize=8, loc="right")
+    clock.set_xlabel(f"time in iteration {k} (ms), as EMO's predictor times the method {under}: "
+                     f"{tl.time_s * 1e3:.2f} ms per iteration"
+                     + (f", clock requests landing {tl.transition_ms:g} ms after they are issued" if tl.transition_ms else ""),
+                     fontsize=8)
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(lo, hi))
+    fig.colorbar(sm, ax=list(axes[:-1]), fraction=0.025, pad=0.01).set_label("kernel's SM clock (MHz)", fontsize=8)
+    fig.legend(handles=[Patch(color="0.65", label="host (CPU, CUDA runtime)"),
+                        Patch(color=cmap(0.6), label="GPU work (kernels, NCCL, copies), coloured by its SM clock")],
+               loc="upper right", fontsize=8, ncol=2, frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
     path = out / f"timeline_{slug(title)}.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 

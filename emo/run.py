@@ -68,7 +68,7 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
         print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
     cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
-    run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose)
+    run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
     error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
@@ -104,17 +104,20 @@ PROFILES = ROOT / "profiles"
 
 def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
               gpus: int | None = 1, report: str | None = None, profile: str | None = None,
-              verbose: bool = False) -> str | None:
+              verbose: bool = False, planned=None) -> str | None:
     """Run the Snakefile on every job's targets at once (one DAG), as the `snakemake` command line
     would (so a workflow profile, its executor plugin and its settings apply unchanged); None when it
     succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
     GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
-    folder of profiles/ or a path. Snakemake's own lock is off: emo.locks guards the results folder,
+    folder of profiles/ or a path; `planned`: the emo.sweep.Sweep of `jobs` when the caller built it
+    (the Snakefile then does not plan them again). Snakemake's own lock is off: emo.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
     import tempfile
 
     from snakemake.cli import args_to_api, parse_args
+
+    from emo import sweep
 
     argv = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
             "--config", f"jobs={json.dumps([list(j) for j in jobs])}",
@@ -144,7 +147,8 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     keep_handlers()
     try:
         parser, args = parse_args(argv)
-        ok = bool(args_to_api(args, parser))
+        with sweep.planned(planned):
+            ok = bool(args_to_api(args, parser))
         if ok:
             if report:
                 print(f"emo: report {report}", file=sys.stderr)

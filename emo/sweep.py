@@ -102,11 +102,28 @@ def build(job_overrides: list[list[str]]) -> Sweep:
     return Sweep(jobs, roots.pop(), by_stage)
 
 
+_planned: list[Sweep] = []  # the sweep `emo run` planned, while its Snakemake runs in this process
+
+
+@contextlib.contextmanager
+def planned(sw: Sweep | None) -> Iterator[None]:
+    """While `emo run` runs Snakemake in its own process, the Snakefile takes the sweep it already
+    composed and planned instead of composing every job again (seconds per sweep, before any job starts)."""
+    _planned[:] = [sw] if sw is not None else []
+    try:
+        yield
+    finally:
+        _planned.clear()
+
+
 def from_snakemake_config(config: dict) -> Sweep:
     """The Snakefile's sweep: `--config 'jobs=[["budget=0.02"],["budget=0.05"]]'` (what `emo run -m`
     passes), or one job from `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
     if config.get("jobs"):
-        return build([[str(o) for o in job] for job in config["jobs"]])
+        jobs = [[str(o) for o in job] for job in config["jobs"]]
+        if _planned and [list(j.overrides) for j in _planned[0].jobs] == jobs:
+            return _planned[0]
+        return build(jobs)
     return build([[str(o) for o in config.get("overrides", [])]])
 
 

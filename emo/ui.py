@@ -42,4 +42,31 @@ def main(args: argparse.Namespace) -> int:
                          "python3 -m pip install -e '.[ui]'")
     uri = tracking_uri(compose(args.overrides)["tracking"])
     print(f"emo ui: {uri} on http://{args.host}:{args.port}", file=sys.stderr)
-    return subprocess.call(command(uri, args.host, args.port))
+    return serve(command(uri, args.host, args.port))
+
+
+def serve(cmd: list[str]) -> int:
+    """Run the server until it ends or emo ui is stopped (Ctrl-C, SIGTERM, SIGHUP), then stop all of
+    it: `mlflow ui` runs its web server as a child with worker processes of its own, which a signal
+    to emo alone (a scheduler's, a `kill`) would leave behind, serving on the port."""
+    import os
+    import signal
+
+    from emo import errors
+
+    proc = subprocess.Popen(cmd, start_new_session=True)  # its own process group: stopped as one
+    try:
+        with errors.signals_raise():
+            return proc.wait()
+    except KeyboardInterrupt as e:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=10)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        print("emo ui: stopped", file=sys.stderr)
+        return errors.exit_status(e)

@@ -13,6 +13,7 @@ from emo.cli import main as cli_main
 pytest.importorskip("snakemake_executor_plugin_cluster_generic",
                     reason="pip install snakemake-executor-plugin-cluster-generic (the test extra has it)")
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
          "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5"]
 
@@ -44,3 +45,29 @@ def test_an_unknown_profile_is_one_line(tmp_path, monkeypatch, capsys):
     assert cli_main(["run", "--profile", "nosuch", "tracking.enabled=false"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--profile nosuch: no such workflow profile" in err and "slurm" in err
+
+
+def profile_args(name: str):
+    """The workflow profile as Snakemake itself reads it: its parser rejects a key that is neither one
+    of its own options nor a setting of an installed plugin (`unrecognized arguments: --key`)."""
+    from snakemake.cli import parse_args
+
+    _, args = parse_args(["--snakefile", str(ROOT / "Snakefile"), "--workflow-profile", str(ROOT / "profiles" / name)])
+    return args
+
+
+@pytest.mark.parametrize("name", ["default", "cluster-generic", "slurm", "kubernetes"])
+def test_every_profile_is_one_snakemake_accepts(name):
+    plugin = {"slurm": "snakemake_executor_plugin_slurm", "kubernetes": "snakemake_executor_plugin_kubernetes"}.get(name)
+    if plugin:
+        pytest.importorskip(plugin, reason=f"pip install 'emo[{name}]': its keys are the plugin's settings")
+    if name == "kubernetes":
+        pytest.importorskip("snakemake_storage_plugin_s3", reason="pip install 'emo[kubernetes]' (the S3 storage plugin)")
+    args = profile_args(name)
+    assert args.executor == (None if name == "default" else name)
+    if name == "kubernetes":
+        # what the plugin reads: the namespace setting, the image, the bucket (pods share no disk), and
+        # gpu_manufacturer, without which it refuses every rule that asks for a GPU
+        assert args.kubernetes_namespace == "default" and args.container_image
+        assert args.default_storage_provider == "s3" and args.default_storage_prefix.startswith("s3://")
+        assert args.default_resources["gpu_manufacturer"].raw == "nvidia"

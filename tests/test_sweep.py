@@ -37,6 +37,43 @@ def test_a_sweep_writes_into_one_results_folder(tmp_path):
         sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
 
 
+def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path):
+    jobs = sweep.expand([f"results={tmp_path}", "budget=0.02,0.05"], True)
+    sw = sweep.build(jobs)
+    with sweep.planned(sw):
+        assert sweep.from_snakemake_config({"jobs": jobs}) is sw
+        other = sweep.from_snakemake_config({"jobs": jobs[:1]})  # not the planned jobs: composed here
+        assert other is not sw and [list(j.overrides) for j in other.jobs] == jobs[:1]
+    assert sweep.from_snakemake_config({"jobs": jobs}) is not sw  # only while that run lasts
+
+
+def test_a_fresh_mlflow_store_is_a_copy_of_one_empty_store(tmp_path, monkeypatch):
+    """MLflow's migrations run once per MLflow version (into the cache); each new store is a copy, and
+    MLflow still adds its Default experiment and ours, as on a store it made itself."""
+    import mlflow
+
+    from emo import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    empty = tmp_path / "cache" / "emo" / f"mlflow-{mlflow.__version__}-empty.db"
+    stores = []
+    for name in ("a", "b"):
+        client, exp = tracking.open_store({"uri": f"sqlite:///{tmp_path / name / 'mlflow.db'}", "experiment": "emo"})
+        run = client.create_run(exp, run_name=name).info.run_id
+        client.log_metric(run, "x", 1.0)
+        client.set_terminated(run)
+        stores.append(client)
+        assert empty.exists()
+    import sqlite3
+
+    assert sqlite3.connect(empty).execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    for name, client in zip("ab", stores):
+        assert sorted(e.name for e in client.search_experiments()) == ["Default", "emo"]
+        runs = client.search_runs([client.get_experiment_by_name("emo").experiment_id])
+        assert [(r.info.run_name, r.data.metrics) for r in runs] == [(name, {"x": 1.0})]
+
+
 def job_stats(out: str) -> dict[str, int]:
     block = out[out.index("Job stats:"):].split("\n\n")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
@@ -140,5 +177,37 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
         names = {a.path for d in ("optimize", "validate", "plots") for a in client.list_artifacts(run_id, d)}
         assert {"optimize/policy.json", "validate/result.json", "plots/energy_time_a100_tp2.png"} <= names
         assert any(n.startswith("plots/timeline_") for n in names)
+    for run_id in children[children["params.optimizer.name"] == "zeus"]["run_id"]:  # online methods get one too
+        assert any(a.path.startswith("plots/timeline_") for a in client.list_artifacts(run_id, "plots"))
+    check_timeline(results)
     first, second = (children[children["tags.mlflow.parentRunId"] == p] for p in parents["run_id"])
     assert sorted(first["metrics.validate.es_pct"]) == sorted(second["metrics.validate.es_pct"])
+
+
+def check_timeline(results: Path) -> None:
+    """The timeline draws kernels where the predictor puts them under a method's clocks: at the max
+    clock, at a static low clock (slower, every kernel at that clock), and under EMO's policy (the
+    time the optimize stage predicted, each kernel at one of the policy's clocks)."""
+    import json
+
+    from emo.model.predict import load_pack_tables
+    from emo.plots import predicted_timeline
+    from emo.policy import FrequencyPolicy
+
+    covers = lambda d: json.loads((d / "config.json").read_text())["covers"]
+    opt = next(p.parent for p in sorted(results.glob("optimize/*/policy.json")))
+    pack, fit = (results / st / covers(opt)["inputs"][st] for st in ("pack", "fit"))
+    graph = results / "graph" / covers(pack)["inputs"]["graph"]
+    policy = FrequencyPolicy.load(opt / "policy.json")
+    clocks = load_pack_tables(pack, fit).clocks_mhz.tolist()
+    top = predicted_timeline(pack, fit, graph, None, None)
+    low = predicted_timeline(pack, fit, graph, FrequencyPolicy.static("a100", list(policy.steps), min(clocks)), None)
+    latency = covers(opt)["config"]["optimizer"]["transition_ms"]
+    mine = predicted_timeline(pack, fit, graph, policy, (latency[0] + latency[-1]) / 2)  # the stage's mean latency
+    kernels = lambda tl: tl.work[tl.work["kind"] == "kernel"]
+    assert set(kernels(top)["sm_mhz"]) == {max(clocks)} and set(kernels(low)["sm_mhz"]) == {min(clocks)}
+    assert low.time_s > 1.5 * top.time_s and low.t1 - low.t0 > 1.5 * (top.t1 - top.t0)
+    span = lambda tl: (kernels(tl)["start"] + kernels(tl)["dur"]).max() - kernels(tl)["start"].min()
+    assert span(low) > 1.5 * span(top)
+    assert mine.time_s == pytest.approx(policy.predicted_time_s, rel=1e-9)  # the optimize stage's own prediction
+    assert set(kernels(mine)["sm_mhz"]) <= {s.sm_mhz for ss in policy.steps.values() for s in ss}

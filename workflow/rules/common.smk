@@ -45,3 +45,12 @@ def read_files(stage):
     from emo.plan import read_files as files
 
     return lambda w: {key.replace(".", "_"): path for key, path in files(stage, SWEEP.job(stage, w.hash).cfg).items()}
+
+
+def share_of_cores(wildcards):
+    """threads of a stage that computes in parallel (optimize: numba threads): the cores over the
+    sweep's jobs, so jobs that run at once do not each start a thread per core (which on a busy
+    core spin-wait and slow every other job); one job alone gets every core. 1 when the executor
+    has no core count (a cluster: --jobs)."""
+    cores = workflow.resource_settings.cores
+    return max(1, int(cores) // len(SWEEP.jobs)) if isinstance(cores, int) else 1

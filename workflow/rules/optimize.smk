@@ -15,5 +15,6 @@ rule optimize:
         emo=params("optimize"),
     log:
         log_of("optimize"),
+    threads: share_of_cores
     script:
         "../scripts/stage.py"
