@@ -23,6 +23,7 @@ Power (board, W), per phase, averaged over the kernel by time:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,8 @@ class SimPhysics:
     comm_spin_w: float = 20.0  # NCCL kernel polling (V^2 f), also while waiting for a peer
     comm_link_w: float = 25.0  # links + DRAM traffic while transferring
     comm_base_ns: float = 8000.0  # fixed NCCL kernel overhead
+    comm_sm_fraction: float = 0.08  # share of the SMs the NCCL channels' CTAs hold while transferring
+    comm_hbm_per_link_byte: float = 2.0  # HBM bytes a collective moves per byte on the link (send + receive/reduce)
     # copies
     pcie_gbps: float = 24.0
     dtod_gbps: float = 900.0
@@ -109,7 +112,23 @@ class SimPhysics:
     comm_op_us: float = 20.0  # record_param_comms / c10d overhead around an NCCL launch
     launch_queue_us: float = 1.0  # from cudaLaunchKernel return to the GPU seeing the kernel
     # control and sensors
-    clock_delay_ms: tuple[float, float] = (5.0, 15.0)
+    clock_delay_ms: tuple[float, float] = (5.0, 15.0)  # 5th-95th percentile of the lognormal body
+    clock_target_slope: float = 0.3  # body x (1 + slope) for a target at the max clock, x 1 at or below the knee
+    clock_tail_prob: float = 0.04  # share of requests that also wait out a driver/firmware stall
+    clock_tail_ms: float = 20.0  # the stall: Pareto with this minimum ...
+    clock_tail_alpha: float = 1.5  # ... and this shape (heavy: finite mean, infinite variance)
+    clock_tail_max_ms: float = 300.0
+    power_period_ms: float = 20.0  # the power controller acts this often ...
+    power_window_ms: float = 100.0  # ... on power averaged (exponentially) over this window
+    power_gain: float = 0.5  # bins stepped down per tick = gain x relative excess x number of clocks
+    power_hysteresis: float = 0.03  # steps back up one bin per tick once this far under the limit
+    # noise sizes at gpu.noise = 1 (relative standard deviations)
+    noise_kernel: float = 0.01  # per launch: kernel duration jitter (lognormal)
+    noise_iteration: float = 0.005  # per iteration: all of its kernels together
+    noise_energy: float = 0.005  # energy counter: per update increment
+    noise_energy_gain: float = 0.01  # energy counter: per GPU calibration error (constant)
+    noise_power: float = 0.025  # power sensor: per sample (NVML: +-5 % of the reading)
+    noise_power_gain: float = 0.01  # power sensor: per GPU calibration error (constant)
     counter_period_ms: float = 100.0
     sensor_window_ms: float = 25.0
 
@@ -134,6 +153,10 @@ class SimPhysics:
             raise ValueError(f"{where}: want 0 < volt_min <= volt_max")
         if p.sms <= 0 or p.dram_gbps <= 0:
             raise ValueError(f"{where}: sms, dram_gbps must be > 0")
+        if not 0 <= p.comm_sm_fraction < 1 or not 0 <= p.clock_tail_prob <= 1 or p.clock_tail_alpha <= 0:
+            raise ValueError(f"{where}: want 0 <= comm_sm_fraction < 1, 0 <= clock_tail_prob <= 1, clock_tail_alpha > 0")
+        if p.power_period_ms <= 0 or p.power_window_ms <= 0:
+            raise ValueError(f"{where}: power_period_ms and power_window_ms must be > 0")
         if not 0 <= p.hide_max < 1 or p.hide_half <= 0:
             raise ValueError(f"{where}: want 0 <= hide_max < 1 and hide_half > 0")
         return p
@@ -248,13 +271,38 @@ class GpuPhysics:
         dyn = dyn + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
         return dyn * self.v2f[None, :] + p.dram_w * util["dram"]
 
-    def throttle_index(self, power_w: np.ndarray, cap_w: float) -> np.ndarray:
-        """[K, C] index of the clock a kernel really runs at when `C` is requested under a power cap:
-        the highest supported clock <= requested whose power fits (the lowest if none does)."""
-        fits = power_w <= cap_w
-        idx = np.where(fits, np.arange(power_w.shape[1])[None, :], -1)
-        best = np.maximum.accumulate(idx, axis=1)
-        return np.maximum(best, 0).astype(np.int64)
+    def contention(self, tab: KernelTables) -> tuple[np.ndarray, np.ndarray]:
+        """[K, C] slow-downs while a collective transfers on the same GPU: of the compute kernel (it
+        loses the NCCL channels' SMs on its SM-bound part and HBM bandwidth on its DRAM-bound part),
+        and of the transfer (HBM shared in proportion to demand once kernel + transfer exceed it)."""
+        p = self.p
+        u_c = np.zeros_like(tab.dur_ns)
+        for wf, _, _ in COMPUTE_UNITS:
+            u_c = u_c + tab.util[wf]
+        u_c = np.minimum(np.maximum(u_c, tab.util["shared"]), 1.0)
+        u_d = tab.util["dram"]
+        x = p.comm_hbm_per_link_byte * p.link_gbps / p.dram_gbps
+        f = p.comm_sm_fraction
+        slow = 1.0 + u_c * f / (1.0 - f) + u_d * x
+        cslow = np.maximum(1.0, u_d + x)
+        return slow, cslow
+
+    def clock_delay_ns(self, rng: np.random.Generator, ci: int) -> float:
+        """How long a clock request to clocks[ci] takes to land: a lognormal body (its 5th-95th
+        percentiles `clock_delay_ms`, longer for targets above the voltage knee, where the regulator
+        must settle) plus, for a few requests, a Pareto-tailed stall."""
+        p = self.p
+        lo, hi = p.clock_delay_ms
+        f_to = float(self.clocks[ci])
+        scale = 1.0 + p.clock_target_slope * max(0.0, f_to - p.knee_mhz) / max(self.fmax - p.knee_mhz, 1e-9)
+        if lo > 0 and hi > lo:
+            x = math.sqrt(lo * hi) * math.exp(math.log(hi / lo) / (2 * 1.6449) * float(rng.standard_normal()))
+        else:
+            x = 0.5 * (lo + hi)
+        x *= scale
+        if p.clock_tail_prob > 0 and float(rng.random()) < p.clock_tail_prob:
+            x += min(p.clock_tail_ms * (1.0 + float(rng.pareto(p.clock_tail_alpha))), p.clock_tail_max_ms)
+        return x * 1e6
 
     # ------------------------------------------------------------------ communication
     def collective_ns(self, spec: CollectiveSpec, mhz: float) -> float:
