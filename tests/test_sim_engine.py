@@ -104,8 +104,12 @@ def test_power_cap_throttles_the_clock() -> None:
     dev.set_power_limit(250.0)
     capped = dev.run(prog, 40, warmup=1)
     assert capped.time_s > 1.3 * free.time_s
-    assert capped.energy_j / capped.time_s < 255.0 < free.energy_j / free.time_s
+    # the controller acts over time: the window's first ~100 ms overshoot the limit a little
+    assert capped.energy_j / capped.time_s < 1.03 * 250.0 < free.energy_j / free.time_s
     dev.set_power_limit(None)
+    slow = dev.run(prog, 2, warmup=0)  # the controller climbs back over time, not at once
+    assert slow.time_s / 2 > 1.05 * free.time_s / 40
+    dev.sleep(2.0)
     again = dev.run(prog, 40, warmup=1)
     assert again.time_s == pytest.approx(free.time_s, rel=0.01)
     with pytest.raises(ValueError, match="power limit"):

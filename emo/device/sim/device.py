@@ -145,8 +145,16 @@ class SimDevice:
     def _idle_until(self, t: float, gpus: int = MAX_GPUS) -> None:
         if t <= self.now:
             return
+        top = len(self.clocks) - 1
+        ticks = int((t - self.now) / (self.phys.power_period_ms * 1e6))
         for g in range(MAX_GPUS):
-            self.meters[g].idle(t, float(self.idle_w[self._ci[g]]))
+            idle = float(self.idle_w[self._ci[g]])
+            self.meters[g].idle(t, idle)
+            if self._cap_ci[g] < top and ticks and idle < self.cap_w * (1 - self.phys.power_hysteresis):
+                # the power controller keeps running while the GPU idles (engine._power_tick's step up)
+                step = max(1, int(self.phys.power_gain * (1 - idle / self.cap_w) * top))
+                self._cap_ci[g] = min(top, self._cap_ci[g] + ticks * step)
+                self._p_avg[g] = idle
         self.now = t
 
     # ------------------------------------------------------------------ protocol: measurement
@@ -233,7 +241,7 @@ class SimDevice:
         peak = max(float(tab.power_w.max()) if tab.power_w.size else 0.0,
                    float(self.idle_w.max()) + ph.comm_spin_w + ph.comm_link_w)
         power = None
-        if self.cap_w < peak:
+        if self.cap_w < peak or min(self._cap_ci[:program.ranks]) < top:  # binds, or still recovering
             power = (self.cap_w, tab.power_w.tolist(), self.idle_w.tolist())
         else:
             self._cap_ci[:program.ranks] = [top] * program.ranks
@@ -403,4 +411,33 @@ class SimDevice:
 
     def __repr__(self) -> str:
         return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
+
+    # ------------------------------------------------------------------ protocol: clock-request latency
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """For each (from, to) pair: lock `from` and wait until it has landed, lock `to`, and report the
+        ms until a clock read every poll_ms first shows `to` (so the polling quantises the result, as
+        it does on hardware). The GPUs idle meanwhile; virtual time and the counters advance."""
+        if not poll_ms > 0:
+            raise ValueError(f"clock_step_latencies_ms: poll_ms must be > 0, got {poll_ms}")
+        out = []
+        for f_from, f_to in pairs:
+            for f in (f_from, f_to):
+                if int(f) not in self.clocks:
+                    raise ValueError(f"clock_step_latencies_ms: {f} MHz is not a supported clock of {self.name}")
+            self._lock_all(self.clocks.index(int(f_from)))
+            ci = self.clocks.index(int(f_to))
+            if ci == self._ci[0]:
+                out.append(0.0)  # the first read already shows it
+                continue
+            rng = np.random.default_rng([self.seed, 98, self._runs])
+            self._runs += 1
+            land = self.gp.clock_delay_ns(rng, ci)
+            reads = math.ceil(land / (poll_ms * 1e6))
+            self._idle_until(self.now + land)
+            for g in range(MAX_GPUS):
+                self._ci[g] = ci
+                self._last_issue[g] = self.now
+            self._idle_until(self.now - land + reads * poll_ms * 1e6)
+            out.append(reads * poll_ms)
+        return out
 

@@ -500,7 +500,8 @@ class Engine:
 
     def _power_tick(self, g: _Gpu, t: float) -> None:
         """Every power_period_ms: average the board power over power_window_ms (exponentially) and step
-        the clock ceiling down in proportion to the excess over the limit, or up one bin when under."""
+        the clock ceiling down in proportion to the excess over the limit, or up in proportion to the
+        headroom once under it by more than the hysteresis."""
         ph = self.phys
         cap_w, kpow, idle = self.power
         period = ph.power_period_ms * 1e6
@@ -515,7 +516,7 @@ class Engine:
         if g.p_avg > cap_w:
             cap -= max(1, int(ph.power_gain * (g.p_avg / cap_w - 1.0) * top))
         elif g.p_avg < cap_w * (1.0 - ph.power_hysteresis):
-            cap += 1
+            cap += max(1, int(ph.power_gain * (1.0 - g.p_avg / cap_w) * top))
         cap = min(max(cap, 0), top)
         if cap != g.cap_ci:
             g.cap_ci = cap

@@ -119,9 +119,9 @@ class SimPhysics:
     clock_tail_alpha: float = 1.5  # ... and this shape (heavy: finite mean, infinite variance)
     clock_tail_max_ms: float = 300.0
     power_period_ms: float = 20.0  # the power controller acts this often ...
-    power_window_ms: float = 100.0  # ... on power averaged (exponentially) over this window
-    power_gain: float = 0.5  # bins stepped down per tick = gain x relative excess x number of clocks
-    power_hysteresis: float = 0.03  # steps back up one bin per tick once this far under the limit
+    power_window_ms: float = 40.0  # ... on power averaged (exponentially) over this window
+    power_gain: float = 0.5  # bins stepped per tick = gain x relative excess (or headroom) x number of clocks
+    power_hysteresis: float = 0.03  # steps back up (in proportion to the headroom) once this far under the limit
     # noise sizes at gpu.noise = 1 (relative standard deviations)
     noise_kernel: float = 0.01  # per launch: kernel duration jitter (lognormal)
     noise_iteration: float = 0.005  # per iteration: all of its kernels together
