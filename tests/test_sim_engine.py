@@ -107,9 +107,7 @@ def test_power_cap_throttles_the_clock() -> None:
     # the controller acts over time: the window's first ~100 ms overshoot the limit a little
     assert capped.energy_j / capped.time_s < 1.03 * 250.0 < free.energy_j / free.time_s
     dev.set_power_limit(None)
-    slow = dev.run(prog, 2, warmup=0)  # the controller climbs back over time, not at once
-    assert slow.time_s / 2 > 1.05 * free.time_s / 40
-    dev.sleep(2.0)
+    dev.sleep(0.5)  # the controller climbs back over time (test_sim_physics), here while idle
     again = dev.run(prog, 40, warmup=1)
     assert again.time_s == pytest.approx(free.time_s, rel=0.01)
     with pytest.raises(ValueError, match="power limit"):
