@@ -117,6 +117,17 @@ def pack_errors(device, workload, packs, ranges, model, clocks: list[int]) -> di
             "pack_points": int(a_t.size)}
 
 
+def measured_transition_ms(device, clocks: list[int], rng) -> float:
+    """The clock-request latency the predictor plans with, measured through the device protocol (the
+    median over random steps between the random policies' clocks, read every 1 ms)."""
+    if not hasattr(device, "clock_step_latencies_ms"):  # a device without the measurement (older sim)
+        return 10.0  # the midpoint of its configured uniform 5-15 ms
+    fmax = max(clocks)
+    ok = [c for c in clocks if c >= fmax / 2]
+    pairs = [(int(a), int(b)) for a, b in rng.choice(ok, size=(40, 2)) if a != b]
+    return float(np.median(device.clock_step_latencies_ms(pairs, 1.0)))
+
+
 def case(args) -> dict:
     gpu, wl, bench, quick, root, extra = args
     from emo.device import KernelRange
@@ -156,9 +167,10 @@ def case(args) -> dict:
         mt, me = measure(device, cfg["workload"], pol, iters)
         rows.append(("static", c, p.time_s, mt, p.energy_j, me))
     rng = np.random.default_rng(7)
+    lat_ms = measured_transition_ms(device, clocks, np.random.default_rng(11))
     for i in range(2 if quick else 5):
         pol = random_policy(gpu, devices, clocks, period_ms, rng)
-        p = predict(tables, pol)
+        p = predict(tables, pol, transition_ms=lat_ms)
         mt, me = measure(device, cfg["workload"], pol, iters)
         rows.append(("random", i, p.time_s, mt, p.energy_j, me))
     device.close()
