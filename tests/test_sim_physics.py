@@ -230,3 +230,17 @@ def test_power_limit_throttles_over_time_not_per_kernel() -> None:
     c2 = [dev.clocks[r[7]] for r in sorted(res2.ranks[0].kernels, key=lambda r: r[3])]
     assert c2[0] < 1410 and c2[-1] > c2[0]  # not at once
     assert all(b >= a for a, b in zip(c2, c2[1:]))
+
+
+def test_low_occupancy_memory_work_is_latency_bound_and_slows_with_the_clock() -> None:
+    """Little's law: a streaming kernel at full occupancy is bandwidth-bound and flat in the clock; the
+    same bytes at low occupancy keep too few requests in flight, and each request's latency has an
+    SM-cycle part, so it slows as the clock drops (the model's streaming microbenchmarks do not)."""
+    dev = SimDevice(gpu_cfg(noise=0.0))
+    c = dev.clocks
+    full = Work(dram_read_bytes=8e8, dram_write_bytes=4e8, active_warps=1.0)
+    thin = Work(dram_read_bytes=8e8, dram_write_bytes=4e8, active_warps=0.1)
+    d = dev.gp.kernel_tables([full, thin]).dur_ns
+    r = d[:, c.index(705)] / d[:, c.index(1410)]
+    assert r[0] < 1.02 and r[1] > 1.15
+    assert d[1, -1] > 1.5 * d[0, -1]

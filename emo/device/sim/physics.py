@@ -9,7 +9,9 @@ and its epilogue, attention's softmax between its two matrix products), each pha
 resource mix; the counters report only the kernel's totals, as hardware does. Within a phase:
   - compute (fp32 / fp16-tensor / int8-tensor / fp64 / int / sfu: they share the issue slots) and
     shared+L1 cycles at per-SM rates, L2 at a per-GPU rate: t = cycles / f, derated by occupancy;
-  - DRAM: bytes / bandwidth, or the SMs' request issue rate when that is slower (low clocks);
+  - DRAM: bytes / bandwidth, or the SMs' request issue rate when that is slower (low clocks), or
+    the latency bound of Little's law when the resident warps keep too few bytes in flight (low
+    occupancy: latency = dram_latency_ns + dram_latency_cycles / f, so it slows with the clock);
   - the resources overlap as a latency-hiding roofline (after Hong & Kim's MWP/CWP analytical
     model, ISCA 2009): the slowest resource sets the time and the others are exposed by the share of
     their latency the resident warps cannot hide, t = max + (1 - h(a)) (sum - max), h(a) = h_max
@@ -64,6 +66,9 @@ class SimPhysics:
     l2_bytes_per_cycle: float = 5120.0  # whole GPU
     dram_gbps: float = 2039.0
     dram_issue_bytes_per_cycle: float = 4000.0  # whole GPU: how fast the SMs can issue DRAM requests
+    dram_latency_ns: float = 450.0  # a DRAM request's round trip: the DRAM part (clock independent) ...
+    dram_latency_cycles: float = 350.0  # ... and the SM/L2/crossbar part (SM cycles)
+    dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
     hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
     hide_half: float = 0.05  # occupancy at which half of that is hidden
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
@@ -251,8 +256,14 @@ class GpuPhysics:
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
         t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
         peak["dram"] = t_bw
+        # Little's law: the resident warps keep only so many bytes in flight, each request waits a DRAM
+        # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
+        # and slows with the clock even for memory-bound work
+        in_flight = aw * p.sms * p.max_warps_per_sm * p.dram_bytes_in_flight_per_warp
+        latency = p.dram_latency_ns + p.dram_latency_cycles / f_hz * 1e9
+        t_lat = dram_bytes * latency / in_flight
         parts = np.stack([comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m,
-                          np.maximum(t_bw, t_issue) / occ_m])
+                          np.maximum(np.maximum(t_bw, t_issue), t_lat)])
         top = parts.max(axis=0)
         hide = p.hide_max * aw / (aw + p.hide_half)
         t = top + (1.0 - hide) * (parts.sum(axis=0) - top)
