@@ -67,7 +67,7 @@ class SimPhysics:
     dram_gbps: float = 2039.0
     dram_issue_bytes_per_cycle: float = 4000.0  # whole GPU: how fast the SMs can issue DRAM requests
     dram_latency_ns: float = 450.0  # a DRAM request's round trip: the DRAM part (clock independent) ...
-    dram_latency_cycles: float = 350.0  # ... and the SM/L2/crossbar part (SM cycles)
+    dram_latency_cycles: float = 0.0  # ... and the SM/L2/crossbar part (SM cycles; see docs)
     dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
     hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
     hide_half: float = 0.05  # occupancy at which half of that is hidden
