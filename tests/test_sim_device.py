@@ -121,6 +121,7 @@ def test_run_result_energy_matches_the_power_times_time() -> None:
     dev = SimDevice(gpu_cfg())
     p = Program(name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]],
                 kernels=[GEMM])
+    dev.set_power_limit(600.0)  # this GEMM draws ~503 W: above the 500 W TDP the controller would throttle it
     res = dev.run(p, 60)
     tab = dev.gp.kernel_tables([GEMM.work])
     p_kernel = tab.power_w[0, -1]
