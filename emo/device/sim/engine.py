@@ -58,7 +58,7 @@ class _Stream:
 class _Gpu:
     __slots__ = ("idx", "streams", "sm_busy", "sm_waiters", "run", "ver", "req_ci", "last_issue",
                  "clock_t", "clock_ci", "segs", "xsegs", "pending", "dev_waiters", "end_t", "cap_ci", "xfers",
-                 "p_avg", "p_acc", "p_t")
+                 "p_avg", "p_acc", "p_t", "cs")
 
     def __init__(self, idx: int, ci: int, last_issue: float, t0: float, cap_ci: int = 1 << 30, p_avg: float = 0.0):
         self.idx = idx
@@ -83,6 +83,7 @@ class _Gpu:
         self.p_avg = p_avg  # the power controller's averaged power (W)
         self.p_acc = 0.0  # energy above idle of compute segments since p_t (W*ns)
         self.p_t = t0
+        self.cs = 1.0  # how much its running kernel slows a transfer (cslow), kept while transfers run
 
 
 @dataclass
@@ -399,6 +400,8 @@ class Engine:
             if last > arr:
                 pg.xsegs.append((arr, last, self.spin_w[pg.req_ci]))
             pg.xfers.append(tr)
+            run = pg.run
+            pg.cs = self.cslow[run[1]][run[4]] if run is not None else 1.0
         self._rerate_xfer(tr, last)
         for pg, _, _, _ in entry:
             self._rerate_kernel(pg, last, pg.req_ci)  # contention starts
@@ -412,14 +415,7 @@ class Engine:
         xfer = self.coll_ns.get(ck)
         if xfer is None:
             xfer = self.coll_ns[ck] = self.gphys.collective_ns(self.prog.collectives[tr[5]], self.clocks[ci])
-        worst = 1.0
-        for e in entry:
-            run = e[0].run
-            if run is not None:
-                c = self.cslow[run[1]][run[4]]
-                if c > worst:
-                    worst = c
-        return xfer * worst
+        return xfer * max(e[0].cs for e in entry)
 
     def _rerate_xfer(self, tr, now: float) -> None:
         if tr[3] > 0:
@@ -432,7 +428,13 @@ class Engine:
         tr[4] += 1
         heapq.heappush(self.heap, (now + max(tr[1], 0.0) * d, next(self.cnt), E_CEND, tr, tr[4]))
 
-    def _rerate_xfers(self, g: _Gpu, now: float) -> None:
+    def _rerate_xfers(self, g: _Gpu, now: float, clock: bool = False) -> None:
+        """g's compute kernel (or, with clock, its clock) changed: re-rate the transfers it takes part in."""
+        run = g.run
+        cs = self.cslow[run[1]][run[4]] if run is not None else 1.0
+        if cs == g.cs and not clock:
+            return  # same contention as before: no transfer's rate changed
+        g.cs = cs
         for tr in g.xfers:
             self._rerate_xfer(tr, now)
 
@@ -465,7 +467,7 @@ class Engine:
         g.clock_ci.append(ci)
         self._rerate_kernel(g, t, old_req)
         if g.xfers:
-            self._rerate_xfers(g, t)
+            self._rerate_xfers(g, t, clock=True)
 
     def _rerate_kernel(self, g: _Gpu, t: float, old_req: int) -> None:
         """The running kernel's rate may have changed (clock, power ceiling, contention): keep the
@@ -521,6 +523,8 @@ class Engine:
         if cap != g.cap_ci:
             g.cap_ci = cap
             self._rerate_kernel(g, t, g.req_ci)
+            if g.xfers:
+                self._rerate_xfers(g, t)
         self.p_live -= 1
         if len(self.heap) > self.p_live:  # something else is still to happen
             self._push(t + period, E_POWER, g.idx)
