@@ -30,7 +30,11 @@ def a100():
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose("config", overrides=["gpu=a100", "gpu.noise=0"]).gpu
+        # exact timing semantics: no noise, and no compute-communication contention (the what-if keeps
+        # a collective's recorded duration; on the virtual GPU a stretched kernel beside a transfer
+        # would re-rate it)
+        return compose("config", overrides=["gpu=a100", "gpu.noise=0", "gpu.physics.comm_sm_fraction=0",
+                                            "gpu.physics.comm_hbm_per_link_byte=0"]).gpu
 
 
 def traced(gpu, program, folder: Path):

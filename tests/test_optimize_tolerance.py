@@ -73,10 +73,12 @@ def test_offload_saves_energy_at_budget_zero(offload, method):
     assert es > 0.05, f"{method} at budget 0 saves {100 * es:.2f} %"
     # planned within the tolerance, which is far below a measurable slowdown
     assert pred.makespan_ns - base.makespan_ns <= s["time_tolerance_ms"] * 1e6 + TOLERANCE_NS  # the one on-time rule
-    assert s["time_tolerance_ms"] * 1e6 < 1e-3 * base.makespan_ns
-    if method == "static":  # every lower clock costs the (memory-bound, critical) GPU a little time
+    # the iteration time's noise (on by default: ~0.1 %), well below the table's 0.5-point PL rule
+    assert s["time_tolerance_ms"] * 1e6 < 2e-3 * base.makespan_ns
+    if method == "static":  # no lower clock is faster than the top one (the critical GPU is memory-bound)
         curve = s["static_curve"]
-        assert all(c["time_ms"] > curve[-1]["time_ms"] for c in curve[:-1])
+        # (within the planning tolerance: the model is fitted to noisy measurements, noise being on)
+        assert all(c["time_ms"] > curve[-1]["time_ms"] - s["time_tolerance_ms"] for c in curve[:-1])
         assert s["static_mhz"] < 1410
 
 

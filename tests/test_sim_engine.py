@@ -26,6 +26,13 @@ def gpu_cfg(name: str = "a100", **over) -> dict:
     return cfg
 
 
+def steady_cfg(**over) -> dict:
+    """No noise and clock requests that land within 5-12 ms: for tests of the event mechanics."""
+    cfg = gpu_cfg(noise=0.0, **over)
+    cfg["physics"].update(clock_delay_ms=[5.0, 12.0], clock_tail_prob=0.0, clock_target_slope=0.0)
+    return cfg
+
+
 def one_rank(ops_fn) -> Program:
     p = Program(name="t", ranks=1, ops=[[]], streams={7: "compute", 20: "side"})
     p.ops[0] = ops_fn(p)
@@ -38,7 +45,9 @@ def kernels(res, rank=0):
 
 
 # --------------------------------------------------------------------------- clocks
-def test_clock_change_lands_5_to_15_ms_after_the_request() -> None:
+def test_clock_change_lands_after_a_heavy_tailed_latency() -> None:
+    """A request lands after a lognormal body (5th-95th percentile clock_delay_ms) plus, for a few, a
+    Pareto-tailed stall: the tail reaches far beyond the body, unlike a uniform 5-15 ms."""
     delays = []
     for seed in range(12):
         dev = SimDevice(gpu_cfg(seed=seed))
@@ -49,8 +58,18 @@ def test_clock_change_lands_5_to_15_ms_after_the_request() -> None:
         t_iter = res.ranks[0].iter_t[0]
         assert g.clock_ci[-1] == dev.clocks.index(1005)
         delays.append((g.clock_t[-1] - t_iter) / 1e6 - 20.0)
-    assert all(5.0 <= d <= 15.0 for d in delays), delays
-    assert np.std(delays) > 1.0  # random, not a constant
+    assert all(d > 0 for d in delays) and np.std(delays) > 1.0, delays  # random, not a constant
+    dev = SimDevice(gpu_cfg())
+    rng = np.random.default_rng(1)
+    ci = dev.clocks.index(1005)
+    x = np.array([dev.gp.clock_delay_ns(rng, ci) for _ in range(20000)]) / 1e6
+    lo, hi = dev.phys.clock_delay_ms
+    assert np.percentile(x, 5) == pytest.approx(lo, rel=0.1)  # 1005 MHz is below the knee: the plain body
+    assert np.percentile(x, 50) == pytest.approx(np.sqrt(lo * hi), rel=0.1)
+    assert np.percentile(x, 99.5) > 2.5 * hi  # the tail
+    assert x.max() <= hi * 5 + dev.phys.clock_tail_max_ms
+    up = np.array([dev.gp.clock_delay_ns(rng, len(dev.clocks) - 1) for _ in range(5000)]) / 1e6
+    assert np.median(up) == pytest.approx((1 + dev.phys.clock_target_slope) * np.median(x), rel=0.1)
 
 
 def test_last_request_wins_even_if_it_lands_first() -> None:
@@ -65,7 +84,7 @@ def test_last_request_wins_even_if_it_lands_first() -> None:
 
 
 def test_kernel_spanning_a_clock_change_runs_at_each_clock_in_turn() -> None:
-    dev = SimDevice(gpu_cfg())
+    dev = SimDevice(steady_cfg())
     prog = one_rank(lambda p: [(Op.ITER,), (Op.LAUNCH, 7, p.kernel(BIG_GEMM)), (Op.DEVICE_SYNC,)])
     res = dev.simulate(prog, 1, policy=FrequencyPolicy("a100", {0: [Step(30.0, 705)]}))
     (_, _, start, end), = kernels(res)
@@ -85,8 +104,10 @@ def test_power_cap_throttles_the_clock() -> None:
     dev.set_power_limit(250.0)
     capped = dev.run(prog, 40, warmup=1)
     assert capped.time_s > 1.3 * free.time_s
-    assert capped.energy_j / capped.time_s < 255.0 < free.energy_j / free.time_s
+    # the controller acts over time: the window's first ~100 ms overshoot the limit a little
+    assert capped.energy_j / capped.time_s < 1.03 * 250.0 < free.energy_j / free.time_s
     dev.set_power_limit(None)
+    dev.sleep(0.5)  # the controller climbs back over time (test_sim_physics), here while idle
     again = dev.run(prog, 40, warmup=1)
     assert again.time_s == pytest.approx(free.time_s, rel=0.01)
     with pytest.raises(ValueError, match="power limit"):
@@ -218,12 +239,12 @@ def test_policy_is_applied_like_the_runtime_applier() -> None:
     """Steps due within lead_ms of t = 0 are issued lead_ms before the expected end of the previous
     iteration (period_ms); requests not yet issued when the next iteration starts are dropped."""
     prog = one_rank(lambda p: [(Op.ITER,)] + [(Op.LAUNCH, 7, p.kernel(GEMM))] * 40 + [(Op.DEVICE_SYNC,)])
-    dev = SimDevice(gpu_cfg())
+    dev = SimDevice(steady_cfg())
     base = dev.simulate(prog, 3)
     period_ms = (base.ranks[0].iter_t[2] - base.ranks[0].iter_t[1]) / 1e6
     pol = FrequencyPolicy("a100", {0: [Step(0.0, 1005), Step(period_ms / 2, 1410), Step(10 * period_ms, 705)]},
                           period_ms=period_ms, lead_ms=15.0)
-    res = SimDevice(gpu_cfg()).simulate(prog, 4, policy=pol)
+    res = SimDevice(steady_cfg()).simulate(prog, 4, policy=pol)
     marks = res.ranks[0].iter_t
     g = res.gpus[0]
     lands = {(round(t), ci) for t, ci in zip(g.clock_t[1:], g.clock_ci[1:])}

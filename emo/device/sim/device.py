@@ -76,7 +76,9 @@ class SimDevice:
         self.clocks = clocks
         self.default_ci = clocks.index(int(cfg["default_mhz"]))
         self.seed = int(cfg.get("seed", 0))
-        self.noise = float(cfg.get("noise", 0.0))
+        self.noise = float(cfg.get("noise", 1.0))  # multiplier of the physics' noise sizes (0: none)
+        if not self.noise >= 0:
+            raise ValueError(f"gpu.noise ({self.name}): want a multiplier >= 0, got {self.noise}")
         self.tdp_w = float(cfg["tdp_w"])
         self.cap_w = self.tdp_w
         self.policy: FrequencyPolicy | None = None
@@ -86,8 +88,14 @@ class SimDevice:
         self._runs = 0
         self._ci = [self.default_ci] * MAX_GPUS  # requested clock per GPU
         self._last_issue = [-math.inf] * MAX_GPUS
-        self.meters = [EnergyMeter(self.phys.counter_period_ms, self.phys.sensor_window_ms, self.noise, self.seed, g)
+        ph, k = self.phys, self.noise
+        self.meters = [EnergyMeter(ph.counter_period_ms, ph.sensor_window_ms, self.seed, g,
+                                   counter_noise=k * ph.noise_energy, counter_gain=k * ph.noise_energy_gain,
+                                   sensor_noise=k * ph.noise_power, sensor_gain=k * ph.noise_power_gain)
                        for g in range(MAX_GPUS)]
+        top = len(clocks) - 1
+        self._cap_ci = [top] * MAX_GPUS  # the power controller's clock ceiling per GPU ...
+        self._p_avg = [0.0] * MAX_GPUS  # ... and its averaged power: the controller runs on across calls
         self.last_sim: SimResult | None = None
         self.last_sim_seconds = 0.0
 
@@ -128,8 +136,7 @@ class SimDevice:
             return
         rng = np.random.default_rng([self.seed, 99, self._runs])
         self._runs += 1
-        lo, hi = self.phys.clock_delay_ms
-        t_land = self.now + float(rng.uniform(lo, hi)) * 1e6
+        t_land = self.now + self.gp.clock_delay_ns(rng, ci)
         self._idle_until(t_land)
         for g in range(gpus):
             self._ci[g] = ci
@@ -138,8 +145,16 @@ class SimDevice:
     def _idle_until(self, t: float, gpus: int = MAX_GPUS) -> None:
         if t <= self.now:
             return
+        top = len(self.clocks) - 1
+        ticks = int((t - self.now) / (self.phys.power_period_ms * 1e6))
         for g in range(MAX_GPUS):
-            self.meters[g].idle(t, float(self.idle_w[self._ci[g]]))
+            idle = float(self.idle_w[self._ci[g]])
+            self.meters[g].idle(t, idle)
+            if self._cap_ci[g] < top and ticks and idle < self.cap_w * (1 - self.phys.power_hysteresis):
+                # the power controller keeps running while the GPU idles (engine._power_tick's step up)
+                step = max(1, int(self.phys.power_gain * (1 - idle / self.cap_w) * top))
+                self._cap_ci[g] = min(top, self._cap_ci[g] + ticks * step)
+                self._p_avg[g] = idle
         self.now = t
 
     # ------------------------------------------------------------------ protocol: measurement
@@ -194,8 +209,8 @@ class SimDevice:
     def tables(self, kernels: list[KernelSpec]) -> tuple[KernelTables, list, list]:
         """Per kernel x clock duration and power, and the clock each kernel really gets under the cap."""
         tab = self.gp.kernel_tables([k.work for k in kernels])
-        thr = self.gp.throttle_index(tab.power_w, self.cap_w)
-        return tab, tab.dur_ns.tolist(), thr.tolist()
+        slow, cslow = self.gp.contention(tab)
+        return tab, tab.dur_ns.tolist(), slow.tolist(), cslow.tolist()
 
     # ------------------------------------------------------------------ simulate
     def simulate(self, program: Program, iterations: int, *, policy: FrequencyPolicy | None = None) -> SimResult:
@@ -204,7 +219,7 @@ class SimDevice:
             raise ValueError(f"program {program.name!r}: ranks={program.ranks} but {len(program.ops)} op lists")
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
-        tab, dur, thr = self.tables(program.kernels)
+        tab, dur, slow, cslow = self.tables(program.kernels)
         plan = None
         if policy is not None:
             plan = {}
@@ -220,10 +235,22 @@ class SimDevice:
         rng = np.random.default_rng([self.seed, self._runs])
         self._runs += 1
         wall = time.perf_counter()
-        eng = Engine(program, dur=dur, thr=thr, phys=self.phys, gphys=self.gp,
+        # the power controller only runs where the limit can bind (what this program can draw)
+        ph = self.phys
+        top = len(self.clocks) - 1
+        peak = max(float(tab.power_w.max()) if tab.power_w.size else 0.0,
+                   float(self.idle_w.max()) + ph.comm_spin_w + ph.comm_link_w)
+        power = None
+        if self.cap_w < peak or min(self._cap_ci[:program.ranks]) < top:  # binds, or still recovering
+            power = (self.cap_w, tab.power_w.tolist(), self.idle_w.tolist())
+        else:
+            self._cap_ci[:program.ranks] = [top] * program.ranks
+            self._p_avg[:program.ranks] = [0.0] * program.ranks
+        eng = Engine(program, dur=dur, slow=slow, cslow=cslow, phys=self.phys, gphys=self.gp,
                      clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
                      t_start=self.now, iterations=iterations, policy_plan=plan, rng=rng,
-                     coll_ns={})
+                     coll_ns={}, noise=self.noise, power=power, cap_ci=self._cap_ci[:program.ranks],
+                     p_avg=self._p_avg[:program.ranks])
         with _no_gc():
             res = eng.run()
         self.last_sim_seconds = time.perf_counter() - wall
@@ -234,6 +261,8 @@ class SimDevice:
             self.meters[g.idx].append(t, e)
             self._ci[g.idx] = g.req_ci
             self._last_issue[g.idx] = g.last_issue
+            if power is not None:
+                self._cap_ci[g.idx], self._p_avg[g.idx] = g.cap_ci, g.p_avg
         for gi in range(program.ranks, MAX_GPUS):
             self.meters[gi].idle(t_dev, float(self.idle_w[self._ci[gi]]))
         self.now = t_dev
@@ -414,3 +443,33 @@ class SimDevice:
         t = [float(x) * 1e-9 for x in edges[1:]]
         pct = lambda x: [float(v) for v in np.floor(np.minimum(x / period, 1.0) * 100.0) / 100.0]  # noqa: E731
         return {"gpu": list(zip(t, pct(busy))), "memory": list(zip(t, pct(mem)))}
+
+    # ------------------------------------------------------------------ protocol: clock-request latency
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """For each (from, to) pair: lock `from` and wait until it has landed, lock `to`, and report the
+        ms until a clock read every poll_ms first shows `to` (so the polling quantises the result, as
+        it does on hardware). The GPUs idle meanwhile; virtual time and the counters advance."""
+        if not poll_ms > 0:
+            raise ValueError(f"clock_step_latencies_ms: poll_ms must be > 0, got {poll_ms}")
+        out = []
+        for f_from, f_to in pairs:
+            for f in (f_from, f_to):
+                if int(f) not in self.clocks:
+                    raise ValueError(f"clock_step_latencies_ms: {f} MHz is not a supported clock of {self.name}")
+            self._lock_all(self.clocks.index(int(f_from)))
+            ci = self.clocks.index(int(f_to))
+            if ci == self._ci[0]:
+                out.append(0.0)  # the first read already shows it
+                continue
+            rng = np.random.default_rng([self.seed, 98, self._runs])
+            self._runs += 1
+            land = self.gp.clock_delay_ns(rng, ci)
+            reads = math.ceil(land / (poll_ms * 1e6))
+            self._idle_until(self.now + land)
+            for g in range(MAX_GPUS):
+                self._ci[g] = ci
+                self._last_issue[g] = self.now
+            self._idle_until(self.now - land + reads * poll_ms * 1e6)
+            out.append(reads * poll_ms)
+        return out
+

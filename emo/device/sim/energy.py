@@ -4,9 +4,10 @@ The engine records intervals; `power_steps` turns them into a piecewise-constant
 with numpy, and `EnergyMeter` keeps the cumulative energy over the device's whole virtual life and
 answers like NVML: an energy counter in millijoules that updates every `counter_period_ms` (reading
 returns the value at the last update) and a power sensor that reports the mean of a short window
-ending at the last update. Optional multiplicative noise perturbs each update's increment (so the
-counter stays monotonic) and each sensor sample; it is drawn from a seeded generator per update index,
-so readings are deterministic for a seed.
+ending at the last update. Noise, as on hardware: a constant per-GPU calibration error (gain) on the
+counter and on the sensor, and multiplicative noise on each update's increment (so the counter stays
+monotonic) and on each sensor sample; drawn from generators seeded by (seed, GPU), so readings are
+deterministic for a seed.
 """
 from __future__ import annotations
 
@@ -74,12 +75,17 @@ class EnergyMeter:
     has lived (calibration makes thousands of runs on one device).
     """
 
-    def __init__(self, period_ms: float, window_ms: float, noise: float, seed: int, gpu: int):
+    def __init__(self, period_ms: float, window_ms: float, seed: int, gpu: int, *, counter_noise: float = 0.0,
+                 counter_gain: float = 0.0, sensor_noise: float = 0.0, sensor_gain: float = 0.0):
         self.period = period_ms * 1e6
         self.window = window_ms * 1e6
-        self.noise = float(noise)
+        self.noise = float(counter_noise)
+        self.sensor_noise = float(sensor_noise)
         self.phase = float(np.random.default_rng([int(seed), int(gpu), 1]).uniform(0, self.period))
         self._rng = np.random.default_rng([int(seed), int(gpu), 2])
+        g = np.random.default_rng([int(seed), int(gpu), 3]).standard_normal(2)
+        self.counter_gain = float(1.0 + counter_gain * g[0])
+        self.sensor_gain = float(1.0 + sensor_gain * g[1])
         self._chunk_t0: list[float] = [0.0]
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = [(np.array([0.0]), np.array([0.0]))]
         self.t_known = 0.0
@@ -103,12 +109,11 @@ class EnergyMeter:
             true = np.interp(ticks, t, e)
             inc = np.diff(true, prepend=self._last_true)
             eps = self._rng.standard_normal((2, ticks.size))
-            if self.noise > 0:
-                inc = np.maximum(inc * (1.0 + self.noise * eps[0]), 0.0)
+            inc = np.maximum(inc * self.counter_gain * (1.0 + self.noise * eps[0]), 0.0)
             base = self._tick_counter[-1] if self._tick_counter else 0.0
             self._tick_t.extend(ticks.tolist())
             self._tick_counter.extend((base + np.cumsum(inc)).tolist())
-            self._tick_noise.extend((1.0 + self.noise * eps[1]).tolist())
+            self._tick_noise.extend((self.sensor_gain * (1.0 + self.sensor_noise * eps[1])).tolist())
             self._last_true = float(true[-1])
         self.t_known = float(t[-1])
         self.e_known = float(e[-1])

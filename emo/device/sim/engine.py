@@ -9,11 +9,15 @@ Design for speed (a million kernels in seconds):
   - energy is not integrated here: the engine records intervals (kernel segments at one clock,
     clock timeline, communication/copy intervals) that `emo.device.sim.energy` integrates with numpy.
 
-Concurrency model (kept simple on purpose): compute kernels share the SMs, so at most one compute
-kernel runs per GPU at a time; streams compete for the SMs in order of their head kernel's release
-time. NCCL kernels and copies run concurrently with compute (copy engines / few SMs) without slowing
-it. CUDA semantics: in-order streams, cudaEventRecord completes when prior work on its stream is
-done, cudaStreamWaitEvent waits for the most recent record of the event at call time.
+Concurrency model: compute kernels share the SMs, so at most one compute kernel runs per GPU at a
+time; streams compete for the SMs in order of their head kernel's release time. NCCL kernels run
+beside compute and contend with it while they transfer: the compute kernel loses the SMs the NCCL
+channels occupy and part of the HBM bandwidth (`slow` table), and the transfer is slowed by the
+compute kernel's own HBM traffic (`cslow` table). Copies use the copy engines and do not contend.
+Anything running progresses at its current rate: a clock change, a power-controller step or
+contention starting or stopping re-rates the running kernel and every transfer in flight (the
+fraction of work left is kept). CUDA semantics: in-order streams, cudaEventRecord completes when
+prior work on its stream is done, cudaStreamWaitEvent waits for the most recent record at call time.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from emo.device.sim.program import Program
 # item kinds queued on a stream
 K_KERNEL, K_COLL, K_COPY, K_RECORD, K_WAIT = 0, 1, 2, 3, 4
 # heap event kinds
-E_KEND, E_XEND, E_TRY, E_CLOCK, E_HOST = 0, 1, 2, 3, 4
+E_KEND, E_XEND, E_TRY, E_CLOCK, E_HOST, E_CEND, E_POWER = 0, 1, 2, 3, 4, 5, 6
 # host runtime call codes (trace)
 RT_LAUNCH, RT_NCCL, RT_MEMCPY, RT_RECORD, RT_WAIT, RT_SSYNC, RT_ESYNC, RT_DSYNC = range(8)
 RT_NAMES = ("cudaLaunchKernel", "cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord",
@@ -53,14 +57,17 @@ class _Stream:
 
 class _Gpu:
     __slots__ = ("idx", "streams", "sm_busy", "sm_waiters", "run", "ver", "req_ci", "last_issue",
-                 "clock_t", "clock_ci", "segs", "xsegs", "pending", "dev_waiters", "end_t")
+                 "clock_t", "clock_ci", "segs", "xsegs", "pending", "dev_waiters", "end_t", "cap_ci", "xfers",
+                 "p_avg", "p_acc", "p_t", "cs")
 
-    def __init__(self, idx: int, ci: int, last_issue: float, t0: float):
+    def __init__(self, idx: int, ci: int, last_issue: float, t0: float, cap_ci: int = 1 << 30, p_avg: float = 0.0):
         self.idx = idx
         self.streams: dict[int, _Stream] = {}
         self.sm_busy = False
         self.sm_waiters: list[_Stream] = []
-        self.run = None  # running compute kernel: [stream, kid, seg_start, frac_left, eff_ci, start, corr, ext]
+        # running compute kernel: [stream, kid, seg_start, frac_left, eff_ci, start, corr, ext, jitter,
+        # progress_t (when frac_left was last updated), its full duration at the current rate]
+        self.run = None
         self.ver = 0
         self.req_ci = ci
         self.last_issue = last_issue
@@ -71,6 +78,12 @@ class _Gpu:
         self.pending = 0  # items queued or running on any stream
         self.dev_waiters: list[int] = []
         self.end_t = t0  # when its last item finished
+        self.cap_ci = cap_ci  # the power controller's clock ceiling (effective clock = min(req, cap))
+        self.xfers: list = []  # collective transfers in flight that this GPU takes part in
+        self.p_avg = p_avg  # the power controller's averaged power (W)
+        self.p_acc = 0.0  # energy above idle of compute segments since p_t (W*ns)
+        self.p_t = t0
+        self.cs = 1.0  # how much its running kernel slows a transfer (cslow), kept while transfers run
 
 
 @dataclass
@@ -119,12 +132,19 @@ class SimResult:
 class Engine:
     """Runs `iterations` repetitions of a program from virtual time `t_start` (ns)."""
 
-    def __init__(self, program: Program, *, dur: list[list[float]], thr: list[list[int]],
-                 phys, gphys, clock_ci: list[int], last_issue: list[float], t_start: float,
+    def __init__(self, program: Program, *, dur: list[list[float]], slow: list[list[float]],
+                 cslow: list[list[float]], phys, gphys, clock_ci: list[int], last_issue: list[float], t_start: float,
                  iterations: int, policy_plan: dict[int, tuple[int | None, list[tuple[float, int]]]] | None,
-                 rng: np.random.Generator, coll_ns):
+                 rng: np.random.Generator, coll_ns, noise: float = 0.0,
+                 power: tuple | None = None, cap_ci: list[int] | None = None, p_avg: list[float] | None = None):
+        """dur[kid][ci]: kernel time alone; slow/cslow[kid][ci]: the factor by which a kernel is slowed
+        by a transfer in flight / slows one; noise: the multiplier of the physics' noise sizes;
+        power: None (no cap binds) or (cap_w, kernel power [kid][ci], idle power [ci]) for the power
+        controller, whose state (clock ceiling, averaged power) cap_ci/p_avg carry across runs."""
         self.prog = program
-        self.dur, self.thr = dur, thr
+        self.dur, self.slow, self.cslow = dur, slow, cslow
+        self.noise = noise
+        self.power = power
         self.phys, self.gphys = phys, gphys
         self.iterations = iterations
         self.t_start = t_start
@@ -133,7 +153,11 @@ class Engine:
         self.rng = rng
         self.coll_ns = coll_ns  # (coll_idx, ci) -> ns
         n = program.ranks
-        self.gpus = [_Gpu(g, clock_ci[g], last_issue[g], t_start) for g in range(n)]
+        top = len(gphys.clocks) - 1
+        cap_ci = cap_ci or [top] * n
+        p_avg = p_avg or [0.0] * n
+        self.gpus = [_Gpu(g, clock_ci[g], last_issue[g], t_start, cap_ci[g] if power else top, p_avg[g])
+                     for g in range(n)]
         self.ranks = [RankRecord() for _ in range(n)]
         self.heap: list = []
         self.cnt = itertools.count()
@@ -157,14 +181,22 @@ class Engine:
         hosts = [self._host(r) for r in range(self.prog.ranks)]
         self.hosts = hosts
         done = [False] * len(hosts)
+        self.done = done
         for r in range(len(hosts)):
             self._push(self.t_start, E_HOST, r)
+        self.p_live = 0  # power-controller ticks in the heap: they alone do not keep the run going
+        if self.power is not None:
+            period = self.phys.power_period_ms * 1e6
+            for g in self.gpus:
+                self._push(self.t_start + period, E_POWER, g.idx)
+                self.p_live += 1
         heap = self.heap
         pop = heapq.heappop
         hpush = heapq.heappush
         cnt = self.cnt
         gpus = self.gpus
-        dur, thr = self.dur, self.thr
+        dur = self.dur
+        pc = self.power is not None
         kernel_lists = [rec.kernels for rec in self.ranks]
         while heap:
             t, _, kind, a, b = pop(heap)
@@ -176,6 +208,8 @@ class Engine:
                 st = run[0]
                 # (corr, kid, sid, start, end, ext, last-segment start, its clock, requested clock)
                 kernel_lists[a].append((run[6], run[1], st.sid, run[5], t, run[7], run[2], run[4], g.req_ci))
+                if pc:
+                    self._power_acc(g, run, t)
                 g.end_t = t
                 q = st.q
                 q.popleft()
@@ -185,14 +219,21 @@ class Engine:
                     if item[0] == 0 and item[1] <= t:
                         # fast path: the stream's next kernel is already queued and the SMs are free
                         kid = item[3]
-                        eff = thr[kid][g.req_ci]
-                        g.run = [st, kid, t, 1.0, eff, t, item[2], item[4]]
+                        eff = g.req_ci if g.req_ci < g.cap_ci else g.cap_ci
+                        d = dur[kid][eff] * item[5]
+                        if g.xfers:
+                            d *= self.slow[kid][eff]
+                        g.run = [st, kid, t, 1.0, eff, t, item[2], item[4], item[5], t, d]
                         g.ver += 1
-                        hpush(heap, (t + dur[kid][eff], next(cnt), 0, a, g.ver))
+                        hpush(heap, (t + d, next(cnt), 0, a, g.ver))
+                        if g.xfers:
+                            self._rerate_xfers(g, t)
                         continue
                 g.run = None
                 g.sm_busy = False
                 st.busy = False
+                if g.xfers:
+                    self._rerate_xfers(g, t)
                 self._sm_free(g, st, t)
             elif kind == E_XEND:
                 st = a
@@ -206,6 +247,11 @@ class Engine:
             elif kind == E_TRY:
                 a.try_t = -1.0
                 self._advance(a, t)
+            elif kind == E_CEND:
+                if b == a[4]:
+                    self._xfer_done(a, t)
+            elif kind == E_POWER:
+                self._power_tick(gpus[a], t)
             elif kind == E_CLOCK:
                 ci, issue, k_it = b
                 marks = self.ranks[a].iter_t
@@ -296,13 +342,17 @@ class Engine:
 
     def _start_kernel(self, g: _Gpu, st: _Stream, item, now: float) -> None:
         kid = item[3]
-        eff = self.thr[kid][g.req_ci]
-        end = now + self.dur[kid][eff]
+        eff = min(g.req_ci, g.cap_ci)
+        d = self.dur[kid][eff] * item[5]
+        if g.xfers:
+            d *= self.slow[kid][eff]
         g.sm_busy = True
         st.busy = True
-        g.run = [st, kid, now, 1.0, eff, now, item[2], item[4]]
+        g.run = [st, kid, now, 1.0, eff, now, item[2], item[4], item[5], now, d]
         g.ver += 1
-        heapq.heappush(self.heap, (end, next(self.cnt), E_KEND, g.idx, g.ver))
+        heapq.heappush(self.heap, (now + d, next(self.cnt), E_KEND, g.idx, g.ver))
+        if g.xfers:
+            self._rerate_xfers(g, now)
 
     def _sm_free(self, g: _Gpu, st: _Stream, now: float) -> None:
         """The SMs became free at `now`: give them to the earliest-released waiting kernel."""
@@ -343,23 +393,69 @@ class Engine:
             raise ValueError(f"program {self.prog.name!r}: collective {cidx} launched twice by one rank in "
                              f"iteration {key[0]} (collective ids are per iteration: one launch per participant)")
         last = max(e[3] for e in entry)
-        ci = min(e[0].req_ci for e in entry)  # the slowest SM clock paces the ring
-        ck = (cidx, ci)
+        # a transfer: [participants, frac_left, progress_t, full duration at the current rate, version,
+        # coll_idx, start]
+        tr = [entry, 1.0, last, 0.0, 0, cidx, last]
+        for pg, pst, pitem, arr in entry:
+            if last > arr:
+                pg.xsegs.append((arr, last, self.spin_w[pg.req_ci]))
+            pg.xfers.append(tr)
+            run = pg.run
+            pg.cs = self.cslow[run[1]][run[4]] if run is not None else 1.0
+        self._rerate_xfer(tr, last)
+        for pg, _, _, _ in entry:
+            self._rerate_kernel(pg, last, pg.req_ci)  # contention starts
+
+    def _xfer_ns(self, tr) -> float:
+        """Full transfer time at the participants' current clocks and contention: the slowest SM clock
+        paces the ring, and so does the participant whose compute takes the most HBM bandwidth."""
+        entry = tr[0]
+        ci = min(e[0].req_ci for e in entry)
+        ck = (tr[5], ci)
         xfer = self.coll_ns.get(ck)
         if xfer is None:
-            xfer = self.coll_ns[ck] = self.gphys.collective_ns(spec, self.clocks[ci])
-        end = last + xfer
+            xfer = self.coll_ns[ck] = self.gphys.collective_ns(self.prog.collectives[tr[5]], self.clocks[ci])
+        return xfer * max(e[0].cs for e in entry)
+
+    def _rerate_xfer(self, tr, now: float) -> None:
+        if tr[3] > 0:
+            tr[1] -= (now - tr[2]) / tr[3]
+        tr[2] = now
+        d = self._xfer_ns(tr)
+        if d == tr[3]:
+            return
+        tr[3] = d
+        tr[4] += 1
+        heapq.heappush(self.heap, (now + max(tr[1], 0.0) * d, next(self.cnt), E_CEND, tr, tr[4]))
+
+    def _rerate_xfers(self, g: _Gpu, now: float, clock: bool = False) -> None:
+        """g's compute kernel (or, with clock, its clock) changed: re-rate the transfers it takes part in."""
+        run = g.run
+        cs = self.cslow[run[1]][run[4]] if run is not None else 1.0
+        if cs == g.cs and not clock:
+            return  # same contention as before: no transfer's rate changed
+        g.cs = cs
+        for tr in g.xfers:
+            self._rerate_xfer(tr, now)
+
+    def _xfer_done(self, tr, t: float) -> None:
+        entry, cidx, t0 = tr[0], tr[5], tr[6]
         link_w = self.phys.comm_link_w
         for pg, pst, pitem, arr in entry:
-            spin = self.spin_w[pg.req_ci]
-            if last > arr:
-                pg.xsegs.append((arr, last, spin))
-            pg.xsegs.append((last, end, spin + link_w))
-            self.ranks[pg.idx].colls.append((pitem[2], cidx, pst.sid, arr, end, pitem[4]))
-            self._push(end, E_XEND, pst)
+            pg.xsegs.append((t0, t, self.spin_w[pg.req_ci] + link_w))
+            self.ranks[pg.idx].colls.append((pitem[2], cidx, pst.sid, arr, t, pitem[4]))
+            pg.xfers.remove(tr)
+            self._rerate_kernel(pg, t, pg.req_ci)  # contention stops
+        for pg, pst, _, _ in entry:  # the NCCL kernels end (as E_XEND would)
+            pst.q.popleft()
+            pst.busy = False
+            pg.pending -= 1
+            pg.end_t = t
+            self._advance(pst, t)
+            self._check_drain(pg, pst, t)
 
     def _clock(self, g: _Gpu, t: float, ci: int, issue: float) -> None:
-        """A clock request lands: the last one issued wins; a running kernel continues at the new rate."""
+        """A clock request lands: the last one issued wins; what runs continues at the new rate."""
         if issue < g.last_issue:
             return
         g.last_issue = issue
@@ -369,18 +465,70 @@ class Engine:
         g.req_ci = ci
         g.clock_t.append(t)
         g.clock_ci.append(ci)
+        self._rerate_kernel(g, t, old_req)
+        if g.xfers:
+            self._rerate_xfers(g, t, clock=True)
+
+    def _rerate_kernel(self, g: _Gpu, t: float, old_req: int) -> None:
+        """The running kernel's rate may have changed (clock, power ceiling, contention): keep the
+        fraction of work it has left and re-schedule its end; a new clock starts a new segment."""
         run = g.run
         if run is None:
             return
-        kid, eff = run[1], run[4]
-        new_eff = self.thr[kid][ci]
-        d_old = self.dur[kid][eff]
-        run[3] -= (t - run[2]) / d_old
-        g.segs.append((run[2], t, kid, eff, old_req))
-        run[2] = t
-        run[4] = new_eff
+        kid = run[1]
+        run[3] -= (t - run[9]) / run[10]
+        run[9] = t
+        eff = min(g.req_ci, g.cap_ci)
+        if eff != run[4] or old_req != g.req_ci:
+            if self.power is not None:
+                self._power_acc(g, run, t, old_req)
+            g.segs.append((run[2], t, kid, run[4], old_req))
+            run[2] = t
+            run[4] = eff
+        d = self.dur[kid][eff] * run[8]
+        if g.xfers:
+            d *= self.slow[kid][eff]
+        run[10] = d
         g.ver += 1
-        self._push(t + max(run[3], 0.0) * self.dur[kid][new_eff], E_KEND, g.idx, g.ver)
+        self._push(t + max(run[3], 0.0) * d, E_KEND, g.idx, g.ver)
+
+    # ------------------------------------------------------------------ power controller
+    def _power_acc(self, g: _Gpu, run, t: float, req: int | None = None) -> None:
+        """Add the running segment's energy above idle since the controller's last tick."""
+        cap_w, kpow, idle = self.power
+        s0 = run[2] if run[2] > g.p_t else g.p_t
+        if t > s0:
+            g.p_acc += (kpow[run[1]][run[4]] - idle[g.req_ci if req is None else req]) * (t - s0)
+
+    def _power_tick(self, g: _Gpu, t: float) -> None:
+        """Every power_period_ms: average the board power over power_window_ms (exponentially) and step
+        the clock ceiling down in proportion to the excess over the limit, or up in proportion to the
+        headroom once under it by more than the hysteresis."""
+        ph = self.phys
+        cap_w, kpow, idle = self.power
+        period = ph.power_period_ms * 1e6
+        if g.run is not None:
+            self._power_acc(g, g.run, t)
+        p = idle[g.req_ci] + g.p_acc / max(t - g.p_t, 1.0)
+        g.p_acc, g.p_t = 0.0, t
+        alpha = min(1.0, ph.power_period_ms / ph.power_window_ms)
+        g.p_avg = g.p_avg + alpha * (p - g.p_avg) if g.p_avg > 0 else p
+        top = len(self.clocks) - 1
+        cap = min(g.cap_ci, top)
+        if g.p_avg > cap_w:
+            cap -= max(1, int(ph.power_gain * (g.p_avg / cap_w - 1.0) * top))
+        elif g.p_avg < cap_w * (1.0 - ph.power_hysteresis):
+            cap += max(1, int(ph.power_gain * (1.0 - g.p_avg / cap_w) * top))
+        cap = min(max(cap, 0), top)
+        if cap != g.cap_ci:
+            g.cap_ci = cap
+            self._rerate_kernel(g, t, g.req_ci)
+            if g.xfers:
+                self._rerate_xfers(g, t)
+        self.p_live -= 1
+        if len(self.heap) > self.p_live:  # something else is still to happen
+            self._push(t + period, E_POWER, g.idx)
+            self.p_live += 1
 
     # ------------------------------------------------------------------ host side
     def _host(self, r: int):
@@ -394,7 +542,11 @@ class Engine:
         heap, cnt, hpush = self.heap, self.cnt, heapq.heappush
         first_ci, issues = self.policy.get(r, (None, []))
         rng = self.rng
-        dlo, dhi = self.phys.clock_delay_ms
+        delay = self.gphys.clock_delay_ns
+        sk = self.phys.noise_kernel * self.noise  # per-launch duration jitter (lognormal sigma)
+        si = self.phys.noise_iteration * self.noise  # iteration-to-iteration variation
+        n_act = len(p.active)
+        ones = [1.0] * n_act
         iter_app = rec.iter_t.append
         events: dict = {}  # event id -> its latest record [done_t, waiters, corr, sid]
         act = p.active
@@ -412,16 +564,21 @@ class Engine:
             ti_l = cs_a.tolist()
             rel_l = (cs_a + rel_fixed + d[idx]).tolist()
             d_l = d[idx].tolist()
+            if sk > 0 or si > 0:
+                z = rng.standard_normal(n_act + 1)
+                jl = np.exp(sk * z[1:] + si * z[0] - 0.5 * (sk * sk + si * si)).tolist()
+            else:
+                jl = ones
             cb, eb = it * p.n_corr, it * p.n_ext
             shift = t
             seg_from, seg_shift, block_end = [0], [shift], {}
-            for (i, c, a, b, ci, ei), ti, rel, di in zip(act, ti_l, rel_l, d_l):
+            for (i, c, a, b, ci, ei), ti, rel, di, jit in zip(act, ti_l, rel_l, d_l, jl):
                 if c == 1:  # LAUNCH
                     rel += shift
                     g.pending += 1
                     if not a.q and not a.busy:
                         hpush(heap, (rel, next(cnt), 2, a, None))  # E_TRY: the stream was idle
-                    a.q.append((0, rel, cb + ci, b, eb + ei))
+                    a.q.append((0, rel, cb + ci, b, eb + ei, jit))
                 elif c == 3:  # RECORD
                     rel += shift
                     er = [None, [], cb + ci, a.sid]
@@ -453,11 +610,11 @@ class Engine:
                     k_it = len(rec.iter_t)
                     iter_app(t_it)
                     if first_ci is not None:  # the applier's very first mark: the first step's clock now
-                        hpush(heap, (t_it + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (first_ci, t_it, -1)))
+                        hpush(heap, (t_it + delay(rng, first_ci), next(cnt), 3, r, (first_ci, t_it, -1)))
                         first_ci = None
-                    for at, ci_ in issues:  # each lands 5-15 ms after it is issued
+                    for at, ci_ in issues:  # each lands after a latency drawn from the physics' distribution
                         issue = t_it + at
-                        hpush(heap, (issue + rng.uniform(dlo, dhi) * 1e6, next(cnt), 3, r, (ci_, issue, k_it)))
+                        hpush(heap, (issue + delay(rng, ci_), next(cnt), 3, r, (ci_, issue, k_it)))
                 else:  # blocking: cudaMemcpy, stream / event / device synchronize
                     t0 = ti + shift
                     ready = t0

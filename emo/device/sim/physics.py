@@ -4,13 +4,20 @@ Everything here is a pure function of the `physics` block of `conf/gpu/<model>.y
 `SimPhysics`) and of kernel work vectors; the simulator looks results up in per kernel x clock
 tables built once with numpy.
 
-Time (per kernel, at SM clock f):
-  - compute (fp32 / fp16-tensor / int8-tensor / fp64 / int / sfu) and on-chip memory (shared+L1, L2)
-    cycles at per-SM (per-GPU for L2) per-cycle rates: t = cycles / f, derated by occupancy;
-  - DRAM: bytes / bandwidth, but the SMs must issue the requests at `dram_issue_bytes_per_cycle`,
-    so at low clocks the memory part becomes clock-bound (smooth maximum of the two);
-  - the parts overlap: a p-norm (smooth maximum) combines them, floored at `min_ns`.
-Power (board, W):
+Time (per kernel, at SM clock f) is the SUM over the kernel's phases (`phases`: a GEMM's main loop
+and its epilogue, attention's softmax between its two matrix products), each phase with its own
+resource mix; the counters report only the kernel's totals, as hardware does. Within a phase:
+  - compute (fp32 / fp16-tensor / int8-tensor / fp64 / int / sfu: they share the issue slots) and
+    shared+L1 cycles at per-SM rates, L2 at a per-GPU rate: t = cycles / f, derated by occupancy;
+  - DRAM: bytes / bandwidth, or the SMs' request issue rate when that is slower (low clocks), or
+    the latency bound of Little's law when the resident warps keep too few bytes in flight (low
+    occupancy: latency = dram_latency_ns + dram_latency_cycles / f, so it slows with the clock);
+  - the resources overlap as a latency-hiding roofline (after Hong & Kim's MWP/CWP analytical
+    model, ISCA 2009): the slowest resource sets the time and the others are exposed by the share of
+    their latency the resident warps cannot hide, t = max + (1 - h(a)) (sum - max), h(a) = h_max
+    a/(a + a_half) at occupancy a; plus a pipeline fill of `phase_fill_cycles` (clock-bound) and
+    `phase_fill_ns` (DRAM latency, clock-free) per phase; the kernel is floored at `min_ns`.
+Power (board, W), per phase, averaged over the kernel by time:
   V(f) flat at volt_min below knee_mhz, then linear to volt_max at the max clock; with v = V/Vmax and
   phi = f/fmax: P = static_w*v + (idle_dyn_w [+ active_dyn_w while a kernel runs]
   + sum_u util_u*unit_w_u)*v^2*phi + dram_w*dram_util.
@@ -18,6 +25,7 @@ Power (board, W):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +66,15 @@ class SimPhysics:
     l2_bytes_per_cycle: float = 5120.0  # whole GPU
     dram_gbps: float = 2039.0
     dram_issue_bytes_per_cycle: float = 4000.0  # whole GPU: how fast the SMs can issue DRAM requests
-    smooth_p: float = 6.0  # p of the p-norm combining the time parts (large = plain max)
+    dram_latency_ns: float = 450.0  # a DRAM request's round trip: the DRAM part (clock independent) ...
+    dram_latency_cycles: float = 0.0  # ... and the SM/L2/crossbar part (SM cycles; see docs)
+    dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
+    hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
+    hide_half: float = 0.05  # occupancy at which half of that is hidden
+    phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
+    phase_fill_ns: float = 800.0  # per phase: first DRAM round trips (clock independent)
+    epilogue_occupancy: float = 0.5  # a GEMM epilogue's occupancy relative to its main loop
+    epilogue_fp32_share: float = 0.6  # share of a GEMM's fp32 work (bias, activation, scaling) in its epilogue
     occupancy_half_compute: float = 0.1  # derate a/(a+k)*(1+k) of compute pipes at occupancy a
     occupancy_half_memory: float = 0.3  # same for memory latency hiding
     # voltage / power
@@ -85,6 +101,8 @@ class SimPhysics:
     comm_spin_w: float = 20.0  # NCCL kernel polling (V^2 f), also while waiting for a peer
     comm_link_w: float = 25.0  # links + DRAM traffic while transferring
     comm_base_ns: float = 8000.0  # fixed NCCL kernel overhead
+    comm_sm_fraction: float = 0.08  # share of the SMs the NCCL channels' CTAs hold while transferring
+    comm_hbm_per_link_byte: float = 2.0  # HBM bytes a collective moves per byte on the link (send + receive/reduce)
     # copies
     pcie_gbps: float = 24.0
     dtod_gbps: float = 900.0
@@ -99,7 +117,23 @@ class SimPhysics:
     comm_op_us: float = 20.0  # record_param_comms / c10d overhead around an NCCL launch
     launch_queue_us: float = 1.0  # from cudaLaunchKernel return to the GPU seeing the kernel
     # control and sensors
-    clock_delay_ms: tuple[float, float] = (5.0, 15.0)
+    clock_delay_ms: tuple[float, float] = (5.0, 15.0)  # 5th-95th percentile of the lognormal body
+    clock_target_slope: float = 0.3  # body x (1 + slope) for a target at the max clock, x 1 at or below the knee
+    clock_tail_prob: float = 0.04  # share of requests that also wait out a driver/firmware stall
+    clock_tail_ms: float = 20.0  # the stall: Pareto with this minimum ...
+    clock_tail_alpha: float = 1.5  # ... and this shape (heavy: finite mean, infinite variance)
+    clock_tail_max_ms: float = 300.0
+    power_period_ms: float = 20.0  # the power controller acts this often ...
+    power_window_ms: float = 40.0  # ... on power averaged (exponentially) over this window
+    power_gain: float = 0.5  # bins stepped per tick = gain x relative excess (or headroom) x number of clocks
+    power_hysteresis: float = 0.03  # steps back up (in proportion to the headroom) once this far under the limit
+    # noise sizes at gpu.noise = 1 (relative standard deviations)
+    noise_kernel: float = 0.01  # per launch: kernel duration jitter (lognormal)
+    noise_iteration: float = 0.005  # per iteration: all of its kernels together
+    noise_energy: float = 0.005  # energy counter: per update increment
+    noise_energy_gain: float = 0.01  # energy counter: per GPU calibration error (constant)
+    noise_power: float = 0.025  # power sensor: per sample (NVML: +-5 % of the reading)
+    noise_power_gain: float = 0.01  # power sensor: per GPU calibration error (constant)
     counter_period_ms: float = 100.0
     sensor_window_ms: float = 25.0
 
@@ -122,8 +156,14 @@ class SimPhysics:
             raise ValueError(f"{where}: {e}") from None
         if not 0 < p.volt_min <= p.volt_max:
             raise ValueError(f"{where}: want 0 < volt_min <= volt_max")
-        if p.sms <= 0 or p.dram_gbps <= 0 or p.smooth_p < 1:
-            raise ValueError(f"{where}: sms, dram_gbps must be > 0 and smooth_p >= 1")
+        if p.sms <= 0 or p.dram_gbps <= 0:
+            raise ValueError(f"{where}: sms, dram_gbps must be > 0")
+        if not 0 <= p.comm_sm_fraction < 1 or not 0 <= p.clock_tail_prob <= 1 or p.clock_tail_alpha <= 0:
+            raise ValueError(f"{where}: want 0 <= comm_sm_fraction < 1, 0 <= clock_tail_prob <= 1, clock_tail_alpha > 0")
+        if p.power_period_ms <= 0 or p.power_window_ms <= 0:
+            raise ValueError(f"{where}: power_period_ms and power_window_ms must be > 0")
+        if not 0 <= p.hide_max < 1 or p.hide_half <= 0:
+            raise ValueError(f"{where}: want 0 <= hide_max < 1 and hide_half > 0")
         return p
 
 
@@ -178,45 +218,102 @@ class GpuPhysics:
         p = self.p
         w = work_matrix(works)
         f_hz = self.clocks[None, :] * 1e6  # [1, C]
-        aw = np.maximum(w["active_warps"], 1e-3)[:, None]
-        occ_c = aw * (1 + p.occupancy_half_compute) / (aw + p.occupancy_half_compute)
-        occ_m = aw * (1 + p.occupancy_half_memory) / (aw + p.occupancy_half_memory)
-        parts, peak = [], {}
-        comp = np.zeros((len(works), self.clocks.size))
-        for wf, rate_f, _ in COMPUTE_UNITS:
-            t_peak = (w[wf][:, None] / (getattr(p, rate_f) * p.sms)) / f_hz * 1e9
-            peak[wf] = t_peak
-            comp = comp + t_peak  # pipelines share the warp schedulers' issue slots
-        parts.append(comp / occ_c)
-        t_sh = ((w["shared_bytes"] + w["l1_bytes"])[:, None] / (p.shared_bytes_per_sm_cycle * p.sms)) / f_hz * 1e9
-        peak["shared"] = t_sh
-        parts.append(t_sh / occ_c)
-        t_l2 = (w["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
-        peak["l2"] = t_l2
-        parts.append(t_l2 / occ_m)
-        dram_bytes = (w["dram_read_bytes"] + w["dram_write_bytes"])[:, None]
-        t_bw = dram_bytes / p.dram_gbps  # ns (GB/s == bytes/ns)
-        t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
-        t_dram = _pnorm([t_bw, t_issue], p.smooth_p) / occ_m
-        peak["dram"] = np.broadcast_to(t_bw, comp.shape)
-        parts.append(t_dram)
-        dur = np.maximum(_pnorm(parts, p.smooth_p), w["min_ns"][:, None])
-        dur = np.maximum(dur, 1.0)
-        util = {k: np.minimum(v / dur, 1.0) for k, v in peak.items()}
-        dyn = np.full_like(dur, p.active_dyn_w)
-        for wf, _, wt in COMPUTE_UNITS:
-            dyn += getattr(p, wt) * util[wf]
-        dyn += p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
-        power = self.idle_power_w()[None, :] + dyn * self.v2f[None, :] + p.dram_w * util["dram"]
+        dur = np.zeros((len(works), self.clocks.size))
+        energy = np.zeros_like(dur)  # dynamic energy above idle, W*ns
+        peak_tot: dict[str, np.ndarray] = {}
+        for share, occ in phases(w, p):
+            t, peak = self._phase(w, share, occ, f_hz)
+            dur += t
+            safe = np.where(t > 0, t, 1.0)
+            util = {k: np.minimum(v / safe, 1.0) for k, v in peak.items()}
+            energy += t * self._dynamic_w(util)
+            for k, v in peak.items():
+                peak_tot[k] = peak_tot.get(k, 0.0) + v
+        floor = np.maximum(w["min_ns"][:, None], 1.0)
+        pad = np.maximum(floor - dur, 0.0)  # a tiny kernel idles out its launch-to-finish floor
+        energy += pad * p.active_dyn_w * self.v2f[None, :]
+        dur = dur + pad
+        util = {k: np.minimum(v / dur, 1.0) for k, v in peak_tot.items()}
+        power = self.idle_power_w()[None, :] + energy / dur
         return KernelTables(self.clocks, dur, power, util)
 
-    def throttle_index(self, power_w: np.ndarray, cap_w: float) -> np.ndarray:
-        """[K, C] index of the clock a kernel really runs at when `C` is requested under a power cap:
-        the highest supported clock <= requested whose power fits (the lowest if none does)."""
-        fits = power_w <= cap_w
-        idx = np.where(fits, np.arange(power_w.shape[1])[None, :], -1)
-        best = np.maximum.accumulate(idx, axis=1)
-        return np.maximum(best, 0).astype(np.int64)
+    def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray):
+        """Time [K, C] of one phase doing share[field] of each kernel's work at occupancy occ, and the
+        time each resource would need at its peak rate (for utilisation and power)."""
+        p = self.p
+        aw = np.maximum(occ, 1e-3)[:, None]
+        occ_c = aw * (1 + p.occupancy_half_compute) / (aw + p.occupancy_half_compute)
+        occ_m = aw * (1 + p.occupancy_half_memory) / (aw + p.occupancy_half_memory)
+        x = {f: w[f] * share.get(f, 1.0) for f in WORK_FIELDS}
+        peak = {}
+        comp = 0.0
+        for wf, rate_f, _ in COMPUTE_UNITS:
+            peak[wf] = (x[wf][:, None] / (getattr(p, rate_f) * p.sms)) / f_hz * 1e9
+            comp = comp + peak[wf]  # pipelines share the warp schedulers' issue slots
+        peak["shared"] = ((x["shared_bytes"] + x["l1_bytes"])[:, None] / (p.shared_bytes_per_sm_cycle * p.sms)) / f_hz * 1e9
+        peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
+        dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
+        t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
+        t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
+        peak["dram"] = t_bw
+        # Little's law: the resident warps keep only so many bytes in flight, each request waits a DRAM
+        # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
+        # and slows with the clock even for memory-bound work
+        in_flight = aw * p.sms * p.max_warps_per_sm * p.dram_bytes_in_flight_per_warp
+        latency = p.dram_latency_ns + p.dram_latency_cycles / f_hz * 1e9
+        t_lat = dram_bytes * latency / in_flight
+        parts = np.stack([comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m,
+                          np.maximum(np.maximum(t_bw, t_issue), t_lat)])
+        top = parts.max(axis=0)
+        hide = p.hide_max * aw / (aw + p.hide_half)
+        t = top + (1.0 - hide) * (parts.sum(axis=0) - top)
+        busy = (dram_bytes[:, 0] + x["l2_bytes"] + x["shared_bytes"] + x["l1_bytes"]
+                + sum(x[wf] for wf, _, _ in COMPUTE_UNITS)) > 0
+        t = t + np.where(busy[:, None], p.phase_fill_cycles / f_hz * 1e9, 0.0)
+        t = t + np.where(dram_bytes > 0, p.phase_fill_ns, 0.0)  # the first DRAM round trips
+        return t, peak
+
+    def _dynamic_w(self, util: dict) -> np.ndarray:
+        """[K, C] power above idle while a phase runs at these utilisations."""
+        p = self.p
+        dyn = np.full_like(util["dram"], p.active_dyn_w)
+        for wf, _, wt in COMPUTE_UNITS:
+            dyn = dyn + getattr(p, wt) * util[wf]
+        dyn = dyn + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
+        return dyn * self.v2f[None, :] + p.dram_w * util["dram"]
+
+    def contention(self, tab: KernelTables) -> tuple[np.ndarray, np.ndarray]:
+        """[K, C] slow-downs while a collective transfers on the same GPU: of the compute kernel (it
+        loses the NCCL channels' SMs on its SM-bound part and HBM bandwidth on its DRAM-bound part),
+        and of the transfer (HBM shared in proportion to demand once kernel + transfer exceed it)."""
+        p = self.p
+        u_c = np.zeros_like(tab.dur_ns)
+        for wf, _, _ in COMPUTE_UNITS:
+            u_c = u_c + tab.util[wf]
+        u_c = np.minimum(np.maximum(u_c, tab.util["shared"]), 1.0)
+        u_d = tab.util["dram"]
+        x = p.comm_hbm_per_link_byte * p.link_gbps / p.dram_gbps
+        f = p.comm_sm_fraction
+        slow = 1.0 + u_c * f / (1.0 - f) + u_d * x
+        cslow = np.maximum(1.0, u_d + x)
+        return slow, cslow
+
+    def clock_delay_ns(self, rng: np.random.Generator, ci: int) -> float:
+        """How long a clock request to clocks[ci] takes to land: a lognormal body (its 5th-95th
+        percentiles `clock_delay_ms`, longer for targets above the voltage knee, where the regulator
+        must settle) plus, for a few requests, a Pareto-tailed stall."""
+        p = self.p
+        lo, hi = p.clock_delay_ms
+        f_to = float(self.clocks[ci])
+        scale = 1.0 + p.clock_target_slope * max(0.0, f_to - p.knee_mhz) / max(self.fmax - p.knee_mhz, 1e-9)
+        if lo > 0 and hi > lo:
+            x = math.sqrt(lo * hi) * math.exp(math.log(hi / lo) / (2 * 1.6449) * float(rng.standard_normal()))
+        else:
+            x = 0.5 * (lo + hi)
+        x *= scale
+        if p.clock_tail_prob > 0 and float(rng.random()) < p.clock_tail_prob:
+            x += min(p.clock_tail_ms * (1.0 + float(rng.pareto(p.clock_tail_alpha))), p.clock_tail_max_ms)
+        return x * 1e6
 
     # ------------------------------------------------------------------ communication
     def collective_ns(self, spec: CollectiveSpec, mhz: float) -> float:
@@ -244,6 +341,58 @@ class GpuPhysics:
         p = self.p
         bw = p.dtod_gbps if kind == "DtoD" else p.pcie_gbps
         return 1500.0 + nbytes / bw
+
+
+def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """A kernel's phases, derived from its work vector by kind: [(share of each work field, occupancy)].
+
+    - matrix products (tensor-core work the largest compute part): a main loop (the tensor work, the
+      operand reads through DRAM/L2/shared, part of the fp32 work) and an epilogue (the output
+      writes, the rest of the fp32 work: bias, activation, scaling) at `epilogue_occupancy`;
+    - attention (tensor-core work and SFU work, i.e. exp): the two matrix products and, between
+      them, the softmax (the SFU work, most fp32 and int work) that they do not overlap;
+    - everything else: one phase.
+    Shares missing from a phase's dict default to the whole field for single-phase kernels and to
+    zero in multi-phase ones (each field's shares over a kernel's phases sum to 1).
+    """
+    tensor = w["fp16_tensor_flop"] / p.fp16_tensor_flop_per_sm_cycle + w["int8_tensor_op"] / p.int8_tensor_op_per_sm_cycle
+    other = (w["fp32_flop"] / p.fp32_flop_per_sm_cycle + w["fp64_flop"] / p.fp64_flop_per_sm_cycle
+             + w["int_op"] / p.int_op_per_sm_cycle + w["sfu_op"] / p.sfu_op_per_sm_cycle)
+    mm = (tensor > 0) & (tensor >= other)
+    attn = (tensor > 0) & (w["sfu_op"] > 0)
+    mm = mm & ~attn
+    one = np.ones_like(tensor)
+    zero = np.zeros_like(tensor)
+    aw = w["active_warps"]
+    single = ~(mm | attn)
+    # fields per phase as [K] shares; a kernel of one kind gets zero shares in the other kinds' phases
+    e32 = p.epilogue_fp32_share
+    wr = w["dram_write_bytes"]
+    rd = w["dram_read_bytes"]
+    l2_wr = np.where(rd + wr > 0, wr / np.maximum(rd + wr, 1e-30), 0.0)
+    out = []
+    s1 = {f: np.where(single, 1.0, 0.0) for f in WORK_FIELDS}
+    out.append((s1, aw))
+    main = {f: zero for f in WORK_FIELDS}
+    main.update(fp16_tensor_flop=one, int8_tensor_op=one, fp32_flop=one * (1 - e32), dram_read_bytes=one,
+                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one * 0.5, fp64_flop=one, sfu_op=one)
+    epi = {f: zero for f in WORK_FIELDS}
+    epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr, int_op=one * 0.5)
+    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, aw))
+    out.append(({f: np.where(mm, v, 0.0) for f, v in epi.items()}, aw * p.epilogue_occupancy))
+    # attention: QK^T (half the tensor work), softmax, PV (the other half and the output)
+    half = one * 0.5
+    qk = {f: zero for f in WORK_FIELDS}
+    qk.update(fp16_tensor_flop=half, int8_tensor_op=half, shared_bytes=half, l1_bytes=half, dram_read_bytes=one,
+              l2_bytes=(1 - l2_wr), fp32_flop=one * 0.1, fp64_flop=one)
+    sm = {f: zero for f in WORK_FIELDS}
+    sm.update(sfu_op=one, fp32_flop=one * 0.8, int_op=one)
+    pv = {f: zero for f in WORK_FIELDS}
+    pv.update(fp16_tensor_flop=half, int8_tensor_op=half, shared_bytes=half, l1_bytes=half, dram_write_bytes=one,
+              l2_bytes=l2_wr, fp32_flop=one * 0.1)
+    for ph in (qk, sm, pv):
+        out.append(({f: np.where(attn, v, 0.0) for f, v in ph.items()}, aw))
+    return out
 
 
 def _pnorm(parts, p: float):
