@@ -273,3 +273,59 @@ def test_optimize_folder_follows_the_calibration():
     assert all(more[s].hash == base[s].hash for s in ("trace", "graph", "pack"))
     over = plan(compose(["optimizer.transition_ms=[5,15]"]))
     assert over["optimize"].hash != base["optimize"].hash and over["calibrate"].hash == base["calibrate"].hash
+
+
+# --------------------------------------------------------------------------- emo calibration
+def _cal_folder(tmp_path, lat):
+    import json
+
+    import pandas as pd
+
+    d = tmp_path / "cal"
+    d.mkdir()
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1410], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
+    (d / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
+                                                    "clocks_mhz": [705, 1410], "benchmarks": 1, "clock_latency_ms": lat}))
+    return d
+
+
+def test_exported_calibration_carries_the_latency_and_its_hash_covers_it(tmp_path):
+    import json
+    import zipfile
+
+    from emo.calibration import describe, export_calibration, import_calibration, read_calibration
+
+    lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
+    m = export_calibration(_cal_folder(tmp_path, lat), tmp_path / "a.emocal")
+    got = import_calibration(tmp_path / "a.emocal", tmp_path / "dst", "a100")
+    assert json.loads((tmp_path / "dst/calibration.json").read_text())["clock_latency_ms"] == lat == got["clock_latency_ms"]
+    assert "clock-request latency over 3 steps" in describe(got) and "p99 29.5" in describe(got)
+    with zipfile.ZipFile(tmp_path / "a.emocal") as z:
+        manifest, data = json.loads(z.read("manifest.json")), z.read("bench.parquet")
+    manifest["clock_latency_ms"]["p90"] = 1.0  # a faster GPU than measured
+    with zipfile.ZipFile(tmp_path / "b.emocal", "w") as z:
+        z.writestr("manifest.json", json.dumps(manifest))
+        z.writestr("bench.parquet", data)
+    with pytest.raises(ValueError, match="does not match its manifest's hash"):
+        read_calibration(tmp_path / "b.emocal")
+    (tmp_path / "x").mkdir()
+    unmeasured = export_calibration(_cal_folder(tmp_path / "x", None), tmp_path / "c.emocal")
+    assert unmeasured["id"] != m["id"]  # the same benchmarks without the latency: another calibration
+
+
+def test_calibration_show_prints_the_latency(tmp_path, capsys):
+    import json
+
+    from emo.calibration import describe
+    from emo.cli import main
+
+    lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
+    folder = plan(compose([f"results={tmp_path}"]))["calibrate"].dir
+    folder.mkdir(parents=True)
+    (folder / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
+                                                         "clocks_mhz": [705, 1410], "benchmarks": 1,
+                                                         "clock_latency_ms": lat}))
+    assert main(["calibration", "show", f"results={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA A100" in out and "p10 5.4, p50 7.0, p90 25.4, p99 29.5, mean 14.0 ms" in out
+    assert "no clock-request latency measurement" in describe({"gpu": "a100"})
