@@ -95,7 +95,7 @@ def import_calibration(path: Path, folder: Path, gpu_name: str) -> dict:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibration", help="export or import a calibration (one file per GPU model)",
+    p = subparsers.add_parser("calibration", help="show, export or import a calibration (one file per GPU model)",
                               description=__doc__)
     sub = p.add_subparsers(dest="calibration_command", required=True)
     s = sub.add_parser("show", help="what this configuration's calibration holds (clock-request latency included)")
