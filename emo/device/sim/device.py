@@ -103,6 +103,20 @@ class SimDevice:
         c = np.asarray(self.clocks)
         return int(np.argmin(np.abs(c - float(mhz))))
 
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """Per (from, to): lock `from` until it has landed, lock `to`, and the ms until a clock read
+        every poll_ms would show it (the landing delay rounded up to the poll grid), on GPU 0.
+        Interim: the virtual GPU's own implementation (defined later in this class) supersedes it."""
+        if not poll_ms > 0:
+            raise ValueError(f"clock latency: poll_ms must be > 0 (got {poll_ms})")
+        out = []
+        for a, b in pairs:
+            self._lock_all(self.clock_index(a), gpus=1)
+            t0 = self.now
+            self._lock_all(self.clock_index(b), gpus=1)
+            out.append(math.ceil((self.now - t0) / (poll_ms * 1e6) - 1e-9) * poll_ms)
+        return out
+
     def set_policy(self, policy: FrequencyPolicy | None) -> None:
         if policy is not None and policy.gpu and policy.gpu != self.name:
             raise ValueError(f"policy is for GPU {policy.gpu!r}, this device is {self.name!r}")
@@ -382,18 +396,3 @@ class SimDevice:
 
     def __repr__(self) -> str:
         return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
-
-
-    # ------------------------------------------------------------------ protocol: clock-request latency
-    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
-        """Per (from, to): lock `from` until it has landed, lock `to`, and the ms until a clock read
-        every poll_ms would show it (the landing delay rounded up to the poll grid), on GPU 0."""
-        if not poll_ms > 0:
-            raise ValueError(f"clock latency: poll_ms must be > 0 (got {poll_ms})")
-        out = []
-        for a, b in pairs:
-            self._lock_all(self.clock_index(a), gpus=1)
-            t0 = self.now
-            self._lock_all(self.clock_index(b), gpus=1)
-            out.append(math.ceil((self.now - t0) / (poll_ms * 1e6) - 1e-9) * poll_ms)
-        return out
