@@ -396,3 +396,4 @@ class SimDevice:
 
     def __repr__(self) -> str:
         return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
+
