@@ -1,12 +1,14 @@
-"""`emo calibration export|import`: a calibration as a file a team shares per GPU model.
+"""`emo calibration show|export|import`: a calibration as a file a team shares per GPU model.
 
+    emo calibration show [overrides...]                         # what this configuration's calibration holds
     emo calibration export [overrides...] --out a100.emocal     # the calibrate stage's result
     emo calibration import a100.emocal [overrides...]           # install it for this configuration
 
 The file is a zip of bench.parquet and manifest.json: the GPU model and driver that measured it,
-its clocks and benchmarks, and the sha256 of bench.parquet. Its id (printed, and in the manifest)
-is a hash of the GPU model, the driver and that content, so two files with the same id hold the
-same measurements of the same GPU. Import checks the content against the hash and the GPU model
+its clocks and benchmarks, the measured clock-request latency distribution (`clock_latency_ms`), and
+the sha256 of bench.parquet. Its id (printed, and in the manifest) is a hash of the GPU model, the
+driver, that content and the latency measurement, so two files with the same id hold the same
+measurements of the same GPU (a file from before EMO measured the latency keeps its id). Import checks the content against the hash and the GPU model
 against the configuration's, then writes it where the calibrate stage of this configuration would,
 so the pipeline reuses it instead of measuring (about 35-40 minutes on an A100 at every clock).
 """
@@ -22,8 +24,25 @@ MANIFEST = "manifest.json"
 BENCH = "bench.parquet"
 
 
-def calibration_id(gpu_model: str, driver: str, bench_sha256: str) -> str:
-    return hashlib.sha256(f"{gpu_model}\n{driver}\n{bench_sha256}".encode()).hexdigest()[:16]
+def calibration_id(gpu_model: str, driver: str, bench_sha256: str, clock_latency: dict | None = None) -> str:
+    key = f"{gpu_model}\n{driver}\n{bench_sha256}"
+    if clock_latency is not None:
+        key += "\n" + json.dumps(clock_latency, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def describe(meta: dict) -> str:
+    """What a calibration holds, in two lines: the GPU and its sweep, then the clock-request latency."""
+    from emo.model.calibration import latency_line
+
+    clocks = meta.get("clocks_mhz") or []
+    head = (f"{meta.get('gpu_model', 'unknown')} (gpu={meta.get('gpu', 'unknown')}, driver {meta.get('driver', 'unknown')}): "
+            f"{meta.get('benchmarks', '?')} benchmarks at {len(clocks)} clocks"
+            + (f" ({clocks[0]}-{clocks[-1]} MHz)" if clocks else ""))
+    lat = meta.get("clock_latency_ms")
+    tail = latency_line(lat) if lat else ("no clock-request latency measurement (made before EMO measured it, or on a "
+                                          "device that cannot): optimize needs optimizer.transition_ms=[min,max]")
+    return f"{head}\n{tail}"
 
 
 def export_calibration(folder: Path, out: Path) -> dict:
@@ -34,7 +53,8 @@ def export_calibration(folder: Path, out: Path) -> dict:
     meta = json.loads(info.read_text()) if info.is_file() else {"gpu": "unknown", "gpu_model": "unknown", "driver": "unknown"}
     data = bench.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    manifest = {**meta, "bench_sha256": sha, "id": calibration_id(meta["gpu_model"], meta["driver"], sha)}
+    manifest = {**meta, "bench_sha256": sha,
+                "id": calibration_id(meta["gpu_model"], meta["driver"], sha, meta.get("clock_latency_ms"))}
     from emo.io import atomic_path
 
     with atomic_path(out) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -55,7 +75,7 @@ def read_calibration(path: Path) -> tuple[dict, bytes]:
         raise ValueError(f"{path}: not an EMO calibration (want a zip with {MANIFEST} and {BENCH})") from None
     sha = hashlib.sha256(data).hexdigest()
     if sha != manifest.get("bench_sha256") or manifest.get("id") != calibration_id(
-            manifest.get("gpu_model", ""), manifest.get("driver", ""), sha):
+            manifest.get("gpu_model", ""), manifest.get("driver", ""), sha, manifest.get("clock_latency_ms")):
         raise ValueError(f"{path}: content does not match its manifest's hash (corrupted or edited)")
     return manifest, data
 
@@ -75,9 +95,12 @@ def import_calibration(path: Path, folder: Path, gpu_name: str) -> dict:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibration", help="export or import a calibration (one file per GPU model)",
+    p = subparsers.add_parser("calibration", help="show, export or import a calibration (one file per GPU model)",
                               description=__doc__)
     sub = p.add_subparsers(dest="calibration_command", required=True)
+    s = sub.add_parser("show", help="what this configuration's calibration holds (clock-request latency included)")
+    s.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run (e.g. gpu=h100)")
+    s.set_defaults(func=_cmd_show)
     e = sub.add_parser("export", help="pack this configuration's calibration into a file")
     e.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run (e.g. gpu=h100)")
     e.add_argument("--out", required=True, help="file to write")
@@ -95,15 +118,24 @@ def _folder(overrides: list[str]) -> tuple[Path, dict]:
     return plan(cfg)["calibrate"].dir, cfg
 
 
+def _cmd_show(args) -> int:
+    folder, _ = _folder(args.overrides)
+    info = folder / "calibration.json"
+    if not info.is_file():
+        raise FileNotFoundError(f"{info}: no calibration here (run the calibrate stage first: emo run)")
+    print(f"{folder}: {describe(json.loads(info.read_text()))}")
+    return 0
+
+
 def _cmd_export(args) -> int:
     folder, _ = _folder(args.overrides)
     m = export_calibration(folder, Path(args.out))
-    print(f"wrote {args.out}: calibration {m['id']} of {m['gpu_model']} (driver {m['driver']})")
+    print(f"wrote {args.out}: calibration {m['id']} of {describe(m)}")
     return 0
 
 
 def _cmd_import(args) -> int:
     folder, cfg = _folder(args.overrides)
     m = import_calibration(Path(args.file), folder, cfg["gpu"]["name"])
-    print(f"installed calibration {m['id']} of {m['gpu_model']} (driver {m['driver']}) in {folder}", file=sys.stdout)
+    print(f"installed calibration {m['id']} in {folder}: {describe(m)}", file=sys.stdout)
     return 0

@@ -18,7 +18,7 @@ COMMANDS = {
     "compare": ("emo.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
     "model": ("emo.model_cli", "the energy-latency model on tables from any source"),
     "gpu-config": ("emo.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
-    "calibration": ("emo.calibration", "export or import a calibration (one file per GPU model)"),
+    "calibration": ("emo.calibration", "show, export or import a calibration (one file per GPU model)"),
     "ui": ("emo.ui", "MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)"),
 }
 

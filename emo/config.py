@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -38,7 +38,9 @@ def one_of(*values) -> dict:
 NON_EMPTY = {"allowed": (lambda v: len(v) > 0, "non-empty")}
 CLOCKS = {"allowed": (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v)),
                       "an ascending list of clocks > 0 (MHz); empty only on NVML, which reports them")}
-LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)")}
+LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)"),
+                 "nullable": True}  # null: what the calibration measured
+PERCENTILES = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1] <= 100, "[lo, hi] with 0 <= lo <= hi <= 100")}
 
 
 # --------------------------------------------------------------------------- GPU models
@@ -160,6 +162,10 @@ class ModelConfig:
     clocks_stride: int = field(default=1, metadata=at_least(1))  # calibrate every n-th supported clock (1 = all)
     min_seconds: float = field(default=0.3, metadata=above(0))  # each measurement spans at least this much counter time
     repeats: int = field(default=2, metadata=at_least(1))
+    # clock-request latency: this many (from, to) clock steps, up and down, of several sizes, each timed
+    # by clock reads every clock_poll_ms (what the optimizer plans with: OptimizerConfig.transition_ms)
+    clock_latency_steps: int = field(default=48, metadata=at_least(1))
+    clock_poll_ms: float = field(default=0.5, metadata=above(0))
 
 
 @dataclass
@@ -195,7 +201,10 @@ class OptimizerConfig:
     budget_step_ms: float = field(default=1.0, metadata=above(0))
     min_clock_fraction: float = field(default=0.5, metadata=between(0, 1))
     min_interval_ms: float = field(default=10.0, metadata=at_least(0))  # ε: the least time between two clock changes of a GPU
-    transition_ms: list[float] = field(default_factory=lambda: [5.0, 15.0], metadata=LATENCY_RANGE)  # a clock request lands after [min, max]
+    # a clock request lands [min, max] ms after it is issued: by default the calibration's measured
+    # distribution, its transition_percentiles (p10-p90); a [min, max] here overrides the measurement
+    transition_ms: Optional[list[float]] = field(default=None, metadata=LATENCY_RANGE)
+    transition_percentiles: list[float] = field(default_factory=lambda: [10.0, 90.0], metadata=PERCENTILES)
     budget_solves: int = field(default=6, metadata=at_least(1))  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
     predictor_evaluations: int = field(default=400, metadata=at_least(0))  # emo: candidate policies the predictor judges in its local search
     perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus: one clock per "pass" (as in Perseus) or per "pack"
@@ -307,7 +316,9 @@ def _check_node(schema: type, node: dict, prefix: str) -> None:
         value, key = node[f.name], prefix + f.name
         if "allowed" in f.metadata:
             test, text = f.metadata["allowed"]
-            if value is None or not test(value):
+            if value is None and f.metadata.get("nullable"):
+                pass
+            elif value is None or not test(value):
                 _bad(key, text, value)
         sub = WORKLOADS.get(value.get("kind")) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
         if isinstance(value, dict) and dataclasses.is_dataclass(sub):

@@ -7,6 +7,7 @@ locked clocks, power limits and an energy counter, and records every call in `ca
 from __future__ import annotations
 
 import json
+import time
 import types
 
 import pynvml as _real
@@ -17,7 +18,8 @@ GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}
 
 class FakeNVML(types.ModuleType):
     def __init__(self, gpus: int = 2, *, permission: bool = True, lock_supported: bool = True,
-                 init_error: int | None = None, log_path: str | None = None):
+                 init_error: int | None = None, log_path: str | None = None,
+                 clock_delay_ms=0.0, now=None):
         super().__init__("pynvml")
         for k in dir(_real):
             if k.startswith("NVML_") or k.startswith("NVMLError"):
@@ -29,6 +31,11 @@ class FakeNVML(types.ModuleType):
         self.limit_mw = {i: 400_000 for i in range(gpus)}
         self.energy_mj = {i: 1_000_000 for i in range(gpus)}
         self.samples: dict[int, list[tuple[float, int]]] = {}  # sampling type -> [(timestamp us, %)]
+        # a locked SM clock shows in reads clock_delay_ms (a number, or f(from, to)) after the request,
+        # on the clock `now()` (seconds; default the wall clock)
+        self.clock_delay_ms, self.now = clock_delay_ms, now or time.perf_counter
+        self.sm_clock = {i: max(GRAPHICS[MEM_CLOCKS[0]]) for i in range(gpus)}
+        self.landing: dict[int, tuple[int, float]] = {}  # GPU -> (clock, when it shows)
 
     def _log(self, *call) -> None:
         self.calls.append(call)
@@ -85,8 +92,17 @@ class FakeNVML(types.ModuleType):
         return "580.65.06"
 
     def nvmlDeviceGetClockInfo(self, h, clock_type):
-        locked = self.locked[h[1]]
-        return locked[1] if locked and clock_type == _real.NVML_CLOCK_SM else max(GRAPHICS[MEM_CLOCKS[0]])
+        if clock_type != _real.NVML_CLOCK_SM:
+            return max(GRAPHICS[MEM_CLOCKS[0]])
+        i = h[1]
+        if i in self.landing and self.now() >= self.landing[i][1]:
+            self.sm_clock[i] = self.landing.pop(i)[0]
+        return self.sm_clock[i]
+
+    def _request(self, i: int, mhz: int) -> None:
+        d = self.clock_delay_ms
+        delay = d(self.sm_clock[i], mhz) if callable(d) else d
+        self.landing[i] = (mhz, self.now() + delay * 1e-3)
 
     def nvmlDeviceGetSamples(self, h, kind, since_us):
         # (timestamp us, value %): memory utilisation 40 % then 80 %, GPU utilisation 90 %
@@ -105,11 +121,13 @@ class FakeNVML(types.ModuleType):
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         self._log("lock", h[1], lo, hi)
         self.locked[h[1]] = (lo, hi)
+        self._request(h[1], hi)
 
     def nvmlDeviceResetGpuLockedClocks(self, h):
         self._privileged()
         self._log("reset", h[1])
         self.locked[h[1]] = None
+        self._request(h[1], max(GRAPHICS[MEM_CLOCKS[0]]))
 
     def nvmlDeviceSetPowerManagementLimit(self, h, mw):
         self._privileged()

@@ -12,6 +12,7 @@ import pytest
 from emo.graph.whatif import ROUNDING_TOLERANCE_NS
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
+from emo.stages.optimize import clock_latency
 from emo.optimize.pipeline.tables import MAX_TIME_TOLERANCE, Timing, iteration_noise_ns, time_tolerance_ns
 from emo.graph.whatif import TOLERANCE_NS
 from emo.plan import compose
@@ -65,7 +66,8 @@ def offload(tmp_path_factory, run_stage):
 def test_offload_saves_energy_at_budget_zero(offload, method):
     t = load_pack_tables(offload / "pack", offload / "fit")
     opt = compose([f"optimizer={method}"])["optimizer"]
-    policy, summary = solve(t, opt, 0.0, gpu="a100")
+    measured = clock_latency(offload / "calibrate/calibration.json")
+    policy, summary = solve(t, opt, 0.0, gpu="a100", clock_latency=measured)
     s = summary[method]
     base, pred = predict(t), predict(t, policy, transition_ms=10.0)
     assert summary["budget"] == 0.0 and policy.budget == 0.0 and s["time_tolerance_ms"] > 0
@@ -85,7 +87,8 @@ def test_offload_saves_energy_at_budget_zero(offload, method):
 def test_offload_budget_zero_measured(offload, tmp_path, run_stage):
     _stage = run_stage
     cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0"])
-    m = _stage("optimize", cfg, {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet"},
+    m = _stage("optimize", cfg, {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet",
+              "calibration": offload / "calibrate/calibration.json"},
                tmp_path / "optimize")
     assert m["predicted_es_pct"] > 5
     v = _stage("validate", cfg, {"policy": tmp_path / "optimize/policy.json"}, tmp_path / "validate")
@@ -101,7 +104,8 @@ def test_optimize_is_byte_identical_on_an_idle_and_a_loaded_machine(offload, tmp
     import sys
 
     cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0.02"])
-    inputs = {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet"}
+    inputs = {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet",
+              "calibration": offload / "calibrate/calibration.json"}
     run_stage("optimize", cfg, inputs, tmp_path / "idle")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
     try:

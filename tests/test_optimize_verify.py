@@ -82,7 +82,7 @@ def test_a_pick_late_on_the_wall_clock_is_repaired():
 
 def test_solve_at_budget_zero_keeps_the_predicted_time():
     t = _tables()
-    opt = {**compose([])["optimizer"], "change_points": "grid"}
+    opt = {**compose([])["optimizer"], "change_points": "grid", "transition_ms": [LATS[0], LATS[-1]]}  # as the test assumes
     policy, summary = solve(t, opt, 0.0, gpu="a100")
     base = predict(t, None)
     assert predict(t, policy, transition_ms=10.0).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000

@@ -45,7 +45,8 @@ def _pipeline(run_stage, d, src, tag, extra=()):
                                       "iterations": o / "pack/iterations.parquet"}, o / "fit")
     m["optimize"] = run_stage("optimize", cfg, {"packs": o / "pack/packs.parquet", "nodes": o / "pack/nodes.parquet",
                                                 "edges": o / "pack/edges.parquet", "iterations": o / "pack/iterations.parquet",
-                                                "model": o / "fit/model.parquet"}, o / "optimize")
+                                                "model": o / "fit/model.parquet",
+                                                "calibration": d / "calibrate/calibration.json"}, o / "optimize")
     m["validate"] = run_stage("validate", cfg, {"policy": o / "optimize/policy.json"}, o / "validate")
     return o, m
 

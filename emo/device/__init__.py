@@ -84,6 +84,12 @@ class Device(Protocol):
     def time_s(self) -> float:
         """The device's notion of now, in seconds."""
 
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """How long clock requests take to land, one number per (from, to) pair of supported SM clocks:
+        lock `from` and wait until it has landed, then lock `to`; the milliseconds from that request
+        until a clock read, taken every `poll_ms`, first shows `to` (resolved to `poll_ms`). The GPU
+        is left locked at the last `to`; close() restores it."""
+
     def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
         """Run a named microbenchmark (microbench/registry) at a locked clock, long enough for the
         energy counter to resolve it; time and energy are per single launch of the benchmark."""

@@ -418,6 +418,39 @@ class NvmlDevice:
             else:
                 self.controller.set_power_limit(i, watts)
 
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """Per (from, to) pair, on the first visible GPU: lock `from` and wait until NVML reads it, then
+        lock `to` and time (perf_counter, from just before the request) until a read of the SM clock
+        (nvmlDeviceGetClockInfo, one every poll_ms) shows it: what the runtime applier's requests
+        take to land. Measured on an otherwise idle GPU; a clock that has not landed after
+        LANDING_POLLS reads is an error (power or thermal capping, or another process's lock)."""
+        if not poll_ms > 0:
+            raise ValueError(f"clock latency: poll_ms must be > 0 (got {poll_ms})")
+        out = []
+        for a, b in pairs:
+            self._clock_lands_ms(int(a), poll_ms)
+            out.append(self._clock_lands_ms(int(b), poll_ms))
+        return out
+
+    def _clock_lands_ms(self, mhz: int, poll_ms: float) -> float:
+        """Lock `mhz` and poll until the SM clock reads it: the ms from the request to that read."""
+        h, what = self._handles[0], f"SM clock of GPU {self.indices[0]}"
+        t0 = time.perf_counter()
+        self.lock_clock(0, mhz)
+        seen = None
+        for k in range(LANDING_POLLS):
+            try:
+                seen = int(self.nvml.nvmlDeviceGetClockInfo(h, self.nvml.NVML_CLOCK_SM))
+            except self.nvml.NVMLError as e:
+                raise explain(self.nvml, e, f"reading the {what}") from e
+            now = time.perf_counter()
+            if seen == mhz:
+                return (now - t0) * 1e3
+            time.sleep(max(0.0, t0 + (k + 1) * poll_ms * 1e-3 - now))  # the next read on the poll grid
+        raise GpuAccessError(f"the {what} did not reach {mhz} MHz within {LANDING_POLLS} reads "
+                             f"{poll_ms:g} ms apart (it reads {seen} MHz: power or thermal capping, "
+                             "or another process holding a clock lock?)")
+
     def close(self) -> None:
         """Restore default clocks and power limits of every GPU this process changed."""
         failures = _GUARD.restore_all()
@@ -535,6 +568,10 @@ class NvmlDevice:
         result = capture.run_capture(spec, out, policy=policy_file)
         self._last_run_us = (t0, time.time() * 1e6)
         return capture.run_result(result, out)
+
+
+# clock_step_latencies_ms: reads of the SM clock before a locked clock that has not shown up is an error
+LANDING_POLLS = 5000
 
 
 def loops_for(per_launch_s: float, min_seconds: float) -> int:

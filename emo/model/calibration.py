@@ -187,3 +187,29 @@ def running_power_w(tables: BenchTables, p_idle: np.ndarray, min_time_ratio: flo
     de, dt = np.asarray(d_e), np.asarray(d_t)
     slope = (de * dt).sum(axis=0) / (dt * dt).sum(axis=0)
     return np.maximum(slope, p_idle)
+
+
+# --------------------------------------------------------------------------- clock-request latency
+LATENCY_QUANTILES = (10, 50, 90, 99)
+
+
+def latency_summary(samples_ms: Sequence[float], pairs: Sequence[tuple[int, int]], poll_ms: float) -> dict:
+    """The measured clock-request latency distribution as calibration.json stores it: quantiles
+    p10/p50/p90/p99 (numpy's linear interpolation), mean, count, and every sample with its
+    (from, to) clock pair; each sample is resolved to the clock-read period poll_ms."""
+    x = np.asarray(samples_ms, dtype=np.float64)
+    if len(x) == 0 or len(x) != len(pairs):
+        raise ValueError(f"clock latency: {len(x)} samples for {len(pairs)} clock steps")
+    if not np.all(np.isfinite(x) & (x >= 0)):
+        raise ValueError("clock latency: samples must be finite and >= 0 ms")
+    q = np.percentile(x, LATENCY_QUANTILES)
+    return {**{f"p{k}": round(float(v), 4) for k, v in zip(LATENCY_QUANTILES, q)},
+            "mean": round(float(x.mean()), 4), "n": int(len(x)), "poll_ms": float(poll_ms),
+            "samples": [round(float(v), 4) for v in x], "pairs": [[int(a), int(b)] for a, b in pairs]}
+
+
+def latency_line(lat: dict) -> str:
+    """The distribution in one line (logs, `emo calibration`)."""
+    return (f"clock-request latency over {lat['n']} steps (reads every {lat['poll_ms']:g} ms): "
+            f"p10 {lat['p10']:.1f}, p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
+            f"mean {lat['mean']:.1f} ms")

@@ -35,7 +35,7 @@ STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pack": (("packing",), ("trace", "graph")),
     "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack")),
     "fit": (("gpu",), ("calibrate", "trace", "pack", "profile")),
-    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit")),
+    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit", "calibrate")),  # calibrate: the clock latency
     "validate": (("gpu", "workload", "optimizer", "budget", "validate"), ("optimize",)),
 }
 

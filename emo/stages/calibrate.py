@@ -10,6 +10,12 @@ Before it starts, the stage logs what it will cost (measurements x their minimum
 minutes); while it runs, a progress bar with an ETA (emo.progress). `calibration.json` beside
 bench.parquet says which GPU model and driver measured it (what `emo calibration export` packs).
 A clock subset (`model.clocks_stride` > 1) is interpolated to every supported clock by the fit.
+
+It also measures how long a clock request takes to land (Device.clock_step_latencies_ms) over
+`model.clock_latency_steps` steps up and down of several sizes (clock_steps), reading the clock every
+`model.clock_poll_ms`, and stores the distribution in calibration.json (`clock_latency_ms`:
+emo.model.calibration.latency_summary); the optimizer plans with it. A device that cannot measure it
+stores null and says so; optimize then asks for optimizer.transition_ms.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from emo.device import COUNTERS, ProfileResult, ProfilingUnavailable
 from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.microbench import benchmark_names
+from emo.model.calibration import latency_line, latency_summary
 from emo.progress import Progress
 
 log = logging.getLogger("emo")
@@ -87,6 +94,45 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
                    "counters": "none" if missing else "device", **ident}
 
 
+def clock_steps(clocks: list[int], default_mhz: int, n: int) -> list[tuple[int, int]]:
+    """`n` (from, to) clock steps over the clocks up to the default: alternately up and down, of sizes
+    1, 2, 4, ... clock steps and the whole range, each size at positions spread evenly over the range
+    (a round covers every size both ways; rounds shift the positions)."""
+    cs = sorted(c for c in clocks if c <= default_mhz)
+    if len(cs) < 2:
+        raise ValueError(f"clock latency: want >= 2 supported clocks up to {default_mhz} MHz, got {cs}")
+    top = len(cs) - 1
+    sizes = sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
+    per_round = 2 * len(sizes)
+    rounds = -(-n // per_round)
+    out = []
+    for i in range(n):
+        r, k = divmod(i, per_round)
+        size = sizes[k // 2]
+        lo = round((top - size) * (r + 0.5) / rounds)
+        a, b = cs[lo], cs[lo + size]
+        out.append((a, b) if k % 2 == 0 else (b, a))
+    return out
+
+
+def measure_clock_latency(open_dev, steps: int, poll_ms: float) -> dict | None:
+    """The clock-request latency distribution (latency_summary) on a freshly opened device; None,
+    said in one line, when the device cannot measure it."""
+    device = open_dev()
+    try:
+        measure = getattr(device, "clock_step_latencies_ms", None)
+        if measure is None:
+            log.warning("calibrate: %s cannot time clock requests (no clock_step_latencies_ms): no latency "
+                        "measurement; optimize will need optimizer.transition_ms", type(device).__name__)
+            return None
+        pairs = clock_steps(device.supported_clocks(), device.default_clock(), steps)
+        lat = latency_summary(measure(pairs, poll_ms), pairs, poll_ms)
+    finally:
+        device.close()
+    log.info("calibrate: %s", latency_line(lat))
+    return lat
+
+
 def device_identity(device) -> dict:
     """Which GPU model and driver a calibration comes from (NVML's names; the virtual GPU says so)."""
     model = getattr(device, "model", None) or getattr(getattr(device, "phys", None), "device_name", device.name)
@@ -98,9 +144,14 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     m = cfg["model"]
     bench, metrics = calibrate(lambda: open_device(cfg["gpu"]), benchmark_names(), float(m["min_seconds"]),
                                int(m["repeats"]), int(m["clocks_stride"]))
+    lat = measure_clock_latency(lambda: open_device(cfg["gpu"]), int(m["clock_latency_steps"]),
+                                float(m["clock_poll_ms"]))
     write_parquet(out / "bench.parquet", bench)
     write_json(out / "calibration.json", {
         "gpu": metrics["gpu"], "gpu_model": metrics["gpu_model"], "driver": metrics["driver"],
         "clocks_mhz": sorted(int(c) for c in bench["sm_mhz"].unique()), "benchmarks": metrics["benchmarks"],
-        "bench_sha256": hashlib.sha256((out / "bench.parquet").read_bytes()).hexdigest()})
+        "bench_sha256": hashlib.sha256((out / "bench.parquet").read_bytes()).hexdigest(),
+        "clock_latency_ms": lat})
+    if lat is not None:
+        metrics.update({f"clock_latency_{k}_ms": lat[k] for k in ("p10", "p50", "p90", "p99", "mean")})
     return metrics

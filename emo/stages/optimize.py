@@ -3,22 +3,46 @@ and the fitted model; its predicted time and energy (and the max-clock baseline'
 model's prediction API, with clock transitions as the hardware applies them.
 
 Offline methods only: emo (the DP), static (one clock), perseus (lowtime, pass- or pack-level).
-zeus and geepafs tune online inside validate; for them optimize writes nothing to apply."""
+zeus and geepafs tune online inside validate; for them optimize writes nothing to apply.
+
+The clock-request latency it plans with is the calibration's measurement (calibrate's
+calibration.json, `clock_latency_ms`; check.planning_latencies), unless optimizer.transition_ms
+overrides it; the stage logs which."""
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 from emo.io import write_json
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
-from emo.optimize.pipeline.check import expected, latencies
+from emo.optimize.pipeline.check import expected, planning_latencies
+
+log = logging.getLogger("emo")
+
+
+def clock_latency(path: Path | None) -> dict | None:
+    """The measured clock-request latency in a calibrate folder's calibration.json (None when the
+    file or the measurement is missing: a calibration from before EMO measured it)."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text()).get("clock_latency_ms")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     opt = cfg["optimizer"]
+    where = inputs.get("calibration", "calibration")
+    measured = clock_latency(inputs.get("calibration"))
+    lats, source = planning_latencies(opt, measured, where=str(where))  # before any work: one line if missing
+    log.info("optimize: planning with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
+             lats[0], lats[2], lats[1], source)
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
-    policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"])
-    base, pred = predict(tables, None), expected(tables, policy, latencies(opt["transition_ms"]))
+    policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured)
+    base, pred = predict(tables, None), expected(tables, policy, lats)
     policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})
     policy.save(out / "policy.json")

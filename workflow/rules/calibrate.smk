@@ -1,6 +1,7 @@
 rule calibrate:
     output:
         bench=out("calibrate", "bench.parquet"),
+        calibration=out("calibrate", "calibration.json"),
         config=out("calibrate", "config.json"),
     params:
         emo=params("calibrate"),

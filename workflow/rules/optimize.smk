@@ -7,6 +7,7 @@ rule optimize:
         edges=up("optimize", "pack", "edges.parquet"),
         iterations=up("optimize", "pack", "iterations.parquet"),
         model=up("optimize", "fit", "model.parquet"),
+        calibration=up("optimize", "calibrate", "calibration.json"),  # the measured clock-request latency
     output:
         policy=out("optimize", "policy.json"),
         summary=out("optimize", "summary.json"),

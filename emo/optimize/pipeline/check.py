@@ -67,15 +67,42 @@ def deadline_ns(base, budget: float) -> float:
 
 
 def latencies(transition_ms) -> tuple[float, float, float]:
-    """(min, mean, max) of the configured clock-request latency range [min, max]: the latencies
-    every check covers, the mean being the one the stage reports."""
+    """(min, mean, max) of a clock-request latency range [min, max]: the latencies every check
+    covers, the mean being the one the stage reports."""
     lo, hi = float(transition_ms[0]), float(transition_ms[-1])
     return lo, 0.5 * (lo + hi), hi
 
 
+def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration") -> tuple[tuple[float, float, float], str]:
+    """((min, mean, max), where they come from): the clock-request latencies the optimizer plans with.
+
+    optimizer.transition_ms, when set, overrides (its midpoint as the mean). Otherwise the
+    calibration's measured distribution (emo.model.calibration.latency_summary): min and max are its
+    optimizer.transition_percentiles (p10 and p90 by default), the mean its sample mean (clipped to
+    that range). [min, max] is what a request is planned to land within: schedule.build_policy issues
+    every step max ahead and delays down-steps by max - min, and check.worst_case holds the budget at
+    both ends; a request outside it lands late (or early) only by its distance from the end, so the
+    outer tails cost little time, where planning for them would drop every short slower window. No
+    measurement and no override: a ValueError that names what to run."""
+    if opt.get("transition_ms") is not None:
+        return latencies(opt["transition_ms"]), "optimizer.transition_ms"
+    samples = (measured or {}).get("samples") or []
+    if not samples:
+        raise ValueError(f"{where}: no clock-request latency measurement (a calibration from before EMO measured "
+                         "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
+                         "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)")
+    a, b = (float(x) for x in opt.get("transition_percentiles", (10.0, 90.0)))
+    lo, hi = (float(v) for v in np.percentile(np.asarray(samples, dtype=np.float64), [a, b]))
+    mean = min(max(float(np.mean(samples)), lo), hi)
+    return (lo, mean, hi), f"measured p{a:g}-p{b:g} of {len(samples)} clock steps"
+
+
 def expected(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):
-    """The prediction of `policy` at the mean configured latency (what the stage reports)."""
-    return predict(tables, policy, transition_ms=0.5 * (min(transitions_ms) + max(transitions_ms)))
+    """The prediction of `policy` at the mean latency (what the stage reports): the middle of a
+    (min, mean, max) triple, else the midpoint of the range."""
+    t = tuple(transitions_ms)
+    mean = t[1] if len(t) == 3 else 0.5 * (min(t) + max(t))
+    return predict(tables, policy, transition_ms=mean)
 
 
 def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):

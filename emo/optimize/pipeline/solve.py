@@ -16,7 +16,7 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import deadline_ns, expected, fit_to_prediction, latencies, worst_case
+from emo.optimize.pipeline.check import deadline_ns, expected, fit_to_prediction, planning_latencies, worst_case
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
 from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
@@ -93,9 +93,11 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms
     return sol, policy, {**sol.info, **info}
 
 
-def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolicy, dict]:
+def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | None = None) -> tuple[FrequencyPolicy, dict]:
     """The policy of method opt["name"] within `budget`, and its summary: the method's own record
-    under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency)."""
+    under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency).
+    `clock_latency`: the calibration's measured clock-request latency (check.planning_latencies:
+    what the plan assumes unless optimizer.transition_ms overrides it)."""
     name = opt["name"]
     if name not in OFFLINE:
         raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
@@ -105,6 +107,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
     if interval < min_interval:
         raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
+    lats, source = planning_latencies(opt, clock_latency)
     p = problem_from_tables(tables, float(opt["min_clock_fraction"]))
     timing = baseline_timing(p, tables)
     items = iteration_items(p, timing, interval, align=str(opt["change_points"]))
@@ -112,8 +115,8 @@ def solve(tables, opt: dict, budget: float, *, gpu: str) -> tuple[FrequencyPolic
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
-    record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6}
-    lats = latencies(opt["transition_ms"])
+    record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6,
+                    "transition_ms": [round(x, 4) for x in lats], "transition_source": source}
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)

@@ -1,0 +1,331 @@
+"""The clock-request latency: measured through the device protocol (NVML through tests/nvml_fake.py),
+stored by calibrate, and planned with by optimize (issue 11 item 2)."""
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from emo.device import nvml as nv
+
+sys.path.insert(0, str(Path(__file__).parent))
+import nvml_fake  # noqa: E402
+
+
+class VirtualTime:
+    """perf_counter and sleep on one virtual clock, shared with the fake NVML's landing clock."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def perf_counter(self):
+        return self.t
+
+    def sleep(self, s):
+        assert s >= 0
+        self.t += s
+
+    def time(self):
+        return self.t
+
+
+@pytest.fixture
+def nvml_device(monkeypatch):
+    class Quiet(nv._RestoreGuard):
+        def _install(self):
+            self._installed = True
+
+    monkeypatch.setattr(nv, "_GUARD", Quiet())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("ZEUSD_SOCK_PATH", raising=False)
+    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
+    vt = VirtualTime()
+    monkeypatch.setattr(nv, "time", vt)
+
+    def make(delay):
+        fake = nvml_fake.install(monkeypatch, clock_delay_ms=delay, now=vt.perf_counter)
+        return fake, nv.NvmlDevice({"name": "a100", "backend": "nvml"})
+    return make
+
+
+def test_nvml_times_each_step_until_the_clock_reads_it(nvml_device):
+    # up-steps land in 7.3 ms, down-steps in 21.6 ms: each is resolved to the next 1 ms read
+    fake, dev = nvml_device(lambda a, b: 7.3 if b > a else 21.6)
+    got = dev.clock_step_latencies_ms([(705, 1410), (1410, 210), (900, 1395)], poll_ms=1.0)
+    assert got == pytest.approx([8.0, 22.0, 8.0])
+    locks = [c[2] for c in fake.calls if c[0] == "lock"]
+    assert locks == [705, 1410, 1410, 210, 900, 1395]  # from, then to, for every pair
+    assert fake.locked[0] == (1395, 1395) and fake.sm_clock[0] == 1395
+    dev.close()
+    assert fake.locked[0] is None  # close restores
+
+
+def test_nvml_poll_period_sets_the_resolution(nvml_device):
+    _, dev = nvml_device(7.3)
+    assert dev.clock_step_latencies_ms([(705, 1410)], poll_ms=5.0) == pytest.approx([10.0])
+    assert dev.clock_step_latencies_ms([(705, 1410)], poll_ms=0.5) == pytest.approx([7.5])
+
+
+def test_nvml_clock_that_never_lands_is_one_clear_error(nvml_device):
+    _, dev = nvml_device(1e9)
+    with pytest.raises(nv.GpuAccessError, match=r"did not reach 705 MHz within \d+ reads"):
+        dev.clock_step_latencies_ms([(705, 1410)], poll_ms=1.0)
+
+
+def test_nvml_rejects_unsupported_clock_and_bad_poll(nvml_device):
+    _, dev = nvml_device(1.0)
+    with pytest.raises(nv.GpuAccessError, match="1000 MHz is not a supported SM clock"):
+        dev.clock_step_latencies_ms([(1000, 1410)], poll_ms=1.0)
+    with pytest.raises(ValueError, match="poll_ms"):
+        dev.clock_step_latencies_ms([(705, 1410)], poll_ms=0)
+
+
+# --------------------------------------------------------------------------- calibrate
+from emo.model.calibration import latency_summary  # noqa: E402
+from emo.plan import compose, plan  # noqa: E402
+from emo.stages import calibrate as cal  # noqa: E402
+from emo.stages import optimize as opt_stage  # noqa: E402
+from emo.stages import run_in_place  # noqa: E402
+
+CLOCKS = [705, 1005, 1410]
+
+
+class LatencyDevice:
+    """A device whose clock requests land after `up_ms` (clock going up) or `down_ms` (going down),
+    seen by a poller every poll_ms: the protocol method as a GPU answers it, and nothing else."""
+
+    name = "a100"
+
+    def __init__(self, up_ms: float, down_ms: float):
+        self.up_ms, self.down_ms, self.asked, self.closed = up_ms, down_ms, [], False
+
+    def supported_clocks(self):
+        return list(CLOCKS)
+
+    def default_clock(self):
+        return CLOCKS[-1]
+
+    def clock_step_latencies_ms(self, pairs, poll_ms):
+        import math
+
+        self.asked.append((list(pairs), poll_ms))
+        return [math.ceil((self.up_ms if b > a else self.down_ms) / poll_ms) * poll_ms for a, b in pairs]
+
+    def close(self):
+        self.closed = True
+
+
+def test_clock_steps_go_up_and_down_in_several_sizes():
+    clocks = list(range(210, 1411, 15))
+    pairs = cal.clock_steps(clocks, 1410, 48)
+    assert len(pairs) == 48 and all(a != b and a in clocks and b in clocks for a, b in pairs)
+    ups = sum(b > a for a, b in pairs)
+    assert ups == 24  # half up, half down
+    sizes = {abs(clocks.index(a) - clocks.index(b)) for a, b in pairs}
+    assert {1, 2, 4, 8, 16, 32, 64, 80} <= sizes  # one clock step up to the whole range
+    assert len({min(a, b) for a, b in pairs}) > 8  # at several places in the range
+    assert cal.clock_steps(clocks, 1410, 48) == pairs  # deterministic
+    assert all(b <= 900 for _, b in cal.clock_steps(clocks, 900, 10))  # never above the default
+    with pytest.raises(ValueError, match=">= 2 supported clocks"):
+        cal.clock_steps([1410], 1410, 4)
+
+
+def test_latency_summary_quantiles_and_samples():
+    pairs = [(705, 1410)] * 10
+    s = latency_summary([float(x) for x in range(1, 11)], pairs, 1.0)
+    assert (s["p10"], s["p50"], s["p90"], s["mean"], s["n"]) == (1.9, 5.5, 9.1, 5.5, 10)
+    assert s["p99"] == pytest.approx(9.91) and s["samples"][0] == 1.0 and s["pairs"][0] == [705, 1410]
+    with pytest.raises(ValueError, match="2 samples for 10"):
+        latency_summary([1.0, 2.0], pairs, 1.0)
+
+
+def _fake_calibrate(monkeypatch, dev):
+    """The calibrate stage with its benchmark sweep cut to one row: what it stores about latency."""
+    import pandas as pd
+
+    bench = pd.DataFrame({"bench": ["idle"], "sm_mhz": [1410], "repeat": [0], "time_s": [1.0], "energy_j": [1.0]})
+    monkeypatch.setattr(cal, "calibrate", lambda *a: (bench, {"benchmarks": 1, "gpu": "a100", "gpu_model": "fake",
+                                                              "driver": "x"}))
+    monkeypatch.setattr(cal, "open_device", lambda gpu: dev)
+
+
+def test_calibrate_stores_the_measured_distribution(monkeypatch, tmp_path, caplog):
+    import json
+    import logging
+
+    dev = LatencyDevice(up_ms=7.2, down_ms=23.9)
+    _fake_calibrate(monkeypatch, dev)
+    cfg = compose(["model.clock_latency_steps=40", "model.clock_poll_ms=0.5"])
+    with caplog.at_level(logging.INFO, logger="emo"):
+        metrics = run_in_place("calibrate", cfg, {}, tmp_path)
+    (pairs, poll), = dev.asked
+    assert len(pairs) == 40 and poll == 0.5 and dev.closed
+    lat = json.loads((tmp_path / "calibration.json").read_text())["clock_latency_ms"]
+    assert lat["n"] == 40 and lat["pairs"] == [list(p) for p in pairs]
+    assert sorted(set(lat["samples"])) == [7.5, 24.0]  # up and down, on the 0.5 ms read grid
+    assert lat["p10"] == 7.5 and lat["p90"] == 24.0 and lat["mean"] == pytest.approx(15.75)
+    assert metrics["clock_latency_p50_ms"] == lat["p50"]
+    assert any("clock-request latency over 40 steps" in r.message for r in caplog.records)
+
+
+def test_a_device_that_cannot_time_clocks_stores_none_and_says_so(monkeypatch, tmp_path, caplog):
+    import json
+    import logging
+
+    class Mute(LatencyDevice):
+        clock_step_latencies_ms = None
+
+    _fake_calibrate(monkeypatch, Mute(1, 1))
+    with caplog.at_level(logging.WARNING, logger="emo"):
+        run_in_place("calibrate", compose([]), {}, tmp_path)
+    assert json.loads((tmp_path / "calibration.json").read_text())["clock_latency_ms"] is None
+    assert [r.message for r in caplog.records if "cannot time clock requests" in r.message]
+
+
+# --------------------------------------------------------------------------- optimize
+def _tables():
+    from test_optimize_verify import _tables as small
+
+    return small()
+
+
+def _calibration(tmp_path, monkeypatch, up_ms, down_ms, name):
+    _fake_calibrate(monkeypatch, LatencyDevice(up_ms, down_ms))
+    out = tmp_path / name
+    run_in_place("calibrate", compose([]), {}, out)
+    return out / "calibration.json"
+
+
+def _optimize(tmp_path, monkeypatch, calibration, overrides=(), name="opt"):
+    import json
+
+    monkeypatch.setattr(opt_stage, "load_pack_tables", lambda *a: _tables())
+    cfg = compose(["optimizer.change_points=grid", "budget=0", *overrides])
+    inputs = {"packs": tmp_path / "packs.parquet", "model": tmp_path / "model.parquet"}
+    if calibration is not None:
+        inputs["calibration"] = calibration
+    run_in_place("optimize", cfg, inputs, tmp_path / name)
+    return (json.loads((tmp_path / name / "summary.json").read_text())["emo"],
+            json.loads((tmp_path / name / "policy.json").read_text()))
+
+
+def test_optimizer_plans_with_the_calibrated_latency(tmp_path, monkeypatch):
+    fast = _calibration(tmp_path, monkeypatch, 2.0, 4.0, "fast")
+    slow = _calibration(tmp_path, monkeypatch, 20.0, 40.0, "slow")
+    s_fast, p_fast = _optimize(tmp_path, monkeypatch, fast, name="o_fast")
+    s_slow, p_slow = _optimize(tmp_path, monkeypatch, slow, name="o_slow")
+    assert s_fast["transition_ms"] == [2.0, 3.0, 4.0] and s_slow["transition_ms"] == [20.0, 30.0, 40.0]
+    assert s_fast["transition_source"] == "measured p10-p90 of 48 clock steps"
+    # the applier issues each step the planned max ahead: the measurement moves the policy
+    assert p_fast["meta"]["transition_ms"] == [2.0, 4.0] and p_slow["meta"]["transition_ms"] == [20.0, 40.0]
+    assert p_fast["lead_ms"] == 4.0 and p_slow["lead_ms"] == 40.0
+
+
+def test_override_wins_over_the_measurement(tmp_path, monkeypatch):
+    fast = _calibration(tmp_path, monkeypatch, 2.0, 4.0, "fast")
+    s, p = _optimize(tmp_path, monkeypatch, fast, ["optimizer.transition_ms=[6,18]"])
+    assert s["transition_ms"] == [6.0, 12.0, 18.0] and s["transition_source"] == "optimizer.transition_ms"
+    assert p["lead_ms"] == 18.0
+    s, _ = _optimize(tmp_path, monkeypatch, fast, ["optimizer.transition_percentiles=[0,100]"], name="o2")
+    assert s["transition_ms"] == [2.0, 3.0, 4.0]  # every sample is 2 or 4 ms: the percentiles are of the samples
+
+
+def test_no_measurement_and_no_override_is_one_line_naming_what_to_run(tmp_path, monkeypatch):
+    import json
+
+    old = tmp_path / "old" / "calibration.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "x"}))  # before EMO measured it
+    for cal_file in (old, None):
+        with pytest.raises(ValueError) as e:
+            _optimize(tmp_path, monkeypatch, cal_file)
+        msg = str(e.value)
+        assert "\n" not in msg and "no clock-request latency measurement" in msg
+        assert "re-run the calibrate stage" in msg and "optimizer.transition_ms=[min,max]" in msg
+        assert msg.startswith(f"{cal_file}: " if cal_file else "calibration: ")  # names the file it read
+    assert not (tmp_path / "opt").exists() or not list((tmp_path / "opt").iterdir())  # nothing written
+    s, _ = _optimize(tmp_path, monkeypatch, old, ["optimizer.transition_ms=[5,15]"], name="o3")
+    assert s["transition_source"] == "optimizer.transition_ms"
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optimizer.transition_ms=[15,5]", "optimizer.transition_ms"),
+    ("optimizer.transition_ms=[-1,5]", "optimizer.transition_ms"),
+    ("optimizer.transition_ms=oops", "optimizer.transition_ms"),
+    ("optimizer.transition_percentiles=[50,120]", "optimizer.transition_percentiles"),
+    ("model.clock_latency_steps=0", "model.clock_latency_steps"),
+    ("model.clock_poll_ms=0", "model.clock_poll_ms"),
+])
+def test_bad_latency_setting_is_one_line_naming_the_key(override, key):
+    with pytest.raises(ValueError) as e:
+        compose([override])
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_optimize_folder_follows_the_calibration():
+    base = plan(compose([]))
+    assert base["optimize"].covers["inputs"]["calibrate"] == base["calibrate"].hash
+    more = plan(compose(["model.clock_latency_steps=60"]))  # a different latency measurement
+    assert more["calibrate"].hash != base["calibrate"].hash
+    assert more["optimize"].hash != base["optimize"].hash and more["validate"].hash != base["validate"].hash
+    assert all(more[s].hash == base[s].hash for s in ("trace", "graph", "pack"))
+    over = plan(compose(["optimizer.transition_ms=[5,15]"]))
+    assert over["optimize"].hash != base["optimize"].hash and over["calibrate"].hash == base["calibrate"].hash
+
+
+# --------------------------------------------------------------------------- emo calibration
+def _cal_folder(tmp_path, lat):
+    import json
+
+    import pandas as pd
+
+    d = tmp_path / "cal"
+    d.mkdir()
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1410], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
+    (d / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
+                                                    "clocks_mhz": [705, 1410], "benchmarks": 1, "clock_latency_ms": lat}))
+    return d
+
+
+def test_exported_calibration_carries_the_latency_and_its_hash_covers_it(tmp_path):
+    import json
+    import zipfile
+
+    from emo.calibration import describe, export_calibration, import_calibration, read_calibration
+
+    lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
+    m = export_calibration(_cal_folder(tmp_path, lat), tmp_path / "a.emocal")
+    got = import_calibration(tmp_path / "a.emocal", tmp_path / "dst", "a100")
+    assert json.loads((tmp_path / "dst/calibration.json").read_text())["clock_latency_ms"] == lat == got["clock_latency_ms"]
+    assert "clock-request latency over 3 steps" in describe(got) and "p99 29.5" in describe(got)
+    with zipfile.ZipFile(tmp_path / "a.emocal") as z:
+        manifest, data = json.loads(z.read("manifest.json")), z.read("bench.parquet")
+    manifest["clock_latency_ms"]["p90"] = 1.0  # a faster GPU than measured
+    with zipfile.ZipFile(tmp_path / "b.emocal", "w") as z:
+        z.writestr("manifest.json", json.dumps(manifest))
+        z.writestr("bench.parquet", data)
+    with pytest.raises(ValueError, match="does not match its manifest's hash"):
+        read_calibration(tmp_path / "b.emocal")
+    (tmp_path / "x").mkdir()
+    unmeasured = export_calibration(_cal_folder(tmp_path / "x", None), tmp_path / "c.emocal")
+    assert unmeasured["id"] != m["id"]  # the same benchmarks without the latency: another calibration
+
+
+def test_calibration_show_prints_the_latency(tmp_path, capsys):
+    import json
+
+    from emo.calibration import describe
+    from emo.cli import main
+
+    lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
+    folder = plan(compose([f"results={tmp_path}"]))["calibrate"].dir
+    folder.mkdir(parents=True)
+    (folder / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
+                                                         "clocks_mhz": [705, 1410], "benchmarks": 1,
+                                                         "clock_latency_ms": lat}))
+    assert main(["calibration", "show", f"results={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA A100" in out and "p10 5.4, p50 7.0, p90 25.4, p99 29.5, mean 14.0 ms" in out
+    assert "no clock-request latency measurement" in describe({"gpu": "a100"})
