@@ -112,6 +112,16 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
     return results / "pack" / covers(fits[0])["inputs"]["pack"], fits[0], {}
 
 
+def planned_latency_ms(opt_dir: Path | None, opt_cfg: dict) -> float | None:
+    """The mean clock-request latency the method's plan assumed (optimize's summary.json: the
+    calibration's measurement or the override); None for an online method (it holds one clock)."""
+    f = opt_dir / "summary.json" if opt_dir is not None else None
+    if f is None or not f.exists():
+        return None
+    lats = json.loads(f.read_text()).get(opt_cfg.get("name", ""), {}).get("transition_ms")
+    return float(lats[1]) if lats else None
+
+
 def method_policy(res_json: dict, opt_dir: Path | None):
     """The clocks a method ran: its policy (offline), a fixed clock per GPU for an online method that
     settled on clocks (geepafs), None for one that settled on something else (zeus: a power limit)."""
@@ -220,11 +230,8 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from emo.optimize.pipeline.check import latencies
-
     policy = method_policy(res_json, opt_dir)
-    tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy,
-                            latencies(opt_cfg["transition_ms"])[1] if "transition_ms" in opt_cfg else None)
+    tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy, planned_latency_ms(opt_dir, opt_cfg))
     drawn, host, t0, k = tl.work, tl.host, tl.t0, tl.iteration
     ranks = sorted(drawn["rank"].unique())
     names_per = {r: stream_names(drawn[drawn["rank"] == r]) for r in ranks}

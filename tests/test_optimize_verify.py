@@ -192,7 +192,8 @@ def test_perseus_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(m
 
     monkeypatch.setattr(run, "fit_budget", spy_fit)
     monkeypatch.setattr(run, "polish_on_predictor", spy_polish)
-    opt = {**compose([])["optimizer"], "change_points": "grid", "budget_solves": 3, "predictor_evaluations": 50}
+    opt = {**compose([])["optimizer"], "change_points": "grid", "budget_solves": 3, "predictor_evaluations": 50,
+           "transition_ms": [LATS[0], LATS[-1]]}  # a latency as calibrate would have measured it
     out = {}
     for method in ("emo", "perseus"):
         out[method] = solve(t, {**opt, "name": method}, 0.05, gpu="a100")

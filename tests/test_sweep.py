@@ -191,7 +191,7 @@ def check_timeline(results: Path) -> None:
     import json
 
     from emo.model.predict import load_pack_tables
-    from emo.plots import predicted_timeline
+    from emo.plots import planned_latency_ms, predicted_timeline
     from emo.policy import FrequencyPolicy
 
     covers = lambda d: json.loads((d / "config.json").read_text())["covers"]
@@ -202,8 +202,9 @@ def check_timeline(results: Path) -> None:
     clocks = load_pack_tables(pack, fit).clocks_mhz.tolist()
     top = predicted_timeline(pack, fit, graph, None, None)
     low = predicted_timeline(pack, fit, graph, FrequencyPolicy.static("a100", list(policy.steps), min(clocks)), None)
-    latency = covers(opt)["config"]["optimizer"]["transition_ms"]
-    mine = predicted_timeline(pack, fit, graph, policy, (latency[0] + latency[-1]) / 2)  # the stage's mean latency
+    latency = planned_latency_ms(opt, covers(opt)["config"]["optimizer"])  # the measured latency the plan used
+    assert latency is not None and latency > 0
+    mine = predicted_timeline(pack, fit, graph, policy, latency)
     kernels = lambda tl: tl.work[tl.work["kind"] == "kernel"]
     assert set(kernels(top)["sm_mhz"]) == {max(clocks)} and set(kernels(low)["sm_mhz"]) == {min(clocks)}
     assert low.time_s > 1.5 * top.time_s and low.t1 - low.t0 > 1.5 * (top.t1 - top.t0)
