@@ -53,7 +53,7 @@ class GpuConfig:
     memory_mhz: int = field(default=0, metadata=at_least(0))
     tdp_w: float = field(default=MISSING, metadata=at_least(0))
     seed: int = 0  # virtual GPU: deterministic per seed
-    noise: float = field(default=0.0, metadata=at_least(0))  # virtual GPU: relative std of measurement noise
+    noise: float = field(default=1.0, metadata=at_least(0))  # virtual GPU: multiplier of the physics block's noise sizes (noise_* keys; 1 = the published sizes, 0 = off)
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
     counters: str = "ncu"  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
 

@@ -3,8 +3,8 @@
 One background thread per GPU. The training loop calls `applier.step()` at the start of every
 iteration (or emo.capture's profiler hook does, on each optimizer step); that marker is the policy's
 t = 0. Each thread then issues its clock changes `lead_ms` before they are due, because a clock
-request lands 5-15 ms after it is made. A step due at (or within lead_ms of) t = 0 belongs to the
-next iteration: it is issued lead_ms before the iteration is expected to end (t0 + period_ms), so the
+request lands milliseconds after it is made (calibrate measures how many). A step due at (or within
+lead_ms of) t = 0 belongs to the next iteration: it is issued lead_ms before the iteration is expected to end (t0 + period_ms), so the
 new iteration starts at the right clock. If the next marker comes early, the thread drops what is
 left of the old iteration and follows the new one.
 
