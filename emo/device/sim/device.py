@@ -178,15 +178,7 @@ class SimDevice:
         span = 0.0 if res is None else res.t_end - res.t_start
         if g is None or tab is None or span <= 0:
             return {"gpu": 0.0, "memory": 0.0}
-        # compute-kernel segments at one clock each, as the energy meter sees them (energy.power_steps)
-        cols = []
-        if g.segs:
-            s = np.asarray(g.segs, dtype=np.float64)
-            cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
-        kern = res.ranks[g.idx].kernels
-        if len(kern):
-            k = np.asarray(kern, dtype=np.float64)
-            cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7]))
+        cols = _kernel_segments(res, g)
         busy = mem = 0.0
         for s0, s1, kid, eff in cols:
             dur = np.clip(s1, res.t_start, res.t_end) - np.clip(s0, res.t_start, res.t_end)
@@ -425,14 +417,7 @@ class SimDevice:
         n = 0 if res is None else int((res.t_end - res.t_start) // period)
         if g is None or tab is None or n < 1:
             return {"gpu": [], "memory": []}
-        cols = []
-        if g.segs:
-            s = np.asarray(g.segs, dtype=np.float64)
-            cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
-        kern = res.ranks[g.idx].kernels
-        if len(kern):
-            k = np.asarray(kern, dtype=np.float64)
-            cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7]))
+        cols = _kernel_segments(res, g)
         edges = res.t_start + period * np.arange(n + 1)
         busy, mem = np.zeros(n), np.zeros(n)
         for s0, s1, kid, eff in cols:
@@ -473,3 +458,17 @@ class SimDevice:
             out.append(reads * poll_ms)
         return out
 
+
+def _kernel_segments(res, g) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """GPU g's compute-kernel segments at one clock each, as the energy meter sees them
+    (energy.power_steps): (start ns, end ns, kernel id, clock index) columns, the segments a clock
+    change ended, then each kernel's last segment."""
+    cols = []
+    if g.segs:
+        s = np.asarray(g.segs, dtype=np.float64)
+        cols.append((s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
+    kern = res.ranks[g.idx].kernels
+    if len(kern):
+        k = np.asarray(kern, dtype=np.float64)
+        cols.append((k[:, 6], k[:, 4], k[:, 1], k[:, 7]))
+    return cols
