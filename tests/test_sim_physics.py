@@ -145,8 +145,11 @@ def kernel_loop(n: int = 200) -> Program:
 
 
 def test_noise_is_on_by_default_and_deterministic_per_seed() -> None:
+    from emo.plan import compose
+
+    assert compose([])["gpu"]["noise"] == 1.0  # the schema's default: the published sizes
     cfg = gpu_cfg()
-    cfg.pop("noise")
+    cfg.pop("noise", None)
     dev = SimDevice(cfg)
     assert dev.noise == 1.0
     runs = []
