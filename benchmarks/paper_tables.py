@@ -2,7 +2,7 @@
 and performance loss (PL %) of EMO and the baselines (static, Zeus, Perseus, GEEPAFS) on the virtual
 A100 with its noise on, every cell over several seeds, beside the measured static-clock curve.
 
-    python benchmarks/paper_tables.py [--quick] [--seeds 3] [--results DIR] [--cores N] [--methods emo,static,...]
+    python benchmarks/paper_tables.py [--quick] [--seeds 3] [--results DIR] [--cores N] [--methods emo,static,...] [--no-run]
 
 Cells: tensor parallelism TP 2/4/8 at budgets 0, 2 and 5 %; pipeline parallelism PP 2/4/8 with
 uniform and parameter partitions at 0 %; CPU-offloaded MoE decode at 0 %; hybrid TP2 x PP2 x DP2 at
@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--results", default=str(ROOT / "results" / "paper_tables"), help="stage folders (reused); the pipeline's log goes to paper_tables.log there")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--no-run", action="store_true", help="score what the results folder holds; run nothing")
     args = ap.parse_args()
     t_start = time.perf_counter()
     results = Path(args.results).resolve()
@@ -149,7 +150,7 @@ def main() -> int:
     log = results / "paper_tables.log"
     print(f"{len(jobs)} jobs ({len(grid) // (len(seeds) * len(methods))} cells x {len(seeds)} seeds x "
           f"{len(methods)} methods) on {args.cores} cores; log {log}", file=sys.stderr, flush=True)
-    rc = run_all(jobs, args.cores, log)
+    rc = 0 if args.no_run else run_all(jobs, args.cores, log)
     if rc:
         print(f"the pipeline failed for some jobs (exit {rc}): see {log}; scoring what finished", file=sys.stderr)
     sw = build(jobs)
