@@ -133,6 +133,8 @@ def gpus_needed(cfg: dict) -> int:
     if cfg["gpu"].get("backend", "sim") == "sim":
         return 1
     wl = cfg["workload"]
+    if wl.get("kind") == "hybrid":  # one rank per GPU of the TP x PP x DP grid
+        return int(wl["tp"]) * int(wl["pp"]) * int(wl["dp"])
     return int(wl.get("tp") or wl.get("pp") or wl.get("gpus") or 1)
 
 

@@ -127,6 +127,8 @@ def test_a_stage_on_a_real_backend_sees_only_its_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     cfg = {"gpu": {"backend": "nvml"}, "workload": {"kind": "tp", "tp": 2}}
     assert sweep.gpus_needed(cfg) == 2 and sweep.gpus_available(cfg, cores=2) == 4
+    hybrid = {**cfg, "workload": {"kind": "hybrid", "tp": 2, "pp": 2, "dp": 2}}
+    assert sweep.gpus_needed(hybrid) == 8
     with sweep.gpu_for_stage(cfg, 2, tmp_path) as ids:
         assert ids == ["4", "5"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
