@@ -1,4 +1,6 @@
 rule calibrate:
+    # a sweep's long pole (every fit waits on it): start it before the jobs that do not need it
+    priority: 10
     output:
         bench=out("calibrate", "bench.parquet"),
         calibration=out("calibrate", "calibration.json"),
