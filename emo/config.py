@@ -163,8 +163,9 @@ class ModelConfig:
     min_seconds: float = field(default=0.3, metadata=above(0))  # each measurement spans at least this much counter time
     repeats: int = field(default=2, metadata=at_least(1))
     # clock-request latency: this many (from, to) clock steps, up and down, of several sizes, each timed
-    # by clock reads every clock_poll_ms (what the optimizer plans with: OptimizerConfig.transition_ms)
-    clock_latency_steps: int = field(default=48, metadata=at_least(1))
+    # by clock reads every clock_poll_ms (what the optimizer plans with: OptimizerConfig.transition_ms);
+    # enough of them that the rare long stalls show (a few percent of requests), at seconds in all
+    clock_latency_steps: int = field(default=400, metadata=at_least(1))
     clock_poll_ms: float = field(default=0.5, metadata=above(0))
 
 

@@ -217,7 +217,7 @@ def test_optimizer_plans_with_the_calibrated_latency(tmp_path, monkeypatch):
     s_fast, p_fast = _optimize(tmp_path, monkeypatch, fast, name="o_fast")
     s_slow, p_slow = _optimize(tmp_path, monkeypatch, slow, name="o_slow")
     assert s_fast["transition_ms"] == [2.0, 3.0, 4.0] and s_slow["transition_ms"] == [20.0, 30.0, 40.0]
-    assert s_fast["transition_source"] == "measured p10-p90 of 48 clock steps"
+    assert s_fast["transition_source"].startswith("measured p10-p90 of 400 clock steps, expectation over")
     # the applier issues each step the planned max ahead: the measurement moves the policy
     assert p_fast["meta"]["transition_ms"] == [2.0, 4.0] and p_slow["meta"]["transition_ms"] == [20.0, 40.0]
     assert p_fast["lead_ms"] == 4.0 and p_slow["lead_ms"] == 40.0

@@ -16,7 +16,7 @@ from emo.plan import compose
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.solution import Solution
 from emo.optimize.pipeline.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
-from emo.optimize.pipeline.check import fit_to_prediction, worst_case
+from emo.optimize.pipeline.check import expected, fit_to_prediction
 from emo.optimize.pipeline.search import polish_on_predictor
 
 MS = 1_000_000
@@ -118,15 +118,14 @@ class _Pick:
 
 
 def _stub_predictor(monkeypatch, late: float):
-    """A 1 s iteration; a pick at budget b takes b longer at the mean latency and late × b in the
-    worst case, and saves b of the energy."""
+    """A 1 s iteration; a pick at budget b takes late × b longer in expectation over the clock-request
+    latencies (which the DP does not charge), and saves b of the energy."""
     monkeypatch.setattr(run, "predict", lambda t, pol=None, **k: _Pred(1e9, 100.0))
-    monkeypatch.setattr(run, "expected", lambda t, pol, lats: _Pred(1e9 * (1 + pol), 100.0 * (1 - pol)))
-    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats: _Pred(1e9 * (1 + late * pol)))
+    monkeypatch.setattr(run, "expected", lambda t, pol, lats: _Pred(1e9 * (1 + late * pol), 100.0 * (1 - pol)))
 
 
 def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatch):
-    _stub_predictor(monkeypatch, late=1.2)  # every pick ends 20 % later than planned in the worst case
+    _stub_predictor(monkeypatch, late=1.2)  # every pick ends 20 % later than the DP planned
     sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
                                        lambda s: pytest.fail("no repair when a smaller budget fits"), 0.05,
                                        transitions_ms=LATS)
@@ -137,7 +136,7 @@ def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatc
 
 def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
     _stub_predictor(monkeypatch, late=1.0)
-    monkeypatch.setattr(run, "worst_case", lambda t, pol, lats: _Pred(1e9 * 1.1))  # always late
+    monkeypatch.setattr(run, "expected", lambda t, pol, lats: _Pred(1e9 * 1.1, 100.0))  # always late
     repaired = []
     sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
                                        lambda s: (repaired.append(s.b), (s, "repaired", {"predictor_rounds": 1}))[1],
@@ -147,13 +146,13 @@ def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
     assert repaired == [0.0] and policy == "repaired" and info["predictor_rounds"] == 1
 
 
-def test_predictor_polish_only_keeps_moves_that_save_within_the_worst_case():
+def test_predictor_polish_only_keeps_moves_that_save_within_the_budget():
     t, p, timing, items, build, base = _setup()
     start = Solution(p, items, np.full(items.k, p.ref), "emo", 0.0)  # max clocks everywhere
     sol, policy, moves = polish_on_predictor(t, start, build, budget=0.0, evaluations=400, transitions_ms=LATS)
     assert moves >= 1  # the empty windows and the collective's slack can run slower
     assert predict(t, policy, transition_ms=10.0).energy_j < predict(t, build(start), transition_ms=10.0).energy_j
-    assert worst_case(t, policy, LATS).makespan_ns <= base.makespan_ns + 1_000
+    assert expected(t, policy, LATS).makespan_ns <= base.makespan_ns + 1_000
     again, _, more = polish_on_predictor(t, sol, build, budget=0.0, evaluations=400, transitions_ms=LATS)
     assert more == 0 and np.array_equal(again.choice, sol.choice)  # a local optimum stays put
 
@@ -202,4 +201,45 @@ def test_perseus_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(m
     assert 1 <= len(rec["budget_tries"]) <= 3 and "predictor_moves" in rec
     assert rec["polished_energy_j"] <= rec["search_energy_j"] + 1e-9  # the polish keeps only savings
     base = predict(t, None)
-    assert worst_case(t, out["perseus"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
+    assert expected(t, out["perseus"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
+
+
+def test_a_late_raise_lengthens_the_slow_stretch_and_a_superseded_request_is_dropped():
+    """(up, down) latencies: a request to a faster clock lands `up` after it is issued, one to a slower
+    clock `down` after; the last one issued wins, so a raise still pending when a later lowering
+    lands never takes effect."""
+    from emo.model.predict import clock_timelines
+    from emo.policy import FrequencyPolicy, Step
+
+    t = _tables()
+    policy = FrequencyPolicy(gpu="a100", steps={0: [Step(0.0, 705), Step(20.0, 1410), Step(40.0, 705)]}, period_ms=60.0)
+    marks = np.array([[0.0]])
+
+    def landed(lats):
+        ptr, ts, ci = clock_timelines(t, policy, marks, lats)
+        return [(round(x / MS, 3), int(t.clocks_mhz[c])) for x, c in zip(ts[1:], ci[1:]) if x >= 0]
+
+    assert landed(5.0) == [(5.0, 705), (25.0, 1410), (45.0, 705)]  # one latency: every request in order
+    assert landed((12.0, 5.0)) == [(5.0, 705), (32.0, 1410), (45.0, 705)]  # the raise 7 ms later, the slow stretch longer
+    assert landed((30.0, 5.0)) == [(5.0, 705), (45.0, 705)]  # the raise would land at 50: the lowering at 45 supersedes it
+
+
+def test_the_plan_pays_for_the_measured_stalls():
+    """A few requests in the calibration stall for tens of ms: the quadrature keeps them (its top
+    node is their mean), lowerings take the body's mean, and a policy that raises the clock before
+    critical work is predicted slower in that expectation than at the body's latency alone."""
+    from emo.optimize.pipeline.check import planning_latencies
+
+    body = list(np.linspace(5.0, 15.0, 95))
+    stalls = [60.0, 70.0, 80.0, 90.0, 100.0]
+    opt = {"transition_percentiles": [10.0, 90.0], "change_interval_ms": 20.0}
+    lats, source = planning_latencies(opt, {"samples": body + stalls})
+    assert lats.weights[-1] == pytest.approx(0.02) and lats.nodes[-1] == pytest.approx(95.0)  # the two longest
+    assert sum(lats.weights) == pytest.approx(1.0) and lats.down == pytest.approx(np.mean(body[:-5]), abs=0.6)
+    assert "expectation over 6 strata" in source
+    t, p, timing, items, build, base = _setup()
+    sol = Solution(p, items, np.array([0, 2, 2]), "emo", 0.05)  # A slow in window 0, X at max after the raise
+    policy = build(sol)
+    body_only = expected(t, policy, planning_latencies(opt, {"samples": body})[0])
+    with_stalls = expected(t, policy, lats)
+    assert with_stalls.makespan_ns > body_only.makespan_ns + 0.5 * MS

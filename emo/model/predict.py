@@ -124,19 +124,21 @@ def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
 
 # --------------------------------------------------------------------------- clock timelines
 def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns: np.ndarray,
-                    transition_ms: float, end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    transition_ms: float | tuple[float, float], end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
     (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
 
     The requests are those of emo.policy's `issue_plan` (the applier's plan: relative to each mark, lead_ms
     early, wrapped by period_ms, repeated clocks dropped); one not yet issued when the next mark
-    comes (or after the run's end) is dropped; each lands `transition_ms` after it is issued and the
-    last one issued wins. The traced iterations follow a warm-up iteration under the same policy,
+    comes (or after the run's end) is dropped; each lands `transition_ms` after it is issued, or, for
+    an (up, down) pair, `up` after for a request to a faster clock than the one requested before it
+    and `down` after for a slower one; the last one issued wins (a request that lands after a later
+    one is dropped). The traced iterations follow a warm-up iteration under the same policy,
     taken to be as long as the first traced one."""
     d = len(t.device_keys)
     clocks = t.clocks_mhz
     snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
-    lag = transition_ms * 1e6
+    up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms
     by_gpu: dict[int, list] = {}
     if policy is not None:
         for dev_id, steps in policy.steps.items():
@@ -159,10 +161,19 @@ def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns
             nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
             issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
         issued.sort(key=lambda x: x[0])
+        first = snap(steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
         ts.append(-np.inf)
-        cis.append(snap(steps[0].sm_mhz))  # the very first mark (before warm-up) requested the first step
-        ts += [i + lag for i, _ in issued]
-        cis += [ci for _, ci in issued]
+        cis.append(first)
+        if issued:
+            at = np.array([i for i, _ in issued])
+            ci = np.array([c for _, c in issued], dtype=np.int64)
+            before = np.r_[first, ci[:-1]]
+            land = at + np.where(ci > before, up_ms, down_ms) * 1e6
+            # the last one issued wins: keep a request only if every later one lands after it
+            later = np.r_[np.minimum.accumulate(land[::-1])[::-1][1:], np.inf]
+            keep = land < later
+            ts += land[keep].tolist()
+            cis += ci[keep].tolist()
         ptr.append(len(ts))
     return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
 
@@ -224,7 +235,8 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
     """Time and energy per iteration of the traced workload under `policy` (None: default clocks).
 
     `transition_ms`: how long a clock request takes to land (the configured or measured latency,
-    never assumed here); required for a policy that changes a clock within the iteration."""
+    never assumed here), or an (up, down) pair of latencies for requests to a faster and to a slower
+    clock (clock_timelines); required for a policy that changes a clock within the iteration."""
     if transition_ms is None:
         if policy is not None and any(len({s.sm_mhz for s in ss}) > 1 for ss in policy.steps.values()):
             raise ValueError("predict: a policy that changes clocks needs transition_ms (the clock-request latency)")

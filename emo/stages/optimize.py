@@ -39,7 +39,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     measured = clock_latency(inputs.get("calibration"))
     lats, source = planning_latencies(opt, measured, where=str(where))  # before any work: one line if missing
     log.info("optimize: planning with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
-             lats[0], lats[2], lats[1], source)
+             lats.lo, lats.hi, lats.mean, source)
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
     policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured)
     base, pred = predict(tables, None), expected(tables, policy, lats)

@@ -1,12 +1,12 @@
 """The optimiser's final check: the policy's time and energy by the predictor the optimize stage
-reports (emo.model.predict: the timing engine's clocked forward pass), at the configured clock-request
-latencies, and the repair that raises windows until it is within the budget.
+reports (emo.model.predict: the timing engine's clocked forward pass), in expectation over the
+clock-request latencies calibrate measured (planning_latencies, expected), and the repair that raises windows until it is within the budget.
 
 The DP times a node at the clock of the window its *baseline* (max-clock) start falls in. The policy
 runs by the wall clock: when the DP's own slowdowns push a node (within slack) past a window
 boundary, or a pack runs on past one, it runs at the next window's clock, and clock requests land
 `transition_ms` after they are issued. Neither is charged by the DP, so a pick that meets the deadline
-in the DP's model can end late (a 2-stage pipeline at budget 0: +0.8 % predicted, +1.4 % measured).
+in the DP's model can end late.
 
 The repair walks the predicted critical path: a slowed pack on it that runs (at its start or its
 end) under a window slower than the clock the DP gave it gets that window raised to the DP's clock
@@ -17,13 +17,14 @@ is bounded by a count of rounds, never by time.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from emo.graph.whatif import critical_path
 from emo.model.predict import iteration_marks, predict
 from emo.optimize.solution import Solution
-from emo.policy import FrequencyPolicy, Step
+from emo.policy import FrequencyPolicy
 
 
 def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np.ndarray, group: np.ndarray,
@@ -44,81 +45,117 @@ def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np
     return win
 
 
-def pessimistic(policy: FrequencyPolicy, spread_ms: float) -> FrequencyPolicy:
-    """The policy as the device may apply it at worst, timed at the mean latency: every up-step
-    lands spread/2 later (its request took the longest) and every down-step spread/2 earlier (the
-    shortest) than the mean would have it."""
-    steps = {}
-    for d, ss in policy.steps.items():
-        ss = sorted(ss, key=lambda s: s.t_ms)
-        out = []
-        for i, s in enumerate(ss):
-            prev = ss[i - 1].sm_mhz  # the first step follows the previous iteration's last one
-            shift = 0.0 if len(ss) == 1 else (0.5 * spread_ms if s.sm_mhz > prev else -0.5 * spread_ms)
-            out.append(Step(max(0.0, s.t_ms + shift) if i else s.t_ms, s.sm_mhz))
-        steps[d] = out
-    return dataclasses.replace(policy, steps=steps)
-
-
 def deadline_ns(base, budget: float) -> float:
     """The latest predicted makespan within `budget` of the max-clock prediction `base`: the one
     on-time test of the final check, the budget search and the predictor polish."""
     return base.makespan_ns * (1.0 + budget)
 
 
-def latencies(transition_ms) -> tuple[float, float, float]:
-    """(min, mean, max) of a clock-request latency range [min, max]: the latencies every check
-    covers, the mean being the one the stage reports."""
-    lo, hi = float(transition_ms[0]), float(transition_ms[-1])
-    return lo, 0.5 * (lo + hi), hi
+# Strata of the measured latency distribution (cumulative probability): finer towards the top,
+# where the rare long stalls are, since a late request costs nothing while slack absorbs it and
+# then all at once (the cost is convex in the latency: one node for the whole tail would hide it).
+STRATA = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
 
 
-def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration") -> tuple[tuple[float, float, float], str]:
-    """((min, mean, max), where they come from): the clock-request latencies the optimizer plans with.
+@dataclass(frozen=True)
+class Latencies:
+    """The clock-request latencies (ms) a plan assumes. [lo, hi] is the range the policy is built for
+    (schedule.build_policy issues every step hi early and delays down-steps by hi - lo); `nodes` and
+    `weights` are a quadrature over the whole distribution, tail included, that the predictor
+    averages over (expected): each node is the latency of every request to a faster clock, `down`
+    that of every request to a slower one (None: the node's too)."""
+    lo: float
+    mean: float
+    hi: float
+    nodes: tuple[float, ...]
+    weights: tuple[float, ...]
+    down: float | None = None
 
-    optimizer.transition_ms, when set, overrides (its midpoint as the mean). Otherwise the
-    calibration's measured distribution (emo.model.calibration.latency_summary): min and max are its
-    optimizer.transition_percentiles (p10 and p90 by default), the mean its sample mean (clipped to
-    that range). [min, max] is what a request is planned to land within: schedule.build_policy issues
-    every step max ahead and delays down-steps by max - min, and check.worst_case holds the budget at
-    both ends; a request outside it lands late (or early) only by its distance from the end, so the
-    outer tails cost little time, where planning for them would drop every short slower window. No
-    measurement and no override: a ValueError that names what to run."""
+    @classmethod
+    def of(cls, lats) -> "Latencies":
+        """A Latencies, or a plain [min, max] (or (min, mean, max)) range: requests landing uniformly
+        in it, Simpson's three nodes (its ends and middle)."""
+        if isinstance(lats, cls):
+            return lats
+        lo, hi = float(min(lats)), float(max(lats))
+        mid = 0.5 * (lo + hi)
+        if hi == lo:
+            return cls(lo, lo, hi, (lo,), (1.0,))
+        return cls(lo, mid, hi, (lo, mid, hi), (1 / 6, 2 / 3, 1 / 6))
+
+    def range(self) -> list[float]:
+        """[min, mean, max], as the stage's summary records it."""
+        return [round(x, 4) for x in (self.lo, self.mean, self.hi)]
+
+    def at(self, node: float) -> float | tuple[float, float]:
+        """predict's transition_ms for one node: (up, down) latencies, or one for both."""
+        return node if self.down is None else (node, self.down)
+
+
+def quadrature(samples_ms) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(nodes, weights): the mean of each STRATA slice of the sorted samples and its share of them."""
+    x = np.sort(np.asarray(samples_ms, dtype=np.float64))
+    n = len(x)
+    cuts = sorted({int(round(q * n)) for q in STRATA})
+    nodes, weights = [], []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if b > a:
+            nodes.append(float(x[a:b].mean()))
+            weights.append((b - a) / n)
+    return tuple(nodes), tuple(weights)
+
+
+def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration") -> tuple[Latencies, str]:
+    """(Latencies, where they come from): the clock-request latencies the optimizer plans with.
+
+    optimizer.transition_ms, when set, overrides: requests land uniformly in that [min, max]
+    (Latencies.of). Otherwise the calibration's measured distribution (emo.model.calibration.
+    latency_summary): lo and hi are its optimizer.transition_percentiles (p10 and p90 by default),
+    what a request is planned to land within. The quadrature covers every sample: a request to a
+    faster clock takes each stratum's latency in turn, one to a slower clock the mean of the samples
+    within the planned range. A stall is a request's own bad luck, not a shift of the whole
+    schedule: a late raise lengthens the slow stretch before it (onto the critical path once slack
+    is used up), a late lowering only wastes a little energy; and a stalled request is superseded
+    when a later one lands (the last one issued wins). No measurement and no override: a ValueError
+    that names what to run."""
     if opt.get("transition_ms") is not None:
-        return latencies(opt["transition_ms"]), "optimizer.transition_ms"
+        return Latencies.of(opt["transition_ms"]), "optimizer.transition_ms"
     samples = (measured or {}).get("samples") or []
     if not samples:
         raise ValueError(f"{where}: no clock-request latency measurement (a calibration from before EMO measured "
                          "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
                          "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)")
-    a, b = (float(x) for x in opt.get("transition_percentiles", (10.0, 90.0)))
-    lo, hi = (float(v) for v in np.percentile(np.asarray(samples, dtype=np.float64), [a, b]))
-    mean = min(max(float(np.mean(samples)), lo), hi)
-    return (lo, mean, hi), f"measured p{a:g}-p{b:g} of {len(samples)} clock steps"
+    x = np.asarray(samples, dtype=np.float64)
+    a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
+    lo, hi = (float(v) for v in np.percentile(x, [a, b]))
+    nodes, weights = quadrature(x)
+    down = float(x[x <= hi].mean())
+    return (Latencies(lo, float(x.mean()), hi, nodes, weights, down),
+            f"measured p{a:g}-p{b:g} of {len(x)} clock steps, expectation over {len(nodes)} strata")
 
 
-def expected(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):
-    """The prediction of `policy` at the mean latency (what the stage reports): the middle of a
-    (min, mean, max) triple, else the midpoint of the range."""
-    t = tuple(transitions_ms)
-    mean = t[1] if len(t) == 3 else 0.5 * (min(t) + max(t))
-    return predict(tables, policy, transition_ms=mean)
+def expected(tables, policy: FrequencyPolicy, lats):
+    """The prediction of `policy` in expectation over the clock-request latencies (Latencies.of
+    `lats`): time, energy and makespan are the quadrature's weighted means; the node times (start_ns,
+    finish_ns, for the critical path) are those of its slowest node. What the stage reports, and the
+    one on-time test of the budget search, the polish and the repair."""
+    q = Latencies.of(lats)
+    runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]
+    w = np.asarray(q.weights) / np.sum(q.weights)
+    def mean(attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
+        x = np.asarray([getattr(r, attr) for r in runs], dtype=np.float64)
+        return float(np.clip(np.dot(w, x), x.min(), x.max()))
 
-
-def worst_case(tables, policy: FrequencyPolicy, transitions_ms: tuple[float, ...]):
-    """The slowest prediction of `policy` over the clock-request latencies (a request lands anywhere
-    in [min, max]: the stage reports the mean, the device may take either end)."""
-    lo, hi = min(transitions_ms), max(transitions_ms)
-    runs = [predict(tables, policy, transition_ms=x) for x in transitions_ms]
-    runs.append(predict(tables, pessimistic(policy, hi - lo), transition_ms=0.5 * (lo + hi)))
-    return max(runs, key=lambda r: r.makespan_ns)
+    slow = max(runs, key=lambda r: r.makespan_ns)
+    return dataclasses.replace(slow, time_s=mean("time_s"), energy_j=mean("energy_j"), makespan_ns=mean("makespan_ns"),
+                               idle_energy_j=mean("idle_energy_j"), dynamic_energy_j=mean("dynamic_energy_j"))
 
 
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
                       transitions_ms: tuple[float, ...], max_rounds: int = 400, window_starts=None):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
-    (1 + budget) × the predicted max-clock time for every clock-request latency in `transitions_ms`
-    (worst_case). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
+    (1 + budget) × the predicted max-clock time in expectation over the clock-request latencies
+    `transitions_ms` (expected). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
     [group, window] offsets (ns) where it puts each window (default: the items' change points on the
     baseline timeline, else every `interval_ms`)."""
     p, items = sol.problem, sol.items
@@ -139,7 +176,7 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
     info = {"predictor_rounds": 0, "predictor_drift_raises": 0, "predictor_step_raises": 0}
 
     def worst(policy):
-        return worst_case(tables, policy, transitions_ms)
+        return expected(tables, policy, transitions_ms)
 
     def starts(s: Solution) -> np.ndarray:
         if window_starts is not None:

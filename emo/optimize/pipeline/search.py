@@ -6,17 +6,18 @@ from __future__ import annotations
 import numpy as np
 
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import deadline_ns, expected, worst_case
+from emo.optimize.pipeline.check import deadline_ns, expected
 from emo.optimize.solution import Solution
 
 
 def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluations: int,
-                        transitions_ms: tuple[float, ...]):
+                        transitions_ms):
     """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
     transitions included, which the DP does not see: lower a window one clock step, give it a
     neighbouring window's clock (one step fewer, one transition less), or raise it one step while
-    another window goes one step lower. A move is kept when the predicted energy (mean latency)
-    drops and the worst case (worst_case) keeps the budget; rounds go on until none is kept or
+    another window goes one step lower. A move is kept when the predicted energy drops and the
+    predicted time keeps the budget, both in expectation over the clock-request latencies
+    (check.expected); rounds go on until none is kept or
     `evaluations` candidate policies have been predicted. Windows are tried in order of the energy
     they hold."""
     p, items = sol.problem, sol.items
@@ -47,8 +48,9 @@ def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluati
                     choice[other[0]] = other[1]
                 s2 = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
                 pol2 = build(s2)
-                e2 = expected(tables, pol2, transitions_ms).energy_j
-                if e2 < energy * (1 - 1e-6) and worst_case(tables, pol2, transitions_ms).makespan_ns <= deadline:
+                pred2 = expected(tables, pol2, transitions_ms)
+                e2 = pred2.energy_j
+                if e2 < energy * (1 - 1e-6) and pred2.makespan_ns <= deadline:
                     sol, policy, energy = s2, pol2, e2
                     moves += 1
                     improved = True

@@ -16,7 +16,7 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import deadline_ns, expected, fit_to_prediction, planning_latencies, worst_case
+from emo.optimize.pipeline.check import deadline_ns, expected, fit_to_prediction, planning_latencies
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
 from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
@@ -45,9 +45,10 @@ def project(sol: Solution, items: Items) -> np.ndarray:
     return np.minimum(np.searchsorted(p.clocks_mhz, mean - 1e-6), p.n_clocks - 1)
 
 
-def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms: tuple[float, ...], solves: int = 6):
+def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms, solves: int = 6):
     """(solution, policy, info): the DP's pick at the largest budget whose policy keeps `budget` in
-    the predictor's worst case (check.worst_case), least predicted energy among those; at most
+    the predictor's expectation over the clock-request latencies (check.expected), least predicted
+    energy among those; at most
     `solves` DP solves.
 
     The DP charges neither clock transitions nor windows drifting on the wall clock, so its pick at
@@ -66,12 +67,13 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms
     for _ in range(solves):
         sol = solve_at(b)
         policy = build(sol)
-        worst = worst_case(tables, policy, transitions_ms).makespan_ns
+        pred = expected(tables, policy, transitions_ms)
+        worst = pred.makespan_ns
         slowdown = worst / base.makespan_ns - 1.0
         info["budget_tries"].append([round(b, 6), round(slowdown, 6)])
         same, last = sol.choice.tobytes() == last, sol.choice.tobytes()
         if worst <= deadline:
-            e = expected(tables, policy, transitions_ms).energy_j
+            e = pred.energy_j
             if best is None or e < best[0]:
                 best = (e, b, sol, policy, slowdown)
             lo = b
@@ -116,14 +118,16 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
     record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6,
-                    "transition_ms": [round(x, 4) for x in lats], "transition_source": source}
+                    "transition_ms": lats.range(), "transition_source": source,
+                    "latency_quadrature": {"nodes_ms": [round(x, 4) for x in lats.nodes],
+                                           "weights": [round(x, 6) for x in lats.weights]}}
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def build(s: Solution) -> FrequencyPolicy:
         return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables.device_keys),
-                            transition_ms=(lats[0], lats[-1]), min_interval_ms=min_interval,
+                            transition_ms=(lats.lo, lats.hi), min_interval_ms=min_interval,
                             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
                             window_start_ms=starts(s) * 1e-6,
                             window_clear_ms=planned_window_clear(s, tables, timing) * 1e-6)
@@ -143,7 +147,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         start_energy = energy(policy)
         sol, policy, checked["predictor_moves"] = polish_on_predictor(
             tables, sol, build, budget=plan_budget, evaluations=int(opt["predictor_evaluations"]), transitions_ms=lats)
-        checked["predictor_slowdown"] = worst_case(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        checked["predictor_slowdown"] = expected(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
         checked.update({"start_energy_j": start_energy, "polished_energy_j": energy(policy)})
         return sol, policy, checked
 
