@@ -10,7 +10,9 @@ in the DP's model can end late.
 
 The repair walks the predicted critical path: a slowed pack on it that runs (at its start or its
 end) under a window slower than the clock the DP gave it gets that window raised to the DP's clock
-(drift); when there is none, the slowed windows the critical path runs under go one clock step up.
+(drift); when there is none, the slowed windows the critical path runs under go one clock step up;
+when it runs under fast windows only (a raise into one landed late: a stall), the window before
+each takes its clock, so there is no raise to wait for.
 Each round raises at least one window, so the loop ends (at worst at the max-clock baseline); it
 is bounded by a count of rounds, never by time.
 """
@@ -208,11 +210,18 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
                 raised = True
         if not raised:  # no drift on the critical path: speed up the slowed windows it runs under
             ks = np.unique(np.concatenate([grp[crit] * nwin + w for w in wins]))
-            ks = ks[choice[ks] < p.ref]
-            if len(ks) == 0:
-                break
-            choice[ks] = np.minimum(choice[ks] + 1, p.ref)
-            info["predictor_step_raises"] += len(ks)
+            slow = ks[choice[ks] < p.ref]
+            if len(slow):
+                choice[slow] = np.minimum(choice[slow] + 1, p.ref)
+                info["predictor_step_raises"] += len(slow)
+            else:  # it runs under fast windows only: a raise into one landed late (a stall), so the
+                # window before it (its group's previous, wrapping) takes its clock: no raise to wait for
+                prev = np.where(ks % nwin > 0, ks - 1, ks + nwin - 1)
+                low = choice[prev] < choice[ks]
+                if not low.any():
+                    break
+                np.maximum.at(choice, prev[low], choice[ks[low]])
+                info["predictor_merge_raises"] = info.get("predictor_merge_raises", 0) + int(low.sum())
         sol = Solution(p, items, choice.copy(), sol.method, sol.budget, info=sol.info)
         policy = build(sol)
         pred = worst(policy)
