@@ -243,3 +243,27 @@ def test_the_plan_pays_for_the_measured_stalls():
     body_only = expected(t, policy, planning_latencies(opt, {"samples": body})[0])
     with_stalls = expected(t, policy, lats)
     assert with_stalls.makespan_ns > body_only.makespan_ns + 0.5 * MS
+
+
+def test_a_late_raise_into_a_fast_window_is_merged_into_the_window_before(monkeypatch):
+    """The critical path (X, in window 1 at max clock) is late though nothing it runs under is slow:
+    the raise into window 1 stalled. The repair gives window 0 window 1's clock (no raise to wait
+    for); it used to give up there (nothing slow to raise) and fall back to max clocks everywhere."""
+    import dataclasses
+
+    from emo.optimize.pipeline import check
+
+    t, p, timing, items, build, base = _setup()
+    sol = Solution(p, items, np.array([0, 2, 2]), "emo", 0.0)  # A's window slow, X's and the last at max
+
+    def stalled(tables, policy, lats):  # late while any window is slower than X's clock
+        real = predict(tables, policy, transition_ms=10.0)
+        late = any(s.sm_mhz < 1410 for s in policy.steps[0])
+        return dataclasses.replace(real, makespan_ns=base.makespan_ns * (1.05 if late else 1.0))
+
+    monkeypatch.setattr(check, "expected", stalled)
+    monkeypatch.setattr(check, "critical_path", lambda *a: np.array([int(np.flatnonzero(t.compiled.order == 1)[0])]))
+    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
+                                            transitions_ms=LATS)
+    assert info.get("predictor_merge_raises") == 1 and "predictor_fallback" not in info
+    assert list(fixed.choice) == [2, 2, 2] and info["predictor_step_raises"] == 0  # by the merge, not a step raise
