@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-from itertools import repeat
+from itertools import count, repeat
 from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any, Union
@@ -176,19 +176,38 @@ def read_kineto(path: Path, rank: int | None = None):
 
 def _kinds(path: Path, events: list) -> np.ndarray:
     """Each event's kind as a code into KIND_CODES (0: not one EMO reads), one dict look-up per
-    event in C."""
-    cats = list(map(_CAT, events))
+    event in C (a category not seen before is classified once, by the table's __missing__)."""
     try:
-        seen = set(cats)
+        return np.fromiter(map(_KindTable(path).__getitem__, map(_CAT, events)), dtype=np.int8, count=len(events))
     except TypeError:  # an unhashable (list, dict) category somewhere: read it as no category
-        cats = [c if isinstance(c, str) else None for c in cats]
-        seen = set(cats)
-    table = dict(_CODE_OF_CAT)
-    for cat in seen - table.keys():
+        cats = [c if isinstance(c, str) else None for c in map(_CAT, events)]
+        return np.fromiter(map(_KindTable(path).__getitem__, cats), dtype=np.int8, count=len(cats))
+
+
+class _KindTable(dict):
+    """Category -> kind code, the known spellings preloaded; any other category is looked at once."""
+
+    def __init__(self, path: Path):
+        super().__init__(_CODE_OF_CAT)
+        self.path = path
+
+    def __missing__(self, cat) -> int:
         if isinstance(cat, str) and cat.lower() in HIP_CATEGORIES:
-            raise ValueError(f"{path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
-        table[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower()), 0) if isinstance(cat, str) else 0
-    return np.fromiter(map(table.__getitem__, cats), dtype=np.int8, count=len(cats))
+            raise ValueError(f"{self.path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
+        code = self[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower()), 0) if isinstance(cat, str) else 0
+        return code
+
+
+def _factorize(values, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes into the distinct values in order of first appearance (pd.factorize's order), by one
+    dict look-up per value in C; raises TypeError on a missing (None) or unhashable value."""
+    first: dict = {}
+    at = np.fromiter(map(first.setdefault, values, count()), dtype=np.int64, count=n)
+    if None in first:
+        raise TypeError("a missing value")
+    lut = np.zeros(n, np.int64)
+    lut[np.fromiter(first.values(), dtype=np.int64, count=len(first))] = np.arange(len(first))
+    return lut[at], _objects(first, len(first))
 
 
 def _read_kineto(path: Path, rank: int | None):
@@ -207,11 +226,8 @@ def _read_kineto(path: Path, rank: int | None):
     kind_arr = _KIND_NAMES[codes]
     n = len(kept)
 
-    name = _objects(map(_NAME, kept), n)
-    name_codes, name_values = pd.factorize(name)  # a missing (None) name is coded -1
     try:
-        if n and name_codes.min() < 0:
-            raise TypeError
+        name_codes, name_values = _factorize(map(_NAME, kept), n)
         ts_us = np.fromiter(map(_TS, kept), dtype=np.float64, count=n)
         dur_us = np.fromiter(map(_DUR, kept), dtype=np.float64, count=n)
         if np.isnan(ts_us).any() or np.isnan(dur_us).any():  # a missing (None) value may read as NaN
@@ -223,12 +239,12 @@ def _read_kineto(path: Path, rank: int | None):
         big = np.abs(col) > _MAX_US
         if big.any():
             i = int(np.argmax(big))
-            raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a {what} of "
+            raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
                              f"{col[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)")
     ts, dur = _us_to_ns(ts_us), _us_to_ns(dur_us)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
-        raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a negative duration")
+        raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a negative duration")
     runtime = codes == _CODE["runtime"]
     hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
@@ -258,7 +274,7 @@ def _read_kineto(path: Path, rank: int | None):
     sync_kind = np.full(n, "", dtype=object)
     sv = arg("cuda_sync_kind", ints=False)
     ss = sub == _CODE["sync"]
-    sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name[need[ss]], sv[ss])]
+    sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name_values[name_codes[need[ss]]], sv[ss])]
     pg = np.full(n, "", dtype=object)
     granks = np.full(n, "", dtype=object)
     kern = sub == _CODE["kernel"]
