@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
+from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, is_nccl
 
@@ -38,22 +38,22 @@ class _Builder:
         n = len(self.ev)
         self.in_node = np.full(n, -1, np.int64)   # node an incoming edge of this event attaches to
         self.out_node = np.full(n, -1, np.int64)  # node an outgoing edge leaves from
-        self.nodes: list[pd.DataFrame] = []
-        self.edges: list[pd.DataFrame] = []
+        self.nodes: list[tuple[int, dict]] = []  # (rows, columns): one frame is built at the end
+        self.edges: list[tuple] = []  # (src, dst, kind, from_start)
         self.n_nodes = 0
         self.meta: dict = {}
 
     def add_nodes(self, **cols) -> np.ndarray:
-        df = pd.DataFrame(cols)
-        ids = np.arange(self.n_nodes, self.n_nodes + len(df), dtype=np.int64)
-        self.n_nodes += len(df)
-        self.nodes.append(df)
+        n = max((len(v) for v in cols.values() if not isinstance(v, (str, int))), default=0)
+        ids = np.arange(self.n_nodes, self.n_nodes + n, dtype=np.int64)
+        self.n_nodes += n
+        self.nodes.append((n, cols))
         return ids
 
     def add_edges(self, src, dst, kind: str, from_start: bool = False) -> None:
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         ok = (src >= 0) & (dst >= 0) & (src != dst)
-        self.edges.append(pd.DataFrame({"src": src[ok], "dst": dst[ok], "kind": kind, "from_start": from_start}))
+        self.edges.append((src[ok], dst[ok], kind, from_start))
 
     # ------------------------------------------------------------------ GPU side
     def gpu_ops(self) -> None:
@@ -363,12 +363,24 @@ class _Builder:
         self.add_edges(sn[:-1][same], sn[1:][same], "program")
 
     def finish(self) -> Graph:
-        nodes = typed(pd.concat(self.nodes, ignore_index=True), NODE_COLUMNS)
+        cols = {}
+        for c, t in NODE_COLUMNS.items():
+            parts = [np.broadcast_to(np.asarray(v[c], dtype=object if t == "str" else None), (n,))
+                     for n, v in self.nodes]
+            cols[c] = np.concatenate(parts) if parts else np.array([], dtype=object if t == "str" else t)
+        cols["dur_ns"] = cols["dur_ns"].astype(np.int64)
         if len(self.nodes_dur_zero):
-            nodes.loc[self.nodes_dur_zero, "dur_ns"] = 0
-        edges = pd.concat(self.edges, ignore_index=True) if self.edges else pd.DataFrame(
-            {c: [] for c in EDGE_COLUMNS})
-        edges = typed(edges.drop_duplicates(["src", "dst", "from_start"]), EDGE_COLUMNS)
+            cols["dur_ns"][self.nodes_dur_zero] = 0
+        nodes = pd.DataFrame({c: pd.Series(cols[c], dtype=t) if t == "str" else cols[c].astype(t)
+                              for c, t in NODE_COLUMNS.items()})
+        src = np.concatenate([e[0] for e in self.edges] or [np.array([], np.int64)])
+        dst = np.concatenate([e[1] for e in self.edges] or [np.array([], np.int64)])
+        kind = np.concatenate([np.full(len(e[0]), e[2], dtype=object) for e in self.edges] or [np.array([], object)])
+        fs = np.concatenate([np.full(len(e[0]), e[3], dtype=bool) for e in self.edges] or [np.array([], bool)])
+        # the first of each (src, dst, from_start), in the order added
+        first = np.sort(np.unique((src * (2 * self.n_nodes + 2) + dst * 2 + fs), return_index=True)[1])
+        edges = pd.DataFrame({"src": src[first], "dst": dst[first], "kind": pd.Series(kind[first], dtype="str"),
+                              "from_start": fs[first]})
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
 
