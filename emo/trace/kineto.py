@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
+import os
 import re
 from itertools import count, repeat
 from operator import attrgetter, eq
@@ -113,17 +115,43 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
+@contextlib.contextmanager
+def mapped_text(path: Path):
+    """The file's JSON text for one parse: a gzipped file inflated, a plain one mapped into memory
+    read-only (the parser reads the page cache: no copy into a bytes object, nor the page faults
+    of that copy)."""
+    try:
+        with path.open("rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+            size = os.fstat(f.fileno()).st_size
+            text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size and not gz else None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if text is None:  # gzipped or empty: read_bytes inflates it and names what is wrong
+        yield read_bytes(path)
+        return
+    try:
+        if _NON_SPACE.search(text) is None:
+            raise ValueError(f"{path}: empty file")
+        yield text
+    finally:
+        text.close()
+
+
+_NON_SPACE = re.compile(rb"\S")
+
+
 def decode_events(path: Path) -> tuple[list[_Event], dict]:
     """The events and distributedInfo of one trace file (typed decoding: 4x faster than dicts)."""
-    raw = read_bytes(path)
-    try:
-        if raw.lstrip()[:1] == b"[":
-            return _EVENTS.decode(raw), {}
-        doc = _TRACE.decode(raw)
-    except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
-        raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
-    except msgspec.DecodeError as e:
-        raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+    with mapped_text(path) as raw:
+        try:
+            if _NON_SPACE.search(raw).group() == b"[":  # the bare-array Chrome trace form
+                return _EVENTS.decode(raw), {}
+            doc = _TRACE.decode(raw)
+        except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
+            raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
+        except msgspec.DecodeError as e:
+            raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     return doc.traceEvents, info
 
