@@ -330,19 +330,16 @@ class _Builder:
 
         # CPU intervals: before each top-level call (from the previous call's end or the thread's
         # first host event) and after the thread's last call (to its last host event)
-        host = ev.loc[ev["device"] < 0, ["rank", "pid", "thread", "start_ns", "dur_ns"]]
-        ext = host.assign(end=host["start_ns"] + host["dur_ns"]).groupby(["rank", "pid", "thread"]).agg(
-            lo=("start_ns", "min"), hi=("end", "max"))
-        te = top.join(ext, on=["rank", "pid", "thread"])
+        lo, hi = self._thread_extents(top["row"].to_numpy())
         first = np.r_[True, top["grp"].to_numpy()[1:] != top["grp"].to_numpy()[:-1]]
         last = np.r_[first[1:], True]
-        prev_end = np.where(first, te["lo"].to_numpy(), np.r_[0, top["end"].to_numpy()[:-1]])
+        prev_end = np.where(first, lo, np.r_[0, top["end"].to_numpy()[:-1]])
         gap = top["start"].to_numpy() - prev_end
         g = gap > 0
         gap_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[g], device=-1, stream=-1,
                                  thread=top["thread"].to_numpy()[g], start_ns=prev_end[g], dur_ns=gap[g],
                                  name="cpu", event=-1)
-        tail = te["hi"].to_numpy() - top["end"].to_numpy()
+        tail = hi - top["end"].to_numpy()
         t = last & (tail > 0)
         tail_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[t], device=-1, stream=-1,
                                   thread=top["thread"].to_numpy()[t], start_ns=top["end"].to_numpy()[t],
@@ -361,6 +358,24 @@ class _Builder:
         sg, sn = sg[o], sn[o]
         same = sg[1:] == sg[:-1]
         self.add_edges(sn[:-1][same], sn[1:][same], "program")
+
+    def _thread_extents(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For host event rows: the first start and last end of any host event on their thread."""
+        ev = self.ev
+        host = np.flatnonzero(ev["device"].to_numpy() < 0)
+        rank, pid, thread = (ev[c].to_numpy(np.int64)[host] for c in ("rank", "pid", "thread"))
+        start = ev["start_ns"].to_numpy(np.int64)[host]
+        end = start + ev["dur_ns"].to_numpy(np.int64)[host]
+        o = np.lexsort((thread, pid, rank))
+        new = np.r_[True, (rank[o][1:] != rank[o][:-1]) | (pid[o][1:] != pid[o][:-1])
+                    | (thread[o][1:] != thread[o][:-1])]
+        heads = np.flatnonzero(new)
+        grp = np.full(len(ev), -1, np.int64)
+        grp[host[o]] = np.cumsum(new) - 1
+        g = grp[rows]
+        if len(heads) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.minimum.reduceat(start[o], heads)[g], np.maximum.reduceat(end[o], heads)[g]
 
     def finish(self) -> Graph:
         cols = {}
