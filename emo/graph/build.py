@@ -153,28 +153,25 @@ class _Builder:
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
         ev = self.ev
-        # only the columns used: a row selection then copies no text column
-        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0),
-                    ["rank", "correlation", "start_ns", "pid", "thread"]]
-        # a launch is a call with GPU work of the same correlation; prefer the outermost call
-        rt = rt.assign(row=rt.index.to_numpy()).drop_duplicates(["rank", "correlation"], keep="first")
-        ops = ev.loc[ev["kind"].isin(GPU_OP_KINDS), ["rank", "device", "stream", "start_ns", "correlation"]]
-        ops = ops.assign(row=ops.index.to_numpy())
-        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]].rename(
-            columns={"pid": "pid_call", "thread": "thread_call"}), how="left", on=["rank", "correlation"],
-            suffixes=("", "_call"))
-        has = j["row_call"].notna().to_numpy()
-        call_rows = j.loc[has, "row_call"].to_numpy(np.int64)
-        self.add_edges(self.call_node[call_rows], self.in_node[j.loc[has, "row"].to_numpy()], "launch",
-                       from_start=True)
-        launch_t = np.where(has, j["start_ns_call"].fillna(0).to_numpy(np.int64), j["start_ns"].to_numpy())
+        rank, corr, start, device, stream, pid, thread = (ev[c].to_numpy(np.int64) for c in (
+            "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
+        rt = np.flatnonzero(((ev["kind"] == "runtime") & (ev["correlation"] >= 0)).to_numpy())
+        ops = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
+        # a launch is a call with GPU work of the same (rank, correlation); prefer the outermost
+        # call, i.e. the first in table order (ranks < 2^23, correlation ids < 2^40)
+        keys, first = np.unique(rank[rt] * (1 << 40) + corr[rt], return_index=True)
+        key_op = rank[ops] * (1 << 40) + corr[ops]
+        pos = np.minimum(np.searchsorted(keys, key_op), max(len(keys) - 1, 0))
+        has = (keys[pos] == key_op) & (corr[ops] >= 0) if len(keys) else np.zeros(len(ops), bool)
+        call_row = np.full(len(ops), -1, np.int64)
+        call_row[has] = rt[first[pos[has]]]
+        self.add_edges(self.call_node[call_row[has]], self.in_node[ops[has]], "launch", from_start=True)
         self.ops = pd.DataFrame({
-            "rank": j["rank"].to_numpy(), "device": j["device"].to_numpy(), "stream": j["stream"].to_numpy(),
-            "t": launch_t, "row": j["row"].to_numpy(), "call_row": np.where(has, j["row_call"].fillna(-1), -1).astype(np.int64),
-            "pid": j["pid_call"].fillna(-1).to_numpy(np.int64), "thread": j["thread_call"].fillna(-1).to_numpy(np.int64),
-            "correlation": j["correlation"].to_numpy(),
-        }).astype({"rank": np.int64, "device": np.int64, "stream": np.int64, "t": np.int64}
-                  ).sort_values("t", kind="stable").reset_index(drop=True)
+            "rank": rank[ops], "device": device[ops], "stream": stream[ops],
+            "t": np.where(has, start[np.maximum(call_row, 0)], start[ops]), "row": ops.astype(np.int64),
+            "call_row": call_row, "pid": np.where(has, pid[np.maximum(call_row, 0)], -1),
+            "thread": np.where(has, thread[np.maximum(call_row, 0)], -1), "correlation": corr[ops],
+        }).sort_values("t", kind="stable").reset_index(drop=True)
 
     def _last_op_before(self, q: pd.DataFrame) -> pd.DataFrame:
         """For queries (rank, device, stream, t): the last op on that stream launched before t."""
