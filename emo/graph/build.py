@@ -289,7 +289,11 @@ class _Builder:
         prev = _asof_join(cand, launched.rename(columns={"t": "t_op"}).sort_values("t_op"), "t", "t_op",
                           ["rank", "pid", "thread", "device", "stream"])
         prev = prev.sort_values("t_op").drop_duplicates("key", keep="last")
-        pair = prev[["key", "row"]].astype(np.int64).merge(nxt[["key", "row"]], on="key", suffixes=("_src", "_dst"))
+        dst_of = np.full(len(calls), -1, np.int64)  # keys are unique in both: a look-up, not a merge
+        dst_of[nxt["key"].to_numpy(np.int64)] = nxt["row"].to_numpy(np.int64)
+        src_key = prev["key"].to_numpy(np.int64)
+        hit = dst_of[src_key] >= 0
+        pair = pd.DataFrame({"row_src": prev["row"].to_numpy(np.int64)[hit], "row_dst": dst_of[src_key][hit]})
         # a guessed dependency the recorded timeline contradicts is not one: keep only consistent ones
         ev = self.ev
         src_end = (ev["start_ns"] + ev["dur_ns"]).to_numpy()[pair["row_src"].to_numpy()]
