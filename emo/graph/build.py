@@ -364,7 +364,7 @@ class _Builder:
         end = start + ev["dur_ns"].to_numpy(np.int64)[host]
         o = np.lexsort((thread, pid, rank))
         new = np.r_[True, (rank[o][1:] != rank[o][:-1]) | (pid[o][1:] != pid[o][:-1])
-                    | (thread[o][1:] != thread[o][:-1])]
+                    | (thread[o][1:] != thread[o][:-1])][:len(o)]
         heads = np.flatnonzero(new)
         grp = np.full(len(ev), -1, np.int64)
         grp[host[o]] = np.cumsum(new) - 1

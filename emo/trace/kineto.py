@@ -120,14 +120,14 @@ def mapped_text(path: Path):
     """The file's JSON text for one parse: a gzipped file inflated, a plain one mapped into memory
     read-only (the parser reads the page cache: no copy into a bytes object, nor the page faults
     of that copy)."""
+    text = None
     try:
         with path.open("rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-            size = os.fstat(f.fileno()).st_size
-            text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size and not gz else None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
-    if text is None:  # gzipped or empty: read_bytes inflates it and names what is wrong
+            if f.read(2) != b"\x1f\x8b" and os.fstat(f.fileno()).st_size:
+                text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # not mappable (a pipe, some file systems): read_bytes reads it
+        pass
+    if text is None:  # gzipped, empty or not mappable: read_bytes inflates it and names what is wrong
         yield read_bytes(path)
         return
     try:
