@@ -473,6 +473,8 @@ def _ranges(ranks: list[int]) -> str:
 def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
     """Why the collectives not matched across ranks are not: one entry per group and reason."""
     out = []
+    if c.empty:  # (a groupby over no rows still costs its fixed overhead)
+        return out
     for (key, absent, expected), x in c.groupby(["key", "absent", "expected"], sort=True):
         if absent:
             why = f"ranks {absent} are absent from the trace"
