@@ -43,7 +43,9 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
 
     events = read_trace(path)
     if rank is not None:
-        events = events[events["rank"] == rank].reset_index(drop=True)
+        mine = (events["rank"] == rank).to_numpy()
+        if not mine.all():  # (a one-rank trace is not copied)
+            events = events[mine].reset_index(drop=True)
         if events.empty:
             raise ValueError(f"{path}: no events on rank {rank}")
     window = clip_window(events, annotation, instance) if annotation else events

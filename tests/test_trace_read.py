@@ -185,3 +185,32 @@ def test_parallel_reader_passes_the_one_line_error_on(tmp_path, monkeypatch):
     (tmp_path / "b.json").write_bytes(b'{"traceEvents": [')
     with pytest.raises(ValueError, match=r"b\.json: truncated or malformed JSON"):
         read_trace(tmp_path)
+
+
+def test_plain_json_reads_like_its_gzip(tmp_path):
+    """A plain file (parsed from a memory map), its gzipped copy, the bare-array form with leading
+    whitespace: the same table."""
+    doc = _small_doc()
+    plain, bare = tmp_path / "t.json", tmp_path / "bare.json"
+    plain.write_text(json.dumps(doc))
+    bare.write_text("  \n" + json.dumps(doc["traceEvents"]))
+    want = read_trace(ES1)
+    assert read_trace(plain).equals(want)
+    assert read_trace(bare).equals(want)
+
+
+def test_whitespace_only_file(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_bytes(b" \n\t ")
+    with pytest.raises(ValueError, match=r"t\.json: empty file"):
+        read_trace(p)
+
+
+def test_missing_name_is_one_line(tmp_path):
+    doc = _small_doc()
+    k = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    del k["name"]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"t\.json: event #\d+ \(kernel\) lacks the field 'name'"):
+        read_trace(p)

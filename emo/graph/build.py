@@ -17,13 +17,13 @@ waited for. Edges: every happens-before the trace implies (see EDGE_KINDS):
               (`collective`, from the last arrival to its kernel's end). The wait of early ranks is
               thus attributed to whatever made the last rank late.
 
-Everything is vectorised over the event table (merge_asof, groupby), no loop over events."""
+Everything is vectorised over the event table (sorted as-of look-ups, groupby), no loop over events."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
+from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, is_nccl
 
@@ -38,22 +38,22 @@ class _Builder:
         n = len(self.ev)
         self.in_node = np.full(n, -1, np.int64)   # node an incoming edge of this event attaches to
         self.out_node = np.full(n, -1, np.int64)  # node an outgoing edge leaves from
-        self.nodes: list[pd.DataFrame] = []
-        self.edges: list[pd.DataFrame] = []
+        self.nodes: list[tuple[int, dict]] = []  # (rows, columns): one frame is built at the end
+        self.edges: list[tuple] = []  # (src, dst, kind, from_start)
         self.n_nodes = 0
         self.meta: dict = {}
 
     def add_nodes(self, **cols) -> np.ndarray:
-        df = pd.DataFrame(cols)
-        ids = np.arange(self.n_nodes, self.n_nodes + len(df), dtype=np.int64)
-        self.n_nodes += len(df)
-        self.nodes.append(df)
+        n = max((len(v) for v in cols.values() if not isinstance(v, (str, int))), default=0)
+        ids = np.arange(self.n_nodes, self.n_nodes + n, dtype=np.int64)
+        self.n_nodes += n
+        self.nodes.append((n, cols))
         return ids
 
     def add_edges(self, src, dst, kind: str, from_start: bool = False) -> None:
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         ok = (src >= 0) & (dst >= 0) & (src != dst)
-        self.edges.append(pd.DataFrame({"src": src[ok], "dst": dst[ok], "kind": kind, "from_start": from_start}))
+        self.edges.append((src[ok], dst[ok], kind, from_start))
 
     # ------------------------------------------------------------------ GPU side
     def gpu_ops(self) -> None:
@@ -153,28 +153,25 @@ class _Builder:
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
         ev = self.ev
-        # only the columns used: a row selection then copies no text column
-        rt = ev.loc[(ev["kind"] == "runtime") & (ev["correlation"] >= 0),
-                    ["rank", "correlation", "start_ns", "pid", "thread"]]
-        # a launch is a call with GPU work of the same correlation; prefer the outermost call
-        rt = rt.assign(row=rt.index.to_numpy()).drop_duplicates(["rank", "correlation"], keep="first")
-        ops = ev.loc[ev["kind"].isin(GPU_OP_KINDS), ["rank", "device", "stream", "start_ns", "correlation"]]
-        ops = ops.assign(row=ops.index.to_numpy())
-        j = ops.merge(rt[["rank", "correlation", "row", "start_ns", "pid", "thread"]].rename(
-            columns={"pid": "pid_call", "thread": "thread_call"}), how="left", on=["rank", "correlation"],
-            suffixes=("", "_call"))
-        has = j["row_call"].notna().to_numpy()
-        call_rows = j.loc[has, "row_call"].to_numpy(np.int64)
-        self.add_edges(self.call_node[call_rows], self.in_node[j.loc[has, "row"].to_numpy()], "launch",
-                       from_start=True)
-        launch_t = np.where(has, j["start_ns_call"].fillna(0).to_numpy(np.int64), j["start_ns"].to_numpy())
+        rank, corr, start, device, stream, pid, thread = (ev[c].to_numpy(np.int64) for c in (
+            "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
+        rt = np.flatnonzero(((ev["kind"] == "runtime") & (ev["correlation"] >= 0)).to_numpy())
+        ops = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
+        # a launch is a call with GPU work of the same (rank, correlation); prefer the outermost
+        # call, i.e. the first in table order (ranks < 2^23, correlation ids < 2^40)
+        keys, first = np.unique(rank[rt] * (1 << 40) + corr[rt], return_index=True)
+        key_op = rank[ops] * (1 << 40) + corr[ops]
+        pos = np.minimum(np.searchsorted(keys, key_op), max(len(keys) - 1, 0))
+        has = (keys[pos] == key_op) & (corr[ops] >= 0) if len(keys) else np.zeros(len(ops), bool)
+        call_row = np.full(len(ops), -1, np.int64)
+        call_row[has] = rt[first[pos[has]]]
+        self.add_edges(self.call_node[call_row[has]], self.in_node[ops[has]], "launch", from_start=True)
         self.ops = pd.DataFrame({
-            "rank": j["rank"].to_numpy(), "device": j["device"].to_numpy(), "stream": j["stream"].to_numpy(),
-            "t": launch_t, "row": j["row"].to_numpy(), "call_row": np.where(has, j["row_call"].fillna(-1), -1).astype(np.int64),
-            "pid": j["pid_call"].fillna(-1).to_numpy(np.int64), "thread": j["thread_call"].fillna(-1).to_numpy(np.int64),
-            "correlation": j["correlation"].to_numpy(),
-        }).astype({"rank": np.int64, "device": np.int64, "stream": np.int64, "t": np.int64}
-                  ).sort_values("t", kind="stable").reset_index(drop=True)
+            "rank": rank[ops], "device": device[ops], "stream": stream[ops],
+            "t": np.where(has, start[np.maximum(call_row, 0)], start[ops]), "row": ops.astype(np.int64),
+            "call_row": call_row, "pid": np.where(has, pid[np.maximum(call_row, 0)], -1),
+            "thread": np.where(has, thread[np.maximum(call_row, 0)], -1), "correlation": corr[ops],
+        }).sort_values("t", kind="stable").reset_index(drop=True)
 
     def _last_op_before(self, q: pd.DataFrame) -> pd.DataFrame:
         """For queries (rank, device, stream, t): the last op on that stream launched before t."""
@@ -189,9 +186,8 @@ class _Builder:
         if q.empty:
             return q.assign(op_row=pd.Series(dtype=np.int64))
         q = q.sort_values("t", kind="stable")
-        r = pd.merge_asof(q, self.ops[["rank", "device", "stream", "t", "row"]].rename(columns={"row": "op_row"}),
-                          on="t", by=["rank", "device", "stream"], direction=direction, allow_exact_matches=False)
-        return r.dropna(subset=["op_row"]).astype({"op_row": np.int64})
+        return _asof_join(q, self.ops[["rank", "device", "stream", "t", "row"]].rename(columns={"row": "op_row"}),
+                          "t", "t", ["rank", "device", "stream"], direction == "forward")
 
     def syncs(self) -> pd.DataFrame:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
@@ -247,12 +243,11 @@ class _Builder:
                 pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
         st = bare[bare["name"].isin(["cudaStreamSynchronize", "cuStreamSynchronize"])]
         if len(st):  # the stream is the one this thread last launched on
-            lq = pd.merge_asof(pd.DataFrame({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"],
-                                             "t": st["start"], "call_row": st["row"]}).astype(np.int64).sort_values("t"),
-                               self.ops[self.ops["call_row"] >= 0][["rank", "pid", "thread", "t", "device", "stream"]],
-                               on="t", by=["rank", "pid", "thread"], allow_exact_matches=False).dropna()
-            waits.append(self._last_op_before(lq.astype({"device": np.int64, "stream": np.int64})[
-                ["rank", "device", "stream", "t", "call_row"]]))
+            lq = _asof_join(pd.DataFrame({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"],
+                                          "t": st["start"], "call_row": st["row"]}).astype(np.int64).sort_values("t"),
+                            self.ops[self.ops["call_row"] >= 0][["rank", "pid", "thread", "t", "device", "stream"]],
+                            "t", "t", ["rank", "pid", "thread"])
+            waits.append(self._last_op_before(lq[["rank", "device", "stream", "t", "call_row"]]))
         cp = self.ops[self.ops["call_row"] >= 0]
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
@@ -284,20 +279,21 @@ class _Builder:
         launched = self.ops[self.ops["call_row"] >= 0][["rank", "pid", "thread", "t", "device", "stream", "row"]]
         q = pd.DataFrame({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"],
                           "t": calls["start"], "key": np.arange(len(calls))}).astype(np.int64).sort_values("t")
-        nxt = pd.merge_asof(q, launched, on="t", by=["rank", "pid", "thread"], direction="forward",
-                            allow_exact_matches=False).dropna()
-        nxt = nxt.astype({"device": np.int64, "stream": np.int64, "row": np.int64})
+        nxt = _asof_join(q, launched, "t", "t", ["rank", "pid", "thread"], forward=True)
         streams = launched[["rank", "pid", "thread", "device", "stream"]].drop_duplicates()
         cand = nxt[["rank", "pid", "thread", "t", "key", "stream"]].rename(columns={"stream": "waiting"}).merge(
             streams, on=["rank", "pid", "thread"])
         cand = cand[cand["stream"] != cand["waiting"]].sort_values("t", kind="stable")
         if cand.empty:
             return
-        prev = pd.merge_asof(cand, launched.rename(columns={"t": "t_op"}).sort_values("t_op"), left_on="t",
-                             right_on="t_op", by=["rank", "pid", "thread", "device", "stream"],
-                             allow_exact_matches=False).dropna(subset=["row"])
+        prev = _asof_join(cand, launched.rename(columns={"t": "t_op"}).sort_values("t_op"), "t", "t_op",
+                          ["rank", "pid", "thread", "device", "stream"])
         prev = prev.sort_values("t_op").drop_duplicates("key", keep="last")
-        pair = prev[["key", "row"]].astype(np.int64).merge(nxt[["key", "row"]], on="key", suffixes=("_src", "_dst"))
+        dst_of = np.full(len(calls), -1, np.int64)  # keys are unique in both: a look-up, not a merge
+        dst_of[nxt["key"].to_numpy(np.int64)] = nxt["row"].to_numpy(np.int64)
+        src_key = prev["key"].to_numpy(np.int64)
+        hit = dst_of[src_key] >= 0
+        pair = pd.DataFrame({"row_src": prev["row"].to_numpy(np.int64)[hit], "row_dst": dst_of[src_key][hit]})
         # a guessed dependency the recorded timeline contradicts is not one: keep only consistent ones
         ev = self.ev
         src_end = (ev["start_ns"] + ev["dur_ns"]).to_numpy()[pair["row_src"].to_numpy()]
@@ -330,19 +326,16 @@ class _Builder:
 
         # CPU intervals: before each top-level call (from the previous call's end or the thread's
         # first host event) and after the thread's last call (to its last host event)
-        host = ev.loc[ev["device"] < 0, ["rank", "pid", "thread", "start_ns", "dur_ns"]]
-        ext = host.assign(end=host["start_ns"] + host["dur_ns"]).groupby(["rank", "pid", "thread"]).agg(
-            lo=("start_ns", "min"), hi=("end", "max"))
-        te = top.join(ext, on=["rank", "pid", "thread"])
+        lo, hi = self._thread_extents(top["row"].to_numpy())
         first = np.r_[True, top["grp"].to_numpy()[1:] != top["grp"].to_numpy()[:-1]]
         last = np.r_[first[1:], True]
-        prev_end = np.where(first, te["lo"].to_numpy(), np.r_[0, top["end"].to_numpy()[:-1]])
+        prev_end = np.where(first, lo, np.r_[0, top["end"].to_numpy()[:-1]])
         gap = top["start"].to_numpy() - prev_end
         g = gap > 0
         gap_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[g], device=-1, stream=-1,
                                  thread=top["thread"].to_numpy()[g], start_ns=prev_end[g], dur_ns=gap[g],
                                  name="cpu", event=-1)
-        tail = te["hi"].to_numpy() - top["end"].to_numpy()
+        tail = hi - top["end"].to_numpy()
         t = last & (tail > 0)
         tail_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[t], device=-1, stream=-1,
                                   thread=top["thread"].to_numpy()[t], start_ns=top["end"].to_numpy()[t],
@@ -362,15 +355,88 @@ class _Builder:
         same = sg[1:] == sg[:-1]
         self.add_edges(sn[:-1][same], sn[1:][same], "program")
 
+    def _thread_extents(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For host event rows: the first start and last end of any host event on their thread."""
+        ev = self.ev
+        host = np.flatnonzero(ev["device"].to_numpy() < 0)
+        rank, pid, thread = (ev[c].to_numpy(np.int64)[host] for c in ("rank", "pid", "thread"))
+        start = ev["start_ns"].to_numpy(np.int64)[host]
+        end = start + ev["dur_ns"].to_numpy(np.int64)[host]
+        o = np.lexsort((thread, pid, rank))
+        new = np.r_[True, (rank[o][1:] != rank[o][:-1]) | (pid[o][1:] != pid[o][:-1])
+                    | (thread[o][1:] != thread[o][:-1])][:len(o)]
+        heads = np.flatnonzero(new)
+        grp = np.full(len(ev), -1, np.int64)
+        grp[host[o]] = np.cumsum(new) - 1
+        g = grp[rows]
+        if len(heads) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.minimum.reduceat(start[o], heads)[g], np.maximum.reduceat(end[o], heads)[g]
+
     def finish(self) -> Graph:
-        nodes = typed(pd.concat(self.nodes, ignore_index=True), NODE_COLUMNS)
+        cols = {}
+        for c, t in NODE_COLUMNS.items():
+            parts = [np.broadcast_to(np.asarray(v[c], dtype=object if t == "str" else None), (n,))
+                     for n, v in self.nodes]
+            cols[c] = np.concatenate(parts) if parts else np.array([], dtype=object if t == "str" else t)
+        cols["dur_ns"] = cols["dur_ns"].astype(np.int64)
         if len(self.nodes_dur_zero):
-            nodes.loc[self.nodes_dur_zero, "dur_ns"] = 0
-        edges = pd.concat(self.edges, ignore_index=True) if self.edges else pd.DataFrame(
-            {c: [] for c in EDGE_COLUMNS})
-        edges = typed(edges.drop_duplicates(["src", "dst", "from_start"]), EDGE_COLUMNS)
+            cols["dur_ns"][self.nodes_dur_zero] = 0
+        nodes = pd.DataFrame({c: pd.Series(cols[c], dtype=t) if t == "str" else cols[c].astype(t)
+                              for c, t in NODE_COLUMNS.items()})
+        src = np.concatenate([e[0] for e in self.edges] or [np.array([], np.int64)])
+        dst = np.concatenate([e[1] for e in self.edges] or [np.array([], np.int64)])
+        kind = np.concatenate([np.full(len(e[0]), e[2], dtype=object) for e in self.edges] or [np.array([], object)])
+        fs = np.concatenate([np.full(len(e[0]), e[3], dtype=bool) for e in self.edges] or [np.array([], bool)])
+        # the first of each (src, dst, from_start), in the order added
+        first = np.sort(np.unique((src * (2 * self.n_nodes + 2) + dst * 2 + fs), return_index=True)[1])
+        edges = pd.DataFrame({"src": src[first], "dst": dst[first], "kind": pd.Series(kind[first], dtype="str"),
+                              "from_start": fs[first]})
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
+
+
+def _asof_join(left: pd.DataFrame, right: pd.DataFrame, on_left: str, on_right: str, by: list[str],
+               forward: bool = False) -> pd.DataFrame:
+    """The rows of `left` that have a match, with the columns of their match in `right`: the row of
+    equal `by` whose `on_right` is the closest strictly before (forward: after) their `on_left`,
+    as pd.merge_asof(allow_exact_matches=False) then dropna would give, at a fraction of its fixed cost."""
+    j = _asof([left[c].to_numpy() for c in by], left[on_left].to_numpy(),
+              [right[c].to_numpy() for c in by], right[on_right].to_numpy(), forward)
+    hit = j >= 0
+    out = left[hit]
+    return out.assign(**{c: right[c].to_numpy()[j[hit]] for c in right.columns if c not in by and c != on_left})
+
+
+def _asof(lkeys: list, lt, rkeys: list, rt, forward: bool = False) -> np.ndarray:
+    """For each left row: the index of the right row with equal keys and the closest t strictly
+    before (forward: strictly after) its own, -1 if none; of right rows with equal t, the last
+    (forward: the first) in right's order, as pd.merge_asof picks. One sort of both sides together."""
+    n, m = len(lt), len(rt)
+    if n == 0 or m == 0:
+        return np.full(n, -1, np.int64)
+    is_r = np.r_[np.zeros(n, bool), np.ones(m, bool)]
+    t = np.r_[np.asarray(lt, np.int64), np.asarray(rt, np.int64)]
+    keys = [np.r_[np.asarray(a, np.int64), np.asarray(b, np.int64)] for a, b in zip(lkeys, rkeys)]
+    # at equal t a backward query sorts before the right rows (none is before it), a forward one after
+    o = np.lexsort((np.arange(n + m), is_r != forward, t, *keys[::-1]))
+    new = np.zeros(n + m, bool)
+    new[0] = True
+    for k in keys:
+        new[1:] |= k[o][1:] != k[o][:-1]
+    pos = np.arange(n + m)
+    r_o = is_r[o]
+    if forward:  # the next right row in sort order, if it is in the same key group
+        nxt = np.minimum.accumulate(np.where(r_o, pos, n + m)[::-1])[::-1]
+        group_end = np.r_[np.flatnonzero(new)[1:], n + m][np.cumsum(new) - 1]
+        hit = np.where(nxt < group_end, nxt, -1)
+    else:  # the previous right row, if it is in the same key group
+        prv = np.maximum.accumulate(np.where(r_o, pos, -1))
+        hit = np.where(prv >= np.maximum.accumulate(np.where(new, pos, 0)), prv, -1)
+    out = np.full(n, -1, np.int64)
+    h = hit[~r_o]
+    out[o[~r_o]] = np.where(h >= 0, o[np.maximum(h, 0)] - n, -1)
+    return out
 
 
 def _participants(c: pd.DataFrame, named, listed, world: int, present: set) -> tuple[np.ndarray, np.ndarray]:
@@ -407,6 +473,8 @@ def _ranges(ranks: list[int]) -> str:
 def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
     """Why the collectives not matched across ranks are not: one entry per group and reason."""
     out = []
+    if c.empty:  # (a groupby over no rows still costs its fixed overhead)
+        return out
     for (key, absent, expected), x in c.groupby(["key", "absent", "expected"], sort=True):
         if absent:
             why = f"ranks {absent} are absent from the trace"

@@ -489,8 +489,13 @@ def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
     key = df[["rank", "device", "stream"]].to_numpy()
     newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
     brk = newgrp | ~pos | np.r_[True, ~pos[:-1]]
-    run = np.cumsum(brk)
-    w = df[pos].assign(run=run[pos]).groupby("run").agg(
-        rank=("rank", "first"), device=("device", "first"), stream=("stream", "first"),
-        start_ns=("start", "min"), end_ns=("end", "max"), slack_ns=("slack", "min"), nodes=("slack", "size"))
-    return w.reset_index(drop=True)
+    run = np.cumsum(brk)[pos]  # a run's ops are adjacent in this order: reduce each run at its head
+    heads = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if len(run) else np.zeros(0, np.int64)
+    col = {c: df[c].to_numpy()[pos] for c in df.columns}
+
+    def reduce(f, c):
+        return f.reduceat(col[c], heads) if len(heads) else col[c][:0]
+
+    return pd.DataFrame({"rank": col["rank"][heads], "device": col["device"][heads], "stream": col["stream"][heads],
+                         "start_ns": reduce(np.minimum, "start"), "end_ns": reduce(np.maximum, "end"),
+                         "slack_ns": reduce(np.minimum, "slack"), "nodes": np.diff(np.r_[heads, len(run)]).astype(np.int64)})

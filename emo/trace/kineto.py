@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
+import os
 import re
-from itertools import repeat
+from itertools import count, repeat
 from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any, Union
@@ -113,17 +115,43 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
+@contextlib.contextmanager
+def mapped_text(path: Path):
+    """The file's JSON text for one parse: a gzipped file inflated, a plain one mapped into memory
+    read-only (the parser reads the page cache: no copy into a bytes object, nor the page faults
+    of that copy)."""
+    text = None
+    try:
+        with path.open("rb") as f:
+            if f.read(2) != b"\x1f\x8b" and os.fstat(f.fileno()).st_size:
+                text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # not mappable (a pipe, some file systems): read_bytes reads it
+        pass
+    if text is None:  # gzipped, empty or not mappable: read_bytes inflates it and names what is wrong
+        yield read_bytes(path)
+        return
+    try:
+        if _NON_SPACE.search(text) is None:
+            raise ValueError(f"{path}: empty file")
+        yield text
+    finally:
+        text.close()
+
+
+_NON_SPACE = re.compile(rb"\S")
+
+
 def decode_events(path: Path) -> tuple[list[_Event], dict]:
     """The events and distributedInfo of one trace file (typed decoding: 4x faster than dicts)."""
-    raw = read_bytes(path)
-    try:
-        if raw.lstrip()[:1] == b"[":
-            return _EVENTS.decode(raw), {}
-        doc = _TRACE.decode(raw)
-    except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
-        raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
-    except msgspec.DecodeError as e:
-        raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+    with mapped_text(path) as raw:
+        try:
+            if _NON_SPACE.search(raw).group() == b"[":  # the bare-array Chrome trace form
+                return _EVENTS.decode(raw), {}
+            doc = _TRACE.decode(raw)
+        except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
+            raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
+        except msgspec.DecodeError as e:
+            raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     return doc.traceEvents, info
 
@@ -176,19 +204,38 @@ def read_kineto(path: Path, rank: int | None = None):
 
 def _kinds(path: Path, events: list) -> np.ndarray:
     """Each event's kind as a code into KIND_CODES (0: not one EMO reads), one dict look-up per
-    event in C."""
-    cats = list(map(_CAT, events))
+    event in C (a category not seen before is classified once, by the table's __missing__)."""
     try:
-        seen = set(cats)
+        return np.fromiter(map(_KindTable(path).__getitem__, map(_CAT, events)), dtype=np.int8, count=len(events))
     except TypeError:  # an unhashable (list, dict) category somewhere: read it as no category
-        cats = [c if isinstance(c, str) else None for c in cats]
-        seen = set(cats)
-    table = dict(_CODE_OF_CAT)
-    for cat in seen - table.keys():
+        cats = [c if isinstance(c, str) else None for c in map(_CAT, events)]
+        return np.fromiter(map(_KindTable(path).__getitem__, cats), dtype=np.int8, count=len(cats))
+
+
+class _KindTable(dict):
+    """Category -> kind code, the known spellings preloaded; any other category is looked at once."""
+
+    def __init__(self, path: Path):
+        super().__init__(_CODE_OF_CAT)
+        self.path = path
+
+    def __missing__(self, cat) -> int:
         if isinstance(cat, str) and cat.lower() in HIP_CATEGORIES:
-            raise ValueError(f"{path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
-        table[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower()), 0) if isinstance(cat, str) else 0
-    return np.fromiter(map(table.__getitem__, cats), dtype=np.int8, count=len(cats))
+            raise ValueError(f"{self.path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
+        code = self[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower()), 0) if isinstance(cat, str) else 0
+        return code
+
+
+def _factorize(values, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes into the distinct values in order of first appearance (pd.factorize's order), by one
+    dict look-up per value in C; raises TypeError on a missing (None) or unhashable value."""
+    first: dict = {}
+    at = np.fromiter(map(first.setdefault, values, count()), dtype=np.int64, count=n)
+    if None in first:
+        raise TypeError("a missing value")
+    lut = np.zeros(n, np.int64)
+    lut[np.fromiter(first.values(), dtype=np.int64, count=len(first))] = np.arange(len(first))
+    return lut[at], _objects(first, len(first))
 
 
 def _read_kineto(path: Path, rank: int | None):
@@ -207,11 +254,8 @@ def _read_kineto(path: Path, rank: int | None):
     kind_arr = _KIND_NAMES[codes]
     n = len(kept)
 
-    name = _objects(map(_NAME, kept), n)
-    name_codes, name_values = pd.factorize(name)  # a missing (None) name is coded -1
     try:
-        if n and name_codes.min() < 0:
-            raise TypeError
+        name_codes, name_values = _factorize(map(_NAME, kept), n)
         ts_us = np.fromiter(map(_TS, kept), dtype=np.float64, count=n)
         dur_us = np.fromiter(map(_DUR, kept), dtype=np.float64, count=n)
         if np.isnan(ts_us).any() or np.isnan(dur_us).any():  # a missing (None) value may read as NaN
@@ -223,12 +267,12 @@ def _read_kineto(path: Path, rank: int | None):
         big = np.abs(col) > _MAX_US
         if big.any():
             i = int(np.argmax(big))
-            raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a {what} of "
+            raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
                              f"{col[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)")
     ts, dur = _us_to_ns(ts_us), _us_to_ns(dur_us)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
-        raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name[i]!r}) has a negative duration")
+        raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a negative duration")
     runtime = codes == _CODE["runtime"]
     hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
@@ -258,7 +302,7 @@ def _read_kineto(path: Path, rank: int | None):
     sync_kind = np.full(n, "", dtype=object)
     sv = arg("cuda_sync_kind", ints=False)
     ss = sub == _CODE["sync"]
-    sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name[need[ss]], sv[ss])]
+    sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name_values[name_codes[need[ss]]], sv[ss])]
     pg = np.full(n, "", dtype=object)
     granks = np.full(n, "", dtype=object)
     kern = sub == _CODE["kernel"]

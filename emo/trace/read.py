@@ -83,7 +83,7 @@ def validate_events(events: pd.DataFrame, path) -> None:
     # A GPU op cannot start before the host call that launched it.
     calls = np.flatnonzero((kind == "runtime") & (corr >= 0))
     calls = calls[np.lexsort((calls, corr[calls], rank[calls]))]  # per (rank, correlation): the outermost first
-    first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])]
+    first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])][:len(calls)]
     _check_nested(events, path, calls, first, start, end, corr)
     launch = calls[first]
     ops = rows[corr[rows] >= 0]
