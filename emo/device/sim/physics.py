@@ -74,6 +74,8 @@ class SimPhysics:
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
     phase_fill_ns: float = 800.0  # per phase: first DRAM round trips (clock independent)
     epilogue_occupancy: float = 0.5  # a GEMM epilogue's occupancy relative to its main loop
+    mainloop_ilp: float = 4.0  # a tiled matrix product's main loop: independent MMAs / copy stages in flight per warp ...
+    mainloop_occupancy: float = 0.35  # ... up to the occupancy its k-slice barriers let it behave like
     epilogue_fp32_share: float = 0.6  # share of a GEMM's fp32 work (bias, activation, scaling) in its epilogue
     occupancy_half_compute: float = 0.1  # derate a/(a+k)*(1+k) of compute pipes at occupancy a
     occupancy_half_memory: float = 0.3  # same for memory latency hiding
@@ -260,8 +262,9 @@ class GpuPhysics:
         # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
         # and slows with the clock even for memory-bound work
         in_flight = aw * p.sms * p.max_warps_per_sm * p.dram_bytes_in_flight_per_warp
+        # (stores are posted: a warp does not wait for a write's round trip, so only reads are bound)
         latency = p.dram_latency_ns + p.dram_latency_cycles / f_hz * 1e9
-        t_lat = dram_bytes * latency / in_flight
+        t_lat = x["dram_read_bytes"][:, None] * latency / in_flight
         parts = np.stack([comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m,
                           np.maximum(np.maximum(t_bw, t_issue), t_lat)])
         top = parts.max(axis=0)
@@ -369,16 +372,21 @@ def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.n
     e32 = p.epilogue_fp32_share
     wr = w["dram_write_bytes"]
     rd = w["dram_read_bytes"]
-    l2_wr = np.where(rd + wr > 0, wr / np.maximum(rd + wr, 1e-30), 0.0)
+    # the output tile crosses L2 once: the epilogue's L2 share is the written bytes, the operand
+    # re-reads (most of a matrix product's L2 traffic) belong to the main loop
+    l2_wr = np.where(w["l2_bytes"] > 0, np.minimum(wr / np.maximum(w["l2_bytes"], 1e-30), 1.0), 0.0)
     out = []
     s1 = {f: np.where(single, 1.0, 0.0) for f in WORK_FIELDS}
     out.append((s1, aw))
     main = {f: zero for f in WORK_FIELDS}
     main.update(fp16_tensor_flop=one, int8_tensor_op=one, fp32_flop=one * (1 - e32), dram_read_bytes=one,
-                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one * 0.5, fp64_flop=one, sfu_op=one)
+                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one, fp64_flop=one, sfu_op=one)
     epi = {f: zero for f in WORK_FIELDS}
-    epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr, int_op=one * 0.5)
-    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, aw))
+    epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr)  # int work: the main loop's addresses
+    # the main loop hides latency with instruction-level parallelism (a warp's tile is many independent
+    # MMAs, operands copied stages ahead) more than with resident warps: it behaves like `mainloop_ilp`
+    # times its occupancy; the epilogue (dependent stores) does not
+    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, np.maximum(aw, np.minimum(aw * p.mainloop_ilp, p.mainloop_occupancy))))
     out.append(({f: np.where(mm, v, 0.0) for f, v in epi.items()}, aw * p.epilogue_occupancy))
     # attention: QK^T (half the tensor work), softmax, PV (the other half and the output)
     half = one * 0.5
