@@ -69,6 +69,8 @@ class SimPhysics:
     dram_latency_ns: float = 450.0  # a DRAM request's round trip: the DRAM part (clock independent) ...
     dram_latency_cycles: float = 0.0  # ... and the SM/L2/crossbar part (SM cycles; see docs)
     dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
+    shape_dram_spread: float = 0.0  # per kernel shape: achieved DRAM bandwidth dram_gbps x (1 +- this)
+    shape_hide_spread: float = 0.0  # per kernel shape: the exposed (unhidden) time x (1 +- this) (docs)
     hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
     hide_half: float = 0.05  # occupancy at which half of that is hidden
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
@@ -258,6 +260,8 @@ class GpuPhysics:
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
         t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
         peak["dram"] = t_bw
+        dram_eff, expose = shape_factors(w, p)
+        t_bw = t_bw / dram_eff
         # Little's law: the resident warps keep only so many bytes in flight, each request waits a DRAM
         # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
         # and slows with the clock even for memory-bound work
@@ -269,7 +273,7 @@ class GpuPhysics:
                           np.maximum(np.maximum(t_bw, t_issue), t_lat)])
         top = parts.max(axis=0)
         hide = p.hide_max * aw / (aw + p.hide_half)
-        t = top + (1.0 - hide) * (parts.sum(axis=0) - top)
+        t = top + (1.0 - hide) * expose * (parts.sum(axis=0) - top)
         busy = (dram_bytes[:, 0] + x["l2_bytes"] + x["shared_bytes"] + x["l1_bytes"]
                 + sum(x[wf] for wf, _, _ in COMPUTE_UNITS)) > 0
         t = t + np.where(busy[:, None], p.phase_fill_cycles / f_hz * 1e9, 0.0)
@@ -344,6 +348,27 @@ class GpuPhysics:
         p = self.p
         bw = p.dtod_gbps if kind == "DtoD" else p.pcie_gbps
         return 1500.0 + nbytes / bw
+
+
+def shape_factors(w: dict[str, np.ndarray], p: SimPhysics) -> tuple[np.ndarray, np.ndarray]:
+    """[K, 1] per kernel, fixed by its work vector (its shape), not random from run to run, each
+    spread evenly around 1: the share of dram_gbps its access pattern achieves (channel and bank
+    conflicts, row-buffer locality) and how much of its non-dominant resources' time its instruction
+    schedule leaves exposed (how its code interleaves them). Neither shows in a counter."""
+    k = len(w[WORK_FIELDS[0]])
+    h = np.full(k, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for f in WORK_FIELDS:  # splitmix64 over the fields' bit patterns
+        h = _mix64(h ^ np.ascontiguousarray(w[f], dtype=np.float64).view(np.uint64))
+    u1 = (h >> np.uint64(11)).astype(np.float64) / 2.0**53
+    u2 = (_mix64(h) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    return (1.0 + p.shape_dram_spread * (2 * u1 - 1))[:, None], (1.0 + p.shape_hide_spread * (2 * u2 - 1))[:, None]
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
