@@ -71,6 +71,8 @@ class SimPhysics:
     dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
     shape_dram_spread: float = 0.0  # per kernel shape: achieved DRAM bandwidth dram_gbps x (1 +- this)
     shape_hide_spread: float = 0.0  # per kernel shape: the exposed (unhidden) time x (1 +- this) (docs)
+    shape_power_spread: float = 0.0  # per kernel shape: the units' switching power x (1 +- this) (docs)
+    shape_issue_spread: float = 0.0  # per kernel shape: DRAM request issue rate x (1 +- this) (load widths, docs)
     hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
     hide_half: float = 0.05  # occupancy at which half of that is hidden
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
@@ -225,12 +227,13 @@ class GpuPhysics:
         dur = np.zeros((len(works), self.clocks.size))
         energy = np.zeros_like(dur)  # dynamic energy above idle, W*ns
         peak_tot: dict[str, np.ndarray] = {}
+        toggle = shape_factors(w, p)[2]
         for share, occ in phases(w, p):
             t, peak = self._phase(w, share, occ, f_hz)
             dur += t
             safe = np.where(t > 0, t, 1.0)
             util = {k: np.minimum(v / safe, 1.0) for k, v in peak.items()}
-            energy += t * self._dynamic_w(util)
+            energy += t * self._dynamic_w(util, toggle)
             for k, v in peak.items():
                 peak_tot[k] = peak_tot.get(k, 0.0) + v
         floor = np.maximum(w["min_ns"][:, None], 1.0)
@@ -258,9 +261,9 @@ class GpuPhysics:
         peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
         dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
-        t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
+        dram_eff, expose, _, issue_eff = shape_factors(w, p)
+        t_issue = dram_bytes / (p.dram_issue_bytes_per_cycle * issue_eff) / f_hz * 1e9
         peak["dram"] = t_bw
-        dram_eff, expose = shape_factors(w, p)
         t_bw = t_bw / dram_eff
         # Little's law: the resident warps keep only so many bytes in flight, each request waits a DRAM
         # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
@@ -280,14 +283,15 @@ class GpuPhysics:
         t = t + np.where(dram_bytes > 0, p.phase_fill_ns, 0.0)  # the first DRAM round trips
         return t, peak
 
-    def _dynamic_w(self, util: dict) -> np.ndarray:
-        """[K, C] power above idle while a phase runs at these utilisations."""
+    def _dynamic_w(self, util: dict, toggle: np.ndarray | float = 1.0) -> np.ndarray:
+        """[K, C] power above idle while a phase runs at these utilisations; `toggle` [K, 1] scales
+        the units' switching power (how often the kernel's operands flip bits)."""
         p = self.p
-        dyn = np.full_like(util["dram"], p.active_dyn_w)
+        units = np.zeros_like(util["dram"])
         for wf, _, wt in COMPUTE_UNITS:
-            dyn = dyn + getattr(p, wt) * util[wf]
-        dyn = dyn + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
-        return dyn * self.v2f[None, :] + p.dram_w * util["dram"]
+            units = units + getattr(p, wt) * util[wf]
+        units = units + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
+        return (p.active_dyn_w + units * toggle) * self.v2f[None, :] + p.dram_w * util["dram"]
 
     def contention(self, tab: KernelTables) -> tuple[np.ndarray, np.ndarray]:
         """[K, C] slow-downs while a collective transfers on the same GPU: of the compute kernel (it
@@ -350,18 +354,26 @@ class GpuPhysics:
         return 1500.0 + nbytes / bw
 
 
-def shape_factors(w: dict[str, np.ndarray], p: SimPhysics) -> tuple[np.ndarray, np.ndarray]:
+def shape_factors(w: dict[str, np.ndarray], p: SimPhysics) -> tuple[np.ndarray, ...]:
     """[K, 1] per kernel, fixed by its work vector (its shape), not random from run to run, each
     spread evenly around 1: the share of dram_gbps its access pattern achieves (channel and bank
     conflicts, row-buffer locality) and how much of its non-dominant resources' time its instruction
-    schedule leaves exposed (how its code interleaves them). Neither shows in a counter."""
+    schedule leaves exposed (how its code interleaves them), the switching power its units draw
+    (it follows the operands' bit patterns, not only the work done) and the rate its SMs issue DRAM
+    requests at (bytes per request: vector or scalar loads, coalescing). None shows in a counter."""
     k = len(w[WORK_FIELDS[0]])
     h = np.full(k, 0x9E3779B97F4A7C15, dtype=np.uint64)
     for f in WORK_FIELDS:  # splitmix64 over the fields' bit patterns
         h = _mix64(h ^ np.ascontiguousarray(w[f], dtype=np.float64).view(np.uint64))
     u1 = (h >> np.uint64(11)).astype(np.float64) / 2.0**53
-    u2 = (_mix64(h) >> np.uint64(11)).astype(np.float64) / 2.0**53
-    return (1.0 + p.shape_dram_spread * (2 * u1 - 1))[:, None], (1.0 + p.shape_hide_spread * (2 * u2 - 1))[:, None]
+    h2 = _mix64(h)
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) / 2.0**53
+    h3 = _mix64(h2)
+    u3 = (h3 >> np.uint64(11)).astype(np.float64) / 2.0**53
+    u4 = (_mix64(h3) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    spread = lambda s, u: (1.0 + s * (2 * u - 1))[:, None]  # noqa: E731
+    return (spread(p.shape_dram_spread, u1), spread(p.shape_hide_spread, u2), spread(p.shape_power_spread, u3),
+            spread(p.shape_issue_spread, u4))
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
