@@ -227,9 +227,10 @@ class GpuPhysics:
         dur = np.zeros((len(works), self.clocks.size))
         energy = np.zeros_like(dur)  # dynamic energy above idle, W*ns
         peak_tot: dict[str, np.ndarray] = {}
-        toggle = shape_factors(w, p)[2]
+        factors = shape_factors(w, p)
+        toggle = factors[2]
         for share, occ in phases(w, p):
-            t, peak = self._phase(w, share, occ, f_hz)
+            t, peak = self._phase(w, share, occ, f_hz, factors)
             dur += t
             safe = np.where(t > 0, t, 1.0)
             util = {k: np.minimum(v / safe, 1.0) for k, v in peak.items()}
@@ -244,7 +245,7 @@ class GpuPhysics:
         power = self.idle_power_w()[None, :] + energy / dur
         return KernelTables(self.clocks, dur, power, util)
 
-    def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray):
+    def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray, factors: tuple | None = None):
         """Time [K, C] of one phase doing share[field] of each kernel's work at occupancy occ, and the
         time each resource would need at its peak rate (for utilisation and power)."""
         p = self.p
@@ -261,7 +262,7 @@ class GpuPhysics:
         peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
         dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
-        dram_eff, expose, _, issue_eff = shape_factors(w, p)
+        dram_eff, expose, _, issue_eff = factors if factors is not None else shape_factors(w, p)
         t_issue = dram_bytes / (p.dram_issue_bytes_per_cycle * issue_eff) / f_hz * 1e9
         peak["dram"] = t_bw
         t_bw = t_bw / dram_eff
