@@ -35,11 +35,6 @@ def inside(value: float, lo: float, hi: float) -> bool:
     return lo * (1 - TOLERANCE) <= value <= hi * (1 + TOLERANCE)
 
 
-PHYSICS_PENDING = ("the phased virtual GPU (a GEMM's main loop and epilogue, each a latency-hiding roofline "
-                   "derated by occupancy) runs the TP GEMMs at ~31 % of peak on A100 and ~23-30 % on H100, "
-                   "where cuBLAS reaches 60-80 %, so all-reduce time next to GEMM time is below the public "
-                   "range; retuning the occupancy knobs moves the Perseus-profile anchors (docs/workloads.md)")
-
 CELLS = [("a100", 4), ("a100", 8), ("h100", 4), ("h100", 8)]
 
 
@@ -51,14 +46,12 @@ def test_all_reduces_run_at_the_nccl_tests_bus_bandwidth(gpu: str, tp: int) -> N
     assert inside(f["busbw_gbps"], *tpf.BUSBW_GBPS[gpu]), f
 
 
-@pytest.mark.xfail(strict=True, reason=PHYSICS_PENDING)
 @pytest.mark.parametrize("gpu,tp", CELLS)
 def test_all_reduce_time_next_to_gemm_time_matches_the_public_estimate(gpu: str, tp: int) -> None:
     f = measured(gpu, tp)
     assert inside(f["ar_over_gemm"], *f["estimate_ar_over_gemm"]), f
 
 
-@pytest.mark.xfail(strict=True, reason=PHYSICS_PENDING)
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_gemms_reach_the_published_share_of_peak(gpu: str) -> None:
     f = measured(gpu, 8)

@@ -69,11 +69,17 @@ class SimPhysics:
     dram_latency_ns: float = 450.0  # a DRAM request's round trip: the DRAM part (clock independent) ...
     dram_latency_cycles: float = 0.0  # ... and the SM/L2/crossbar part (SM cycles; see docs)
     dram_bytes_in_flight_per_warp: float = 256.0  # outstanding DRAM bytes a resident warp keeps
+    shape_dram_spread: float = 0.0  # per kernel shape: achieved DRAM bandwidth dram_gbps x (1 +- this)
+    shape_hide_spread: float = 0.0  # per kernel shape: the exposed (unhidden) time x (1 +- this) (docs)
+    shape_power_spread: float = 0.0  # per kernel shape: the units' switching power x (1 +- this) (docs)
+    shape_issue_spread: float = 0.0  # per kernel shape: DRAM request issue rate x (1 +- this) (load widths, docs)
     hide_max: float = 0.98  # share of a non-dominant resource's time the warps can hide at full occupancy
     hide_half: float = 0.05  # occupancy at which half of that is hidden
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
     phase_fill_ns: float = 800.0  # per phase: first DRAM round trips (clock independent)
     epilogue_occupancy: float = 0.5  # a GEMM epilogue's occupancy relative to its main loop
+    mainloop_ilp: float = 4.0  # a tiled matrix product's main loop: independent MMAs / copy stages in flight per warp ...
+    mainloop_occupancy: float = 0.35  # ... up to the occupancy its k-slice barriers let it behave like
     epilogue_fp32_share: float = 0.6  # share of a GEMM's fp32 work (bias, activation, scaling) in its epilogue
     occupancy_half_compute: float = 0.1  # derate a/(a+k)*(1+k) of compute pipes at occupancy a
     occupancy_half_memory: float = 0.3  # same for memory latency hiding
@@ -221,12 +227,14 @@ class GpuPhysics:
         dur = np.zeros((len(works), self.clocks.size))
         energy = np.zeros_like(dur)  # dynamic energy above idle, W*ns
         peak_tot: dict[str, np.ndarray] = {}
+        factors = shape_factors(w, p)
+        toggle = factors[2]
         for share, occ in phases(w, p):
-            t, peak = self._phase(w, share, occ, f_hz)
+            t, peak = self._phase(w, share, occ, f_hz, factors)
             dur += t
             safe = np.where(t > 0, t, 1.0)
             util = {k: np.minimum(v / safe, 1.0) for k, v in peak.items()}
-            energy += t * self._dynamic_w(util)
+            energy += t * self._dynamic_w(util, toggle)
             for k, v in peak.items():
                 peak_tot[k] = peak_tot.get(k, 0.0) + v
         floor = np.maximum(w["min_ns"][:, None], 1.0)
@@ -237,7 +245,7 @@ class GpuPhysics:
         power = self.idle_power_w()[None, :] + energy / dur
         return KernelTables(self.clocks, dur, power, util)
 
-    def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray):
+    def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray, factors: tuple | None = None):
         """Time [K, C] of one phase doing share[field] of each kernel's work at occupancy occ, and the
         time each resource would need at its peak rate (for utilisation and power)."""
         p = self.p
@@ -254,33 +262,37 @@ class GpuPhysics:
         peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
         dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
-        t_issue = dram_bytes / p.dram_issue_bytes_per_cycle / f_hz * 1e9
+        dram_eff, expose, _, issue_eff = factors if factors is not None else shape_factors(w, p)
+        t_issue = dram_bytes / (p.dram_issue_bytes_per_cycle * issue_eff) / f_hz * 1e9
         peak["dram"] = t_bw
+        t_bw = t_bw / dram_eff
         # Little's law: the resident warps keep only so many bytes in flight, each request waits a DRAM
         # latency of fixed ns plus SM/L2/crossbar cycles, so at low occupancy bandwidth is latency-bound
         # and slows with the clock even for memory-bound work
         in_flight = aw * p.sms * p.max_warps_per_sm * p.dram_bytes_in_flight_per_warp
+        # (stores are posted: a warp does not wait for a write's round trip, so only reads are bound)
         latency = p.dram_latency_ns + p.dram_latency_cycles / f_hz * 1e9
-        t_lat = dram_bytes * latency / in_flight
+        t_lat = x["dram_read_bytes"][:, None] * latency / in_flight
         parts = np.stack([comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m,
                           np.maximum(np.maximum(t_bw, t_issue), t_lat)])
         top = parts.max(axis=0)
         hide = p.hide_max * aw / (aw + p.hide_half)
-        t = top + (1.0 - hide) * (parts.sum(axis=0) - top)
+        t = top + (1.0 - hide) * expose * (parts.sum(axis=0) - top)
         busy = (dram_bytes[:, 0] + x["l2_bytes"] + x["shared_bytes"] + x["l1_bytes"]
                 + sum(x[wf] for wf, _, _ in COMPUTE_UNITS)) > 0
         t = t + np.where(busy[:, None], p.phase_fill_cycles / f_hz * 1e9, 0.0)
         t = t + np.where(dram_bytes > 0, p.phase_fill_ns, 0.0)  # the first DRAM round trips
         return t, peak
 
-    def _dynamic_w(self, util: dict) -> np.ndarray:
-        """[K, C] power above idle while a phase runs at these utilisations."""
+    def _dynamic_w(self, util: dict, toggle: np.ndarray | float = 1.0) -> np.ndarray:
+        """[K, C] power above idle while a phase runs at these utilisations; `toggle` [K, 1] scales
+        the units' switching power (how often the kernel's operands flip bits)."""
         p = self.p
-        dyn = np.full_like(util["dram"], p.active_dyn_w)
+        units = np.zeros_like(util["dram"])
         for wf, _, wt in COMPUTE_UNITS:
-            dyn = dyn + getattr(p, wt) * util[wf]
-        dyn = dyn + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
-        return dyn * self.v2f[None, :] + p.dram_w * util["dram"]
+            units = units + getattr(p, wt) * util[wf]
+        units = units + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
+        return (p.active_dyn_w + units * toggle) * self.v2f[None, :] + p.dram_w * util["dram"]
 
     def contention(self, tab: KernelTables) -> tuple[np.ndarray, np.ndarray]:
         """[K, C] slow-downs while a collective transfers on the same GPU: of the compute kernel (it
@@ -343,6 +355,35 @@ class GpuPhysics:
         return 1500.0 + nbytes / bw
 
 
+def shape_factors(w: dict[str, np.ndarray], p: SimPhysics) -> tuple[np.ndarray, ...]:
+    """[K, 1] per kernel, fixed by its work vector (its shape), not random from run to run, each
+    spread evenly around 1: the share of dram_gbps its access pattern achieves (channel and bank
+    conflicts, row-buffer locality) and how much of its non-dominant resources' time its instruction
+    schedule leaves exposed (how its code interleaves them), the switching power its units draw
+    (it follows the operands' bit patterns, not only the work done) and the rate its SMs issue DRAM
+    requests at (bytes per request: vector or scalar loads, coalescing). None shows in a counter."""
+    k = len(w[WORK_FIELDS[0]])
+    h = np.full(k, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for f in WORK_FIELDS:  # splitmix64 over the fields' bit patterns
+        h = _mix64(h ^ np.ascontiguousarray(w[f], dtype=np.float64).view(np.uint64))
+    u1 = (h >> np.uint64(11)).astype(np.float64) / 2.0**53
+    h2 = _mix64(h)
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) / 2.0**53
+    h3 = _mix64(h2)
+    u3 = (h3 >> np.uint64(11)).astype(np.float64) / 2.0**53
+    u4 = (_mix64(h3) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    spread = lambda s, u: (1.0 + s * (2 * u - 1))[:, None]  # noqa: E731
+    return (spread(p.shape_dram_spread, u1), spread(p.shape_hide_spread, u2), spread(p.shape_power_spread, u3),
+            spread(p.shape_issue_spread, u4))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """A kernel's phases, derived from its work vector by kind: [(share of each work field, occupancy)].
 
@@ -369,16 +410,21 @@ def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.n
     e32 = p.epilogue_fp32_share
     wr = w["dram_write_bytes"]
     rd = w["dram_read_bytes"]
-    l2_wr = np.where(rd + wr > 0, wr / np.maximum(rd + wr, 1e-30), 0.0)
+    # the output tile crosses L2 once: the epilogue's L2 share is the written bytes, the operand
+    # re-reads (most of a matrix product's L2 traffic) belong to the main loop
+    l2_wr = np.where(w["l2_bytes"] > 0, np.minimum(wr / np.maximum(w["l2_bytes"], 1e-30), 1.0), 0.0)
     out = []
     s1 = {f: np.where(single, 1.0, 0.0) for f in WORK_FIELDS}
     out.append((s1, aw))
     main = {f: zero for f in WORK_FIELDS}
     main.update(fp16_tensor_flop=one, int8_tensor_op=one, fp32_flop=one * (1 - e32), dram_read_bytes=one,
-                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one * 0.5, fp64_flop=one, sfu_op=one)
+                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one, fp64_flop=one, sfu_op=one)
     epi = {f: zero for f in WORK_FIELDS}
-    epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr, int_op=one * 0.5)
-    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, aw))
+    epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr)  # int work: the main loop's addresses
+    # the main loop hides latency with instruction-level parallelism (a warp's tile is many independent
+    # MMAs, operands copied stages ahead) more than with resident warps: it behaves like `mainloop_ilp`
+    # times its occupancy; the epilogue (dependent stores) does not
+    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, np.maximum(aw, np.minimum(aw * p.mainloop_ilp, p.mainloop_occupancy))))
     out.append(({f: np.where(mm, v, 0.0) for f, v in epi.items()}, aw * p.epilogue_occupancy))
     # attention: QK^T (half the tensor work), softmax, PV (the other half and the output)
     half = one * 0.5
