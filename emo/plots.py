@@ -114,7 +114,9 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
 
 def planned_latency_ms(opt_dir: Path | None, opt_cfg: dict) -> float | None:
     """The mean clock-request latency the method's plan assumed (optimize's summary.json: the
-    calibration's measurement or the override); None for an online method (it holds one clock)."""
+    calibration's measurement or the override); None for an online method (it holds one clock). A
+    timeline is one scenario, every request landing that late; the plan's own prediction is an
+    expectation over the whole measured distribution (emo.optimize.pipeline.check.expected)."""
     f = opt_dir / "summary.json" if opt_dir is not None else None
     if f is None or not f.exists():
         return None
