@@ -28,6 +28,7 @@ HERE = Path(__file__).parent
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may inherit SIGINT ignored
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # ... and SIGHUP, under nohup: EMO rightly leaves an ignored one be
     sys.path.insert(0, {here!r})
     import nvml_fake
     sys.modules["pynvml"] = nvml_fake.FakeNVML(gpus=2, log_path=sys.argv[1])
