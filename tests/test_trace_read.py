@@ -64,9 +64,10 @@ def _small_doc() -> dict:
     return json.loads(gzip.decompress(ES1.read_bytes()))
 
 
-def test_empty_file(tmp_path):
+@pytest.mark.parametrize("content", [b"", b" \n\t "], ids=["empty", "whitespace only"])
+def test_empty_file(tmp_path, content):
     p = tmp_path / "t.json"
-    p.write_bytes(b"")
+    p.write_bytes(content)
     with pytest.raises(ValueError, match=r"t\.json: empty file"):
         read_trace(p)
 
@@ -197,13 +198,6 @@ def test_plain_json_reads_like_its_gzip(tmp_path):
     want = read_trace(ES1)
     assert read_trace(plain).equals(want)
     assert read_trace(bare).equals(want)
-
-
-def test_whitespace_only_file(tmp_path):
-    p = tmp_path / "t.json"
-    p.write_bytes(b" \n\t ")
-    with pytest.raises(ValueError, match=r"t\.json: empty file"):
-        read_trace(p)
 
 
 def test_missing_name_is_one_line(tmp_path):
