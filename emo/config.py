@@ -167,6 +167,9 @@ class ModelConfig:
     # enough of them that the rare long stalls show (a few percent of requests), at seconds in all
     clock_latency_steps: int = field(default=400, metadata=at_least(1))
     clock_poll_ms: float = field(default=0.5, metadata=above(0))
+    # profile: whole iterations measured at the supported clocks nearest these fractions of the max clock
+    # (and at the default), which the fit's time level (per clock) and energy levels match
+    level_fractions: list[float] = field(default_factory=lambda: [0.95, 0.85, 0.7], metadata=NON_EMPTY)
 
 
 @dataclass

@@ -216,11 +216,13 @@ def test_optimizer_plans_with_the_calibrated_latency(tmp_path, monkeypatch):
     slow = _calibration(tmp_path, monkeypatch, 20.0, 40.0, "slow")
     s_fast, p_fast = _optimize(tmp_path, monkeypatch, fast, name="o_fast")
     s_slow, p_slow = _optimize(tmp_path, monkeypatch, slow, name="o_slow")
-    assert s_fast["transition_ms"] == [2.0, 3.0, 4.0] and s_slow["transition_ms"] == [20.0, 30.0, 40.0]
-    assert s_fast["transition_source"].startswith("measured p10-p90 of 400 clock steps, expectation over")
+    # raises plan with the steps up (2 / 20 ms), lowerings with the steps down (4 / 40 ms)
+    assert s_fast["transition_ms"] == [2.0, 2.0, 2.0] and s_slow["transition_ms"] == [20.0, 20.0, 20.0]
+    assert s_fast["transition_source"].startswith("measured p10-p90 of 400 clock steps, raises on the steps up, "
+                                                  "lowerings on the steps down, expectation over")
     # the applier issues each step the planned max ahead: the measurement moves the policy
-    assert p_fast["meta"]["transition_ms"] == [2.0, 4.0] and p_slow["meta"]["transition_ms"] == [20.0, 40.0]
-    assert p_fast["lead_ms"] == 4.0 and p_slow["lead_ms"] == 40.0
+    assert p_fast["meta"]["transition_ms"] == [2.0, 2.0] and p_slow["meta"]["transition_ms"] == [20.0, 20.0]
+    assert p_fast["lead_ms"] == 2.0 and p_slow["lead_ms"] == 20.0
 
 
 def test_override_wins_over_the_measurement(tmp_path, monkeypatch):
@@ -229,7 +231,7 @@ def test_override_wins_over_the_measurement(tmp_path, monkeypatch):
     assert s["transition_ms"] == [6.0, 12.0, 18.0] and s["transition_source"] == "optimizer.transition_ms"
     assert p["lead_ms"] == 18.0
     s, _ = _optimize(tmp_path, monkeypatch, fast, ["optimizer.transition_percentiles=[0,100]"], name="o2")
-    assert s["transition_ms"] == [2.0, 3.0, 4.0]  # every sample is 2 or 4 ms: the percentiles are of the samples
+    assert s["transition_ms"] == [2.0, 2.0, 2.0]  # every step up takes 2 ms: the percentiles are of those samples
 
 
 def test_no_measurement_and_no_override_is_one_line_naming_what_to_run(tmp_path, monkeypatch):
@@ -329,3 +331,20 @@ def test_calibration_show_prints_the_latency(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "NVIDIA A100" in out and "p10 5.4, p50 7.0, p90 25.4, p99 29.5, mean 14.0 ms" in out
     assert "no clock-request latency measurement" in describe({"gpu": "a100"})
+
+
+def test_peers_plan_with_the_latest_of_their_raises():
+    import numpy as np
+
+    from emo.optimize.pipeline.check import latest_of, planning_latencies
+
+    x = np.linspace(0.0, 10.0, 10001)
+    assert latest_of(x, 1) is x
+    four = latest_of(x, 4)  # the max of 4 uniform draws on [0, 10]: mean 8, median 10 * 0.5 ** (1/4)
+    assert np.mean(four) == pytest.approx(8.0, abs=0.01) and np.median(four) == pytest.approx(8.409, abs=0.01)
+    measured = {"samples": list(x[::10]), "pairs": [[1, 2]] * 1001}
+    one, _ = planning_latencies({}, measured)
+    many, source = planning_latencies({}, measured, peers=4)
+    # the range the policy is built for (its lead) stays one GPU's; the expectation judges the latest
+    assert (many.lo, many.hi) == (one.lo, one.hi) and many.mean > one.mean + 2.5
+    assert source.endswith("the latest of 4 GPUs' raises")

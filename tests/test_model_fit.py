@@ -198,3 +198,33 @@ def test_bad_signature_inputs():
         fit_signatures(bench, counters, t0, resources=RES, overlap="magic")
     with pytest.raises(ValueError, match="not in microbench/registry.yaml"):
         fit_signatures(bench, counters, t0)  # synthetic names are not registry benchmarks
+
+
+def test_smoothing_keeps_a_smooth_curve_and_removes_noise():
+    from emo.model.calibration import smooth_curves
+
+    clocks = np.arange(210, 1411, 15)
+    f = clocks / clocks.max()
+    time = np.stack([0.2 + 0.8 / f, np.maximum(1.0, 0.9 / f)])  # compute-bound; memory-bound with a knee
+    np.testing.assert_allclose(smooth_curves(clocks, time[:1], True), time[:1], rtol=1e-6)
+    rng = np.random.default_rng(0)
+    noisy = time * (1 + 0.004 * rng.standard_normal(time.shape))
+    raw_err = np.abs(noisy / time - 1).mean(axis=1)
+    err = np.abs(smooth_curves(clocks, noisy, True) / time - 1).mean(axis=1)
+    assert err[0] < raw_err[0] / 2 and err[1] < raw_err[1]  # a knee is blurred a little, still closer
+    few = noisy[:, :4]  # too few clocks for a smoothing spline: left as measured
+    np.testing.assert_array_equal(smooth_curves(clocks[:4], few, True), few)
+
+
+def test_noisy_repeats_are_smoothed_and_equal_ones_are_not():
+    bench, truth = make_bench()
+    exact = bench_tables(bench)
+    np.testing.assert_array_equal(exact.time_s[0], truth["fp32"][0])  # one row per clock: as measured
+    rng = np.random.default_rng(1)
+    two = pd.concat([bench.assign(repeat=0), bench.assign(repeat=1)], ignore_index=True)
+    np.testing.assert_array_equal(bench_tables(two).time_s, exact.time_s)  # equal repeats: no noise shown
+    two["time_s"] *= 1 + 0.004 * rng.standard_normal(len(two))
+    noisy = bench_tables(two)
+    raw = bench_tables(two, smooth=False)
+    i = list(noisy.names).index("fp32")
+    assert np.abs(noisy.time_s[i] / truth["fp32"][0] - 1).mean() < np.abs(raw.time_s[i] / truth["fp32"][0] - 1).mean()

@@ -96,10 +96,12 @@ def test_fit_reproduces_the_measured_iterations(chain):
     _, d, m = chain
     check = json.loads((d / "fit/check.json").read_text())
     assert abs(check["default"]["time_error_pct"]) < 0.5 and abs(check["default"]["energy_error_pct"]) < 1.0
-    # the low clock (990 MHz) lies between clocks calibrated at stride 8: the fit interpolates the
-    # calibration there (it used to model it at the next lower calibrated clock, 930 MHz)
-    assert abs(check["low"]["energy_error_pct"]) < 1.5
-    assert abs(check["low"]["time_error_pct"]) < 0.2 and 0.5 < m["fit"]["time_level"] < 3  # the time level fits it
+    # the level clocks (e.g. 990 MHz) lie between clocks calibrated at stride 8: the fit interpolates
+    # the calibration there (it used to model it at the next lower calibrated clock, 930 MHz)
+    assert len(check["levels"]) == 3 and len(check["time_levels"]) == 3
+    for c in check["levels"]:  # the time level of each clock fits its measurement
+        assert abs(c["energy_error_pct"]) < 1.5 and abs(c["time_error_pct"]) < 0.2, c
+    assert 0.5 < m["fit"]["time_level_min"] <= m["fit"]["time_level_max"] < 3
     model = pd.read_parquet(d / "fit/model.parquet")
     assert (model["time_s"] > 0).all() and (model["dynamic_energy_j"] >= 0).all()
     bench = pd.read_parquet(d / "calibrate/bench.parquet")
@@ -120,6 +122,14 @@ def test_time_level_scales_each_slowdown_from_the_default_clock(chain):
     t_def = model["signature"].map(model[at_default].set_index("signature")["time_s"])
     np.testing.assert_allclose(twice["time_s"] - t_def, 2 * (model["time_s"] - t_def))
     np.testing.assert_allclose(twice["energy_j"], twice["idle_energy_j"] + twice["dynamic_energy_j"])
+    # per clock: λ linear between the points, constant beyond them
+    lo, hi = int(model["sm_mhz"].min()), int(model["default_mhz"].iloc[0])
+    mid = (lo + hi) // 2
+    per_clock = with_time_level(model, [(mid, 2.0), (hi, 1.0)])
+    lam = per_clock.set_index(["signature", "sm_mhz"])["time_level"].groupby("sm_mhz").first()
+    assert lam.loc[lo] == 2.0 and lam.loc[hi] == 1.0
+    inside = lam[(lam.index > mid) & (lam.index < hi)]
+    np.testing.assert_allclose(inside, 2.0 - (inside.index - mid) / (hi - mid))
 
 
 def test_predictor(chain):
@@ -158,3 +168,12 @@ def test_hashes_calibrate_per_gpu_pack_per_delta():
         assert base[s].hash == dm[s].hash  # delta_max re-runs pack -> fit only
     for s in ("pack", "profile", "fit"):
         assert base[s].hash != dm[s].hash
+
+
+def test_a_slowdown_within_the_measurement_noise_sets_no_time_level():
+    from emo.stages.fit import resolved
+
+    base = {"iteration_time_s": 0.100, "iteration_time_se_s": 0.0001}
+    assert resolved({"iteration_time_s": 0.102, "iteration_time_se_s": 0.0001}, base)
+    assert not resolved({"iteration_time_s": 0.1003, "iteration_time_se_s": 0.0001}, base)  # 2.1 standard errors
+    assert resolved({"iteration_time_s": 0.1003, "iteration_time_se_s": None}, base)  # the device gave no spread

@@ -78,12 +78,37 @@ def interp_curves(clocks: np.ndarray, values: np.ndarray, at: np.ndarray, invers
     return PchipInterpolator(x, v, axis=1)(1.0 / at if inverse else at)
 
 
+SMOOTH_MIN_CLOCKS = 5  # a cubic smoothing spline needs at least 5 points
+
+
+def smooth_curves(clocks: np.ndarray, values: np.ndarray, inverse: bool) -> np.ndarray:
+    """[N, C] each row of values [N, C] as a cubic smoothing spline over the clocks (in 1/f for
+    time), its smoothing chosen by generalised cross-validation. A benchmark's time and power are
+    smooth in the clock, its measurements are not: left raw, every noisy clock is a cheap or a dear
+    one to the optimizer, which picks the cheap ones (it spends exactly the errors in its favour)."""
+    from scipy.interpolate import make_smoothing_spline
+
+    if len(clocks) < SMOOTH_MIN_CLOCKS:
+        return values
+    f = np.asarray(clocks, dtype=np.float64) / float(np.max(clocks))  # O(1): the GCV search is scale-sensitive
+    x = 1.0 / f[::-1] if inverse else f
+    out = np.empty_like(values)
+    for i, row in enumerate(values):
+        y = row[::-1] if inverse else row
+        scale = float(np.median(y))
+        fitted = make_smoothing_spline(x, y / scale)(x) * scale
+        out[i] = fitted[::-1] if inverse else fitted
+    return out
+
+
 def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench",
-                 clocks: Sequence[int] | None = None) -> BenchTables:
+                 clocks: Sequence[int] | None = None, smooth: bool = True) -> BenchTables:
     """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
     counters were read at and the anchor of every curve (default: the highest clock). `clocks`: the
     GPU's supported clocks; those between the lowest and highest calibrated one are interpolated
-    (a calibration at a clock subset then predicts every clock in its range)."""
+    (a calibration at a clock subset then predicts every clock in its range). `smooth`: when
+    repeats of a measurement differ, each benchmark's time and power as smoothing splines over the
+    clocks (smooth_curves)."""
     clocks_all = clocks
     features = counter_features(bench.columns)
     missing = [c for c in BENCH_COLUMNS if c not in bench.columns] or ([] if len(features) else list(COUNTERS))
@@ -118,6 +143,11 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     shape = (len(names), len(clocks))
     t = med["time_s"].to_numpy(np.float64).reshape(shape)
     e = med["energy_j"].to_numpy(np.float64).reshape(shape)
+    spread = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]].agg(["min", "max"])
+    noisy = bool((spread.xs("max", axis=1, level=1) > spread.xs("min", axis=1, level=1)).to_numpy().any())
+    if smooth and noisy:  # repeats that differ: the curves carry noise (a noise-free table is the truth)
+        t_s = smooth_curves(clocks, t, True)
+        e, t = t_s * smooth_curves(clocks, e / t, False), t_s
     if clocks_all is not None:
         want = np.asarray(sorted(set(int(c) for c in clocks_all)), dtype=np.int64)
         want = np.union1d(want[(want >= clocks[0]) & (want <= clocks[-1])], clocks)

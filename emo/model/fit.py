@@ -212,15 +212,17 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
                    default_mhz: int | None = None, overlap: str = "roofline",
                    resources: Mapping[str, str] | None = None, intensive: Sequence[str] = INTENSIVE,
                    time_counter_weight: float = TIME_COUNTER_WEIGHT, p_max: float = P_MAX,
-                   idle_bench: str = IDLE_BENCH, clocks: Sequence[int] | None = None) -> pd.DataFrame:
+                   idle_bench: str = IDLE_BENCH, clocks: Sequence[int] | None = None, smooth: bool = True) -> pd.DataFrame:
     """Predicted time and energy of every signature at every calibrated clock (and, with `clocks`,
     at every one of those between the lowest and highest calibrated clock, interpolated).
 
     bench: the calibration table; counters: one row per signature (index or `signature` column)
     with the COUNTERS columns; time_default: signature -> measured seconds at the default clock
-    (Series or mapping). Energy is at level 1 until `calibrate_energy_level` sets it.
+    (Series or mapping). Energy is at level 1 until `calibrate_energy_level` sets it. `smooth`:
+    the calibration's curves smoothed over the clocks (emo.model.calibration.smooth_curves; off
+    only for noise-free tables, where the raw curves are the truth).
     """
-    tables = bench_tables(bench, default_mhz, clocks=clocks)
+    tables = bench_tables(bench, default_mhz, clocks=clocks, smooth=smooth)
     sigs, c, t0 = _signature_inputs(counters, time_default, tables.features)
     fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
                      time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)

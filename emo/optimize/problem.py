@@ -188,11 +188,15 @@ class Items:
         return out
 
 
-def symmetric_groups(p: Problem, tol: float = 0.05, bin_ms: float = 5.0) -> list[list[int]]:
-    """Devices that do the same work at the same time share a clock schedule: tensor-parallel ranks.
-    Recorded ranks differ in detail (a few extra kernels on rank 0, jitter), so devices are compared
-    by their busy-time and energy profiles over `bin_ms` bins of the baseline timeline at the
-    fastest and the slowest clock: within `tol` (L1, relative) they are one group."""
+def symmetric_groups(p: Problem, tol: float = 0.25, bin_ms: float = 5.0) -> list[list[int]]:
+    """Devices that do the same work at the same time share a clock schedule: tensor-parallel ranks
+    (and data-parallel replicas of one stage). Recorded ranks differ in detail (a few extra kernels
+    on rank 0, jitter), so devices are compared by their busy-time and energy profiles over `bin_ms`
+    bins of the baseline timeline at the fastest and the slowest clock: within `tol` (L1, relative)
+    they are one group. Kernel jitter lets peers drift apart by a fraction of a kernel over an
+    iteration, which moves busy time across bin edges; pipeline stages, doing their work at other
+    times, differ by most of it. Kept apart, jittered peers would get clocks of their own, chosen
+    on their noise, and wait for the slowest of them at every collective."""
     nb = max(1, int(np.ceil(p.makespan0_ns / (bin_ms * 1e6))))
     b = np.minimum((p.base_start // (bin_ms * 1e6)).astype(np.int64), nb - 1)
     prof = np.zeros((p.devices, 4, nb))

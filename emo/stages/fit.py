@@ -1,6 +1,6 @@
 """fit: per pack signature x calibrated clock, predicted time and energy (emo.model: NNLS mix of the
 microbenchmarks, anchored at each signature's measured default-clock time), with its time level
-(time_level) and energy levels calibrated against measured whole iterations, then the default-clock prediction of the whole
+per clock (time_level) and energy levels calibrated against measured whole iterations, then the default-clock prediction of the whole
 workload through the pack-graph what-if (emo.model.predict) as a check.
 
 Energy levels. A pack's energy cannot be measured (sensors are far slower than 5 ms), and neither
@@ -8,11 +8,11 @@ can a GPU's power in the gaps between kernels: the idle microbenchmark holds a r
 its power P_b(f) bounds a truly idle GPU's from above. With the model at level 1, an iteration
 costs I + Y: I = P_b integrated over every GPU's makespan, Y = the packs' dynamic energy above P_b;
 B = the part of I spent while packs run. If the gaps draw a P_b and the packs' dynamic energy is
-k Y, an iteration costs  E = a (I - B) + B + k Y.  Two measured iterations, at the default clock
-and at ~0.7 of the max clock (stage profile), give a and k, applied to the model table: idle_power_w
+k Y, an iteration costs  E = a (I - B) + B + k Y.  The measured iterations, at the default clock
+and at the static clocks of `model.level_fractions` (stage profile), give a and k by least squares, applied to the model table: idle_power_w
 = a P_b (column idle_level = a), dynamic_energy_j = k x dynamic + (1 - a) P_b x time (so a pack's
 total is unchanged by a; column energy_level = k). a must lie in (0, 1]: when the points cannot
-separate the levels (a GPU busy all the time has I ~ B), a = 1 and k is fitted to both points; if
+separate the levels (a GPU busy all the time has I ~ B), a = 1 and k is fitted to them all; if
 even that fails, k comes from the default-clock iteration alone (emo.model.calibrate_energy_level).
 """
 from __future__ import annotations
@@ -43,45 +43,69 @@ def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, de
     return fit_signatures(bench, counters, time_default, default_mhz=default_mhz, clocks=clocks or None)
 
 
-def with_time_level(model: pd.DataFrame, level: float) -> pd.DataFrame:
+def with_time_level(model: pd.DataFrame, level) -> pd.DataFrame:
     """The model with every signature's slowdown from the default clock (time_s over its time at the
-    default clock, minus 1) times `level`; each pack's energy stays as fitted."""
+    default clock, minus 1) times λ(f): `level` is one λ, or (sm_mhz, λ) points, linear between them
+    and constant beyond; each pack's energy stays as fitted."""
     out = model.copy()
     at_default = out[out["sm_mhz"] == out["default_mhz"]].set_index("signature")["time_s"]
     t_def = out["signature"].map(at_default)
-    out["time_s"] = t_def + level * (out["time_s"] - t_def)
+    if np.ndim(level) == 0:
+        lam = np.full(len(out), float(level))
+    else:
+        pts = sorted((float(f), float(v)) for f, v in level)
+        lam = np.interp(out["sm_mhz"].to_numpy(np.float64), [f for f, _ in pts], [v for _, v in pts])
+    out["time_s"] = t_def + lam * (out["time_s"] - t_def)
     # the energies were fitted to measurements: the level moves time, not energy (a slower pack
     # spends more of it at the idle power, less above it)
     out["idle_energy_j"] = out["idle_power_w"] * out["time_s"]
     out["dynamic_energy_j"] = np.maximum(out["energy_j"] - out["idle_energy_j"], 0.0)
     out["energy_j"] = out["idle_energy_j"] + out["dynamic_energy_j"]
-    out["time_level"] = level
+    out["time_level"] = lam
     return out
 
 
-def time_level(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
-               baseline: dict, gpu: str) -> float:
-    """λ for with_time_level: the predicted iteration at the profile's low clock equals the measured
-    one. The microbenchmark mix times each pack in isolation; the whole workload at a low clock
-    (memory and launch latencies, overlap between streams) runs 1-2.5 % slower than that predicts on
-    the virtual A100, and the optimizer, which spends every microsecond of slack, turns that into a
-    measured slowdown at budget 0. 1 without a low-clock measurement or when no λ in [0.5, 3] fits."""
+LEVEL_RANGE = (0.5, 3.0)  # a λ outside it means the measurement, not the model, is off
+LEVEL_MIN_SE = 3.0  # a measured slowdown within this many standard errors of 0 says nothing about λ
+
+
+def resolved(meas: dict, baseline: dict) -> bool:
+    """Whether the slowdown from the default clock to `meas`'s stands out of the two measurements'
+    noise (their standard errors; True where the device reports none)."""
+    se = [m.get("iteration_time_se_s") for m in (meas, baseline)]
+    if any(x is None for x in se):
+        return True
+    return abs(float(meas["iteration_time_s"]) - float(baseline["iteration_time_s"])) > LEVEL_MIN_SE * float(np.hypot(*se))
+
+
+def time_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
+                baseline: dict, gpu: str) -> list[tuple[int, float]]:
+    """(sm_mhz, λ) for with_time_level: at each clock the profile measured a whole iteration at, the
+    λ that makes the predicted iteration equal the measured one (a static clock reads the model at
+    that clock only, so each point is matched alone). The microbenchmark mix times each pack in
+    isolation; the whole workload (memory and launch latencies, overlap between streams, the
+    collectives' contention) slows with the clock somewhat differently, and the optimizer, which
+    spends every microsecond of slack and budget, turns that difference into a measured overrun.
+    A point whose slowdown is within the measurements' noise (resolved), or where no λ in
+    LEVEL_RANGE fits, is left out; [] (λ = 1 everywhere) without any: a workload that barely slows
+    (memory- or host-bound) keeps the model's own curve rather than one scaled by noise."""
     from scipy.optimize import brentq
 
-    low = baseline.get("low")
-    if low is None:
-        return 1.0
     keys = pack_tables(graph, packs, model, anchors).device_keys
-    pol = FrequencyPolicy.static(gpu, policy_device_ids(keys), int(low["sm_mhz"]))
+    out = []
+    for meas in baseline.get("levels", []):
+        if not resolved(meas, baseline):
+            continue
+        pol = FrequencyPolicy.static(gpu, policy_device_ids(keys), int(meas["sm_mhz"]))
 
-    def error(lam: float) -> float:
-        t = pack_tables(graph, packs, with_time_level(model, lam), anchors)
-        return predict(t, pol).time_s - float(low["iteration_time_s"])
+        def error(lam: float) -> float:
+            t = pack_tables(graph, packs, with_time_level(model, lam), anchors)
+            return predict(t, pol).time_s - float(meas["iteration_time_s"])
 
-    lo, hi = error(0.5), error(3.0)
-    if lo * hi > 0:
-        return 1.0
-    return float(brentq(error, 0.5, 3.0, xtol=1e-3))
+        lo, hi = error(LEVEL_RANGE[0]), error(LEVEL_RANGE[1])
+        if lo * hi <= 0:
+            out.append((int(meas["sm_mhz"]), float(brentq(error, *LEVEL_RANGE, xtol=1e-3))))
+    return out
 
 
 def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> pd.DataFrame:
@@ -107,7 +131,7 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
     busy = t.energy_j.copy()
     busy[t.is_pack] = t.idle_power_w[0][None, :] * t.dur_ns[t.is_pack] * 1e-9  # idle-benchmark power while packs run
     tb = dataclasses.replace(t, energy_j=busy)
-    points = [(None, baseline)] + ([(baseline["low"]["sm_mhz"], baseline["low"])] if "low" in baseline else [])
+    points = [(None, baseline)] + [(m["sm_mhz"], m) for m in baseline.get("levels", [])]
     rows, rhs = [], []
     for mhz, meas in points:
         pol = None if mhz is None else FrequencyPolicy.static(gpu, policy_device_ids(t.device_keys), mhz)
@@ -116,10 +140,10 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
         rows.append([i - bb, y])
         rhs.append(float(meas["iteration_energy_j"]) - bb)
     rows, rhs = np.array(rows), np.array(rhs)
-    if len(rows) == 2 and abs(np.linalg.det(rows)) > 1e-9 * np.abs(rows).max() ** 2:
-        a, k = np.linalg.solve(rows, rhs)
+    if len(rows) >= 2 and np.linalg.matrix_rank(rows / np.abs(rows).max(), tol=1e-9) == 2:
+        (a, k), *_ = np.linalg.lstsq(rows, rhs, rcond=None)  # least squares over every measured point
         if 0 < a <= 1 and k > 0:
-            return float(a), float(k), "two-point"
+            return float(a), float(k), f"{len(rows)}-point"
     # a GPU between kernels draws at most the idle benchmark's power (it holds a kernel): when the
     # points cannot separate the levels (a GPU busy all the time), keep a = 1 and fit k to them all
     y, r = rows[:, 1], rhs - rows[:, 0]
@@ -138,8 +162,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
     # default_mhz 0 (gpu=nvml): the highest calibrated clock; clocks_mhz empty: the calibrated ones
     model = fit_time(bench, metrics, packs, int(cfg["gpu"]["default_mhz"]) or None, list(cfg["gpu"]["clocks_mhz"]))
-    lam = time_level(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
-    model = with_time_level(model, lam)
+    levels = time_levels(model, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    model = with_time_level(model, levels or 1.0)
     if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
         a, k, how = 1.0, 1.0, "none (no measured energy)"
     else:
@@ -156,21 +180,27 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         model = with_levels(model, 1.0, k)
     write_parquet(out / "model.parquet", model)
     t = pack_tables(graph, packs, model, anchors)
-    check = {"energy_levels": how, "idle_level": a, "energy_level": k, "time_level": lam}
-    for name, meas in (("default", baseline), ("low", baseline.get("low"))):
-        if meas is None:
-            continue
-        pol = None if name == "default" else FrequencyPolicy.static(cfg["gpu"]["name"], policy_device_ids(t.device_keys), meas["sm_mhz"])
+    check = {"energy_levels": how, "idle_level": a, "energy_level": k,
+             "time_levels": {str(f): lam for f, lam in levels}}
+
+    def versus(meas: dict, pol) -> dict:
         p = predict(t, pol)
         e_meas = meas["iteration_energy_j"]
-        check[name] = {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
-                       "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": e_meas,
-                       "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
-                       "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1)}
+        return {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
+                "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": e_meas,
+                "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
+                "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1)}
+
+    check["default"] = versus(baseline, None)
+    check["levels"] = [versus(m, FrequencyPolicy.static(cfg["gpu"]["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
+                       for m in baseline.get("levels", [])]
     write_json(out / "check.json", check)
+    lams = [lam for _, lam in levels] or [1.0]
+    worst = lambda key: max((abs(c[key]) for c in check["levels"] if c[key] is not None), default=None)  # noqa: E731
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
-            "time_level": lam, "idle_level": a, "energy_level": k, "fit_residual_max": float(model["fit_residual"].max()),
+            "time_level_min": min(lams), "time_level_max": max(lams), "idle_level": a, "energy_level": k,
+            "fit_residual_max": float(model["fit_residual"].max()),
             "default_time_error_pct": check["default"]["time_error_pct"],
             "default_energy_error_pct": check["default"]["energy_error_pct"],
-            **({"low_time_error_pct": check["low"]["time_error_pct"],
-                "low_energy_error_pct": check["low"]["energy_error_pct"]} if "low" in check else {})}
+            **({"levels_time_error_pct": worst("time_error_pct"), "levels_energy_error_pct": worst("energy_error_pct")}
+               if check["levels"] else {})}

@@ -1,8 +1,9 @@
 """profile: the Table II counter vector of the first occurrence of every distinct pack signature,
 through the device's range profiler (ranges named by rank and launch ordinal, as on hardware), with
 the profiling cost; plus the baseline iteration measured over a window long enough for the energy
-counter (BASELINE_SECONDS: a counter that updates every ~100 ms then errs by < 2 %, typically < 1 %),
-which the fit's energy-level calibration uses.
+counter (BASELINE_SECONDS: a counter that updates every ~100 ms then errs by < 2 %, typically < 1 %)
+at the default clock and at a few static clocks below it (`model.level_fractions`), which the fit's
+time and energy levels match.
 
 Where the counters come from (column `source` of metrics.parquet):
   device  the device's range profiler (Nsight Compute on hardware; every rank of a torchrun job
@@ -88,7 +89,14 @@ def profile_first_occurrences(device, workload, packs: pd.DataFrame, events: pd.
 
 
 BASELINE_SECONDS = 5.0
-LOW_CLOCK_FRACTION = 0.7  # the second calibration point of the energy levels (emo.stages.fit)
+
+
+def level_clocks(clocks: list[int], fractions) -> list[int]:
+    """The supported clocks nearest each fraction of the max clock, highest first, without
+    duplicates or the max clock itself (the default-clock measurement is that point)."""
+    top = max(clocks)
+    picked = [min(clocks, key=lambda c: abs(c - f * top)) for f in fractions]
+    return sorted({c for c in picked if c != top}, reverse=True)
 
 
 def measure_iteration(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
@@ -104,19 +112,22 @@ def measure_iteration(device, workload, iteration_s: float, min_seconds: float, 
         device.set_policy(FrequencyPolicy.static(device.name, list(gpus), sm_mhz))
     res = device.run(workload, n, warmup=warmup)
     device.set_policy(None)
+    times = np.asarray(res.iteration_times_s, dtype=np.float64)
     return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
             "energy_j": res.energy_j, "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
+            # the standard error of iteration_time_s (None where the device reports no per-iteration times)
+            "iteration_time_se_s": float(times.std(ddof=1) / np.sqrt(len(times))) if len(times) >= 2 else None,
             "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
 
 
 def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
-                      gpus: list[int] = (0,)) -> dict:
-    """The default-clock iteration (top-level keys) and one at ~LOW_CLOCK_FRACTION of the max clock
-    (key `low`): two points for the fit's energy levels."""
+                      gpus: list[int] = (0,), fractions=(0.7,)) -> dict:
+    """The default-clock iteration (top-level keys) and one at the clock nearest each fraction of the
+    max clock (key `levels`, highest clock first): the points the fit's time and energy levels match."""
     base = measure_iteration(device, workload, iteration_s, min_seconds, warmup)
-    clocks = device.supported_clocks()
-    low = min(clocks, key=lambda c: abs(c - LOW_CLOCK_FRACTION * max(clocks)))
-    base["low"] = measure_iteration(device, workload, iteration_s / LOW_CLOCK_FRACTION, min_seconds, warmup, low, gpus)
+    top = max(device.supported_clocks())
+    base["levels"] = [measure_iteration(device, workload, iteration_s * top / mhz, min_seconds, warmup, mhz, gpus)
+                      for mhz in level_clocks(device.supported_clocks(), fractions)]
     return base
 
 
@@ -202,7 +213,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"]))
             gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
             baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
-                                         int(cfg["trace"]["warmup"]), gpus)
+                                         int(cfg["trace"]["warmup"]), gpus, cfg["model"]["level_fractions"])
         finally:
             device.close()
     write_parquet(out / "metrics.parquet", metrics)

@@ -107,15 +107,31 @@ def quadrature(samples_ms) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(nodes), tuple(weights)
 
 
-def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration") -> tuple[Latencies, str]:
+MIN_DIRECTION_SAMPLES = 20  # fewer steps in one direction: plan both with every sample
+MAX_OF_GRID = 2000  # points of the quantile grid the latest of several requests is read on
+
+
+def latest_of(samples_ms: np.ndarray, peers: int) -> np.ndarray:
+    """The distribution of the latest of `peers` requests, each landing after its own draw from
+    `samples_ms`, as samples: the quantile function Q(u^(1/peers)) on an even grid of u (the max of
+    k independent draws has CDF F^k). Peers that share a schedule wait for each other at every
+    collective, so a raise is on time only when all of theirs are."""
+    if peers <= 1:
+        return samples_ms
+    u = (np.arange(MAX_OF_GRID) + 0.5) / MAX_OF_GRID
+    return np.quantile(samples_ms, u ** (1.0 / peers))
+
+
+def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration",
+                       peers: int = 1) -> tuple[Latencies, str]:
     """(Latencies, where they come from): the clock-request latencies the optimizer plans with.
 
     optimizer.transition_ms, when set, overrides: requests land uniformly in that [min, max]
     (Latencies.of). Otherwise the calibration's measured distribution (emo.model.calibration.
     latency_summary): lo and hi are its optimizer.transition_percentiles (p10 and p90 by default),
     what a request is planned to land within. The quadrature covers every sample: a request to a
-    faster clock takes each stratum's latency in turn, one to a slower clock the mean of the samples
-    within the planned range. A stall is a request's own bad luck, not a shift of the whole
+    faster clock takes each stratum's latency in turn (of the steps that went up), one to a slower
+    clock the mean of the steps down within their planned range. A stall is a request's own bad luck, not a shift of the whole
     schedule: a late raise lengthens the slow stretch before it (onto the critical path once slack
     is used up), a late lowering only wastes a little energy; and a stalled request is superseded
     when a later one lands (the last one issued wins). No measurement and no override: a ValueError
@@ -128,12 +144,20 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
                          "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
                          "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)")
     x = np.asarray(samples, dtype=np.float64)
+    # a raise plans with the steps to a faster clock, a lowering with those to a slower one: on
+    # hardware a request's latency depends on its direction (the voltage moves first on the way up)
+    pairs = np.asarray((measured or {}).get("pairs") or [], dtype=np.float64).reshape(-1, 2)
+    up = pairs[:, 1] > pairs[:, 0] if len(pairs) == len(x) else np.ones(len(x), dtype=bool)
+    x_up = x[up] if up.sum() >= MIN_DIRECTION_SAMPLES else x
+    x_down = x[~up] if (~up).sum() >= MIN_DIRECTION_SAMPLES else x
+    split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
     a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
-    lo, hi = (float(v) for v in np.percentile(x, [a, b]))
-    nodes, weights = quadrature(x)
-    down = float(x[x <= hi].mean())
-    return (Latencies(lo, float(x.mean()), hi, nodes, weights, down),
-            f"measured p{a:g}-p{b:g} of {len(x)} clock steps, expectation over {len(nodes)} strata")
+    lo, hi = (float(v) for v in np.percentile(x_up, [a, b]))
+    nodes, weights = quadrature(latest_of(x_up, peers))  # a late lowering on one peer costs only its energy
+    down = float(x_down[x_down <= np.percentile(x_down, b)].mean())
+    latest = f", the latest of {peers} GPUs' raises" if peers > 1 else ""
+    return (Latencies(lo, float(np.dot(nodes, weights)), hi, nodes, weights, down),
+            f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}")
 
 
 def expected(tables, policy: FrequencyPolicy, lats):

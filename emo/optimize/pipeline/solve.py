@@ -109,10 +109,12 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
     if interval < min_interval:
         raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
-    lats, source = planning_latencies(opt, clock_latency)
     p = problem_from_tables(tables, float(opt["min_clock_fraction"]))
     timing = baseline_timing(p, tables)
     items = iteration_items(p, timing, interval, align=str(opt["change_points"]))
+    # a clock group's GPUs raise together and wait for each other at their collectives: a raise is
+    # on time when the latest of theirs is
+    lats, source = planning_latencies(opt, clock_latency, peers=max(len(g) for g in items.groups))
     # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
