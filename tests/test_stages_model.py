@@ -173,7 +173,7 @@ def test_hashes_calibrate_per_gpu_pack_per_delta():
 def test_a_slowdown_within_the_measurement_noise_sets_no_time_level():
     from emo.stages.fit import resolved
 
-    base = {"iteration_time_s": 0.100, "iteration_time_se_s": 0.0001}
-    assert resolved({"iteration_time_s": 0.102, "iteration_time_se_s": 0.0001}, base)
-    assert not resolved({"iteration_time_s": 0.1003, "iteration_time_se_s": 0.0001}, base)  # 2.1 standard errors
-    assert resolved({"iteration_time_s": 0.1003, "iteration_time_se_s": None}, base)  # the device gave no spread
+    base = {"iteration_time_s": 0.100, "iteration_time_sd_s": 0.0005, "iterations": 25}  # standard error 0.1 ms
+    assert resolved({"iteration_time_s": 0.102, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)
+    assert not resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)  # 2.1 se
+    assert resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": None, "iterations": 25}, base)  # no spread given

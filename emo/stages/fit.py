@@ -72,9 +72,10 @@ LEVEL_MIN_SE = 3.0  # a measured slowdown within this many standard errors of 0 
 def resolved(meas: dict, baseline: dict) -> bool:
     """Whether the slowdown from the default clock to `meas`'s stands out of the two measurements'
     noise (their standard errors; True where the device reports none)."""
-    se = [m.get("iteration_time_se_s") for m in (meas, baseline)]
-    if any(x is None for x in se):
+    sd = [m.get("iteration_time_sd_s") for m in (meas, baseline)]
+    if any(x is None for x in sd):
         return True
+    se = [float(x) / np.sqrt(max(int(m.get("iterations", 1)), 1)) for x, m in zip(sd, (meas, baseline))]
     return abs(float(meas["iteration_time_s"]) - float(baseline["iteration_time_s"])) > LEVEL_MIN_SE * float(np.hypot(*se))
 
 
@@ -181,7 +182,9 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     write_parquet(out / "model.parquet", model)
     t = pack_tables(graph, packs, model, anchors)
     check = {"energy_levels": how, "idle_level": a, "energy_level": k,
-             "time_levels": {str(f): lam for f, lam in levels}}
+             "time_levels": {str(f): lam for f, lam in levels},
+             # one iteration's spread at the default clock, measured over many (optimize's tolerance)
+             "iteration_time_sd_s": baseline.get("iteration_time_sd_s")}
 
     def versus(meas: dict, pol) -> dict:
         p = predict(t, pol)

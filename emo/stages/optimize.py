@@ -17,7 +17,7 @@ from pathlib import Path
 from emo.io import write_json
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
-from emo.optimize.pipeline.check import expected, planning_latencies
+from emo.optimize.pipeline.check import planning_latencies
 
 log = logging.getLogger("emo")
 
@@ -33,6 +33,14 @@ def clock_latency(path: Path | None) -> dict | None:
         raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
+def iteration_sd(path: Path | None) -> float | None:
+    """One iteration's measured spread (s) in a fit folder's check.json (None without one)."""
+    if path is None or not Path(path).is_file():
+        return None
+    sd = json.loads(Path(path).read_text()).get("iteration_time_sd_s")
+    return None if sd is None else float(sd)
+
+
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     opt = cfg["optimizer"]
     where = inputs.get("calibration", "calibration")
@@ -41,15 +49,14 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     log.info("optimize: planning with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
              lats.lo, lats.hi, lats.mean, source)
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
-    policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured)
-    base, pred = predict(tables, None), expected(tables, policy, lats)
-    policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
+    policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured,
+                            iteration_sd_s=iteration_sd(inputs.get("check")))
+    base = predict(tables, None)
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})
     policy.save(out / "policy.json")
     # per iteration, by the stage's predictor at the mean configured latency
-    summary["predicted"] = {"time_s": pred.time_s, "energy_j": pred.energy_j,
-                            "baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j,
-                            "es_pct": 100 * (1 - pred.energy_j / base.energy_j),
-                            "pl_pct": 100 * (pred.time_s / base.time_s - 1)}
+    t, e = policy.predicted_time_s, policy.predicted_energy_j
+    summary["predicted"] = {"time_s": t, "energy_j": e, "baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j,
+                            "es_pct": 100 * (1 - e / base.energy_j), "pl_pct": 100 * (t / base.time_s - 1)}
     write_json(out / "summary.json", summary)
     return {f"predicted_{k}": v for k, v in summary["predicted"].items()}

@@ -115,8 +115,8 @@ def measure_iteration(device, workload, iteration_s: float, min_seconds: float, 
     times = np.asarray(res.iteration_times_s, dtype=np.float64)
     return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
             "energy_j": res.energy_j, "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
-            # the standard error of iteration_time_s (None where the device reports no per-iteration times)
-            "iteration_time_se_s": float(times.std(ddof=1) / np.sqrt(len(times))) if len(times) >= 2 else None,
+            # the iterations' spread (None where the device reports no per-iteration times)
+            "iteration_time_sd_s": float(times.std(ddof=1)) if len(times) >= 2 else None,
             "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
 
 

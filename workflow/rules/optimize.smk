@@ -7,6 +7,7 @@ rule optimize:
         edges=up("optimize", "pack", "edges.parquet"),
         iterations=up("optimize", "pack", "iterations.parquet"),
         model=up("optimize", "fit", "model.parquet"),
+        check=up("optimize", "fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
         calibration=up("optimize", "calibrate", "calibration.json"),  # the measured clock-request latency
     output:
         policy=out("optimize", "policy.json"),

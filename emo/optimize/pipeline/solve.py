@@ -95,11 +95,14 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms
     return sol, policy, {**sol.info, **info}
 
 
-def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | None = None) -> tuple[FrequencyPolicy, dict]:
+def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | None = None,
+          iteration_sd_s: float | None = None) -> tuple[FrequencyPolicy, dict]:
     """The policy of method opt["name"] within `budget`, and its summary: the method's own record
     under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency).
     `clock_latency`: the calibration's measured clock-request latency (check.planning_latencies:
-    what the plan assumes unless optimizer.transition_ms overrides it)."""
+    what the plan assumes unless optimizer.transition_ms overrides it); `iteration_sd_s`: one
+    iteration's measured spread (tables.time_tolerance_ns). The policy carries its prediction, in
+    expectation over the latencies it was planned with (check.expected)."""
     name = opt["name"]
     if name not in OFFLINE:
         raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
@@ -117,7 +120,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     lats, source = planning_latencies(opt, clock_latency, peers=max(len(g) for g in items.groups))
     # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
     # strict 0, microseconds of predicted delay would rule out every lower clock
-    tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns)
+    tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns, None if iteration_sd_s is None else iteration_sd_s * 1e9)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
     record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6,
                     "transition_ms": lats.range(), "transition_source": source,
@@ -181,6 +184,8 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         sol, policy, checked = polish(sol, policy, checked)
         record.update(checked)
     policy.budget = budget  # the user's budget; the planning budget is in the summary
+    pred = expected(tables, policy, lats)
+    policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
     plan = sol.summary()
     summary = {
         "method": name, "budget": budget,

@@ -174,15 +174,18 @@ def iteration_noise_ns(timing: Timing) -> float:
     return float(median_abs_deviation(lengths.mean(axis=0), scale="normal"))
 
 
-def time_tolerance_ns(timing: Timing, makespan_ns: float) -> float:
+def time_tolerance_ns(timing: Timing, makespan_ns: float, iteration_sd_ns: float | None = None) -> float:
     """How much later than its deadline a schedule may end and still count as on time, over the
     whole graph (all traced iterations): per iteration, the iteration time's own variability in the
     trace, at least the trace's timestamp resolution (what-if rounding). A predicted delay below it
     is not a slowdown anyone can measure or a replay can resolve, so with a budget of 0 ("no
     slowdown") a workload whose GPU is on the critical path but memory-bound (a clock step costs it
-    microseconds per iteration) still gets lower clocks. At most MAX_TIME_TOLERANCE of the makespan."""
+    microseconds per iteration) still gets lower clocks. At most MAX_TIME_TOLERANCE of the makespan.
+    `iteration_sd_ns`: the spread measured over many iterations (the profile's baseline, through
+    fit's check.json), which wins over the few a trace holds (their spread is a noisy estimate)."""
     iters = max(timing.marks_ns.shape[1], 1)
-    per_iteration = max(iteration_noise_ns(timing), float(ROUNDING_TOLERANCE_NS))
+    noise = iteration_noise_ns(timing) if iteration_sd_ns is None else float(iteration_sd_ns)
+    per_iteration = max(noise, float(ROUNDING_TOLERANCE_NS))
     return min(iters * per_iteration, MAX_TIME_TOLERANCE * makespan_ns)
 
 
