@@ -35,6 +35,12 @@ def test_tolerance_is_the_iteration_noise_per_iteration():
     assert time_tolerance_ns(t, 500e6) == pytest.approx(5 * sigma)  # 5 marks: 5 iterations in the graph
 
 
+def test_a_measured_spread_wins_over_the_traces_few_iterations():
+    t = _timing([100.0, 100.02, 99.98, 100.01], gpus=2)  # the trace's own estimate: ~0.02 ms
+    assert time_tolerance_ns(t, 500e6, iteration_sd_ns=40e3) == pytest.approx(5 * 40e3)
+    assert time_tolerance_ns(t, 500e6, iteration_sd_ns=0.0) == pytest.approx(5 * ROUNDING_TOLERANCE_NS)
+
+
 def test_tolerance_floor_and_cap():
     # identical iterations (or too few to tell): the trace's timestamp resolution per iteration
     assert time_tolerance_ns(_timing([100.0, 100.0, 100.0]), 400e6) == pytest.approx(4 * ROUNDING_TOLERANCE_NS)
