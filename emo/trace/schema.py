@@ -84,7 +84,9 @@ def normalise(columns: dict) -> pd.DataFrame:
 
     a = {c: array(c, t) for c, t in COLUMNS.items()}
     order = np.lexsort((-a["dur_ns"].astype(np.int64), a["start_ns"].astype(np.int64), a["rank"].astype(np.int64)))
-    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t) for c, t in COLUMNS.items()})
+    # (copy=False: each column its own block; stacking same-dtype columns would copy them all once more)
+    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t, copy=False)
+                         for c, t in COLUMNS.items()}, copy=False)
 
 
 def _text(values: np.ndarray) -> pd.Series:
