@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
-from emo.trace.schema import GPU_OP_KINDS, is_nccl
+from emo.trace.schema import GPU_OP_KINDS, is_nccl, text_column
 
 # Calls that return only once their copy is done, whatever stream they use.
 SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemset", "cudaMemcpy2D", "cudaMemcpyToSymbol",
@@ -376,24 +377,41 @@ class _Builder:
     def finish(self) -> Graph:
         cols = {}
         for c, t in NODE_COLUMNS.items():
-            parts = [np.broadcast_to(np.asarray(v[c], dtype=object if t == "str" else None), (n,))
-                     for n, v in self.nodes]
-            cols[c] = np.concatenate(parts) if parts else np.array([], dtype=object if t == "str" else t)
+            if t == "str":
+                cols[c] = _str_column([(n, v[c]) for n, v in self.nodes])
+                continue
+            parts = [np.broadcast_to(np.asarray(v[c]), (n,)) for n, v in self.nodes]
+            cols[c] = np.concatenate(parts) if parts else np.array([], dtype=t)
         cols["dur_ns"] = cols["dur_ns"].astype(np.int64)
         if len(self.nodes_dur_zero):
             cols["dur_ns"][self.nodes_dur_zero] = 0
-        nodes = pd.DataFrame({c: pd.Series(cols[c], dtype=t) if t == "str" else cols[c].astype(t)
-                              for c, t in NODE_COLUMNS.items()})
+        nodes = pd.DataFrame({c: cols[c] if t == "str" else cols[c].astype(t) for c, t in NODE_COLUMNS.items()})
         src = np.concatenate([e[0] for e in self.edges] or [np.array([], np.int64)])
         dst = np.concatenate([e[1] for e in self.edges] or [np.array([], np.int64)])
-        kind = np.concatenate([np.full(len(e[0]), e[2], dtype=object) for e in self.edges] or [np.array([], object)])
+        kinds = list(dict.fromkeys(e[2] for e in self.edges))
+        kind = np.concatenate([np.full(len(e[0]), kinds.index(e[2]), np.int32) for e in self.edges]
+                              or [np.array([], np.int32)])
         fs = np.concatenate([np.full(len(e[0]), e[3], dtype=bool) for e in self.edges] or [np.array([], bool)])
         # the first of each (src, dst, from_start), in the order added
         first = np.sort(np.unique((src * (2 * self.n_nodes + 2) + dst * 2 + fs), return_index=True)[1])
-        edges = pd.DataFrame({"src": src[first], "dst": dst[first], "kind": pd.Series(kind[first], dtype="str"),
+        edges = pd.DataFrame({"src": src[first], "dst": dst[first], "kind": text_column(kind[first], kinds),
                               "from_start": fs[first]})
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
+
+
+def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
+    """A str column from parts of n rows each: one string for all n, or n strings (a str column's
+    .array, or an array of str), joined as Arrow chunks (no Python object per row)."""
+    chunks = []
+    for n, v in parts:
+        if isinstance(v, str):
+            chunks.append(pa.repeat(pa.scalar(v, pa.large_string()), n))
+        elif hasattr(v, "__arrow_array__"):
+            chunks.extend(v.__arrow_array__().cast(pa.large_string()).chunks)
+        else:
+            chunks.append(pa.array(np.asarray(v, dtype=object), pa.large_string()))
+    return pd.Series(pa.chunked_array(chunks, pa.large_string()), dtype="str")
 
 
 def _asof_join(left: pd.DataFrame, right: pd.DataFrame, on_left: str, on_right: str, by: list[str],

@@ -98,12 +98,17 @@ def _text(values: np.ndarray) -> pd.Series:
     if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
         return pd.Series(np.asarray(values, dtype=object), dtype="str")
     try:
-        import pyarrow as pa
-
-        arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
-        return pd.Series(arr.cast(pa.large_string()), dtype="str")
-    except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
+        return text_column(codes, uniques)
+    except (TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
         return pd.Series(np.asarray(values, dtype=object), dtype="str")
+
+
+def text_column(codes: np.ndarray, values) -> pd.Series:
+    """The str column values[codes] (codes >= 0), built in Arrow from the distinct values."""
+    import pyarrow as pa
+
+    arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values, pa.large_string()))
+    return pd.Series(arr.cast(pa.large_string()), dtype="str")
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
