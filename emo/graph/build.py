@@ -17,12 +17,14 @@ waited for. Edges: every happens-before the trace implies (see EDGE_KINDS):
               (`collective`, from the last arrival to its kernel's end). The wait of early ranks is
               thus attributed to whatever made the last rank late.
 
-Everything is vectorised over the event table (sorted as-of look-ups, groupby), no loop over events."""
+Everything is vectorised over numpy columns of the event table (sorted as-of look-ups, joins by
+sorted keys), no loop over events and few pandas calls (their fixed cost is most of a small trace's time)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
@@ -43,6 +45,21 @@ class _Builder:
         self.edges: list[tuple] = []  # (src, dst, kind, from_start)
         self.n_nodes = 0
         self.meta: dict = {}
+        self._cols: dict = {}
+
+    def col(self, c: str) -> np.ndarray:
+        """An event-table column as numpy (taken once)."""
+        v = self._cols.get(c)
+        if v is None:
+            v = self._cols[c] = self.ev[c].to_numpy()
+        return v
+
+    def kind_is(self, *kinds: str) -> np.ndarray:
+        """Whether each event is of one of `kinds`."""
+        v = self._cols.get(kinds)
+        if v is None:
+            v = self._cols[kinds] = _str_at(self.ev["kind"], isin=kinds)
+        return v
 
     def add_nodes(self, **cols) -> np.ndarray:
         n = max((len(v) for v in cols.values() if not isinstance(v, (str, int))), default=0)
@@ -62,6 +79,34 @@ class _Builder:
         rows = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
         g = ev.iloc[rows]
         nccl = is_nccl(g["name"]) & (g["kind"] == "kernel").to_numpy()
+        if nccl.any():
+            split = self._collectives(g, rows, nccl)
+        else:  # (the pandas calls of the matching cost a small trace more than all the rest)
+            split = np.zeros(len(ev), bool)
+            self.meta.update(collectives_unmatched=[], collectives=0, collectives_matched=0)
+
+        kinds = np.where(nccl, "collective", g["kind"].to_numpy(dtype=object))
+        whole = ~split[rows]
+        w = g[whole]
+        ids = self.add_nodes(kind=kinds[whole], rank=w["rank"].to_numpy(), device=w["device"].to_numpy(),
+                             stream=w["stream"].to_numpy(), thread=-1, start_ns=w["start_ns"].to_numpy(),
+                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].array, event=rows[whole])
+        self.in_node[rows[whole]] = ids
+        self.out_node[rows[whole]] = ids
+        if nccl.any():
+            self._collective_nodes(self._matched)
+
+        # same-stream order
+        rk, dv, st = (g[c].to_numpy() for c in ("rank", "device", "stream"))
+        o = np.lexsort((g["start_ns"].to_numpy(), st, dv, rk))
+        same = (rk[o][1:] == rk[o][:-1]) & (dv[o][1:] == dv[o][:-1]) & (st[o][1:] == st[o][:-1])
+        r = rows[o]
+        self.add_edges(self.out_node[r[:-1][same]], self.in_node[r[1:][same]], "stream")
+
+    def _collectives(self, g: pd.DataFrame, rows: np.ndarray, nccl: np.ndarray) -> np.ndarray:
+        """Match the NCCL kernels of all ranks into collectives (rendezvous, per-rank wait and
+        transfer nodes); the event rows split that way (the others become one node each)."""
+        ev = self.ev
         key = np.where(g["process_group"].to_numpy(dtype=object) != "", g["process_group"], g["name"])
         c = pd.DataFrame({"row": rows, "rank": g["rank"].to_numpy(), "key": key,
                           "start": g["start_ns"].to_numpy(), "end": (g["start_ns"] + g["dur_ns"]).to_numpy()})[nccl]
@@ -77,16 +122,14 @@ class _Builder:
         self.meta["collectives_unmatched"] = _unmatched(c[~ok], world)
         split = np.zeros(len(ev), bool)
         split[matched["row"].to_numpy()] = True
+        self.meta["collectives"] = int(c.groupby(["key", "occ"]).ngroups)
+        self._matched = matched
+        return split
 
-        kinds = np.where(nccl, "collective", g["kind"].to_numpy(dtype=object))
-        whole = ~split[rows]
-        w = g[whole]
-        ids = self.add_nodes(kind=kinds[whole], rank=w["rank"].to_numpy(), device=w["device"].to_numpy(),
-                             stream=w["stream"].to_numpy(), thread=-1, start_ns=w["start_ns"].to_numpy(),
-                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].array, event=rows[whole])
-        self.in_node[rows[whole]] = ids
-        self.out_node[rows[whole]] = ids
-
+    def _collective_nodes(self, matched: pd.DataFrame) -> None:
+        """One rendezvous per matched collective instance; each rank's kernel becomes its wait and
+        its transfer."""
+        ev = self.ev
         inst = matched.groupby(["key", "occ"], sort=False)
         matched["arrive"] = inst["start"].transform("max")
         matched["inst"] = inst.ngroup()
@@ -105,59 +148,46 @@ class _Builder:
         self.out_node[matched["row"].to_numpy()] = xfer
         self.add_edges(waits, rv[matched["inst"].to_numpy()], "collective")
         self.add_edges(rv[matched["inst"].to_numpy()], xfer, "collective")
-        self.meta["collectives"] = int(c.groupby(["key", "occ"]).ngroups) if len(c) else 0
         self.meta["collectives_matched"] = int(len(first))
-        self.collectives = matched
-
-        # same-stream order
-        rk, dv, st = (g[c].to_numpy() for c in ("rank", "device", "stream"))
-        o = np.lexsort((g["start_ns"].to_numpy(), st, dv, rk))
-        same = (rk[o][1:] == rk[o][:-1]) & (dv[o][1:] == dv[o][:-1]) & (st[o][1:] == st[o][:-1])
-        r = rows[o]
-        self.add_edges(self.out_node[r[:-1][same]], self.in_node[r[1:][same]], "stream")
 
     # ------------------------------------------------------------------ host side
     def host_calls(self) -> None:
-        ev = self.ev
-        rt_rows = np.flatnonzero((ev["kind"] == "runtime").to_numpy())
-        cols = ["rank", "pid", "thread", "start_ns", "dur_ns"]
-        rt = ev[cols].iloc[rt_rows]
-        order = np.lexsort((-rt["dur_ns"].to_numpy(), rt["start_ns"].to_numpy(), rt["thread"].to_numpy(),
-                            rt["pid"].to_numpy(), rt["rank"].to_numpy()))
+        rt_rows = np.flatnonzero(self.kind_is("runtime"))
+        rank, pid, thread, start, dur = (self.col(c)[rt_rows] for c in ("rank", "pid", "thread", "start_ns", "dur_ns"))
+        order = np.lexsort((-dur, start, thread, pid, rank))
         rows = rt_rows[order]
-        rt = rt.iloc[order]
-        grp = rt.groupby(["rank", "pid", "thread"], sort=False).ngroup().to_numpy()
-        start = rt["start_ns"].to_numpy()
-        end = start + rt["dur_ns"].to_numpy()
-        first = np.r_[True, grp[1:] != grp[:-1]]
-        cummax_end = pd.Series(end).groupby(grp).cummax().to_numpy()
+        rank, pid, thread, start = rank[order], pid[order], thread[order], start[order]
+        end = start + dur[order]
+        first = _new_group(rank, pid, thread)
+        grp = np.cumsum(first) - 1
+        cummax_end = np.empty_like(end)
+        heads = np.r_[np.flatnonzero(first), len(end)]
+        for a, b in zip(heads[:-1], heads[1:]):  # (one slice per thread)
+            cummax_end[a:b] = np.maximum.accumulate(end[a:b])
         prev_max = np.r_[0, cummax_end[:-1]]
         top = first | (start >= prev_max)  # a call starting inside an earlier one is nested in it
         top_pos = np.cumsum(top) - 1
         top_rows = rows[top]
-        self.top_of = np.full(len(ev), -1, np.int64)
+        self.top_of = np.full(len(self.ev), -1, np.int64)
         self.top_of[rows] = top_rows[top_pos]
-        t = ev.iloc[top_rows]
         tgrp = grp[top]
         tstart, tend = start[top], end[top]
-        ids = self.add_nodes(kind="runtime", rank=t["rank"].to_numpy(), device=-1, stream=-1,
-                             thread=t["thread"].to_numpy(), start_ns=tstart, dur_ns=tend - tstart,
-                             name=t["name"].array, event=top_rows)
-        self.call_node = np.full(len(ev), -1, np.int64)
+        name = self.ev["name"].array[top_rows]
+        ids = self.add_nodes(kind="runtime", rank=rank[top], device=-1, stream=-1, thread=thread[top],
+                             start_ns=tstart, dur_ns=tend - tstart, name=name, event=top_rows)
+        self.call_node = np.full(len(self.ev), -1, np.int64)
         self.call_node[rows] = ids[top_pos]
         self.in_node[rows] = ids[top_pos]
         self.out_node[rows] = ids[top_pos]
-        self.top = pd.DataFrame({"row": top_rows, "grp": tgrp, "start": tstart, "end": tend, "node": ids,
-                                 "rank": t["rank"].to_numpy(), "pid": t["pid"].to_numpy(),
-                                 "thread": t["thread"].to_numpy(), "name": t["name"].array})
+        self.top = {"row": top_rows, "grp": tgrp, "start": tstart, "end": tend, "node": ids, "rank": rank[top],
+                    "pid": pid[top], "thread": thread[top], "name": name}
 
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
-        ev = self.ev
-        rank, corr, start, device, stream, pid, thread = (ev[c].to_numpy(np.int64) for c in (
+        rank, corr, start, device, stream, pid, thread = (self.col(c).astype(np.int64, copy=False) for c in (
             "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
-        rt = np.flatnonzero(((ev["kind"] == "runtime") & (ev["correlation"] >= 0)).to_numpy())
-        ops = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
+        rt = np.flatnonzero(self.kind_is("runtime") & (corr >= 0))
+        ops = np.flatnonzero(self.kind_is(*GPU_OP_KINDS))
         # a launch is a call with GPU work of the same (rank, correlation); prefer the outermost
         # call, i.e. the first in table order (ranks < 2^23, correlation ids < 2^40)
         keys, first = np.unique(rank[rt] * (1 << 40) + corr[rt], return_index=True)
@@ -167,183 +197,212 @@ class _Builder:
         call_row = np.full(len(ops), -1, np.int64)
         call_row[has] = rt[first[pos[has]]]
         self.add_edges(self.call_node[call_row[has]], self.in_node[ops[has]], "launch", from_start=True)
-        self.ops = pd.DataFrame({
-            "rank": rank[ops], "device": device[ops], "stream": stream[ops],
-            "t": np.where(has, start[np.maximum(call_row, 0)], start[ops]), "row": ops.astype(np.int64),
-            "call_row": call_row, "pid": np.where(has, pid[np.maximum(call_row, 0)], -1),
-            "thread": np.where(has, thread[np.maximum(call_row, 0)], -1), "correlation": corr[ops],
-        }).sort_values("t", kind="stable").reset_index(drop=True)
+        at = np.maximum(call_row, 0)
+        t = np.where(has, start[at], start[ops])
+        o = np.argsort(t, kind="stable")
+        self.ops = {"rank": rank[ops][o], "device": device[ops][o], "stream": stream[ops][o], "t": t[o],
+                    "row": ops[o], "call_row": call_row[o], "pid": np.where(has, pid[at], -1)[o],
+                    "thread": np.where(has, thread[at], -1)[o], "correlation": corr[ops][o]}
 
-    def _last_op_before(self, q: pd.DataFrame) -> pd.DataFrame:
-        """For queries (rank, device, stream, t): the last op on that stream launched before t."""
-        return self._nearest_op(q, "backward")
+    def _nearest_op(self, q: dict, forward: bool = False) -> dict:
+        """For queries {rank, device, stream, t, ...}: those with an op on that stream launched
+        strictly before t (forward: after), in order of t, with the op's row as `op_row`."""
+        q = _take(q, np.argsort(q["t"], kind="stable"))
+        ops = self.ops
+        j = _asof([q["rank"], q["device"], q["stream"]], q["t"], [ops["rank"], ops["device"], ops["stream"]],
+                  ops["t"], forward)
+        hit = j >= 0
+        out = _take(q, hit)
+        out["op_row"] = ops["row"][j[hit]]
+        return out
 
-    def _first_op_after(self, q: pd.DataFrame) -> pd.DataFrame:
-        """For queries (rank, device, stream, t): the first op on that stream launched after t."""
-        return self._nearest_op(q, "forward")
-
-    def _nearest_op(self, q: pd.DataFrame, direction: str) -> pd.DataFrame:
-        q = q.astype({"rank": np.int64, "device": np.int64, "stream": np.int64, "t": np.int64})
-        if q.empty:
-            return q.assign(op_row=pd.Series(dtype=np.int64))
-        q = q.sort_values("t", kind="stable")
-        return _asof_join(q, self.ops[["rank", "device", "stream", "t", "row"]].rename(columns={"row": "op_row"}),
-                          "t", "t", ["rank", "device", "stream"], direction == "forward")
-
-    def syncs(self) -> pd.DataFrame:
+    def syncs(self) -> dict:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
-        ev = self.ev
-        calls = ev.loc[ev["kind"] == "runtime", ["rank", "correlation", "start_ns", "pid", "thread"]]
-        call_by_corr = pd.DataFrame({"rank": calls["rank"].to_numpy(), "correlation": calls["correlation"].to_numpy(),
-                                     "call_row": calls.index.to_numpy(), "call_t": calls["start_ns"].to_numpy(),
-                                     "pid": calls["pid"].to_numpy(), "thread": calls["thread"].to_numpy()})
-        call_by_corr = call_by_corr[call_by_corr["correlation"] >= 0].drop_duplicates(["rank", "correlation"])
-        s = ev.loc[ev["kind"] == "sync", ["rank", "device", "stream", "correlation", "sync_kind", "wait_event_corr",
-                                          "wait_stream"]]
-        s = s.merge(call_by_corr, on=["rank", "correlation"], how="inner")
-        waits = []
-        streams = self.ops[["rank", "device", "stream"]].drop_duplicates()
+        rank, corr, start, device, stream, pid, thread = (self.col(c).astype(np.int64, copy=False) for c in (
+            "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
+        calls = np.flatnonzero(self.kind_is("runtime"))
+        calls = calls[corr[calls] >= 0]
+        key = rank * (1 << 40) + corr  # (as in launches)
+        _, first = np.unique(key[calls], return_index=True)
+        calls = calls[np.sort(first)]  # the first call of each (rank, correlation)
+        ckeys, cpos = np.unique(key[calls], return_index=True)
+        ops = self.ops
+        waits = []  # (call_row, op_row) pairs
+        streams = _take(ops, _first_of(ops["rank"], ops["device"], ops["stream"]))
+        streams = {c: streams[c] for c in ("rank", "device", "stream")}
 
-        if len(s):  # (the pandas calls below cost the same on no rows: a small trace pays them)
-            ss = s[s["sync_kind"] == "Stream Sync"]
-            waits.append(self._last_op_before(pd.DataFrame({"rank": ss["rank"], "device": ss["device"],
-                                                            "stream": ss["stream"], "t": ss["call_t"],
-                                                            "call_row": ss["call_row"]})))
-            cs = s[s["sync_kind"] == "Context Sync"]
-            cq = pd.DataFrame({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
-                               "call_row": cs["call_row"]})
-            waits.append(self._last_op_before(cq.merge(streams, on=["rank", "device"])))
-
+        srows = np.flatnonzero(self.kind_is("sync"))
+        if len(srows):  # the sync rows with their call (of the same rank and correlation)
+            at = np.minimum(np.searchsorted(ckeys, key[srows]), len(ckeys) - 1) if len(ckeys) else None
+            found = (ckeys[at] == key[srows]) if len(ckeys) else np.zeros(len(srows), bool)
+            srows = srows[found]
+            call_row = calls[cpos[at[found]]] if len(ckeys) else np.zeros(0, np.int64)
+            s = {"rank": rank[srows], "device": device[srows], "stream": stream[srows], "call_row": call_row,
+                 "call_t": start[call_row], "wait_event_corr": self.col("wait_event_corr")[srows].astype(np.int64),
+                 "wait_stream": self.col("wait_stream")[srows].astype(np.int64)}
+            sk = _str_at(self.ev["sync_kind"], srows)
+        else:
+            s = {"call_row": np.zeros(0, np.int64)}
+        if len(s["call_row"]):
+            ss = _take(s, sk == "Stream Sync")
+            waits.append(self._nearest_op({"rank": ss["rank"], "device": ss["device"], "stream": ss["stream"],
+                                           "t": ss["call_t"], "call_row": ss["call_row"]}))
+            cs = _take(s, sk == "Context Sync")
+            waits.append(self._nearest_op(_merge({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
+                                                  "call_row": cs["call_row"]}, streams, ["rank", "device"])))
             # event record -> waiter: find the record call, then the last op on the recorded stream before it
-            rec = call_by_corr.rename(columns={"correlation": "wait_event_corr", "call_t": "rec_t"})[
-                ["rank", "wait_event_corr", "rec_t"]]
-            es = self._with_record(s[(s["sync_kind"] == "Event Sync") & (s["wait_stream"] >= 0)], rec)
-            waits.append(self._last_op_before(pd.DataFrame({"rank": es["rank"], "device": es["device"],
-                                                            "stream": es["wait_stream"], "t": es["rec_t"],
-                                                            "call_row": es["call_row"]})))
-            sw = self._with_record(s[(s["sync_kind"] == "Stream Wait Event") & (s["wait_stream"] >= 0)], rec)
-            if len(sw):
-                src = self._last_op_before(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                         "stream": sw["wait_stream"], "t": sw["rec_t"],
-                                                         "key": np.arange(len(sw))}))
-                dst = self._first_op_after(pd.DataFrame({"rank": sw["rank"], "device": sw["device"],
-                                                         "stream": sw["stream"], "t": sw["call_t"],
-                                                         "key": np.arange(len(sw))}))
-                pair = src[["key", "op_row"]].merge(dst[["key", "op_row"]], on="key", suffixes=("_src", "_dst"))
-                self.add_edges(self.out_node[pair["op_row_src"].to_numpy()],
-                               self.in_node[pair["op_row_dst"].to_numpy()], "event")
+            es = self._with_record(_take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos],
+                                   start)
+            waits.append(self._nearest_op({"rank": es["rank"], "device": es["device"], "stream": es["wait_stream"],
+                                           "t": es["rec_t"], "call_row": es["call_row"]}))
+            sw = self._with_record(_take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys,
+                                   calls[cpos], start)
+            if len(sw["rank"]):
+                keys = np.arange(len(sw["rank"]))
+                src = self._nearest_op({"rank": sw["rank"], "device": sw["device"], "stream": sw["wait_stream"],
+                                        "t": sw["rec_t"], "key": keys})
+                dst = self._nearest_op({"rank": sw["rank"], "device": sw["device"], "stream": sw["stream"],
+                                        "t": sw["call_t"], "key": keys}, forward=True)
+                dst_of = np.full(len(keys), -1, np.int64)  # keys are unique in both: a look-up, not a merge
+                dst_of[dst["key"]] = dst["op_row"]
+                hit = dst_of[src["key"]] >= 0
+                self.add_edges(self.out_node[src["op_row"][hit]], self.in_node[dst_of[src["key"]][hit]], "event")
 
         # synchronising calls the trace has no cuda_sync row for (older traces, DLRM)
-        covered = set(s["call_row"].tolist())
         top = self.top
-        bare = top[~top["row"].isin(covered)]
-        self._inferred_stream_waits(bare[bare["name"] == "cudaStreamWaitEvent"])
-        ds = bare[bare["name"].isin(["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"])]
-        if len(ds):
-            waits.append(self._last_op_before(
-                pd.DataFrame({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}).merge(streams, on="rank")))
-        st = bare[bare["name"].isin(["cudaStreamSynchronize", "cuStreamSynchronize"])]
-        if len(st):  # the stream is the one this thread last launched on
-            lq = _asof_join(pd.DataFrame({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"],
-                                          "t": st["start"], "call_row": st["row"]}).astype(np.int64).sort_values("t"),
-                            self.ops[self.ops["call_row"] >= 0][["rank", "pid", "thread", "t", "device", "stream"]],
-                            "t", "t", ["rank", "pid", "thread"])
-            waits.append(self._last_op_before(lq[["rank", "device", "stream", "t", "call_row"]]))
-        cp = self.ops[self.ops["call_row"] >= 0]
+        bare = ~np.isin(top["row"], s["call_row"])
+        name = _str_at(top["name"])
+        self._inferred_stream_waits(_take(top, bare & (name == "cudaStreamWaitEvent")))
+        ds = _take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
+        if len(ds["row"]):
+            waits.append(self._nearest_op(_merge({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]},
+                                                 streams, ["rank"])))
+        st = _take(top, bare & np.isin(name, ["cudaStreamSynchronize", "cuStreamSynchronize"]))
+        if len(st["row"]):  # the stream is the one this thread last launched on
+            q = _take({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"], "t": st["start"],
+                       "call_row": st["row"]}, np.argsort(st["start"], kind="quicksort"))
+            launched = _take(ops, ops["call_row"] >= 0)
+            j = _asof([q["rank"], q["pid"], q["thread"]], q["t"],
+                      [launched["rank"], launched["pid"], launched["thread"]], launched["t"])
+            hit = j >= 0
+            waits.append(self._nearest_op({"rank": q["rank"][hit], "device": launched["device"][j[hit]],
+                                           "stream": launched["stream"][j[hit]], "t": q["t"][hit],
+                                           "call_row": q["call_row"][hit]}))
+        cp = _take(ops, ops["call_row"] >= 0)
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
-        sc = cp[ev["name"].take(cp["call_row"].to_numpy()).isin(SYNC_COPY_CALLS).to_numpy(bool)]
-        sc = sc[~ev["name"].take(sc["row"].to_numpy()).str.contains("HtoD", regex=False).to_numpy(bool)]
-        waits.append(pd.DataFrame({"call_row": sc["call_row"], "op_row": sc["row"]}))
-        w = pd.concat([x[["call_row", "op_row"]] for x in waits if len(x)], ignore_index=True) if any(
-            len(x) for x in waits) else pd.DataFrame({"call_row": [], "op_row": []}, dtype=np.int64)
-        w["call_row"] = self.top_of[w["call_row"].to_numpy(np.int64)]
-        return w.drop_duplicates().astype(np.int64)
+        names = self.ev["name"]
+        sc = _take(cp, _str_at(names, cp["call_row"], SYNC_COPY_CALLS))
+        sc = _take(sc, ~_str_at(names, sc["row"], contains="HtoD"))
+        waits.append({"call_row": sc["call_row"], "op_row": sc["row"]})
+        call = np.concatenate([w["call_row"] for w in waits]).astype(np.int64)
+        op = np.concatenate([w["op_row"] for w in waits]).astype(np.int64)
+        call = self.top_of[call]
+        keep = _first_of(call, op)
+        return {"call_row": call[keep], "op_row": op[keep]}
 
     @staticmethod
-    def _with_record(rows: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+    def _with_record(rows: dict, rec_keys: np.ndarray, rec_rows: np.ndarray, start: np.ndarray) -> dict:
         """Each waiting sync row with `rec_t`, when its cudaEventRecord was called: found by
         wait_on_cuda_event_record_corr_id where the trace has it; otherwise the closest preceding
         record on the waited stream is taken to be right before the wait call itself."""
-        known = rows[rows["wait_event_corr"] >= 0].merge(rec, on=["rank", "wait_event_corr"], how="left")
-        known["rec_t"] = known["rec_t"].fillna(known["call_t"])
-        unknown = rows[rows["wait_event_corr"] < 0].assign(rec_t=lambda d: d["call_t"])
-        return pd.concat([known, unknown], ignore_index=True).astype({"rec_t": np.int64})
+        known = rows["wait_event_corr"] >= 0
+        rec_t = rows["call_t"].copy()
+        k = rows["rank"][known] * (1 << 40) + rows["wait_event_corr"][known]
+        if len(rec_keys) and len(k):
+            at = np.minimum(np.searchsorted(rec_keys, k), len(rec_keys) - 1)
+            found = rec_keys[at] == k
+            rec_t[np.flatnonzero(known)[found]] = start[rec_rows[at[found]]]
+        o = np.r_[np.flatnonzero(known), np.flatnonzero(~known)]  # the known ones first
+        out = _take(rows, o)
+        out["rec_t"] = rec_t[o]
+        return out
 
-    def _inferred_stream_waits(self, calls: pd.DataFrame) -> None:
+    def _inferred_stream_waits(self, calls: dict) -> None:
         """cudaStreamWaitEvent without a cuda_sync row (no record correlation in the trace): the
         waiting stream is the one this thread launches on next, the waited stream the one it last
         launched on before that differs from it (PyTorch's pattern around NCCL work), and the record
         is taken to be the closest preceding one, i.e. the last op launched there before the call."""
-        if calls.empty:
+        if not len(calls["row"]):
             return
-        launched = self.ops[self.ops["call_row"] >= 0][["rank", "pid", "thread", "t", "device", "stream", "row"]]
-        q = pd.DataFrame({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"],
-                          "t": calls["start"], "key": np.arange(len(calls))}).astype(np.int64).sort_values("t")
-        nxt = _asof_join(q, launched, "t", "t", ["rank", "pid", "thread"], forward=True)
-        streams = launched[["rank", "pid", "thread", "device", "stream"]].drop_duplicates()
-        cand = nxt[["rank", "pid", "thread", "t", "key", "stream"]].rename(columns={"stream": "waiting"}).merge(
-            streams, on=["rank", "pid", "thread"])
-        cand = cand[cand["stream"] != cand["waiting"]].sort_values("t", kind="stable")
-        if cand.empty:
+        ops = self.ops
+        launched = _take(ops, ops["call_row"] >= 0)
+        by = ("rank", "pid", "thread")
+        q = _take({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"], "t": calls["start"],
+                   "key": np.arange(len(calls["row"]))}, np.argsort(calls["start"], kind="quicksort"))
+        j = _asof([q[c] for c in by], q["t"], [launched[c] for c in by], launched["t"], forward=True)
+        hit = j >= 0
+        nxt = _take(q, hit)
+        nxt.update(waiting=launched["stream"][j[hit]], row=launched["row"][j[hit]])
+        streams = _take(launched, _first_of(*(launched[c] for c in (*by, "device", "stream"))))
+        cand = _merge({c: nxt[c] for c in (*by, "t", "key", "waiting")},
+                      {c: streams[c] for c in (*by, "device", "stream")}, list(by))
+        cand = _take(cand, cand["stream"] != cand["waiting"])
+        cand = _take(cand, np.argsort(cand["t"], kind="stable"))
+        if not len(cand["t"]):
             return
-        prev = _asof_join(cand, launched.rename(columns={"t": "t_op"}).sort_values("t_op"), "t", "t_op",
-                          ["rank", "pid", "thread", "device", "stream"])
-        prev = prev.sort_values("t_op").drop_duplicates("key", keep="last")
-        dst_of = np.full(len(calls), -1, np.int64)  # keys are unique in both: a look-up, not a merge
-        dst_of[nxt["key"].to_numpy(np.int64)] = nxt["row"].to_numpy(np.int64)
-        src_key = prev["key"].to_numpy(np.int64)
-        hit = dst_of[src_key] >= 0
-        pair = pd.DataFrame({"row_src": prev["row"].to_numpy(np.int64)[hit], "row_dst": dst_of[src_key][hit]})
+        lo = np.argsort(launched["t"], kind="quicksort")
+        lt = _take(launched, lo)
+        by5 = (*by, "device", "stream")
+        j = _asof([cand[c] for c in by5], cand["t"], [lt[c] for c in by5], lt["t"])
+        hit = j >= 0
+        prev_key, prev_row, t_op = cand["key"][hit], lt["row"][j[hit]], lt["t"][j[hit]]
+        o = np.argsort(t_op, kind="quicksort")
+        prev_key, prev_row = prev_key[o], prev_row[o]
+        last = np.unique(prev_key[::-1], return_index=True)[1]  # keep the last of each key
+        keep = np.sort(len(prev_key) - 1 - last)
+        prev_key, prev_row = prev_key[keep], prev_row[keep]
+        dst_of = np.full(len(calls["row"]), -1, np.int64)  # keys are unique in both: a look-up, not a merge
+        dst_of[nxt["key"]] = nxt["row"]
+        hit = dst_of[prev_key] >= 0
+        row_src, row_dst = prev_row[hit], dst_of[prev_key][hit]
         # a guessed dependency the recorded timeline contradicts is not one: keep only consistent ones
-        ev = self.ev
-        src_end = (ev["start_ns"] + ev["dur_ns"]).to_numpy()[pair["row_src"].to_numpy()]
-        ok = src_end <= ev["start_ns"].to_numpy()[pair["row_dst"].to_numpy()]
+        start = self.col("start_ns")
+        ok = start[row_src] + self.col("dur_ns")[row_src] <= start[row_dst]
         self.meta["stream_waits_rejected"] = int((~ok).sum())
-        pair = pair[ok]
-        self.add_edges(self.out_node[pair["row_src"].to_numpy()], self.in_node[pair["row_dst"].to_numpy()], "event")
-        self.meta["inferred_stream_waits"] = int(len(pair))
+        self.add_edges(self.out_node[row_src[ok]], self.in_node[row_dst[ok]], "event")
+        self.meta["inferred_stream_waits"] = int(ok.sum())
 
-    def program_order(self, waits: pd.DataFrame) -> None:
+    def program_order(self, waits: dict) -> None:
         """Split blocking calls, add CPU-interval nodes and chain each thread's host nodes."""
-        ev = self.ev
         top = self.top
         # the GPU finish each blocked call waited for (recorded), to place its sync node
-        fin = (ev["start_ns"] + ev["dur_ns"]).to_numpy()
-        w = waits.assign(fin=fin[waits["op_row"].to_numpy()] if len(waits) else [])
-        latest = w.groupby("call_row")["fin"].max()
-        blocked = top[top["row"].isin(latest.index)].copy()
-        blocked["ready"] = np.clip(latest.loc[blocked["row"]].to_numpy(), blocked["start"], blocked["end"])
-        sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"].to_numpy(), device=-1, stream=-1,
-                                  thread=blocked["thread"].to_numpy(), start_ns=blocked["ready"].to_numpy(),
-                                  dur_ns=(blocked["end"] - blocked["ready"]).to_numpy(),
-                                  name=blocked["name"].array, event=blocked["row"].to_numpy())
-        sync_of = np.full(len(ev), -1, np.int64)
-        sync_of[blocked["row"].to_numpy()] = sync_ids
-        self.out_node[blocked["row"].to_numpy()] = sync_ids
+        fin = (self.col("start_ns") + self.col("dur_ns"))[waits["op_row"]]
+        calls, inv = np.unique(waits["call_row"], return_inverse=True)
+        latest = np.full(len(calls), np.iinfo(np.int64).min)
+        np.maximum.at(latest, inv, fin)
+        b = np.isin(top["row"], calls)
+        blocked = _take(top, b)
+        ready = np.clip(latest[np.searchsorted(calls, blocked["row"])], blocked["start"], blocked["end"])
+        sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"], device=-1, stream=-1,
+                                  thread=blocked["thread"], start_ns=ready, dur_ns=blocked["end"] - ready,
+                                  name=blocked["name"], event=blocked["row"])
+        sync_of = np.full(len(self.ev), -1, np.int64)
+        sync_of[blocked["row"]] = sync_ids
+        self.out_node[blocked["row"]] = sync_ids
         # the call itself keeps only its entry: its remaining time depends on the GPU
-        self.nodes_dur_zero = self.call_node[blocked["row"].to_numpy()]
-        self.add_edges(self.out_node[w["op_row"].to_numpy()], sync_of[w["call_row"].to_numpy()], "sync")
+        self.nodes_dur_zero = self.call_node[blocked["row"]]
+        self.add_edges(self.out_node[waits["op_row"]], sync_of[waits["call_row"]], "sync")
 
         # CPU intervals: before each top-level call (from the previous call's end or the thread's
         # first host event) and after the thread's last call (to its last host event)
-        lo, hi = self._thread_extents(top["row"].to_numpy())
-        first = np.r_[True, top["grp"].to_numpy()[1:] != top["grp"].to_numpy()[:-1]]
+        lo, hi = self._thread_extents(top["row"])
+        grp = top["grp"]
+        first = np.r_[True, grp[1:] != grp[:-1]]
         last = np.r_[first[1:], True]
-        prev_end = np.where(first, lo, np.r_[0, top["end"].to_numpy()[:-1]])
-        gap = top["start"].to_numpy() - prev_end
+        prev_end = np.where(first, lo, np.r_[0, top["end"][:-1]])
+        gap = top["start"] - prev_end
         g = gap > 0
-        gap_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[g], device=-1, stream=-1,
-                                 thread=top["thread"].to_numpy()[g], start_ns=prev_end[g], dur_ns=gap[g],
+        gap_ids = self.add_nodes(kind="cpu", rank=top["rank"][g], device=-1, stream=-1,
+                                 thread=top["thread"][g], start_ns=prev_end[g], dur_ns=gap[g],
                                  name="cpu", event=-1)
-        tail = hi - top["end"].to_numpy()
+        tail = hi - top["end"]
         t = last & (tail > 0)
-        tail_ids = self.add_nodes(kind="cpu", rank=top["rank"].to_numpy()[t], device=-1, stream=-1,
-                                  thread=top["thread"].to_numpy()[t], start_ns=top["end"].to_numpy()[t],
+        tail_ids = self.add_nodes(kind="cpu", rank=top["rank"][t], device=-1, stream=-1,
+                                  thread=top["thread"][t], start_ns=top["end"][t],
                                   dur_ns=tail[t], name="cpu", event=-1)
-        pos = np.arange(len(top))
-        grp = top["grp"].to_numpy()
-        rows = top["row"].to_numpy()
+        pos = np.arange(len(grp))
+        rows = top["row"]
         slots = [(grp[g], 3 * pos[g], gap_ids),
                  (grp, 3 * pos + 1, self.call_node[rows]),
                  (grp[sync_of[rows] >= 0], 3 * pos[sync_of[rows] >= 0] + 2, sync_of[rows][sync_of[rows] >= 0]),
@@ -400,6 +459,70 @@ class _Builder:
         return Graph(nodes, edges, self.meta)
 
 
+def _str_at(s, rows=None, isin=None, contains: str | None = None) -> np.ndarray:
+    """Of a str column (Series or array), at `rows` (default all): its values (objects), or whether
+    each is in `isin`, or contains `contains` (Arrow compute: no Python object per row for those)."""
+    a = s.array if isinstance(s, pd.Series) else s
+    arr = (a.__arrow_array__() if hasattr(a, "__arrow_array__")
+           else pa.chunked_array([pa.array(np.asarray(a, dtype=object), pa.large_string())]))
+    if rows is not None:
+        arr = arr.take(pa.array(np.asarray(rows, np.int64)))
+    if isin is not None:
+        return pc.is_in(arr, value_set=pa.array(sorted(isin), arr.type)).to_numpy(zero_copy_only=False)
+    if contains is not None:
+        return pc.match_substring(arr, contains).to_numpy(zero_copy_only=False)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _take(table: dict, at) -> dict:
+    """The rows `at` (indices or a mask) of a table of equal-length columns."""
+    return {c: v[at] for c, v in table.items()}
+
+
+def _new_group(*keys) -> np.ndarray:
+    """Whether each row starts a run of equal keys (rows sorted by them)."""
+    new = np.ones(len(keys[0]), bool)
+    if len(new):
+        same = np.ones(len(new) - 1, bool)
+        for k in keys:
+            same &= k[1:] == k[:-1]
+        new[1:] = ~same
+    return new
+
+
+def _codes(*cols) -> np.ndarray:
+    """Per row, the rank of its key (the tuple of `cols`) among the distinct keys."""
+    o = np.lexsort(cols[::-1])
+    codes = np.empty(len(o), np.int64)
+    codes[o] = np.cumsum(_new_group(*(c[o] for c in cols))) - 1
+    return codes
+
+
+def _first_of(*cols) -> np.ndarray:
+    """The rows that are the first with their key, in order (drop_duplicates)."""
+    o = np.lexsort(cols[::-1])  # (stable: the first of equal keys stays first)
+    return np.sort(o[_new_group(*(c[o] for c in cols))])
+
+
+def _merge(left: dict, right: dict, on: list[str]) -> dict:
+    """Inner join on the columns `on`, as pd.merge gives it: each left row in order, with every
+    right row of its key in right's order; the right table's other columns added."""
+    nl = len(left[on[0]])
+    code = _codes(*(np.r_[np.asarray(left[c], np.int64), np.asarray(right[c], np.int64)] for c in on))
+    lc, rc = code[:nl], code[nl:]
+    k = int(code.max()) + 1 if len(code) else 0
+    rord = np.argsort(rc, kind="stable")
+    cnt = np.bincount(rc, minlength=k)
+    starts = np.r_[0, np.cumsum(cnt)[:-1]]
+    n = cnt[lc] if nl else np.zeros(0, np.int64)
+    li = np.repeat(np.arange(nl), n)
+    ri = rord[np.repeat(starts[lc] if nl else np.zeros(0, np.int64), n) + np.arange(len(li))
+              - np.repeat(np.cumsum(n) - n, n)]
+    out = _take(left, li)
+    out.update({c: v[ri] for c, v in right.items() if c not in on})
+    return out
+
+
 def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
     """A str column from parts of n rows each: one string for all n, or n strings (a str column's
     .array, or an array of str), joined as Arrow chunks (no Python object per row)."""
@@ -412,18 +535,6 @@ def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
         else:
             chunks.append(pa.array(np.asarray(v, dtype=object), pa.large_string()))
     return pd.Series(pa.chunked_array(chunks, pa.large_string()), dtype="str")
-
-
-def _asof_join(left: pd.DataFrame, right: pd.DataFrame, on_left: str, on_right: str, by: list[str],
-               forward: bool = False) -> pd.DataFrame:
-    """The rows of `left` that have a match, with the columns of their match in `right`: the row of
-    equal `by` whose `on_right` is the closest strictly before (forward: after) their `on_left`,
-    as pd.merge_asof(allow_exact_matches=False) then dropna would give, at a fraction of its fixed cost."""
-    j = _asof([left[c].to_numpy() for c in by], left[on_left].to_numpy(),
-              [right[c].to_numpy() for c in by], right[on_right].to_numpy(), forward)
-    hit = j >= 0
-    out = left[hit]
-    return out.assign(**{c: right[c].to_numpy()[j[hit]] for c in right.columns if c not in by and c != on_left})
 
 
 def _asof(lkeys: list, lt, rkeys: list, rt, forward: bool = False) -> np.ndarray:
