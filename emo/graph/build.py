@@ -21,6 +21,8 @@ Everything is vectorised over numpy columns of the event table (sorted as-of loo
 sorted keys), no loop over events and few pandas calls (their fixed cost is most of a small trace's time)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -28,7 +30,7 @@ import pyarrow.compute as pc
 
 from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
-from emo.trace.schema import GPU_OP_KINDS, is_nccl, text_column
+from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, text_column
 
 # Calls that return only once their copy is done, whatever stream they use.
 SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemset", "cudaMemcpy2D", "cudaMemcpyToSymbol",
@@ -76,79 +78,86 @@ class _Builder:
     # ------------------------------------------------------------------ GPU side
     def gpu_ops(self) -> None:
         ev = self.ev
-        rows = np.flatnonzero(ev["kind"].isin(GPU_OP_KINDS).to_numpy())
-        g = ev.iloc[rows]
-        nccl = is_nccl(g["name"]) & (g["kind"] == "kernel").to_numpy()
-        if nccl.any():
-            split = self._collectives(g, rows, nccl)
-        else:  # (the pandas calls of the matching cost a small trace more than all the rest)
-            split = np.zeros(len(ev), bool)
-            self.meta.update(collectives_unmatched=[], collectives=0, collectives_matched=0)
-
-        kinds = np.where(nccl, "collective", g["kind"].to_numpy(dtype=object))
+        rows = np.flatnonzero(self.kind_is(*GPU_OP_KINDS))
+        nccl = _str_at(ev["name"], rows, startswith=NCCL_PREFIX) & self.kind_is("kernel")[rows]
+        split = self._collectives(rows[nccl]) if nccl.any() else np.zeros(len(ev), bool)
+        kinds = pc.if_else(pa.array(nccl), "collective", _arrow(ev["kind"]).take(pa.array(rows)))
         whole = ~split[rows]
-        w = g[whole]
-        ids = self.add_nodes(kind=kinds[whole], rank=w["rank"].to_numpy(), device=w["device"].to_numpy(),
-                             stream=w["stream"].to_numpy(), thread=-1, start_ns=w["start_ns"].to_numpy(),
-                             dur_ns=w["dur_ns"].to_numpy(), name=w["name"].array, event=rows[whole])
-        self.in_node[rows[whole]] = ids
-        self.out_node[rows[whole]] = ids
+        at = rows[whole]
+        ids = self.add_nodes(kind=kinds.filter(pa.array(whole)), rank=self.col("rank")[at],
+                             device=self.col("device")[at], stream=self.col("stream")[at], thread=-1,
+                             start_ns=self.col("start_ns")[at], dur_ns=self.col("dur_ns")[at],
+                             name=ev["name"].array[at], event=at)
+        self.in_node[at] = ids
+        self.out_node[at] = ids
         if nccl.any():
             self._collective_nodes(self._matched)
 
         # same-stream order
-        rk, dv, st = (g[c].to_numpy() for c in ("rank", "device", "stream"))
-        o = np.lexsort((g["start_ns"].to_numpy(), st, dv, rk))
+        rk, dv, st = (self.col(c)[rows] for c in ("rank", "device", "stream"))
+        o = np.lexsort((self.col("start_ns")[rows], st, dv, rk))
         same = (rk[o][1:] == rk[o][:-1]) & (dv[o][1:] == dv[o][:-1]) & (st[o][1:] == st[o][:-1])
         r = rows[o]
         self.add_edges(self.out_node[r[:-1][same]], self.in_node[r[1:][same]], "stream")
 
-    def _collectives(self, g: pd.DataFrame, rows: np.ndarray, nccl: np.ndarray) -> np.ndarray:
-        """Match the NCCL kernels of all ranks into collectives (rendezvous, per-rank wait and
-        transfer nodes); the event rows split that way (the others become one node each)."""
+    def _collectives(self, rows: np.ndarray) -> np.ndarray:
+        """Match the NCCL kernels (event `rows`) of all ranks into collectives: the n-th kernel of
+        a communicator (its process group, else its name) on each rank is one instance. The rows
+        split that way (wait + transfer; the others become one node each)."""
         ev = self.ev
-        key = np.where(g["process_group"].to_numpy(dtype=object) != "", g["process_group"], g["name"])
-        c = pd.DataFrame({"row": rows, "rank": g["rank"].to_numpy(), "key": key,
-                          "start": g["start_ns"].to_numpy(), "end": (g["start_ns"] + g["dur_ns"]).to_numpy()})[nccl]
-        c = c.reset_index(drop=True)
-        c["occ"] = c.groupby(["rank", "key"]).cumcount()
-        c["nranks"] = c.groupby(["key", "occ"])["rank"].transform("nunique")
-        named = g["process_group"].to_numpy(dtype=object)[nccl] != ""
-        listed = g["group_ranks"].to_numpy(dtype=object)[nccl] if "group_ranks" in g else np.full(len(c), "")
-        world = int(ev["world_size"].max()) if "world_size" in ev and len(ev) else -1
-        c["expected"], c["absent"] = _participants(c, named, listed, world, set(ev["rank"].unique().tolist()))
-        ok = (c["nranks"] == c["expected"]) & (c["expected"] > 1) & (c["absent"] == "")
-        matched = c[ok].copy()
-        self.meta["collectives_unmatched"] = _unmatched(c[~ok], world)
+        pg = _str_at(ev["process_group"], rows)
+        key = np.where(pg != "", pg, _str_at(ev["name"], rows))
+        keys, kc = np.unique(key.astype(str), return_inverse=True)  # (sorted, as groupby sorts)
+        kc = kc.ravel()
+        rank = self.col("rank")[rows].astype(np.int64)
+        start = self.col("start_ns")[rows]
+        c = {"row": rows, "rank": rank, "kc": kc, "start": start, "end": start + self.col("dur_ns")[rows]}
+        o = np.lexsort((kc, rank))  # (stable: table order within a rank and key)
+        new = _new_group(rank[o], kc[o])
+        pos = np.arange(len(o))
+        occ = np.empty(len(o), np.int64)
+        occ[o] = pos - np.maximum.accumulate(np.where(new, pos, 0))
+        c["occ"] = occ
+        inst = _codes(kc, occ)
+        nranks = np.bincount(inst[_first_of(inst, rank)], minlength=inst.max() + 1)[inst]
+        named = pg != ""
+        listed = _str_at(ev["group_ranks"], rows) if "group_ranks" in ev else np.full(len(rows), "")
+        world = int(self.col("world_size").max()) if "world_size" in ev and len(ev) else -1
+        present = set(np.unique(self.col("rank")).tolist())
+        expected, absent = _participants(kc, rank, named, listed, world, present)
+        ok = (nranks == expected) & (expected > 1) & (absent == "")
+        self._matched = _take(c, ok)
+        self._matched["key"] = keys[kc[ok]]
+        self.meta["collectives_unmatched"] = _unmatched(keys, _take(c, ~ok), absent[~ok], expected[~ok], world)
+        self.meta["collectives"] = int(inst.max()) + 1
         split = np.zeros(len(ev), bool)
-        split[matched["row"].to_numpy()] = True
-        self.meta["collectives"] = int(c.groupby(["key", "occ"]).ngroups)
-        self._matched = matched
+        split[rows[ok]] = True
         return split
 
-    def _collective_nodes(self, matched: pd.DataFrame) -> None:
+    def _collective_nodes(self, m: dict) -> None:
         """One rendezvous per matched collective instance; each rank's kernel becomes its wait and
         its transfer."""
-        ev = self.ev
-        inst = matched.groupby(["key", "occ"], sort=False)
-        matched["arrive"] = inst["start"].transform("max")
-        matched["inst"] = inst.ngroup()
-        first = matched.drop_duplicates("inst").sort_values("inst")
-        rv = self.add_nodes(kind="rendezvous", rank=-1, device=-1, stream=-1, thread=-1,
-                            start_ns=first["arrive"].to_numpy(), dur_ns=0,
-                            name=first["key"].astype(str).to_numpy(), event=-1)
-        m = ev.iloc[matched["row"].to_numpy()]
-        common = dict(rank=m["rank"].to_numpy(), device=m["device"].to_numpy(), stream=m["stream"].to_numpy(),
-                      thread=-1, name=m["name"].array, event=matched["row"].to_numpy())
-        arrive = matched["arrive"].to_numpy()
-        waits = self.add_nodes(kind="coll_wait", start_ns=matched["start"].to_numpy(), dur_ns=0, **common)
-        xfer = self.add_nodes(kind="collective", start_ns=arrive,
-                              dur_ns=np.maximum(matched["end"].to_numpy() - arrive, 0), **common)
-        self.in_node[matched["row"].to_numpy()] = waits
-        self.out_node[matched["row"].to_numpy()] = xfer
-        self.add_edges(waits, rv[matched["inst"].to_numpy()], "collective")
-        self.add_edges(rv[matched["inst"].to_numpy()], xfer, "collective")
-        self.meta["collectives_matched"] = int(len(first))
+        code = _codes(m["kc"], m["occ"])
+        first = _first_of(m["kc"], m["occ"])  # instances numbered in order of their first kernel
+        number = np.empty(len(first), np.int64)
+        number[code[first]] = np.arange(len(first))
+        inst = number[code]
+        arrive_of = np.full(len(first), np.iinfo(np.int64).min)
+        np.maximum.at(arrive_of, inst, m["start"])
+        rv = self.add_nodes(kind="rendezvous", rank=-1, device=-1, stream=-1, thread=-1, start_ns=arrive_of,
+                            dur_ns=0, name=m["key"][first], event=-1)
+        rows = m["row"]
+        common = {"rank": self.col("rank")[rows], "device": self.col("device")[rows],
+                  "stream": self.col("stream")[rows], "thread": -1, "name": self.ev["name"].array[rows],
+                  "event": rows}
+        arrive = arrive_of[inst]
+        waits = self.add_nodes(kind="coll_wait", start_ns=m["start"], dur_ns=0, **common)
+        xfer = self.add_nodes(kind="collective", start_ns=arrive, dur_ns=np.maximum(m["end"] - arrive, 0), **common)
+        self.in_node[rows] = waits
+        self.out_node[rows] = xfer
+        self.add_edges(waits, rv[inst], "collective")
+        self.add_edges(rv[inst], xfer, "collective")
+        self.meta["collectives_matched"] = len(first)
 
     # ------------------------------------------------------------------ host side
     def host_calls(self) -> None:
@@ -162,7 +171,7 @@ class _Builder:
         grp = np.cumsum(first) - 1
         cummax_end = np.empty_like(end)
         heads = np.r_[np.flatnonzero(first), len(end)]
-        for a, b in zip(heads[:-1], heads[1:]):  # (one slice per thread)
+        for a, b in itertools.pairwise(heads):  # (one slice per thread)
             cummax_end[a:b] = np.maximum.accumulate(end[a:b])
         prev_max = np.r_[0, cummax_end[:-1]]
         top = first | (start >= prev_max)  # a call starting inside an earlier one is nested in it
@@ -218,8 +227,8 @@ class _Builder:
 
     def syncs(self) -> dict:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
-        rank, corr, start, device, stream, pid, thread = (self.col(c).astype(np.int64, copy=False) for c in (
-            "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
+        rank, corr, start, device, stream = (self.col(c).astype(np.int64, copy=False) for c in (
+            "rank", "correlation", "start_ns", "device", "stream"))
         calls = np.flatnonzero(self.kind_is("runtime"))
         calls = calls[corr[calls] >= 0]
         key = rank * (1 << 40) + corr  # (as in launches)
@@ -459,18 +468,27 @@ class _Builder:
         return Graph(nodes, edges, self.meta)
 
 
-def _str_at(s, rows=None, isin=None, contains: str | None = None) -> np.ndarray:
-    """Of a str column (Series or array), at `rows` (default all): its values (objects), or whether
-    each is in `isin`, or contains `contains` (Arrow compute: no Python object per row for those)."""
+def _arrow(s) -> pa.ChunkedArray:
+    """A str column (Series or array) as Arrow strings."""
     a = s.array if isinstance(s, pd.Series) else s
-    arr = (a.__arrow_array__() if hasattr(a, "__arrow_array__")
-           else pa.chunked_array([pa.array(np.asarray(a, dtype=object), pa.large_string())]))
+    if hasattr(a, "__arrow_array__"):
+        return a.__arrow_array__()
+    return pa.chunked_array([pa.array(np.asarray(a, dtype=object), pa.large_string())])
+
+
+def _str_at(s, rows=None, isin=None, contains: str | None = None, startswith: str | None = None) -> np.ndarray:
+    """Of a str column (Series or array), at `rows` (default all): its values (objects), or whether
+    each is in `isin`, contains `contains` or starts with `startswith` (Arrow compute: no Python
+    object per row for those)."""
+    arr = _arrow(s)
     if rows is not None:
         arr = arr.take(pa.array(np.asarray(rows, np.int64)))
     if isin is not None:
         return pc.is_in(arr, value_set=pa.array(sorted(isin), arr.type)).to_numpy(zero_copy_only=False)
     if contains is not None:
         return pc.match_substring(arr, contains).to_numpy(zero_copy_only=False)
+    if startswith is not None:
+        return pc.starts_with(arr, startswith).to_numpy(zero_copy_only=False)
     return arr.to_numpy(zero_copy_only=False)
 
 
@@ -530,6 +548,9 @@ def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
     for n, v in parts:
         if isinstance(v, str):
             chunks.append(pa.repeat(pa.scalar(v, pa.large_string()), n))
+        elif isinstance(v, (pa.Array, pa.ChunkedArray)):
+            chunks.extend(pa.chunked_array([v]).cast(pa.large_string()).chunks if isinstance(v, pa.Array)
+                          else v.cast(pa.large_string()).chunks)
         elif hasattr(v, "__arrow_array__"):
             chunks.extend(v.__arrow_array__().cast(pa.large_string()).chunks)
         else:
@@ -568,13 +589,14 @@ def _asof(lkeys: list, lt, rkeys: list, rt, forward: bool = False) -> np.ndarray
     return out
 
 
-def _participants(c: pd.DataFrame, named, listed, world: int, present: set) -> tuple[np.ndarray, np.ndarray]:
-    """Per collective kernel: how many ranks take part (-1: not known) and the members absent
-    from the trace ("2-127"). The members are the ranks the trace names for the group; an unnamed
-    group is the whole world (distributedInfo.world_size, else the ranks present); a named group
-    whose members are not written spans the ranks that use it, if every rank is present."""
-    n = len(c)
-    expected = np.where(named, c.groupby("key")["rank"].transform("nunique").to_numpy() if n else 0, len(present))
+def _participants(kc, rank, named, listed, world: int, present: set) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective kernel (key code `kc`, `rank`): how many ranks take part (-1: not known) and
+    the members absent from the trace ("2-127"). The members are the ranks the trace names for the
+    group; an unnamed group is the whole world (distributedInfo.world_size, else the ranks present);
+    a named group whose members are not written spans the ranks that use it, if every rank is present."""
+    n = len(kc)
+    users = np.bincount(kc[_first_of(kc, rank)], minlength=kc.max() + 1)[kc] if n else 0
+    expected = np.where(named, users, len(present))
     absent = np.full(n, "", dtype=object)
     if world > 0:
         expected = np.where(named, expected if world <= len(present) else -1, world)
@@ -599,21 +621,27 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def _unmatched(c: pd.DataFrame, world: int) -> list[dict]:
-    """Why the collectives not matched across ranks are not: one entry per group and reason."""
+def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarray, world: int) -> list[dict]:
+    """Why the collectives not matched across ranks are not: one entry per group and reason, in
+    order of (key, absent, expected)."""
     out = []
-    if c.empty:  # (a groupby over no rows still costs its fixed overhead)
+    if not len(absent):
         return out
-    for (key, absent, expected), x in c.groupby(["key", "absent", "expected"], sort=True):
-        if absent:
-            why = f"ranks {absent} are absent from the trace"
-        elif expected < 0:
-            why = f"the trace does not name the group's members and holds {x['rank'].nunique()} of {world} ranks"
-        elif expected <= 1:
+    ac = np.unique(absent.astype(str), return_inverse=True)[1].ravel()
+    o = np.lexsort((expected, ac, c["kc"]))
+    heads = np.flatnonzero(_new_group(c["kc"][o], ac[o], expected[o]))
+    for a, b in zip(heads, np.r_[heads[1:], len(o)]):
+        x = o[a:b]
+        ab, ex = absent[x[0]], int(expected[x[0]])
+        if ab:
+            why = f"ranks {ab} are absent from the trace"
+        elif ex < 0:
+            why = f"the trace does not name the group's members and holds {len(np.unique(c['rank'][x]))} of {world} ranks"
+        elif ex <= 1:
             why = "only one rank takes part"
         else:
             why = "not every member's kernel is in the trace"
-        out.append({"group": str(key)[:80], "instances": int(x.groupby("occ").ngroups), "why": why})
+        out.append({"group": str(keys[c["kc"][x[0]]])[:80], "instances": len(np.unique(c["occ"][x])), "why": why})
     return out
 
 

@@ -111,6 +111,5 @@ def text_column(codes: np.ndarray, values) -> pd.Series:
     return pd.Series(arr.cast(pa.large_string()), dtype="str")
 
 
-def is_nccl(names: pd.Series) -> np.ndarray:
-    """NCCL collective/point-to-point kernels (ncclKernel_*, ncclDevKernel_*)."""
-    return names.str.startswith("nccl").to_numpy(dtype=bool)
+# NCCL collective/point-to-point kernels are named ncclKernel_*, ncclDevKernel_*
+NCCL_PREFIX = "nccl"
