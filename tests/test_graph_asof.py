@@ -1,4 +1,5 @@
-"""The graph builder's as-of look-up picks exactly what pd.merge_asof(allow_exact_matches=False) picks."""
+"""The graph builder's numpy look-ups pick exactly what pandas picks: pd.merge_asof(allow_exact_matches=False),
+pd.merge (rows and their order), drop_duplicates."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,3 +21,26 @@ def test_asof_matches_pandas_with_ties_and_groups(direction):
         j = _asof([left[k] for k in by], left["t"], [right[k] for k in by], right["t"], direction == "forward")
         got = np.array([right["r"].iat[i] if i >= 0 else -1 for i in j], dtype=np.int64)
         assert (got == want).all()
+
+
+def test_merge_first_of_and_codes_match_pandas():
+    """The builder's numpy joins give pd.merge's rows in pd.merge's order, drop_duplicates' rows,
+    and one code per distinct key."""
+    from emo.graph.build import _codes, _first_of, _merge
+
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        n, m, nk = int(rng.integers(0, 25)), int(rng.integers(0, 25)), int(rng.integers(1, 3))
+        on = [f"k{i}" for i in range(nk)]
+        left = {**{k: rng.integers(0, 3, n) for k in on}, "a": np.arange(n)}
+        right = {**{k: rng.integers(0, 3, m) for k in on}, "b": np.arange(m)}
+        want = pd.DataFrame(left).merge(pd.DataFrame(right), on=on)
+        got = _merge(left, right, on)
+        for c in [*on, "a", "b"]:
+            assert got[c].tolist() == want[c].tolist()
+        if n:
+            keys = [left[k] for k in on]
+            assert _first_of(*keys).tolist() == pd.DataFrame(left)[on].drop_duplicates().index.tolist()
+            codes = _codes(*keys)
+            assert pd.Series(codes).groupby(pd.DataFrame(left)[on].apply(tuple, axis=1)).nunique().eq(1).all()
+            assert len(np.unique(codes)) == len(pd.DataFrame(left)[on].drop_duplicates())
