@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.trace.kineto import no_gc
-from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, text_column
+from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, arrow_text, text_at, text_column
 
 # Calls that return only once their copy is done, whatever stream they use.
 SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemset", "cudaMemcpy2D", "cudaMemcpyToSymbol",
@@ -60,7 +60,7 @@ class _Builder:
         """Whether each event is of one of `kinds`."""
         v = self._cols.get(kinds)
         if v is None:
-            v = self._cols[kinds] = _str_at(self.ev["kind"], isin=kinds)
+            v = self._cols[kinds] = text_at(self.ev["kind"], isin=kinds)
         return v
 
     def add_nodes(self, **cols) -> np.ndarray:
@@ -79,9 +79,9 @@ class _Builder:
     def gpu_ops(self) -> None:
         ev = self.ev
         rows = np.flatnonzero(self.kind_is(*GPU_OP_KINDS))
-        nccl = _str_at(ev["name"], rows, startswith=NCCL_PREFIX) & self.kind_is("kernel")[rows]
+        nccl = text_at(ev["name"], rows, startswith=NCCL_PREFIX) & self.kind_is("kernel")[rows]
         split = self._collectives(rows[nccl]) if nccl.any() else np.zeros(len(ev), bool)
-        kinds = pc.if_else(pa.array(nccl), "collective", _arrow(ev["kind"]).take(pa.array(rows)))
+        kinds = pc.if_else(pa.array(nccl), "collective", arrow_text(ev["kind"]).take(pa.array(rows)))
         whole = ~split[rows]
         at = rows[whole]
         ids = self.add_nodes(kind=kinds.filter(pa.array(whole)), rank=self.col("rank")[at],
@@ -105,8 +105,8 @@ class _Builder:
         a communicator (its process group, else its name) on each rank is one instance. The rows
         split that way (wait + transfer; the others become one node each)."""
         ev = self.ev
-        pg = _str_at(ev["process_group"], rows)
-        key = np.where(pg != "", pg, _str_at(ev["name"], rows))
+        pg = text_at(ev["process_group"], rows)
+        key = np.where(pg != "", pg, text_at(ev["name"], rows))
         keys, kc = np.unique(key.astype(str), return_inverse=True)  # (sorted, as groupby sorts)
         kc = kc.ravel()
         rank = self.col("rank")[rows].astype(np.int64)
@@ -121,7 +121,7 @@ class _Builder:
         inst = _codes(kc, occ)
         nranks = np.bincount(inst[_first_of(inst, rank)], minlength=inst.max() + 1)[inst]
         named = pg != ""
-        listed = _str_at(ev["group_ranks"], rows) if "group_ranks" in ev else np.full(len(rows), "")
+        listed = text_at(ev["group_ranks"], rows) if "group_ranks" in ev else np.full(len(rows), "")
         world = int(self.col("world_size").max()) if "world_size" in ev and len(ev) else -1
         present = set(np.unique(self.col("rank")).tolist())
         expected, absent = _participants(kc, rank, named, listed, world, present)
@@ -249,7 +249,7 @@ class _Builder:
             s = {"rank": rank[srows], "device": device[srows], "stream": stream[srows], "call_row": call_row,
                  "call_t": start[call_row], "wait_event_corr": self.col("wait_event_corr")[srows].astype(np.int64),
                  "wait_stream": self.col("wait_stream")[srows].astype(np.int64)}
-            sk = _str_at(self.ev["sync_kind"], srows)
+            sk = text_at(self.ev["sync_kind"], srows)
         else:
             s = {"call_row": np.zeros(0, np.int64)}
         if len(s["call_row"]):
@@ -280,7 +280,7 @@ class _Builder:
         # synchronising calls the trace has no cuda_sync row for (older traces, DLRM)
         top = self.top
         bare = ~np.isin(top["row"], s["call_row"])
-        name = _str_at(top["name"])
+        name = text_at(top["name"])
         self._inferred_stream_waits(_take(top, bare & (name == "cudaStreamWaitEvent")))
         ds = _take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
         if len(ds["row"]):
@@ -301,8 +301,8 @@ class _Builder:
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
         names = self.ev["name"]
-        sc = _take(cp, _str_at(names, cp["call_row"], SYNC_COPY_CALLS))
-        sc = _take(sc, ~_str_at(names, sc["row"], contains="HtoD"))
+        sc = _take(cp, text_at(names, cp["call_row"], SYNC_COPY_CALLS))
+        sc = _take(sc, ~text_at(names, sc["row"], contains="HtoD"))
         waits.append({"call_row": sc["call_row"], "op_row": sc["row"]})
         call = np.concatenate([w["call_row"] for w in waits]).astype(np.int64)
         op = np.concatenate([w["op_row"] for w in waits]).astype(np.int64)
@@ -466,30 +466,6 @@ class _Builder:
                               "from_start": fs[first]})
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
-
-
-def _arrow(s) -> pa.ChunkedArray:
-    """A str column (Series or array) as Arrow strings."""
-    a = s.array if isinstance(s, pd.Series) else s
-    if hasattr(a, "__arrow_array__"):
-        return a.__arrow_array__()
-    return pa.chunked_array([pa.array(np.asarray(a, dtype=object), pa.large_string())])
-
-
-def _str_at(s, rows=None, isin=None, contains: str | None = None, startswith: str | None = None) -> np.ndarray:
-    """Of a str column (Series or array), at `rows` (default all): its values (objects), or whether
-    each is in `isin`, contains `contains` or starts with `startswith` (Arrow compute: no Python
-    object per row for those)."""
-    arr = _arrow(s)
-    if rows is not None:
-        arr = arr.take(pa.array(np.asarray(rows, np.int64)))
-    if isin is not None:
-        return pc.is_in(arr, value_set=pa.array(sorted(isin), arr.type)).to_numpy(zero_copy_only=False)
-    if contains is not None:
-        return pc.match_substring(arr, contains).to_numpy(zero_copy_only=False)
-    if startswith is not None:
-        return pc.starts_with(arr, startswith).to_numpy(zero_copy_only=False)
-    return arr.to_numpy(zero_copy_only=False)
 
 
 def _take(table: dict, at) -> dict:
