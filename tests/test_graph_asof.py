@@ -26,7 +26,7 @@ def test_asof_matches_pandas_with_ties_and_groups(direction):
 def test_merge_first_of_and_codes_match_pandas():
     """The builder's numpy joins give pd.merge's rows in pd.merge's order, drop_duplicates' rows,
     and one code per distinct key."""
-    from emo.graph.build import _codes, _first_of, _merge
+    from emo.graph.tables import codes, first_of, group_numbers, merge
 
     rng = np.random.default_rng(2)
     for _ in range(300):
@@ -35,12 +35,13 @@ def test_merge_first_of_and_codes_match_pandas():
         left = {**{k: rng.integers(0, 3, n) for k in on}, "a": np.arange(n)}
         right = {**{k: rng.integers(0, 3, m) for k in on}, "b": np.arange(m)}
         want = pd.DataFrame(left).merge(pd.DataFrame(right), on=on)
-        got = _merge(left, right, on)
+        got = merge(left, right, on)
         for c in [*on, "a", "b"]:
             assert got[c].tolist() == want[c].tolist()
         if n:
             keys = [left[k] for k in on]
-            assert _first_of(*keys).tolist() == pd.DataFrame(left)[on].drop_duplicates().index.tolist()
-            codes = _codes(*keys)
-            assert pd.Series(codes).groupby(pd.DataFrame(left)[on].apply(tuple, axis=1)).nunique().eq(1).all()
-            assert len(np.unique(codes)) == len(pd.DataFrame(left)[on].drop_duplicates())
+            assert first_of(*keys).tolist() == pd.DataFrame(left)[on].drop_duplicates().index.tolist()
+            code = codes(*keys)
+            assert pd.Series(code).groupby(pd.DataFrame(left)[on].apply(tuple, axis=1)).nunique().eq(1).all()
+            assert len(np.unique(code)) == len(pd.DataFrame(left)[on].drop_duplicates())
+            assert group_numbers(*keys).tolist() == pd.DataFrame(left).groupby(on, sort=False).ngroup().tolist()

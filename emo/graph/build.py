@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from emo.graph.graph import NODE_COLUMNS, Graph
+from emo.graph.tables import codes, first_of, group_numbers, merge, new_group, take
 from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, arrow_text, text_at, text_column
 
@@ -113,22 +114,22 @@ class _Builder:
         start = self.col("start_ns")[rows]
         c = {"row": rows, "rank": rank, "kc": kc, "start": start, "end": start + self.col("dur_ns")[rows]}
         o = np.lexsort((kc, rank))  # (stable: table order within a rank and key)
-        new = _new_group(rank[o], kc[o])
+        new = new_group(rank[o], kc[o])
         pos = np.arange(len(o))
         occ = np.empty(len(o), np.int64)
         occ[o] = pos - np.maximum.accumulate(np.where(new, pos, 0))
         c["occ"] = occ
-        inst = _codes(kc, occ)
-        nranks = np.bincount(inst[_first_of(inst, rank)], minlength=inst.max() + 1)[inst]
+        inst = codes(kc, occ)
+        nranks = np.bincount(inst[first_of(inst, rank)], minlength=inst.max() + 1)[inst]
         named = pg != ""
         listed = text_at(ev["group_ranks"], rows) if "group_ranks" in ev else np.full(len(rows), "")
         world = int(self.col("world_size").max()) if "world_size" in ev and len(ev) else -1
         present = set(np.unique(self.col("rank")).tolist())
         expected, absent = _participants(kc, rank, named, listed, world, present)
         ok = (nranks == expected) & (expected > 1) & (absent == "")
-        self._matched = _take(c, ok)
+        self._matched = take(c, ok)
         self._matched["key"] = keys[kc[ok]]
-        self.meta["collectives_unmatched"] = _unmatched(keys, _take(c, ~ok), absent[~ok], expected[~ok], world)
+        self.meta["collectives_unmatched"] = _unmatched(keys, take(c, ~ok), absent[~ok], expected[~ok], world)
         self.meta["collectives"] = int(inst.max()) + 1
         split = np.zeros(len(ev), bool)
         split[rows[ok]] = True
@@ -137,11 +138,8 @@ class _Builder:
     def _collective_nodes(self, m: dict) -> None:
         """One rendezvous per matched collective instance; each rank's kernel becomes its wait and
         its transfer."""
-        code = _codes(m["kc"], m["occ"])
-        first = _first_of(m["kc"], m["occ"])  # instances numbered in order of their first kernel
-        number = np.empty(len(first), np.int64)
-        number[code[first]] = np.arange(len(first))
-        inst = number[code]
+        inst = group_numbers(m["kc"], m["occ"])  # instances numbered in order of their first kernel
+        first = first_of(m["kc"], m["occ"])
         arrive_of = np.full(len(first), np.iinfo(np.int64).min)
         np.maximum.at(arrive_of, inst, m["start"])
         rv = self.add_nodes(kind="rendezvous", rank=-1, device=-1, stream=-1, thread=-1, start_ns=arrive_of,
@@ -167,7 +165,7 @@ class _Builder:
         rows = rt_rows[order]
         rank, pid, thread, start = rank[order], pid[order], thread[order], start[order]
         end = start + dur[order]
-        first = _new_group(rank, pid, thread)
+        first = new_group(rank, pid, thread)
         grp = np.cumsum(first) - 1
         cummax_end = np.empty_like(end)
         heads = np.r_[np.flatnonzero(first), len(end)]
@@ -216,12 +214,12 @@ class _Builder:
     def _nearest_op(self, q: dict, forward: bool = False) -> dict:
         """For queries {rank, device, stream, t, ...}: those with an op on that stream launched
         strictly before t (forward: after), in order of t, with the op's row as `op_row`."""
-        q = _take(q, np.argsort(q["t"], kind="stable"))
+        q = take(q, np.argsort(q["t"], kind="stable"))
         ops = self.ops
         j = _asof([q["rank"], q["device"], q["stream"]], q["t"], [ops["rank"], ops["device"], ops["stream"]],
                   ops["t"], forward)
         hit = j >= 0
-        out = _take(q, hit)
+        out = take(q, hit)
         out["op_row"] = ops["row"][j[hit]]
         return out
 
@@ -237,7 +235,7 @@ class _Builder:
         ckeys, cpos = np.unique(key[calls], return_index=True)
         ops = self.ops
         waits = []  # (call_row, op_row) pairs
-        streams = _take(ops, _first_of(ops["rank"], ops["device"], ops["stream"]))
+        streams = take(ops, first_of(ops["rank"], ops["device"], ops["stream"]))
         streams = {c: streams[c] for c in ("rank", "device", "stream")}
 
         srows = np.flatnonzero(self.kind_is("sync"))
@@ -253,18 +251,18 @@ class _Builder:
         else:
             s = {"call_row": np.zeros(0, np.int64)}
         if len(s["call_row"]):
-            ss = _take(s, sk == "Stream Sync")
+            ss = take(s, sk == "Stream Sync")
             waits.append(self._nearest_op({"rank": ss["rank"], "device": ss["device"], "stream": ss["stream"],
                                            "t": ss["call_t"], "call_row": ss["call_row"]}))
-            cs = _take(s, sk == "Context Sync")
-            waits.append(self._nearest_op(_merge({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
+            cs = take(s, sk == "Context Sync")
+            waits.append(self._nearest_op(merge({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
                                                   "call_row": cs["call_row"]}, streams, ["rank", "device"])))
             # event record -> waiter: find the record call, then the last op on the recorded stream before it
-            es = self._with_record(_take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos],
+            es = self._with_record(take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos],
                                    start)
             waits.append(self._nearest_op({"rank": es["rank"], "device": es["device"], "stream": es["wait_stream"],
                                            "t": es["rec_t"], "call_row": es["call_row"]}))
-            sw = self._with_record(_take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys,
+            sw = self._with_record(take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys,
                                    calls[cpos], start)
             if len(sw["rank"]):
                 keys = np.arange(len(sw["rank"]))
@@ -281,33 +279,33 @@ class _Builder:
         top = self.top
         bare = ~np.isin(top["row"], s["call_row"])
         name = text_at(top["name"])
-        self._inferred_stream_waits(_take(top, bare & (name == "cudaStreamWaitEvent")))
-        ds = _take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
+        self._inferred_stream_waits(take(top, bare & (name == "cudaStreamWaitEvent")))
+        ds = take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
         if len(ds["row"]):
-            waits.append(self._nearest_op(_merge({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]},
+            waits.append(self._nearest_op(merge({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]},
                                                  streams, ["rank"])))
-        st = _take(top, bare & np.isin(name, ["cudaStreamSynchronize", "cuStreamSynchronize"]))
+        st = take(top, bare & np.isin(name, ["cudaStreamSynchronize", "cuStreamSynchronize"]))
         if len(st["row"]):  # the stream is the one this thread last launched on
-            q = _take({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"], "t": st["start"],
+            q = take({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"], "t": st["start"],
                        "call_row": st["row"]}, np.argsort(st["start"], kind="quicksort"))
-            launched = _take(ops, ops["call_row"] >= 0)
+            launched = take(ops, ops["call_row"] >= 0)
             j = _asof([q["rank"], q["pid"], q["thread"]], q["t"],
                       [launched["rank"], launched["pid"], launched["thread"]], launched["t"])
             hit = j >= 0
             waits.append(self._nearest_op({"rank": q["rank"][hit], "device": launched["device"][j[hit]],
                                            "stream": launched["stream"][j[hit]], "t": q["t"][hit],
                                            "call_row": q["call_row"][hit]}))
-        cp = _take(ops, ops["call_row"] >= 0)
+        cp = take(ops, ops["call_row"] >= 0)
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
         names = self.ev["name"]
-        sc = _take(cp, text_at(names, cp["call_row"], SYNC_COPY_CALLS))
-        sc = _take(sc, ~text_at(names, sc["row"], contains="HtoD"))
+        sc = take(cp, text_at(names, cp["call_row"], SYNC_COPY_CALLS))
+        sc = take(sc, ~text_at(names, sc["row"], contains="HtoD"))
         waits.append({"call_row": sc["call_row"], "op_row": sc["row"]})
         call = np.concatenate([w["call_row"] for w in waits]).astype(np.int64)
         op = np.concatenate([w["op_row"] for w in waits]).astype(np.int64)
         call = self.top_of[call]
-        keep = _first_of(call, op)
+        keep = first_of(call, op)
         return {"call_row": call[keep], "op_row": op[keep]}
 
     @staticmethod
@@ -323,7 +321,7 @@ class _Builder:
             found = rec_keys[at] == k
             rec_t[np.flatnonzero(known)[found]] = start[rec_rows[at[found]]]
         o = np.r_[np.flatnonzero(known), np.flatnonzero(~known)]  # the known ones first
-        out = _take(rows, o)
+        out = take(rows, o)
         out["rec_t"] = rec_t[o]
         return out
 
@@ -335,23 +333,23 @@ class _Builder:
         if not len(calls["row"]):
             return
         ops = self.ops
-        launched = _take(ops, ops["call_row"] >= 0)
+        launched = take(ops, ops["call_row"] >= 0)
         by = ("rank", "pid", "thread")
-        q = _take({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"], "t": calls["start"],
+        q = take({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"], "t": calls["start"],
                    "key": np.arange(len(calls["row"]))}, np.argsort(calls["start"], kind="quicksort"))
         j = _asof([q[c] for c in by], q["t"], [launched[c] for c in by], launched["t"], forward=True)
         hit = j >= 0
-        nxt = _take(q, hit)
+        nxt = take(q, hit)
         nxt.update(waiting=launched["stream"][j[hit]], row=launched["row"][j[hit]])
-        streams = _take(launched, _first_of(*(launched[c] for c in (*by, "device", "stream"))))
-        cand = _merge({c: nxt[c] for c in (*by, "t", "key", "waiting")},
+        streams = take(launched, first_of(*(launched[c] for c in (*by, "device", "stream"))))
+        cand = merge({c: nxt[c] for c in (*by, "t", "key", "waiting")},
                       {c: streams[c] for c in (*by, "device", "stream")}, list(by))
-        cand = _take(cand, cand["stream"] != cand["waiting"])
-        cand = _take(cand, np.argsort(cand["t"], kind="stable"))
+        cand = take(cand, cand["stream"] != cand["waiting"])
+        cand = take(cand, np.argsort(cand["t"], kind="stable"))
         if not len(cand["t"]):
             return
         lo = np.argsort(launched["t"], kind="quicksort")
-        lt = _take(launched, lo)
+        lt = take(launched, lo)
         by5 = (*by, "device", "stream")
         j = _asof([cand[c] for c in by5], cand["t"], [lt[c] for c in by5], lt["t"])
         hit = j >= 0
@@ -381,7 +379,7 @@ class _Builder:
         latest = np.full(len(calls), np.iinfo(np.int64).min)
         np.maximum.at(latest, inv, fin)
         b = np.isin(top["row"], calls)
-        blocked = _take(top, b)
+        blocked = take(top, b)
         ready = np.clip(latest[np.searchsorted(calls, blocked["row"])], blocked["start"], blocked["end"])
         sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"], device=-1, stream=-1,
                                   thread=blocked["thread"], start_ns=ready, dur_ns=blocked["end"] - ready,
@@ -468,55 +466,6 @@ class _Builder:
         return Graph(nodes, edges, self.meta)
 
 
-def _take(table: dict, at) -> dict:
-    """The rows `at` (indices or a mask) of a table of equal-length columns."""
-    return {c: v[at] for c, v in table.items()}
-
-
-def _new_group(*keys) -> np.ndarray:
-    """Whether each row starts a run of equal keys (rows sorted by them)."""
-    new = np.ones(len(keys[0]), bool)
-    if len(new):
-        same = np.ones(len(new) - 1, bool)
-        for k in keys:
-            same &= k[1:] == k[:-1]
-        new[1:] = ~same
-    return new
-
-
-def _codes(*cols) -> np.ndarray:
-    """Per row, the rank of its key (the tuple of `cols`) among the distinct keys."""
-    o = np.lexsort(cols[::-1])
-    codes = np.empty(len(o), np.int64)
-    codes[o] = np.cumsum(_new_group(*(c[o] for c in cols))) - 1
-    return codes
-
-
-def _first_of(*cols) -> np.ndarray:
-    """The rows that are the first with their key, in order (drop_duplicates)."""
-    o = np.lexsort(cols[::-1])  # (stable: the first of equal keys stays first)
-    return np.sort(o[_new_group(*(c[o] for c in cols))])
-
-
-def _merge(left: dict, right: dict, on: list[str]) -> dict:
-    """Inner join on the columns `on`, as pd.merge gives it: each left row in order, with every
-    right row of its key in right's order; the right table's other columns added."""
-    nl = len(left[on[0]])
-    code = _codes(*(np.r_[np.asarray(left[c], np.int64), np.asarray(right[c], np.int64)] for c in on))
-    lc, rc = code[:nl], code[nl:]
-    k = int(code.max()) + 1 if len(code) else 0
-    rord = np.argsort(rc, kind="stable")
-    cnt = np.bincount(rc, minlength=k)
-    starts = np.r_[0, np.cumsum(cnt)[:-1]]
-    n = cnt[lc] if nl else np.zeros(0, np.int64)
-    li = np.repeat(np.arange(nl), n)
-    ri = rord[np.repeat(starts[lc] if nl else np.zeros(0, np.int64), n) + np.arange(len(li))
-              - np.repeat(np.cumsum(n) - n, n)]
-    out = _take(left, li)
-    out.update({c: v[ri] for c, v in right.items() if c not in on})
-    return out
-
-
 def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
     """A str column from parts of n rows each: one string for all n, or n strings (a str column's
     .array, or an array of str), joined as Arrow chunks (no Python object per row)."""
@@ -571,7 +520,7 @@ def _participants(kc, rank, named, listed, world: int, present: set) -> tuple[np
     group; an unnamed group is the whole world (distributedInfo.world_size, else the ranks present);
     a named group whose members are not written spans the ranks that use it, if every rank is present."""
     n = len(kc)
-    users = np.bincount(kc[_first_of(kc, rank)], minlength=kc.max() + 1)[kc] if n else 0
+    users = np.bincount(kc[first_of(kc, rank)], minlength=kc.max() + 1)[kc] if n else 0
     expected = np.where(named, users, len(present))
     absent = np.full(n, "", dtype=object)
     if world > 0:
@@ -605,7 +554,7 @@ def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarr
         return out
     ac = np.unique(absent.astype(str), return_inverse=True)[1].ravel()
     o = np.lexsort((expected, ac, c["kc"]))
-    heads = np.flatnonzero(_new_group(c["kc"][o], ac[o], expected[o]))
+    heads = np.flatnonzero(new_group(c["kc"][o], ac[o], expected[o]))
     for a, b in zip(heads, np.r_[heads[1:], len(o)]):
         x = o[a:b]
         ab, ex = absent[x[0]], int(expected[x[0]])
