@@ -45,3 +45,32 @@ def test_merge_first_of_and_codes_match_pandas():
             assert pd.Series(code).groupby(pd.DataFrame(left)[on].apply(tuple, axis=1)).nunique().eq(1).all()
             assert len(np.unique(code)) == len(pd.DataFrame(left)[on].drop_duplicates())
             assert group_numbers(*keys).tolist() == pd.DataFrame(left).groupby(on, sort=False).ngroup().tolist()
+
+
+def _queue_lengths_pandas(df: pd.DataFrame) -> np.ndarray:
+    """HTA mode's per-stream queue lengths as pandas computes them (the reference for the numpy one)."""
+    from emo.graph.hta import HTA_LAUNCH_CALLS
+
+    launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
+    ops = df[df["stream"].ne(-1) & df["correlation"].isin(launch["correlation"])]
+    stream_of = dict(zip(ops["correlation"], ops["stream"]))
+    a = pd.DataFrame({"index": launch.index, "ts": launch["ts"], "q": 1, "stream": launch["correlation"].map(stream_of)})
+    b = pd.DataFrame({"index": ops.index, "ts": ops["ts"], "q": -1, "stream": ops["stream"]})
+    m = pd.concat([a, b]).sort_values("ts", kind="stable")
+    m["ql"] = m.groupby("stream")["q"].cumsum()
+    out = np.full(len(df), np.nan)
+    out[m["index"].to_numpy(np.int64)] = m["ql"].to_numpy(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("name", ["hta_alexnet_a100_2stream_cudasync.json.gz", "hta_event_sync_a100_3stream.json.gz",
+                                  "dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz"])
+def test_hta_queue_lengths_match_pandas(name):
+    from emo.graph.hta import _queue_lengths, _rank_frame
+    from emo.trace import read_trace
+    from real_traces import real
+
+    df = _rank_frame(read_trace(real(name)), 0)
+    assert np.array_equal(_queue_lengths(df), _queue_lengths_pandas(df), equal_nan=True)
+    df = df.iloc[::-1].reset_index(drop=True)  # ties and streams in another order
+    assert np.array_equal(_queue_lengths(df), _queue_lengths_pandas(df), equal_nan=True)
