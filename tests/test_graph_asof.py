@@ -66,9 +66,10 @@ def _queue_lengths_pandas(df: pd.DataFrame) -> np.ndarray:
 @pytest.mark.parametrize("name", ["hta_alexnet_a100_2stream_cudasync.json.gz", "hta_event_sync_a100_3stream.json.gz",
                                   "dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz"])
 def test_hta_queue_lengths_match_pandas(name):
+    from real_traces import real
+
     from emo.graph.hta import _queue_lengths, _rank_frame
     from emo.trace import read_trace
-    from real_traces import real
 
     df = _rank_frame(read_trace(real(name)), 0)
     assert np.array_equal(_queue_lengths(df), _queue_lengths_pandas(df), equal_nan=True)
