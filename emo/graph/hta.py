@@ -19,6 +19,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from emo.graph.tables import codes, first_of, group_numbers, merge, new_group
 from emo.graph.whatif import toposort
 from emo.trace.kineto import no_gc
 
@@ -61,11 +62,10 @@ def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     ic = np.minimum(corr, 0)
     has = corr != -1
     row = np.arange(len(df))
-    cpu = pd.DataFrame({"index": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]})
-    gpu = pd.DataFrame({"index": row[has & gpu_side], "correlation": corr[has & gpu_side]})
-    m = cpu.merge(gpu, on="correlation")
-    ic[m["index_x"].to_numpy()] = m["index_y"].to_numpy()
-    ic[m["index_y"].to_numpy()] = m["index_x"].to_numpy()
+    m = merge({"x": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]},
+              {"y": row[has & gpu_side], "correlation": corr[has & gpu_side]}, ["correlation"])
+    ic[m["x"]] = m["y"]
+    ic[m["y"]] = m["x"]
     df["ic"] = ic
     return df
 
@@ -91,16 +91,35 @@ def _window(df: pd.DataFrame, annotation: str, instance: int) -> tuple[int, int]
 def _queue_lengths(df: pd.DataFrame) -> np.ndarray:
     """HTA's per-stream queue length after each event (NaN where none): +1 at each launch call,
     -1 at each launched GPU op."""
-    launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
-    ops = df[df["stream"].ne(-1) & df["correlation"].isin(launch["correlation"])]
-    stream_of = dict(zip(ops["correlation"], ops["stream"]))
-    a = pd.DataFrame({"index": launch.index, "ts": launch["ts"], "q": 1,
-                      "stream": launch["correlation"].map(stream_of)})
-    b = pd.DataFrame({"index": ops.index, "ts": ops["ts"], "q": -1, "stream": ops["stream"]})
-    m = pd.concat([a, b]).sort_values("ts", kind="stable")
-    m["ql"] = m.groupby("stream")["q"].cumsum()
+    corr, stream, ts = (df[c].to_numpy(np.int64) for c in ("correlation", "stream", "ts"))
+    launch = np.flatnonzero((df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS)).to_numpy(bool)
+                            & (df["ic"].to_numpy() > 0))
+    ops = np.flatnonzero((stream != -1) & np.isin(corr, corr[launch]))
+    # a launch's stream: that of the last op with its correlation (none: NaN, in no stream's count)
+    last = first_of(corr[ops][::-1])
+    known, at = np.unique(corr[ops][::-1][last], return_index=True)
+    of = np.searchsorted(known, corr[launch])
+    hit = (of < len(known)) & (known[np.minimum(of, len(known) - 1)] == corr[launch]) if len(known) else of < 0
+    st = np.full(len(launch), np.nan)
+    st[hit] = stream[ops][::-1][last][at[of[hit]]]
+    rows = np.r_[launch, ops]
+    o = np.argsort(np.r_[ts[launch], ts[ops]], kind="stable")
+    q = np.r_[np.ones(len(launch), np.int64), -np.ones(len(ops), np.int64)][o]
+    s = np.r_[st, stream[ops].astype(np.float64)][o]
+    ok = ~np.isnan(s)
+    ql = np.full(len(o), np.nan)
+    if ok.any():  # the running sum per stream, in time order
+        g = codes(s[ok])
+        by = np.argsort(g, kind="stable")
+        qs = q[ok][by]
+        cs = np.cumsum(qs)
+        pos = np.arange(len(qs))
+        head = np.maximum.accumulate(np.where(new_group(g[by]), pos, 0))
+        run = np.empty(len(qs), np.int64)
+        run[by] = cs - cs[head] + qs[head]
+        ql[ok] = run
     out = np.full(len(df), np.nan)
-    out[m["index"].to_numpy(np.int64)] = m["ql"].to_numpy(np.float64)
+    out[rows[o]] = ql
     return out
 
 
@@ -169,7 +188,7 @@ def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instanc
 
 def _call_stack_edges(cpu: pd.DataFrame, start_node, end_node, blocking, node_ts) -> tuple:
     """Edges of every thread's call stacks, thread by thread in order of first appearance."""
-    grp = cpu.groupby(["pid", "tid"], sort=False).ngroup().to_numpy(np.int64)
+    grp = group_numbers(cpu["pid"].to_numpy(np.int64), cpu["tid"].to_numpy(np.int64))
     idx = cpu.index.to_numpy(np.int64)
     ts, end, dur = cpu["ts"].to_numpy(np.int64), cpu["end"].to_numpy(np.int64), cpu["dur"].to_numpy(np.int64)
     # HTA's event order: by time; at equal time ends before starts; longer starts first, shorter ends first

@@ -23,6 +23,20 @@ def _us(ns) -> float:
     return round(float(ns) / 1e3, 3)
 
 
+def _sums(values: np.ndarray, *keys: np.ndarray) -> dict:
+    """Sum of `values` per distinct key (one array: its values; several: tuples), in key order
+    (as a groupby sum gives them)."""
+    if not len(values):
+        return {}
+    k = np.stack(keys) if len(keys) > 1 else keys[0]
+    uniq, inv = np.unique(k, axis=1 if len(keys) > 1 else None, return_inverse=True)
+    out = np.zeros(uniq.shape[-1], np.int64)
+    np.add.at(out, inv.ravel(), values)
+    labels = [tuple(int(x) for x in col) for col in uniq.T] if len(keys) > 1 else [
+        x.item() if hasattr(x, "item") else x for x in uniq]
+    return {lab: int(x) for lab, x in zip(labels, out)}
+
+
 def path_breakdown(graph: Graph, result: Result) -> pd.DataFrame:
     """One row per critical-path node: the time it adds to the path and the category of that time."""
     nodes, edges = graph.nodes, graph.edges
@@ -73,20 +87,21 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
     compiled = compiled or compile_graph(graph)
     result = result or whatif(compiled)
     bd = path_breakdown(graph, result)
+    dur, delay, rank = (bd[c].to_numpy(np.int64) for c in ("dur_ns", "delay_ns", "rank"))
     breakdown = dict.fromkeys(CATEGORIES, 0)
-    for cat, x in bd.groupby("dur_category")["dur_ns"].sum().items():
-        breakdown[cat] += int(x)
-    for cat, x in bd.groupby("delay_category")["delay_ns"].sum().items():
-        breakdown[cat] += int(x)
-    cp_ns = int(bd["dur_ns"].sum() + bd["delay_ns"].sum())
-    per_rank = (bd.assign(t=bd["dur_ns"] + bd["delay_ns"]).groupby("rank")["t"].sum())
+    for cats, ns in ((bd["dur_category"].to_numpy(), dur), (bd["delay_category"].to_numpy(), delay)):
+        for cat, x in _sums(ns, cats.astype(str)).items():
+            breakdown[cat] += x
+    cp_ns = int(dur.sum() + delay.sum())
+    per_rank = _sums(dur + delay, rank)
     win = slack_windows(graph, result)
-    slack = {f"rank{r}/gpu{d}": _us(x) for (r, d), x in win.groupby(["rank", "device"])["slack_ns"].sum().items()}
+    wr, wd = win["rank"].to_numpy(np.int64), win["device"].to_numpy(np.int64)
+    slack = {f"rank{r}/gpu{d}": _us(x) for (r, d), x in _sums(win["slack_ns"].to_numpy(np.int64), wr, wd).items()}
     n = graph.nodes
-    gpu = n[n["device"] >= 0]
-    for (r, d) in gpu.groupby(["rank", "device"]).size().index:
+    dev = n["device"].to_numpy()
+    for (r, d) in _sums(np.zeros(int((dev >= 0).sum()), np.int64), n["rank"].to_numpy()[dev >= 0], dev[dev >= 0]):
         slack.setdefault(f"rank{r}/gpu{d}", 0.0)
-    ranks_on_path = sorted(int(r) for r in bd["rank"].unique() if r >= 0)
+    ranks_on_path = sorted(int(r) for r in np.unique(rank) if r >= 0)
     return {
         "critical_path_us": _us(cp_ns),
         "makespan_us": _us(result.makespan_ns),
@@ -103,6 +118,6 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
         "edges": int(len(graph.edges)),
         "critical_path_nodes": int(len(result.critical_path)),
         "critical_path_ranks": ranks_on_path,
-        "critical_path_us_by_rank": {int(r): _us(x) for r, x in per_rank.items() if r >= 0},
+        "critical_path_us_by_rank": {r: _us(x) for r, x in per_rank.items() if r >= 0},
         "collective_waits": collective_waits(graph, result),
     }

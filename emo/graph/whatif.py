@@ -481,17 +481,18 @@ def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
     member by at most the stretch so far. Columns: rank, device, stream, start_ns, end_ns, slack_ns, nodes."""
     n = graph.nodes
     gpu = n["kind"].isin(GPU_NODE_KINDS).to_numpy()
-    df = pd.DataFrame({"rank": n["rank"].to_numpy()[gpu], "device": n["device"].to_numpy()[gpu],
-                       "stream": n["stream"].to_numpy()[gpu], "start": result.start_ns[gpu],
-                       "end": result.finish_ns[gpu], "slack": result.slack_ns[gpu]})
-    df = df.sort_values(["rank", "device", "stream", "start"], kind="stable")
-    pos = (df["slack"] > 0).to_numpy()
-    key = df[["rank", "device", "stream"]].to_numpy()
-    newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
-    brk = newgrp | ~pos | np.r_[True, ~pos[:-1]]
+    df = {"rank": n["rank"].to_numpy()[gpu], "device": n["device"].to_numpy()[gpu],
+          "stream": n["stream"].to_numpy()[gpu], "start": result.start_ns[gpu],
+          "end": result.finish_ns[gpu], "slack": result.slack_ns[gpu]}
+    o = np.lexsort((df["start"], df["stream"], df["device"], df["rank"]))  # (stable)
+    df = {c: v[o] for c, v in df.items()}
+    pos = df["slack"] > 0
+    key = np.stack([df["rank"], df["device"], df["stream"]], axis=1)
+    newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)][:len(pos)]
+    brk = newgrp | ~pos | np.r_[True, ~pos[:-1]][:len(pos)]
     run = np.cumsum(brk)[pos]  # a run's ops are adjacent in this order: reduce each run at its head
     heads = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if len(run) else np.zeros(0, np.int64)
-    col = {c: df[c].to_numpy()[pos] for c in df.columns}
+    col = {c: v[pos] for c, v in df.items()}
 
     def reduce(f, c):
         return f.reduceat(col[c], heads) if len(heads) else col[c][:0]

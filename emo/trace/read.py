@@ -9,6 +9,7 @@ import pandas as pd
 from emo.trace.kineto import read_kineto
 from emo.trace.nsys import SQLITE_MAGIC, read_nsys
 from emo.trace.ranks import read_ranks
+from emo.trace.schema import text_at
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
@@ -63,8 +64,8 @@ def validate_events(events: pd.DataFrame, path) -> None:
     correlation ids that name two different launches."""
     if events.empty:
         raise ValueError(f"{path}: no trace events")
-    kind = events["kind"].to_numpy()
-    gpu = np.isin(kind, ("kernel", "memcpy", "memset"))
+    kind = events["kind"]
+    gpu = text_at(kind, isin=("kernel", "memcpy", "memset"))
     if not gpu.any():
         raise ValueError(f"{path}: no GPU activity (no kernel, memcpy or memset events): nothing to analyse")
     rank, device, stream = (events[c].to_numpy(np.int64) for c in ("rank", "device", "stream"))
@@ -81,7 +82,7 @@ def validate_events(events: pd.DataFrame, path) -> None:
             f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the previous op on "
             f"rank {rank[i]} stream {stream[i]} ends")
     # A GPU op cannot start before the host call that launched it.
-    calls = np.flatnonzero((kind == "runtime") & (corr >= 0))
+    calls = np.flatnonzero(text_at(kind, isin=("runtime",)) & (corr >= 0))
     calls = calls[np.lexsort((calls, corr[calls], rank[calls]))]  # per (rank, correlation): the outermost first
     first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])][:len(calls)]
     _check_nested(events, path, calls, first, start, end, corr)
@@ -98,7 +99,7 @@ def validate_events(events: pd.DataFrame, path) -> None:
         i = ops[int(np.argmax(early))]
         raise ValueError(f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
                          f"that launched it (correlation {corr[i]})")
-    _check_unique_ops(events, path, ops, call, kind, rank, corr)
+    _check_unique_ops(events, path, ops, call, text_at(kind, ops, isin=("kernel",)), rank, corr)
 
 
 def _check_nested(events, path, calls, first, start, end, corr) -> None:
@@ -114,13 +115,14 @@ def _check_nested(events, path, calls, first, start, end, corr) -> None:
                          "ids must be unique per rank (were traces of different runs merged?)")
 
 
-def _check_unique_ops(events, path, ops, call, kind, rank, corr) -> None:
-    """One launch puts one op on a stream, except a CUDA graph launch, which puts a whole graph."""
+def _check_unique_ops(events, path, ops, call, is_kernel, rank, corr) -> None:
+    """One launch puts one op on a stream, except a CUDA graph launch, which puts a whole graph
+    (`is_kernel`: per op)."""
     keep = corr[ops] > 0
-    ops, call = ops[keep], call[keep]
+    ops, call, is_kernel = ops[keep], call[keep], is_kernel[keep]
     if len(ops) < 2:
         return
-    key = np.c_[rank[ops], corr[ops], kind[ops] == "kernel"]
+    key = np.c_[rank[ops], corr[ops], is_kernel]
     o = np.lexsort(key.T[::-1])
     dup = np.r_[False, (np.diff(key[o], axis=0) == 0).all(axis=1)]
     if not dup.any():

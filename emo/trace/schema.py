@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 # Host-side kinds, then GPU-side kinds.
 HOST_KINDS = ("cpu_op", "annotation", "runtime")
@@ -84,7 +86,9 @@ def normalise(columns: dict) -> pd.DataFrame:
 
     a = {c: array(c, t) for c, t in COLUMNS.items()}
     order = np.lexsort((-a["dur_ns"].astype(np.int64), a["start_ns"].astype(np.int64), a["rank"].astype(np.int64)))
-    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t) for c, t in COLUMNS.items()})
+    # (copy=False: each column its own block; stacking same-dtype columns would copy them all once more)
+    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t, copy=False)
+                         for c, t in COLUMNS.items()}, copy=False)
 
 
 def _text(values: np.ndarray) -> pd.Series:
@@ -96,14 +100,40 @@ def _text(values: np.ndarray) -> pd.Series:
     if len(codes) and codes.min() < 0:  # a missing value: let pandas say what it makes of it
         return pd.Series(np.asarray(values, dtype=object), dtype="str")
     try:
-        import pyarrow as pa
-
-        arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(uniques, pa.large_string()))
-        return pd.Series(arr.cast(pa.large_string()), dtype="str")
-    except (ImportError, TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
+        return text_column(codes, uniques)
+    except (TypeError, ValueError, ArithmeticError):  # not all str: let pandas convert them
         return pd.Series(np.asarray(values, dtype=object), dtype="str")
 
 
-def is_nccl(names: pd.Series) -> np.ndarray:
-    """NCCL collective/point-to-point kernels (ncclKernel_*, ncclDevKernel_*)."""
-    return names.str.startswith("nccl").to_numpy(dtype=bool)
+def text_column(codes: np.ndarray, values) -> pd.Series:
+    """The str column values[codes] (codes >= 0), built in Arrow from the distinct values."""
+    arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values, pa.large_string()))
+    return pd.Series(arr.cast(pa.large_string()), dtype="str")
+
+
+def arrow_text(s) -> pa.ChunkedArray:
+    """A str column (Series or array) as Arrow strings."""
+    a = s.array if isinstance(s, pd.Series) else s
+    if hasattr(a, "__arrow_array__"):
+        return a.__arrow_array__()
+    return pa.chunked_array([pa.array(np.asarray(a, dtype=object), pa.large_string())])
+
+
+def text_at(s, rows=None, isin=None, contains: str | None = None, startswith: str | None = None) -> np.ndarray:
+    """Of a str column (Series or array), at `rows` (default all): its values (objects), or whether
+    each is in `isin`, contains `contains` or starts with `startswith` (Arrow compute: no Python
+    object per row for those)."""
+    arr = arrow_text(s)
+    if rows is not None:
+        arr = arr.take(pa.array(np.asarray(rows, np.int64)))
+    if isin is not None:
+        return pc.is_in(arr, value_set=pa.array(sorted(isin), arr.type)).to_numpy(zero_copy_only=False)
+    if contains is not None:
+        return pc.match_substring(arr, contains).to_numpy(zero_copy_only=False)
+    if startswith is not None:
+        return pc.starts_with(arr, startswith).to_numpy(zero_copy_only=False)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+# NCCL collective/point-to-point kernels are named ncclKernel_*, ncclDevKernel_*
+NCCL_PREFIX = "nccl"
