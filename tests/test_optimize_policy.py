@@ -61,3 +61,38 @@ def test_static_is_one_step_and_never_beats_emo():
     assert all(len(s) == 1 for s in pol.steps.values())
     assert em.energy_j <= st.energy_j + 1e-9
     assert st.feasible
+
+
+def _chains(offsets_ms, jitter: float, seed: int = 0):
+    """One chain of 40 one-ms kernels per GPU, GPU d starting offsets_ms[d] later (a host node
+    of that length before it), each kernel's duration jittered by `jitter` (relative)."""
+    from emo.optimize.problem import build_problem
+
+    rng = np.random.default_rng(seed)
+    clocks = np.array([705, 1410])
+    src, dst, device, dur = [], [], [], []
+    for d, off in enumerate(offsets_ms):
+        host = len(device)
+        device.append(-1)
+        dur.append([off * 1e6] * 2)
+        prev = host
+        for _ in range(40):
+            k = len(device)
+            device.append(d)
+            t = 1e6 * (1 + jitter * rng.standard_normal())
+            dur.append([2 * t, t])
+            src.append(prev)
+            dst.append(k)
+            prev = k
+    dur = np.array(dur)
+    energy = np.where(np.array(device)[:, None] >= 0, dur * 1e-7, 0.0)
+    return build_problem(src, dst, device, dur, energy, np.full((len(offsets_ms), 2), 50.0), clocks)
+
+
+def test_jittered_peers_share_a_schedule_and_pipeline_stages_do_not():
+    from emo.optimize.problem import symmetric_groups
+
+    # tensor-parallel peers: the same work at the same time, each kernel 3 % off
+    assert symmetric_groups(_chains([0.0, 0.0, 0.0, 0.0], 0.03)) == [[0, 1, 2, 3]]
+    # pipeline stages: the same kernels, one stage's worth of time apart
+    assert symmetric_groups(_chains([0.0, 10.0, 20.0], 0.0)) == [[0], [1], [2]]
