@@ -95,14 +95,22 @@ def signals_raise():
             _forward(signum)
             raise Interrupted(signum)
 
+    def unraisable(u) -> None:
+        # the signal landed in code whose exceptions Python can only print (a weakref callback of
+        # the import system, a __del__): it is in `caught`, so the run stops on it all the same
+        if not isinstance(u.exc_value, Interrupted):
+            hook(u)
+
     caught.clear()
     previous = {}
     for sig in SIGNALS:
         with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
             previous[sig] = signal.signal(sig, handler)
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for sig, prev in previous.items():
             signal.signal(sig, prev)
 

@@ -276,3 +276,27 @@ def test_a_folder_without_trace_files_says_so(tmp_path):
     (src / "readme.md").write_text("")
     with pytest.raises(ValueError, match="folder holds no trace files"):
         run_in_place("trace", _recorded_cfg(src, tmp_path), {}, tmp_path / "out")
+
+
+def test_a_signal_inside_code_that_can_only_print_its_error_is_not_printed(monkeypatch):
+    import gc
+    import os
+    import weakref
+
+    from emo.errors import Interrupted, caught, signals_raise
+
+    printed = []  # what Python would print as "Exception ignored in ...", with its traceback
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(u.exc_type))
+
+    class Held:
+        pass
+
+    with pytest.raises(Interrupted), signals_raise():
+        obj = Held()
+        # the signal arrives while a weakref callback runs (as in the import system's module locks)
+        ref = weakref.ref(obj, lambda _: os.kill(os.getpid(), signal.SIGINT))  # noqa: F841
+        del obj
+        gc.collect()
+        assert caught == [signal.SIGINT]
+        raise Interrupted(signal.SIGINT)  # what the run does when it finds the signal noted
+    assert printed == []
