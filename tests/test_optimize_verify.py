@@ -267,3 +267,27 @@ def test_a_late_raise_into_a_fast_window_is_merged_into_the_window_before(monkey
                                             transitions_ms=LATS)
     assert info.get("predictor_merge_raises") == 1 and "predictor_fallback" not in info
     assert list(fixed.choice) == [2, 2, 2] and info["predictor_step_raises"] == 0  # by the merge, not a step raise
+
+
+def test_when_the_raises_run_out_the_plan_is_shrunk_toward_the_max_clock(monkeypatch):
+    """A pick the repair cannot fix window by window is not thrown away for the max clock: every
+    window moves the same share of the way to the max clock, the largest share on time (bisection),
+    so a window the plan slowed stays slowed as far as the budget allows."""
+    import dataclasses
+
+    from emo.optimize.pipeline import check
+
+    t, p, timing, items, build, base = _setup()
+    sol = Solution(p, items, np.array([0, 0, 2]), "emo", 0.0)  # windows 0 and 1 at 705 MHz
+
+    def late_below(tables, policy, lats):  # on time only while every clock is at least 1005 MHz
+        real = predict(tables, policy, transition_ms=10.0)
+        late = any(s.sm_mhz < 1005 for st in policy.steps.values() for s in st)
+        return dataclasses.replace(real, makespan_ns=base.makespan_ns * (1.05 if late else 1.0))
+
+    monkeypatch.setattr(check, "expected", late_below)
+    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
+                                            transitions_ms=LATS, max_rounds=0)
+    # clocks round up to a candidate, so every share short of the whole way gives 1005 MHz
+    assert list(fixed.choice) == [1, 1, 2] and info["predictor_shrink"] > 0.99
+    assert info["predictor_slowdown"] == pytest.approx(0.0)

@@ -13,8 +13,10 @@ end) under a window slower than the clock the DP gave it gets that window raised
 (drift); when there is none, the slowed windows the critical path runs under go one clock step up;
 when it runs under fast windows only (a raise into one landed late: a stall), the window before
 each takes its clock, so there is no raise to wait for.
-Each round raises at least one window, so the loop ends (at worst at the max-clock baseline); it
-is bounded by a count of rounds, never by time.
+Each round raises at least one window; the loop is bounded by a count of rounds, never by time.
+When the raises run out (or the rounds do) with the pick still late, the plan is shrunk toward the
+max clock as a whole (`_shrink`: the largest on-time share of each window's way down), never
+replaced by the max clock, which would drop the slack it found.
 """
 from __future__ import annotations
 
@@ -178,7 +180,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
 
 
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
-                      transitions_ms: tuple[float, ...], max_rounds: int = 400, window_starts=None):
+                      transitions_ms: tuple[float, ...], max_rounds: int = 400, window_starts=None, shrink_steps: int = 8):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
     (1 + budget) × the predicted max-clock time in expectation over the clock-request latencies
     `transitions_ms` (expected). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
@@ -249,10 +251,36 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         sol = Solution(p, items, choice.copy(), sol.method, sol.budget, info=sol.info)
         policy = build(sol)
         pred = worst(policy)
-    if pred.makespan_ns > deadline:  # the max-clock policy is the baseline itself
-        info["predictor_fallback"] = "max clock"
-        sol = Solution(p, items, np.full(items.k, p.ref, dtype=np.int64), sol.method, sol.budget, info=sol.info)
-        policy = build(sol)
-        pred = worst(policy)
+    if pred.makespan_ns > deadline:  # the raises ran out: shrink the plan toward the max clock
+        sol, policy, pred, info["predictor_shrink"] = _shrink(sol, build, worst, deadline, shrink_steps)
     info["predictor_slowdown"] = pred.makespan_ns / base.makespan_ns - 1.0
     return sol, policy, info
+
+
+def _shrink(sol: Solution, build, worst, deadline: float, steps: int):
+    """(solution, policy, prediction, share): every window's clock moved a share of the way from the
+    max clock to its planned one (rounded up to a candidate clock), the largest share on time by
+    bisection in `steps` predictions. Share 0 is the max-clock policy, the baseline itself, which is on
+    time by definition; keeping the plan's shape keeps the slack it found, where all-max drops it."""
+    p, items = sol.problem, sol.items
+    ref = p.clocks_mhz[p.ref]
+    planned = p.clocks_mhz[sol.choice]
+
+    def at(share: float):
+        mhz = ref - share * (ref - planned)
+        choice = np.minimum(np.searchsorted(p.clocks_mhz, mhz - 1e-6), p.ref).astype(np.int64)
+        choice = np.where(sol.choice > p.ref, sol.choice, choice)  # above the default: left as planned
+        s = Solution(p, items, choice, sol.method, sol.budget, info=sol.info)
+        policy = build(s)
+        return s, policy, worst(policy)
+
+    lo, hi = 0.0, 1.0
+    best = at(0.0)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        trial = at(mid)
+        if trial[2].makespan_ns <= deadline:
+            lo, best = mid, trial
+        else:
+            hi = mid
+    return (*best, round(lo, 6))
