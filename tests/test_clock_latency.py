@@ -348,3 +348,14 @@ def test_peers_plan_with_the_latest_of_their_raises():
     # the range the policy is built for (its lead) stays one GPU's; the expectation judges the latest
     assert (many.lo, many.hi) == (one.lo, one.hi) and many.mean > one.mean + 2.5
     assert source.endswith("the latest of 4 GPUs' raises")
+
+
+@pytest.mark.parametrize("name, read", [("calibration.json", opt_stage.clock_latency), ("check.json", opt_stage.iteration_sd)])
+def test_a_broken_stage_file_is_one_line_naming_it(tmp_path, name, read):
+    """The optimize stage reads calibrate's and fit's JSON through one reader: a missing file is
+    "not measured", a broken one a ValueError naming it."""
+    path = tmp_path / name
+    assert read(path) is None
+    path.write_text('{"clock_latency_ms": ')
+    with pytest.raises(ValueError, match=rf"{name}: not valid JSON"):
+        read(path)

@@ -101,6 +101,12 @@ def smooth_curves(clocks: np.ndarray, values: np.ndarray, inverse: bool) -> np.n
     return out
 
 
+def repeats_differ(df: pd.DataFrame) -> bool:
+    """Whether any benchmark's repeats at one clock measured different time or energy."""
+    g = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]]
+    return bool((g.max() > g.min()).to_numpy().any())
+
+
 def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench",
                  clocks: Sequence[int] | None = None, smooth: bool = True) -> BenchTables:
     """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
@@ -143,9 +149,7 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     shape = (len(names), len(clocks))
     t = med["time_s"].to_numpy(np.float64).reshape(shape)
     e = med["energy_j"].to_numpy(np.float64).reshape(shape)
-    spread = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]].agg(["min", "max"])
-    noisy = bool((spread.xs("max", axis=1, level=1) > spread.xs("min", axis=1, level=1)).to_numpy().any())
-    if smooth and noisy:  # repeats that differ: the curves carry noise (a noise-free table is the truth)
+    if smooth and repeats_differ(df):  # the curves carry noise (a noise-free table is the truth)
         t_s = smooth_curves(clocks, t, True)
         e, t = t_s * smooth_curves(clocks, e / t, False), t_s
     if clocks_all is not None:

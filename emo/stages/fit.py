@@ -199,7 +199,10 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
                        for m in baseline.get("levels", [])]
     write_json(out / "check.json", check)
     lams = [lam for _, lam in levels] or [1.0]
-    worst = lambda key: max((abs(c[key]) for c in check["levels"] if c[key] is not None), default=None)  # noqa: E731
+
+    def worst(key: str) -> float | None:
+        return max((abs(c[key]) for c in check["levels"] if c[key] is not None), default=None)
+
     return {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
             "time_level_min": min(lams), "time_level_max": max(lams), "idle_level": a, "energy_level": k,
             "fit_residual_max": float(model["fit_residual"].max()),

@@ -22,22 +22,25 @@ from emo.optimize.pipeline.check import planning_latencies
 log = logging.getLogger("emo")
 
 
-def clock_latency(path: Path | None) -> dict | None:
-    """The measured clock-request latency in a calibrate folder's calibration.json (None when the
-    file or the measurement is missing: a calibration from before EMO measured it)."""
+def _read(path: Path | None) -> dict:
+    """A JSON file an earlier stage wrote ({} when there is none); one line naming it if it is broken."""
     if path is None or not Path(path).is_file():
-        return None
+        return {}
     try:
-        return json.loads(Path(path).read_text()).get("clock_latency_ms")
+        return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
+def clock_latency(path: Path | None) -> dict | None:
+    """The measured clock-request latency in a calibrate folder's calibration.json (None when the
+    file or the measurement is missing: a calibration from before EMO measured it)."""
+    return _read(path).get("clock_latency_ms")
+
+
 def iteration_sd(path: Path | None) -> float | None:
     """One iteration's measured spread (s) in a fit folder's check.json (None without one)."""
-    if path is None or not Path(path).is_file():
-        return None
-    sd = json.loads(Path(path).read_text()).get("iteration_time_sd_s")
+    sd = _read(path).get("iteration_time_sd_s")
     return None if sd is None else float(sd)
 
 
@@ -45,12 +48,13 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     opt = cfg["optimizer"]
     where = inputs.get("calibration", "calibration")
     measured = clock_latency(inputs.get("calibration"))
-    lats, source = planning_latencies(opt, measured, where=str(where))  # before any work: one line if missing
-    log.info("optimize: planning with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
-             lats.lo, lats.hi, lats.mean, source)
+    planning_latencies(opt, measured, where=str(where))  # before any work: one line if it is missing
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
     policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured,
                             iteration_sd_s=iteration_sd(inputs.get("check")))
+    lo, mean, hi = summary[opt["name"]]["transition_ms"]  # what solve planned with, its clock groups' included
+    log.info("optimize: planned with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
+             lo, hi, mean, summary[opt["name"]]["transition_source"])
     base = predict(tables, None)
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})
     policy.save(out / "policy.json")

@@ -133,11 +133,11 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
     latency_summary): lo and hi are its optimizer.transition_percentiles (p10 and p90 by default),
     what a request is planned to land within. The quadrature covers every sample: a request to a
     faster clock takes each stratum's latency in turn (of the steps that went up), one to a slower
-    clock the mean of the steps down within their planned range. A stall is a request's own bad luck, not a shift of the whole
-    schedule: a late raise lengthens the slow stretch before it (onto the critical path once slack
-    is used up), a late lowering only wastes a little energy; and a stalled request is superseded
-    when a later one lands (the last one issued wins). No measurement and no override: a ValueError
-    that names what to run."""
+    clock the mean of the steps down within their planned range. A stall is a request's own bad
+    luck, not a shift of the whole schedule: a late raise lengthens the slow stretch before it (onto
+    the critical path once slack is used up), a late lowering only wastes a little energy; and a
+    stalled request is superseded when a later one lands (the last one issued wins). No measurement
+    and no override: a ValueError that names what to run."""
     if opt.get("transition_ms") is not None:
         return Latencies.of(opt["transition_ms"]), "optimizer.transition_ms"
     samples = (measured or {}).get("samples") or []
