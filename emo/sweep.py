@@ -55,7 +55,11 @@ class Sweep:
     by_stage: dict[str, dict[str, Job]]  # stage -> folder hash -> the first job that planned it
 
     def job(self, stage: str, stage_hash: str) -> Job:
-        return self.by_stage[stage][stage_hash]
+        try:
+            return self.by_stage[stage][stage_hash]
+        except KeyError:  # Snakemake asked for a folder this sweep no longer plans
+            raise ValueError(f"{self.results / stage / stage_hash}: no job of this sweep plans that folder "
+                             "(were the code or conf/ edited while it ran?): run it again") from None
 
     def plan(self, stage: str, stage_hash: str) -> StagePlan:
         return self.job(stage, stage_hash).plans[stage]

@@ -258,3 +258,14 @@ def test_named_group_without_members_in_a_partial_world(tmp_path, capsys):
     s = json.loads(out)
     assert s["collectives_matched"] == 0 and s["replay_error_us"] == 0
     assert s["collectives_unmatched"][0]["why"] == "the trace does not name the group's members and holds 2 of 128 ranks"
+
+
+def test_one_kernel_and_no_host_events(tmp_path, capsys):
+    # the smallest trace there is: its kernel is the whole critical path, nothing binds it
+    t = write(tmp_path / "one.json", {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 100.0, "dur": 50.0,
+         "args": {"device": 0, "stream": 7, "correlation": 1}}]})
+    code, out, err = analyze([t, "--json"], capsys)
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["critical_path_us"] == pytest.approx(50.0) and s["makespan_us"] == pytest.approx(50.0)

@@ -111,6 +111,14 @@ def test_diamond_critical_path_and_windows():
     assert w["slack_ns"].tolist() == [30] and w["nodes"].tolist() == [1]
 
 
+def test_a_graph_without_edges():
+    # one kernel and no host events (a trace of a single launch): nothing binds it
+    g = make_graph([100], [50], [])
+    r = whatif(compile_graph(g))
+    assert r.makespan_ns == 50 and r.critical_path.tolist() == [0]
+    assert r.critical_pred.tolist() == [-1] and r.critical_edge.tolist() == [-1] and r.delay_ns.tolist() == [0]
+
+
 def test_launch_edge_from_start():
     # a kernel (1) launched from the start of a host call (0): it does not wait for the call's end
     g = make_graph([0, 5], [100, 10], [(0, 1)], kinds=["runtime", "kernel"], from_start=[True])

@@ -37,6 +37,13 @@ def test_a_sweep_writes_into_one_results_folder(tmp_path):
         sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
 
 
+def test_a_folder_the_sweep_does_not_plan_is_named_in_one_line(tmp_path):
+    # what Snakemake asks for when the code or conf/ changed between planning and running a job
+    sw = sweep.build(sweep.expand([f"results={tmp_path}"], True))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'fit' / '0123456789ab'))}: no job of this sweep plans"):
+        sw.job("fit", "0123456789ab")
+
+
 def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path):
     jobs = sweep.expand([f"results={tmp_path}", "budget=0.02,0.05"], True)
     sw = sweep.build(jobs)

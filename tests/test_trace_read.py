@@ -72,6 +72,36 @@ def test_empty_file(tmp_path, content):
         read_trace(p)
 
 
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzipped"])
+def test_a_pipe_reads_like_the_file(gzipped):
+    # `emo analyze <(zcat t.json.gz)`: a pipe can be read once, and SQLite cannot open one at all
+    import os
+    import threading
+
+    data = ES1.read_bytes() if gzipped else gzip.decompress(ES1.read_bytes())
+    r, w = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(w, data), os.close(w)))
+    writer.start()
+    try:
+        ev = read_trace(f"/dev/fd/{r}")
+    finally:
+        writer.join()
+        os.close(r)
+    assert ev.equals(read_trace(ES1))
+
+
+def test_an_empty_pipe_is_named(tmp_path):
+    import os
+
+    r, w = os.pipe()
+    os.close(w)
+    try:
+        with pytest.raises(ValueError, match=rf"^/dev/fd/{r}: empty file"):
+            read_trace(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+
+
 def test_truncated_json(tmp_path):
     p = tmp_path / "t.json"
     p.write_bytes(json.dumps(_small_doc()).encode()[:5000])

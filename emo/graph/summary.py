@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import Graph
-from emo.graph.whatif import Compiled, Result, compile_graph, slack_windows, whatif
+from emo.graph.whatif import Compiled, Result, compile_graph, slack_windows, take_edge, whatif
 from emo.trace.schema import LAUNCH_CALLS
 
 # What a node's own duration counts as on the critical path.
@@ -44,9 +44,9 @@ def path_breakdown(graph: Graph, result: Result) -> pd.DataFrame:
     kind = nodes["kind"].to_numpy(dtype=object)[path]
     name = nodes["name"].to_numpy(dtype=object)[path]
     ce = result.critical_edge[path]
-    ekind = np.where(ce >= 0, edges["kind"].to_numpy(dtype=object)[np.maximum(ce, 0)], "")
+    ekind = take_edge(edges["kind"].to_numpy(dtype=object), ce, "")
     # a node's duration is on the path unless its successor on the path waits only for its start
-    nxt_from_start = np.r_[edges["from_start"].to_numpy(bool)[np.maximum(ce[1:], 0)], False]
+    nxt_from_start = np.r_[take_edge(edges["from_start"].to_numpy(bool), ce[1:], False), False]
     dur = np.where(nxt_from_start, 0, (result.finish_ns - result.start_ns)[path])
     dcat = np.array([DUR_CATEGORY.get(k, "cpu") for k in kind], dtype=object)
     dcat[(kind == "runtime") & np.isin(name, list(LAUNCH_CALLS))] = "launch"

@@ -441,6 +441,15 @@ def compile_graph(graph: Graph) -> Compiled:
                     device=dev, stream=nodes["stream"].to_numpy(np.int64)[order], n=n)
 
 
+def take_edge(per_edge: np.ndarray, edge: np.ndarray, none) -> np.ndarray:
+    """per_edge[edge] where a node has a binding edge (edge >= 0), `none` where it has none (a graph
+    without edges included)."""
+    out = np.full(edge.shape, none, dtype=per_edge.dtype)
+    ok = edge >= 0
+    out[ok] = per_edge[edge[ok]]
+    return out
+
+
 def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True,
            energy_j: np.ndarray | None = None) -> Result:
     """Replay the graph with new per-node durations (indexed by node id; None = as recorded).
@@ -460,12 +469,12 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     if dur_ns is None and c.is_gpu.any():
         replay = int(np.abs(start[c.is_gpu] - c.recorded_start[c.is_gpu]).max())
     to_id = c.pos
-    crit_ids = np.where(crit >= 0, c.order[c.src[np.maximum(crit, 0)]], -1)
-    crit_edge = np.where(crit >= 0, c.edge_id[np.maximum(crit, 0)], -1)
+    crit_ids = take_edge(c.order[c.src], crit, -1)
+    crit_edge = take_edge(c.edge_id, crit, -1)
     return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
                   critical_pred=crit_ids[to_id], critical_edge=crit_edge[to_id], critical_path=path_ids,
                   slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
-                  replay_error_ns=replay, delay_ns=(c.offset + np.where(crit >= 0, c.lag[np.maximum(crit, 0)], 0))[to_id],
+                  replay_error_ns=replay, delay_ns=(c.offset + take_edge(c.lag, crit, 0))[to_id],
                   energy_j=None if energy_j is None else float(np.sum(energy_j)))
 
 

@@ -1,6 +1,9 @@
 """Format dispatch and the checks every trace must pass before a graph is built from it."""
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +36,29 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         events = pd.concat(parts, ignore_index=True)
         events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     else:
-        with path.open("rb") as f:
-            head = f.read(16)
-        events = read_nsys(path) if head == SQLITE_MAGIC else read_kineto(path)
+        with regular_file(path) as local:
+            try:
+                with local.open("rb") as f:
+                    head = f.read(16)
+                events = read_nsys(local) if head == SQLITE_MAGIC else read_kineto(local)
+            except ValueError as e:  # name the user's path, not the spooled copy
+                raise ValueError(str(e).replace(str(local), str(path))) from None
     validate_events(events, path)
     return events
+
+
+@contextlib.contextmanager
+def regular_file(path: Path):
+    """`path` itself when it is a regular file; otherwise (a pipe, `<(zcat trace.json.gz)`, which can
+    be read only once, and which SQLite cannot open) a temporary copy of what it holds."""
+    if path.is_file():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
+        local = Path(tmp) / "trace"
+        with path.open("rb") as src, local.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        yield local
 
 
 def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
