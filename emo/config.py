@@ -211,10 +211,6 @@ class OptimizerConfig:
     transition_percentiles: list[float] = field(default_factory=lambda: [10.0, 90.0], metadata=PERCENTILES)
     budget_solves: int = field(default=6, metadata=at_least(1))  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
     predictor_evaluations: int = field(default=400, metadata=at_least(0))  # emo: candidate policies the predictor judges in its local search
-    # emo: a windowed plan replaces the best uniform one only when it is predicted to save more than
-    # it by this share of its own predicted saving (microbenchmark-mix models err by 5-10 % per
-    # kernel, and a plan that picks windows by their predicted curves picks where the model is optimistic)
-    uniform_margin: float = field(default=0.1, metadata=between(0, 1))
     perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus: one clock per "pass" (as in Perseus) or per "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)

@@ -291,16 +291,3 @@ def test_when_the_raises_run_out_the_plan_is_shrunk_toward_the_max_clock(monkeyp
     # clocks round up to a candidate, so every share short of the whole way gives 1005 MHz
     assert list(fixed.choice) == [1, 1, 2] and info["predictor_shrink"] > 0.99
     assert info["predictor_slowdown"] == pytest.approx(0.0)
-
-
-@pytest.mark.parametrize("e_windowed, e_uniform, shape", [
-    (80.0, 82.5, "uniform"),  # saves 20 J, leads by 2.5 J: an eighth of its saving, under the margin (a fifth)
-    (80.0, 85.0, "windowed"),  # leads by a quarter of its saving
-    (80.0, 80.0, "uniform"),  # the polish left the uniform start as it was
-    (100.0, 99.0, "uniform"),  # saves nothing
-])
-def test_a_windowed_plan_must_lead_the_uniform_one_by_more_than_the_margin(e_windowed, e_uniform, shape):
-    energy = {"w": e_windowed, "u": e_uniform}.get
-    sol, policy, got, lead = run.prefer_uniform(("ws", "w"), ("us", "u"), energy, 100.0, 0.2)
-    assert got == shape and (sol, policy) == (("ws", "w") if shape == "windowed" else ("us", "u"))
-    assert lead is None if e_windowed >= 100.0 else lead == pytest.approx((e_uniform - e_windowed) / (100.0 - e_windowed))

@@ -4,13 +4,11 @@
 EMO: the DP (solvers.dp, Algorithm 2, with its local search) plans on the timing engine; the
 predictor (the same engine with clock timelines, at the configured request latencies) checks the
 pick: a budget search re-solves the DP at a smaller budget while the worst case ends late, the best
-static schedule joins as a start, windows are raised if nothing fits, single-window moves judged
-by the predictor finish, and the best static schedule is the policy unless the windowed one leads it
-by more than optimizer.uniform_margin of its saving (prefer_uniform). Perseus gets the same budget
-search (its lowtime walk re-solved, projected onto the windows) and the same predictor polish, with
-the same counts (optimizer.budget_solves, optimizer.predictor_evaluations): the two methods differ
-in the solver the search asks and in EMO's own uniform start and preference. Every limit is a
-count, so the same inputs give the same files.
+static schedule joins as a start, windows are raised if nothing fits, and single-window moves judged
+by the predictor finish. Perseus gets the same budget search (its lowtime walk re-solved, projected
+onto the windows) and the same predictor polish, with the same counts (optimizer.budget_solves,
+optimizer.predictor_evaluations): the two methods differ only in the solver the search asks. Every
+limit is a count, so the same inputs give the same files.
 """
 from __future__ import annotations
 
@@ -97,21 +95,6 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms
     return sol, policy, {**sol.info, **info}
 
 
-def prefer_uniform(windowed, uniform, energy, baseline_j: float, margin: float):
-    """(solution, policy, "windowed" | "uniform", lead): the windowed plan when its predicted lead over
-    the uniform one (both on time) is more than `margin` of its own predicted saving, else the
-    uniform plan. A lead of a few per cent of the saving is within the model's per-kernel error,
-    and the windowed plan has chosen its windows where that error flatters it; the uniform one
-    reads the model at one clock, which the fit's measured levels anchor. `lead`: the windowed
-    plan's lead as a share of its saving (None without a saving)."""
-    e_win, e_uni = energy(windowed[1]), energy(uniform[1])
-    saving = baseline_j - e_win
-    lead = (e_uni - e_win) / saving if saving > 0 else None
-    if lead is not None and lead > margin:
-        return (*windowed, "windowed", round(lead, 6))
-    return (*uniform, "uniform", None if lead is None else round(lead, 6))
-
-
 def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | None = None,
           iteration_sd_s: float | None = None) -> tuple[FrequencyPolicy, dict]:
     """The policy of method opt["name"] within `budget`, and its summary: the method's own record
@@ -184,8 +167,6 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         if energy(uni_policy) < dp_energy:
             sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
         sol, policy, checked = polish(sol, policy, checked)
-        sol, policy, checked["plan_shape"], checked["uniform_lead"] = prefer_uniform(
-            (sol, policy), (uni, uni_policy), energy, predict(tables, None).energy_j, float(opt["uniform_margin"]))
         record.update({**checked, "dp_energy_j": dp_energy})  # which layer saved what (mean latency)
     elif name == "static":
         sol = optimize_static(p, plan_budget, items=items)
