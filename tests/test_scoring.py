@@ -1,6 +1,7 @@
 """The comparison's one scoring rule (emo.scoring): spread, within budget, ahead, the static curve."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -22,12 +23,37 @@ def test_score_is_mean_and_sample_standard_deviation():
         scoring.score([1.0], [])
 
 
-def test_frontier_keeps_the_best_es_at_each_pl_and_starts_at_the_max_clock():
+def test_frontier_is_the_monotone_fit_through_the_max_clock():
     pl, es = scoring.frontier(STATIC)
-    assert list(pl) == [0.0, 2.0, 3.5, 4.0, 6.0]  # a clock under the chord still is one a user can pick
+    assert list(pl) == [0.0, 2.0, 3.5, 4.0, 6.0]  # points already rising with PL are the curve
     assert list(es) == [0.0, 6.0, 7.0, 10.0, 11.0]
-    worse = pd.concat([STATIC, curve([(1395, 5.0, 9.0)])])  # slower and saving less than 1350 MHz: no knot
-    assert list(scoring.frontier(worse)[0]) == [0.0, 2.0, 3.5, 4.0, 6.0]
+    # slower than 1350 MHz and saving less: both are noisy measurements of one rising curve, so the fit
+    # pools them (their mean at both) where an upper envelope would keep the point noise lifted
+    worse = pd.concat([STATIC, curve([(1395, 5.0, 9.0)])])
+    pl, es = scoring.frontier(worse)
+    assert list(pl) == [0.0, 2.0, 3.5, 4.0, 5.0, 6.0]
+    assert list(es) == pytest.approx([0.0, 6.0, 7.0, 9.5, 9.5, 11.0])
+    # equal PLs are one knot, weighted by how many points it pools
+    twice = pd.concat([STATIC, curve([(1380, 2.0, 5.0), (1395, 1.0, 7.0)])])
+    pl, es = scoring.frontier(twice)
+    assert list(pl) == [0.0, 1.0, 2.0, 3.5, 4.0, 6.0]
+    assert list(es) == pytest.approx([0.0, (7.0 + 2 * 5.5) / 3, (7.0 + 2 * 5.5) / 3, 7.0, 10.0, 11.0])
+
+
+def test_a_static_clock_re_measured_scores_about_zero_against_the_fit():
+    """The bar's point: a fresh measurement of one of a noisy sweep's own clocks scores 0 in
+    expectation against the fit (+0.03 here). Against the sweep's upper envelope it scores -0.17: the
+    running maximum keeps the points noise lifted."""
+    rng = np.random.default_rng(0)
+    true_pl = np.linspace(0.0, 6.0, 81)  # clocks as dense as 15 MHz steps, noise as large as a step
+    true_es = 12.0 * (1.0 - np.exp(-true_pl / 3.0))
+    d = []
+    for _ in range(300):
+        sweep = curve([(0, x + rng.normal(0, 0.05), y + rng.normal(0, 0.3)) for x, y in zip(true_pl, true_es)])
+        k = rng.integers(len(true_pl))
+        pl, es = true_pl[k] + rng.normal(0, 0.05), true_es[k] + rng.normal(0, 0.3)
+        d.append(es - scoring.static_es_at(sweep, pl))
+    assert abs(np.mean(d)) < 0.1
 
 
 def test_static_es_at_interpolates_and_is_flat_past_the_ends():
