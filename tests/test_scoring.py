@@ -42,8 +42,8 @@ def test_frontier_is_the_monotone_fit_through_the_max_clock():
 
 def test_a_static_clock_re_measured_scores_about_zero_against_the_fit():
     """The bar's point: a fresh measurement of one of a noisy sweep's own clocks scores 0 in
-    expectation against the fit (+0.03 here). Against the sweep's upper envelope it scores -0.17: the
-    running maximum keeps the points noise lifted."""
+    expectation against the fit. Against the sweep's upper envelope it scores well below 0 (this
+    test fails with one): the running maximum keeps the points noise lifted."""
     rng = np.random.default_rng(0)
     true_pl = np.linspace(0.0, 6.0, 81)  # clocks as dense as 15 MHz steps, noise as large as a step
     true_es = 12.0 * (1.0 - np.exp(-true_pl / 3.0))
