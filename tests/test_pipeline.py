@@ -44,6 +44,11 @@ def test_hashes_follow_what_each_stage_depends_on():
         if stage not in ("optimize", "validate"):
             assert base[stage].hash == other_budget[stage].hash
     assert plan(compose([])) == base  # deterministic
+    # an online baseline's validate tunes as it runs: what optimize and its inputs are is not its business
+    zeus, zeus_repacked = (plan(compose(["optimizer=zeus", *o])) for o in ([], ["packing.delta_max_ms=3"]))
+    assert zeus["optimize"].hash != zeus_repacked["optimize"].hash
+    assert zeus["validate"].hash == zeus_repacked["validate"].hash and zeus["validate"].covers["inputs"] == {}
+    assert plan(compose(["packing.delta_max_ms=3"]))["validate"].hash != base["validate"].hash
 
 
 def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
