@@ -145,13 +145,7 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
         raise ValueError(f"{where}: no clock-request latency measurement (a calibration from before EMO measured "
                          "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
                          "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)")
-    x = np.asarray(samples, dtype=np.float64)
-    # a raise plans with the steps to a faster clock, a lowering with those to a slower one: on
-    # hardware a request's latency depends on its direction (the voltage moves first on the way up)
-    pairs = np.asarray((measured or {}).get("pairs") or [], dtype=np.float64).reshape(-1, 2)
-    up = pairs[:, 1] > pairs[:, 0] if len(pairs) == len(x) else np.ones(len(x), dtype=bool)
-    x_up = x[up] if up.sum() >= MIN_DIRECTION_SAMPLES else x
-    x_down = x[~up] if (~up).sum() >= MIN_DIRECTION_SAMPLES else x
+    x, x_up, x_down = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
     a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
     lo, hi = (float(v) for v in np.percentile(x_up, [a, b]))
@@ -160,6 +154,36 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
     latest = f", the latest of {peers} GPUs' raises" if peers > 1 else ""
     return (Latencies(lo, float(np.dot(nodes, weights)), hi, nodes, weights, down),
             f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}")
+
+
+def _directions(measured: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all, up, down) measured latencies (ms): a raise plans with the steps to a faster clock, a
+    lowering with those to a slower one (on hardware a request's latency depends on its direction:
+    the voltage moves first on the way up); all of them for a direction with too few samples."""
+    x = np.asarray(measured["samples"], dtype=np.float64)
+    pairs = np.asarray(measured.get("pairs") or [], dtype=np.float64).reshape(-1, 2)
+    up = pairs[:, 1] > pairs[:, 0] if len(pairs) == len(x) else np.ones(len(x), dtype=bool)
+    x_up = x[up] if up.sum() >= MIN_DIRECTION_SAMPLES else x
+    x_down = x[~up] if (~up).sum() >= MIN_DIRECTION_SAMPLES else x
+    return x, x_up, x_down
+
+
+# Leads a plan may take besides the planned range's max (optimizer.transition_percentiles' hi):
+# percentiles of the measured raise latency. Issued that far ahead, a raise lands before the work that
+# needs it more often, at the cost of running the end of the slower window before it at the faster
+# clock; which pays depends on the plan, so each offline method plans at every lead and keeps its best.
+LEAD_PERCENTILES = (95.0, 98.0)
+
+
+def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Latencies]:
+    """`lats` and its variants with raises issued earlier: max at each LEAD_PERCENTILES of the
+    measured raise latency above lats.hi (none with optimizer.transition_ms, which measures nothing).
+    Only the lead changes; the quadrature a plan is judged by stays the same."""
+    if opt.get("transition_ms") is not None or not (measured or {}).get("samples"):
+        return [lats]
+    _, x_up, _ = _directions(measured)
+    his = [float(np.percentile(x_up, q)) for q in LEAD_PERCENTILES]
+    return [lats] + [dataclasses.replace(lats, hi=h) for h in dict.fromkeys(his) if h > lats.hi]
 
 
 def expected(tables, policy: FrequencyPolicy, lats):
