@@ -291,3 +291,52 @@ def test_when_the_raises_run_out_the_plan_is_shrunk_toward_the_max_clock(monkeyp
     # clocks round up to a candidate, so every share short of the whole way gives 1005 MHz
     assert list(fixed.choice) == [1, 1, 2] and info["predictor_shrink"] > 0.99
     assert info["predictor_slowdown"] == pytest.approx(0.0)
+
+
+STALLED = {"samples": list(np.linspace(5.0, 15.0, 90)) + [40.0, 45.0, 50.0, 55.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0]}
+
+
+def test_lead_options_change_only_how_early_raises_are_issued():
+    """The leads a plan may take: the planned range's max (p90), then p95 and p98 of the measured
+    raises; the quadrature the plan is judged by, lo and the lowerings' latency stay as they are.
+    An override measures nothing, and a latency without a tail has no longer lead to try."""
+    from emo.optimize.pipeline.check import lead_options, planning_latencies
+
+    opt = {"transition_percentiles": [10.0, 90.0]}
+    lats, _ = planning_latencies(opt, STALLED)
+    leads = lead_options(opt, STALLED, lats)
+    assert [x.hi for x in leads] == pytest.approx([np.percentile(STALLED["samples"], q) for q in (90, 95, 98)])
+    assert leads[0] is lats and leads[1].hi < leads[2].hi
+    assert all((x.lo, x.nodes, x.weights, x.down) == (lats.lo, lats.nodes, lats.weights, lats.down) for x in leads)
+    assert lead_options({**opt, "transition_ms": [5.0, 15.0]}, STALLED, lats) == [lats]
+    flat = {"samples": [10.0] * 50}
+    one, _ = planning_latencies(opt, flat)
+    assert lead_options(opt, flat, one) == [one]
+
+
+@pytest.mark.parametrize("method", ["emo", "perseus"])
+def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatch, method):
+    """Every offline method plans at each lead with the solves of its first (no solver call more than
+    at p90 alone) and keeps the least predicted energy on time: never worse than p90 alone."""
+    if method == "perseus":
+        pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
+    from emo.optimize.pipeline import check
+
+    t = _tables()
+    opt = {**compose([])["optimizer"], "change_points": "grid", "name": method}
+    solver = "optimize" if method == "emo" else "optimize_perseus"
+    real, calls = getattr(run, solver), []
+    monkeypatch.setattr(run, solver, lambda p, b, **k: calls.append(b) or real(p, b, **k))
+    results = {}
+    for leads in ((), check.LEAD_PERCENTILES):
+        monkeypatch.setattr(check, "LEAD_PERCENTILES", leads)
+        calls.clear()
+        policy, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+        results[leads] = (policy, summary[method], list(calls))
+    (p90, alone, calls90), (policy, rec, calls_all) = results.values()
+    assert calls_all == calls90 and len(alone["lead_tries"]) == 1 and len(rec["lead_tries"]) == 3
+    kept = min((not ok, e) for _, e, ok in rec["lead_tries"])
+    assert kept[0] is False and rec["polished_energy_j"] == pytest.approx(kept[1], rel=1e-6)
+    assert policy.lead_ms == pytest.approx(rec["transition_ms"][2])
+    assert rec["lead_tries"][0][1] == pytest.approx(alone["polished_energy_j"], abs=1e-6)  # p90 plans as alone
+    assert rec["polished_energy_j"] <= alone["polished_energy_j"] + 1e-9
