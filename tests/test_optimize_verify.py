@@ -317,7 +317,7 @@ def test_lead_options_change_only_how_early_raises_are_issued():
 @pytest.mark.parametrize("method", ["emo", "perseus"])
 def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatch, method):
     """Every offline method plans at each lead with the solves of its first (no solver call more than
-    at p90 alone) and keeps the least predicted energy on time: never worse than p90 alone."""
+    at p90 alone) and keeps the lead check.kept_lead picks: never worse than p90 alone."""
     if method == "perseus":
         pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
     from emo.optimize.pipeline import check
@@ -335,8 +335,23 @@ def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatc
         results[leads] = (policy, summary[method], list(calls))
     (p90, alone, calls90), (policy, rec, calls_all) = results.values()
     assert calls_all == calls90 and len(alone["lead_tries"]) == 1 and len(rec["lead_tries"]) == 3
-    kept = min((not ok, e) for _, e, ok in rec["lead_tries"])
-    assert kept[0] is False and rec["polished_energy_j"] == pytest.approx(kept[1], rel=1e-6)
+    kept = rec["lead_tries"][check.kept_lead([(e, ok) for _, e, ok in rec["lead_tries"]])]
+    assert kept[2] and rec["polished_energy_j"] == pytest.approx(kept[1], rel=1e-6)
     assert policy.lead_ms == pytest.approx(rec["transition_ms"][2])
     assert rec["lead_tries"][0][1] == pytest.approx(alone["polished_energy_j"], abs=1e-6)  # p90 plans as alone
     assert rec["polished_energy_j"] <= alone["polished_energy_j"] + 1e-9
+
+
+def test_a_longer_lead_is_kept_only_for_a_clear_gain():
+    """The p90 plan stays unless a longer lead saves LEAD_MIN_GAIN of its predicted energy on time;
+    a late p90 plan gives way to any plan on time, and with none on time the least energy wins."""
+    from emo.optimize.pipeline.check import LEAD_MIN_GAIN, kept_lead
+
+    e0 = 100.0
+    assert kept_lead([(e0, True), (e0 * (1 - LEAD_MIN_GAIN / 2), True)]) == 0  # within the predictor's error
+    assert kept_lead([(e0, True), (99.5, True), (e0 * (1 - 2 * LEAD_MIN_GAIN), True)]) == 2
+    assert kept_lead([(e0, True), (50.0, False)]) == 0  # late: never kept over a plan on time
+    assert kept_lead([(e0, False), (e0 + 5, True), (e0 + 1, True)]) == 2
+    assert kept_lead([(e0, False), (e0 - 5, False)]) == 1
+    assert kept_lead([(e0, True)]) == 0
+    assert kept_lead([(e0, True), (99.0, True)], min_gain=0.0) == 1

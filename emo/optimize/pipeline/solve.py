@@ -16,7 +16,7 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import (Latencies, deadline_ns, expected, fit_to_prediction, lead_options,
+from emo.optimize.pipeline.check import (Latencies, deadline_ns, expected, fit_to_prediction, kept_lead, lead_options,
                                          planning_latencies)
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
@@ -191,7 +191,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         # the lead: how far ahead raises are issued, which no solver sees (check.lead_options). The
         # method plans at the measured p90 with its own solves, then at each longer lead with those
         # same solves (the nearest at or below each budget the search asks for: the safe side), and
-        # keeps the least predicted energy on time: every method the same leads and the same counts
+        # keeps the one check.kept_lead picks: every method the same leads, counts and rule
         solved: dict[float, Solution] = {}
 
         def first(b: float) -> Solution:
@@ -204,15 +204,13 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
             return solved[max(below) if below else min(solved)]
 
         deadline = deadline_ns(predict(tables, None), plan_budget)
-        tries, best = [], None
+        tries, plans = [], []
         for i, option in enumerate(lead_options(opt, clock_latency, lats)):
             sol_i, policy_i, checked_i = plan(first if i == 0 else again, option)
             pred = expected(tables, policy_i, option)
-            late = pred.makespan_ns > deadline
-            tries.append([round(option.hi, 4), round(pred.energy_j, 6), not late])
-            if best is None or (late, pred.energy_j) < best[0]:
-                best = ((late, pred.energy_j), option, sol_i, policy_i, checked_i)
-        _, lats, sol, policy, checked = best
+            tries.append([round(option.hi, 4), round(pred.energy_j, 6), pred.makespan_ns <= deadline])
+            plans.append((option, sol_i, policy_i, checked_i))
+        lats, sol, policy, checked = plans[kept_lead([(e, ok) for _, e, ok in tries])]
         record.update({**checked, "lead_tries": tries})
     record["transition_ms"] = lats.range()  # its max: the lead the plan kept
     policy.budget = budget  # the user's budget; the planning budget is in the summary
