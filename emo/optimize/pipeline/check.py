@@ -177,6 +177,9 @@ LEAD_PERCENTILES = (95.0, 98.0)
 # that close are told apart by the predictor's errors, and the least of them wins by its error (a
 # winner's curse), where the gains of a lead that lands raises on time are a few percent.
 LEAD_MIN_GAIN = 0.01
+# The share of optimizer.predictor_evaluations each lead's plan is polished with before the pick;
+# the kept lead's polish goes on with the rest.
+LEAD_SCREEN_SHARE = 0.25
 
 
 def kept_lead(tries: list[tuple[float, bool]], min_gain: float = LEAD_MIN_GAIN) -> int:

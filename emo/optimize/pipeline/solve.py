@@ -16,8 +16,8 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import (Latencies, deadline_ns, expected, fit_to_prediction, kept_lead, lead_options,
-                                         planning_latencies)
+from emo.optimize.pipeline.check import (LEAD_SCREEN_SHARE, Latencies, deadline_ns, expected, fit_to_prediction,
+                                         kept_lead, lead_options, planning_latencies)
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
 from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
@@ -149,17 +149,19 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         return fit_budget(tables, solve_at, lambda s2: build(s2, lats), lambda s2: repair(s2, lats), plan_budget,
                           transitions_ms=lats, solves=int(opt["budget_solves"]))
 
-    def polish(sol: Solution, policy: FrequencyPolicy, checked: dict, lats: Latencies):  # the same for every method
-        start_energy = energy(policy, lats)
-        sol, policy, checked["predictor_moves"] = polish_on_predictor(
-            tables, sol, lambda s2: build(s2, lats), budget=plan_budget, evaluations=int(opt["predictor_evaluations"]),
-            transitions_ms=lats)
+    def polish(sol: Solution, policy: FrequencyPolicy, checked: dict, lats: Latencies, evaluations: int):
+        """The same predictor polish for every method; a second call goes on from the first one's plan."""
+        checked.setdefault("start_energy_j", energy(policy, lats))
+        sol, policy, moves = polish_on_predictor(tables, sol, lambda s2: build(s2, lats), budget=plan_budget,
+                                                 evaluations=evaluations, transitions_ms=lats)
+        checked["predictor_moves"] = checked.get("predictor_moves", 0) + moves
         checked["predictor_slowdown"] = expected(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
-        checked.update({"start_energy_j": start_energy, "polished_energy_j": energy(policy, lats)})
+        checked["polished_energy_j"] = energy(policy, lats)
         return sol, policy, checked
 
-    def plan(solve_at, lats: Latencies):
-        """(solution, policy, record): the method's budget search and polish, raises issued lats.hi ahead."""
+    def plan(solve_at, lats: Latencies, evaluations: int):
+        """(solution, policy, record): the method's budget search and `evaluations` of polish, raises
+        issued lats.hi ahead."""
         sol, policy, checked = search(solve_at, lats)
         if name == "emo":
             dp_energy = energy(policy, lats)
@@ -172,7 +174,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
             checked["dp_energy_j"] = dp_energy  # which layer saved what
         else:
             checked["search_energy_j"] = energy(policy, lats)
-        return polish(sol, policy, checked, lats)
+        return polish(sol, policy, checked, lats, evaluations)
 
     def dp_at(b: float) -> Solution:
         return optimize(p, b, items=items, budget_step_ms=float(opt["budget_step_ms"]), search=False)
@@ -204,13 +206,20 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
             return solved[max(below) if below else min(solved)]
 
         deadline = deadline_ns(predict(tables, None), plan_budget)
+        options = lead_options(opt, clock_latency, lats)
+        # each lead is judged after a screen share of the polish, and only the kept one gets the rest:
+        # one polish's worth of predictions more than a single lead, not one per lead
+        total = int(opt["predictor_evaluations"])
+        screen = total if len(options) == 1 else int(total * LEAD_SCREEN_SHARE)
         tries, plans = [], []
-        for i, option in enumerate(lead_options(opt, clock_latency, lats)):
-            sol_i, policy_i, checked_i = plan(first if i == 0 else again, option)
+        for i, option in enumerate(options):
+            sol_i, policy_i, checked_i = plan(first if i == 0 else again, option, screen)
             pred = expected(tables, policy_i, option)
             tries.append([round(option.hi, 4), round(pred.energy_j, 6), pred.makespan_ns <= deadline])
             plans.append((option, sol_i, policy_i, checked_i))
         lats, sol, policy, checked = plans[kept_lead([(e, ok) for _, e, ok in tries])]
+        if total > screen:
+            sol, policy, checked = polish(sol, policy, checked, lats, total - screen)
         record.update({**checked, "lead_tries": tries})
     record["transition_ms"] = lats.range()  # its max: the lead the plan kept
     policy.budget = budget  # the user's budget; the planning budget is in the summary
