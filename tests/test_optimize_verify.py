@@ -341,10 +341,33 @@ def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatc
     total = opt["predictor_evaluations"]
     screen = int(total * check.LEAD_SCREEN_SHARE)
     assert calls_all == calls90 and len(alone["lead_tries"]) == 1 and len(rec["lead_tries"]) == 3
-    assert evals90 == [total] and evals_all == [screen] * 3 + [total - screen]  # one polish more, not three
+    assert evals90 == [total] and evals_all == [screen] * 3 + [total - screen]  # 1.5 polishes, not three
     kept = rec["lead_tries"][check.kept_lead([(e, ok) for _, e, ok in rec["lead_tries"]])]
     assert kept[2] and rec["polished_energy_j"] <= kept[1] + 1e-6  # the rest of the polish goes on from it
     assert policy.lead_ms == pytest.approx(rec["transition_ms"][2]) == pytest.approx(kept[0], abs=1e-4)
+
+
+def test_the_kept_lead_is_the_one_the_policy_issues_and_the_one_polished_on(monkeypatch):
+    """Whichever lead check.kept_lead picks (here forced to the longest) is the one the policy is built
+    with, the summary reports, and the rest of the polish goes on from."""
+    from emo.optimize.pipeline import check
+
+    t = _tables()
+    opt = {**compose([])["optimizer"], "change_points": "grid", "name": "emo"}
+    monkeypatch.setattr(run, "kept_lead", lambda tries: len(tries) - 1)
+    real_polish, starts = run.polish_on_predictor, []
+    monkeypatch.setattr(run, "polish_on_predictor",
+                        lambda tables, sol, build, **k: starts.append((build(sol).lead_ms, k["evaluations"]))
+                        or real_polish(tables, sol, build, **k))
+    policy, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    rec = summary["emo"]
+    longest = rec["lead_tries"][-1]
+    assert len(rec["lead_tries"]) == 3 and policy.lead_ms == pytest.approx(longest[0], abs=1e-4)
+    assert rec["transition_ms"][2] == pytest.approx(longest[0], abs=1e-4) and "a longer lead" in rec["transition_source"]
+    total = opt["predictor_evaluations"]
+    screen = int(total * check.LEAD_SCREEN_SHARE)
+    assert starts[-1] == (pytest.approx(longest[0], abs=1e-4), total - screen)  # polished on at the kept lead
+    assert rec["polished_energy_j"] <= longest[1] + 1e-6
 
 
 def test_a_longer_lead_is_kept_only_for_a_clear_gain():

@@ -208,7 +208,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         deadline = deadline_ns(predict(tables, None), plan_budget)
         options = lead_options(opt, clock_latency, lats)
         # each lead is judged after a screen share of the polish, and only the kept one gets the rest:
-        # one polish's worth of predictions more than a single lead, not one per lead
+        # with three leads, 1.5 polishes' worth of predictions instead of three
         total = int(opt["predictor_evaluations"])
         screen = total if len(options) == 1 else int(total * LEAD_SCREEN_SHARE)
         tries, plans = [], []
@@ -217,7 +217,10 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
             pred = expected(tables, policy_i, option)
             tries.append([round(option.hi, 4), round(pred.energy_j, 6), pred.makespan_ns <= deadline])
             plans.append((option, sol_i, policy_i, checked_i))
-        lats, sol, policy, checked = plans[kept_lead([(e, ok) for _, e, ok in tries])]
+        kept = kept_lead([(e, ok) for _, e, ok in tries])
+        lats, sol, policy, checked = plans[kept]
+        if kept:  # what the log and the summary say the plan assumed
+            record["transition_source"] += f"; raises issued {lats.hi:.2f} ms ahead, a longer lead (check.kept_lead)"
         if total > screen:
             sol, policy, checked = polish(sol, policy, checked, lats, total - screen)
         record.update({**checked, "lead_tries": tries})
