@@ -383,3 +383,38 @@ def test_a_longer_lead_is_kept_only_for_a_clear_gain():
     assert kept_lead([(e0, False), (e0 - 5, False)]) == 1
     assert kept_lead([(e0, True)]) == 0
     assert kept_lead([(e0, True), (99.0, True)], min_gain=0.0) == 1
+
+
+def test_below_curve_is_the_saving_against_one_clock_at_equal_time():
+    """A plan's share of energy under the single-clock curve's front, interpolated at its own
+    predicted time (in any order of clocks), held at the front's ends beyond them. Clocks that slack
+    hides tie in time; the front keeps the one that spends least."""
+    from emo.optimize.pipeline.check import below_curve
+
+    curve = [(110.0, 8.0), (100.0, 10.0), (130.0, 7.0)]
+    assert below_curve(105.0, 8.5, curve) == pytest.approx(1 - 8.5 / 9.0)
+    assert below_curve(120.0, 7.5, curve) == pytest.approx(0.0)  # on the chord: a slower clock's saving
+    assert below_curve(90.0, 11.0, curve) == pytest.approx(1 - 11.0 / 10.0)  # above it: negative
+    assert below_curve(140.0, 6.3, curve) == pytest.approx(0.1)
+    hidden = [(100.0, 10.0), (100.0, 9.0), (100.0, 8.0), (104.0, 8.5), (120.0, 7.0)]
+    assert below_curve(100.0, 8.0, hidden) == pytest.approx(0.0)  # the least of the tied clocks
+    assert below_curve(110.0, 7.5, hidden) == pytest.approx(1 - 7.5 / 7.5)  # (104, 8.5) is off the front
+
+
+def test_emo_keeps_one_clock_unless_its_plan_clears_the_single_clock_curve(monkeypatch):
+    """Asked for no gain, EMO keeps its plan; asked for one it cannot clear, it gives the single
+    clock the predictor puts least energy on time. The fixture's slack is all at the lowest clock, so
+    that plan is itself one clock: the rule gives the same policy."""
+    t = _tables()
+    opt = {**compose([])["optimizer"], "change_points": "grid", "name": "emo"}
+    monkeypatch.setattr(run, "CURVE_MIN_GAIN", -np.inf)
+    plan, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    gain = summary["emo"]["curve_gain"]
+    assert "single_clock_mhz" not in summary["emo"] and gain == pytest.approx(0.0, abs=1e-6)
+
+    monkeypatch.setattr(run, "CURVE_MIN_GAIN", 0.01)
+    one, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    rec = summary["emo"]
+    assert rec["curve_gain"] == pytest.approx(gain) and rec["single_clock_mhz"] == plan.steps[0][0].sm_mhz
+    assert all(len(s) == 1 for s in one.steps.values()) and one.steps == plan.steps
+    assert one.predicted_energy_j == pytest.approx(plan.predicted_energy_j)

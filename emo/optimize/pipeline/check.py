@@ -182,6 +182,24 @@ LEAD_MIN_GAIN = 0.01
 LEAD_SCREEN_SHARE = 0.25
 
 
+# EMO keeps a plan that changes the clock only when the predictor puts it this share of energy below
+# the single-clock curve at its own predicted time. Nearer the curve its saving is one a slower clock
+# makes too (time traded for energy, not slack), and the model's per-pack errors decide whether it lands
+# above or below the measured curve; one clock risks no clock change.
+CURVE_MIN_GAIN = 0.01
+
+
+def below_curve(time_ns: float, energy_j: float, curve: list[tuple[float, float]]) -> float:
+    """The share of energy a plan (predicted makespan, energy) saves against the single-clock curve,
+    (makespan, energy) per clock: its front (each clock that spends less than every faster one; clocks
+    that slack hides tie in time), interpolated at the plan's time and held at its ends beyond it."""
+    t, e = np.asarray(curve, dtype=np.float64).T
+    o = np.lexsort((e, t))
+    t, e = t[o], e[o]
+    front = e < np.minimum.accumulate(np.r_[np.inf, e[:-1]])
+    return 1.0 - energy_j / float(np.interp(time_ns, t[front], e[front]))
+
+
 def kept_lead(tries: list[tuple[float, bool]], min_gain: float = LEAD_MIN_GAIN) -> int:
     """Index of the lead to keep from (predicted energy, on time) per lead, the p90 plan first: the
     least energy on time (the least energy of all when none is on time), yet the p90 plan when it is

@@ -16,8 +16,8 @@ import numpy as np
 
 from emo.methods import OFFLINE
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import (LEAD_SCREEN_SHARE, Latencies, deadline_ns, expected, fit_to_prediction,
-                                         kept_lead, lead_options, planning_latencies)
+from emo.optimize.pipeline.check import (CURVE_MIN_GAIN, LEAD_SCREEN_SHARE, Latencies, below_curve, deadline_ns, expected,
+                                         fit_to_prediction, kept_lead, lead_options, planning_latencies)
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
 from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
@@ -185,6 +185,22 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
                         info={**raw.info, "unprojected_energy_j": raw.energy_j,
                               "unprojected_time_ms": raw.makespan_ns * 1e-6})
 
+    def single_clock_unless_clear(sol: Solution, policy: FrequencyPolicy, lats: Latencies, deadline: float):
+        """EMO's plan, or the single clock the predictor puts least energy on time when the plan is
+        within check.CURVE_MIN_GAIN of the single-clock curve at its own predicted time."""
+        ones = [Solution(p, items, np.full(items.k, c), "emo", plan_budget, info=sol.info) for c in range(p.n_clocks)]
+        policies = [build(s1, lats) for s1 in ones]
+        preds = [expected(tables, pol, lats) for pol in policies]
+        final = expected(tables, policy, lats)
+        gain = below_curve(final.makespan_ns, final.energy_j, [(x.makespan_ns, x.energy_j) for x in preds])
+        record["curve_gain"] = round(gain, 6)
+        on_time = [c for c, x in enumerate(preds) if x.makespan_ns <= deadline]
+        if gain >= CURVE_MIN_GAIN or not on_time:
+            return sol, policy
+        c = min(on_time, key=lambda c: preds[c].energy_j)
+        record["single_clock_mhz"] = int(p.clocks_mhz[c])
+        return ones[c], policies[c]
+
     if name == "static":
         sol = optimize_static(p, plan_budget, items=items)
         record["static_curve"] = sol.info.pop("static_curve")
@@ -224,6 +240,8 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         if total > screen:
             sol, policy, checked = polish(sol, policy, checked, lats, total - screen)
         record.update({**checked, "lead_tries": tries})
+        if name == "emo":
+            sol, policy = single_clock_unless_clear(sol, policy, lats, deadline)
     record["transition_ms"] = lats.range()  # its max: the lead the plan kept
     policy.budget = budget  # the user's budget; the planning budget is in the summary
     pred = expected(tables, policy, lats)
