@@ -8,6 +8,7 @@ after it to new folders but keeps the calibration; changing the budget moves onl
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import json
@@ -32,22 +33,56 @@ RUNNER = "emo.stages"
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None = None) -> dict:
-    """The resolved configuration as a plain dict; a bad override raises ValueError with one line."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    """The resolved configuration as a plain dict; a bad override raises ValueError with one line.
+
+    Hydra builds the defaults list from the group choices (`gpu=h100`) and then sets each plain
+    value (`budget=0.05`) on the merged tree. The merged tree is cached per set of group choices,
+    so a sweep of hundreds of jobs over a few workloads and methods builds only a few of them;
+    the values are set with Hydra's own override code, so the result is what `compose` gives."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from emo.config import check, register
+    from emo.config import check
 
-    register()
+    conf = Path(config_dir or ROOT / "conf")
     try:
-        with initialize_config_dir(config_dir=str(config_dir or ROOT / "conf"), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        groups = tuple(o.input_line for o in parsed if not _plain_value(o, conf))
+        cfg = copy.deepcopy(_merged(str(conf), groups))
+        _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_one_line(e)}") from None
     check(out)
     return out
+
+
+def _plain_value(o, conf: Path) -> bool:
+    """A `key=value` that sets a value: not a group choice, a hydra key, an addition or a deletion."""
+    from hydra.core.override_parser.types import OverrideType
+
+    return (o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
+            and not o.is_hydra_override() and not (conf / o.key_or_group.replace(".", "/")).is_dir())
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(conf: str, groups: tuple[str, ...]):
+    """Hydra's composition of the group choices, before any plain value is set."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from emo.config import register
+
+    register()
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(groups))
+
+
+def _apply_values(values, cfg) -> None:
+    """Set plain values as Hydra does after composing (struct mode: an unknown key is an error)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
 
 
 def _one_line(e: Exception) -> str:

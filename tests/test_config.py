@@ -115,3 +115,25 @@ def test_the_schema_defaults_are_what_a_run_uses():
     cfg = compose([])
     assert cfg["model"] == _defaults(config.ModelConfig) and cfg["trace"] == _defaults(config.TraceConfig)
     assert cfg["budget"] == _defaults(config.Config)["budget"] and cfg["results"] == "results"
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["workload=pp", "workload.pp=8", "workload.partition=parameter", "optimizer=perseus", "budget=0"],
+    ["gpu=h100", "gpu.seed=3", "workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"],
+    ["budget=0.05", "workload=offload", "optimizer=geepafs", "optimizer.budget_solves=3", "+extra=1"],
+    ["optimizer.transition_ms=[5,15]", "++budget=0.03", "hydra.job.name=x", "workload.tp=4"],
+])
+def test_compose_is_hydras_composition_whatever_was_cached_before(overrides):
+    # the merged group choices are cached: composing other jobs first must not change this one
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from emo.plan import ROOT
+
+    for other in (["budget=0.04", "gpu.seed=1"], ["workload=pp", "workload.pp=2"], overrides):
+        compose(other)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        plain = OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides), resolve=True)
+    assert compose(overrides) == plain
+    assert compose(overrides) == plain  # and a second time, from the cache
