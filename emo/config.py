@@ -40,6 +40,7 @@ CLOCKS = {"allowed": (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(
                       "an ascending list of clocks > 0 (MHz); empty only on NVML, which reports them")}
 LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)"),
                  "nullable": True}  # null: what the calibration measured
+FRACTIONS = {"allowed": (lambda v: len(v) > 0 and all(0 < x <= 1 for x in v), "a non-empty list of fractions in (0, 1] of the max clock")}
 PERCENTILES = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1] <= 100, "[lo, hi] with 0 <= lo <= hi <= 100")}
 
 
@@ -52,10 +53,10 @@ class GpuConfig:
     default_mhz: int = field(default=MISSING, metadata=at_least(0))  # clock the GPU runs at when unlocked (the baseline: max clock)
     memory_mhz: int = field(default=0, metadata=at_least(0))
     tdp_w: float = field(default=MISSING, metadata=at_least(0))
-    seed: int = 0  # virtual GPU: deterministic per seed
+    seed: int = field(default=0, metadata=at_least(0))  # virtual GPU: deterministic per seed
     noise: float = field(default=1.0, metadata=at_least(0))  # virtual GPU: multiplier of the physics block's noise sizes (noise_* keys; 1 = the published sizes, 0 = off)
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
-    counters: str = "ncu"  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
+    counters: str = field(default="ncu", metadata=one_of("ncu", "dcgm", "none"))  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
 
 
 # --------------------------------------------------------------------------- workloads
@@ -148,12 +149,12 @@ class CommandWorkload(WorkloadConfig):
 class TraceConfig:
     iterations: int = field(default=3, metadata=at_least(1))  # iterations recorded (after warmup)
     warmup: int = field(default=1, metadata=at_least(0))
-    seed: int = 0
+    seed: int = field(default=0, metadata=at_least(0))
 
 
 @dataclass
 class PackingConfig:
-    delta_max_ms: float = field(default=5.0, metadata=at_least(0))
+    delta_max_ms: float = field(default=5.0, metadata=above(0))
 
 
 @dataclass
@@ -169,7 +170,7 @@ class ModelConfig:
     clock_poll_ms: float = field(default=0.5, metadata=above(0))
     # profile: whole iterations measured at the supported clocks nearest these fractions of the max clock
     # (and at the default), which the fit's time level (per clock) and energy levels match
-    level_fractions: list[float] = field(default_factory=lambda: [0.95, 0.85, 0.7], metadata=NON_EMPTY)
+    level_fractions: list[float] = field(default_factory=lambda: [0.95, 0.85, 0.7], metadata=FRACTIONS)
 
 
 @dataclass
@@ -188,7 +189,7 @@ class ZeusOptions:
 class GeepafsOptions:
     """GEEPAFS's control loop (online; run by validate against the device); the paper's T1, T2, M."""
 
-    probe_fractions: list[float] = field(default_factory=lambda: [0.79, 0.86, 0.94, 1.0], metadata=NON_EMPTY)  # of the max clock (the authors' A100 list: 1110-1410 MHz)
+    probe_fractions: list[float] = field(default_factory=lambda: [0.79, 0.86, 0.94, 1.0], metadata=FRACTIONS)  # of the max clock (the authors' A100 list: 1110-1410 MHz)
     samples_per_clock: int = field(default=2, metadata=at_least(1))  # visits of each probe clock per probing phase (M = this x probes)
     sample_ms: float = field(default=200.0, metadata=above(0))  # T2: one probe sample's interval
     period_ms: float = field(default=15000.0, metadata=above(0))  # T1: the control period (probing, then holding f_opt)
@@ -314,6 +315,9 @@ def _workload_rules(w: dict) -> None:
 
 def _check_node(schema: type, node: dict, prefix: str) -> None:
     hints = typing.get_type_hints(schema)
+    unknown = sorted(set(node) - {f.name for f in dataclasses.fields(schema)})
+    if unknown:  # `+key=value` adds a key no stage reads: a typo the typed config would otherwise let through
+        raise ValueError(f"bad configuration: {prefix + unknown[0]} is not a key of the configuration")
     for f in dataclasses.fields(schema):
         if f.name not in node:
             continue

@@ -3,6 +3,7 @@ allowed range), and holds the one copy of every default."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,12 @@ BAD = [
     ("workload.tp=3", "workload.tp", "2, 4, 8"),
     ("workload.tp=0", "workload.tp", "2, 4, 8"),
     ("workload=pp workload.pp=0", "workload.pp", "2, 4, 8"),
-    ("packing.delta_max_ms=-1", "packing.delta_max_ms", ">= 0"),
+    ("packing.delta_max_ms=0", "packing.delta_max_ms", "> 0"),
+    ("gpu.seed=-1", "gpu.seed", ">= 0"),
+    ("trace.seed=-1", "trace.seed", ">= 0"),
+    ("gpu.counters=xyz", "gpu.counters", "ncu, dcgm, none"),
+    ("model.level_fractions=[5]", "model.level_fractions", "(0, 1]"),
+    ("optimizer=geepafs optimizer.geepafs.probe_fractions=[-1]", "optimizer.geepafs.probe_fractions", "(0, 1]"),
     ("optimizer.change_interval_ms=0", "optimizer.change_interval_ms", "> 0"),
     ("optimizer.change_interval_ms=5", "optimizer.change_interval_ms", "min_interval_ms"),
     ("trace.iterations=0", "trace.iterations", ">= 1"),
@@ -63,6 +69,13 @@ def test_the_defaults_and_every_shipped_choice_pass():
     for overrides in ([], ["workload=pp"], ["workload=offload"], ["workload=command"],
                       ["gpu=h100"], ["gpu=v100"], ["gpu=rtx3080ti"], ["optimizer=static"], ["budget=0"]):
         compose(overrides)
+
+
+@pytest.mark.parametrize("override, key", [("+nosuchkey=1", "nosuchkey"), ("+workload.foo=2", "workload.foo"),
+                                           ("++optimizer.zeus.steps=3", "optimizer.zeus.steps")])
+def test_an_added_key_no_stage_reads_is_one_line(override, key):
+    with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(key)} is not a key of the configuration$"):
+        compose([override])
 
 
 def test_unknown_group_choice_lists_the_choices():
@@ -121,7 +134,7 @@ def test_the_schema_defaults_are_what_a_run_uses():
     [],
     ["workload=pp", "workload.pp=8", "workload.partition=parameter", "optimizer=perseus", "budget=0"],
     ["gpu=h100", "gpu.seed=3", "workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"],
-    ["budget=0.05", "workload=offload", "optimizer=geepafs", "optimizer.budget_solves=3", "+extra=1"],
+    ["budget=0.05", "workload=offload", "optimizer=geepafs", "optimizer.budget_solves=3"],
     ["optimizer.transition_ms=[5,15]", "++budget=0.03", "hydra.job.name=x", "workload.tp=4"],
 ])
 def test_compose_is_hydras_composition_whatever_was_cached_before(overrides):

@@ -130,6 +130,24 @@ def test_failed_stage_leaves_no_trusted_files(tmp_path, monkeypatch):
     assert list(out.iterdir()) == [] and [p.name for p in out.parent.iterdir()] == ["abc"]
 
 
+def test_a_full_disk_while_a_stage_finishes_leaves_the_folder_empty(tmp_path, monkeypatch):
+    import emo.stages as stages
+    import emo.stages.graph as graph_stage
+
+    def full(path, obj):  # the disk fills up as the stage writes what says what its folder holds
+        if Path(path).name == "config.json":
+            raise OSError(28, "No space left on device")
+        Path(path).write_text(str(obj))
+
+    monkeypatch.setattr(graph_stage, "run", lambda cfg, inputs, out: (out / "nodes.parquet").write_text("x") and {})
+    monkeypatch.setattr(stages, "write_json", full)
+    out = tmp_path / "graph" / "abc"
+    params = {"cfg": compose([f"results={tmp_path}"]), "hash": "abc", "covers": {}}
+    with pytest.raises(OSError):
+        run_stage("graph", params, {}, out)
+    assert list(out.iterdir()) == [] and [p.name for p in out.parent.iterdir()] == ["abc"]
+
+
 def emo(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "emo.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 

@@ -62,12 +62,14 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
         metrics = run_in_place(stage, params["cfg"], inputs, tmp)
         metrics[f"{stage}_wall_s"] = round(time.perf_counter() - t0, 3)
         write_json(tmp / "metrics.json", metrics)
-        for item in sorted(tmp.iterdir()):
+        # everything is written before anything moves (a full disk fails here, in the hidden folder);
+        # config.json, which a later run trusts the folder by, moves in last
+        write_json(tmp / "config.json", {"stage": stage, "hash": params["hash"], "covers": params["covers"]})
+        for item in sorted(tmp.iterdir(), key=lambda p: (p.name == "config.json", p.name)):
             target = out / item.name
             if target.is_dir():
                 shutil.rmtree(target)
             os.replace(item, target)
-        write_json(out / "config.json", {"stage": stage, "hash": params["hash"], "covers": params["covers"]})
     except BaseException as e:
         _failed(stage, params, e, tmp, out, log_file)
         raise
