@@ -93,7 +93,7 @@ def latest(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """Rows GPU x workload x budget; a column per method (`ES±sd/PL±sd` over the seeds), EMO's margin
+    """Rows GPU x workload x budget: how many seeds, a column per method (`ES±sd/PL±sd` over them), EMO's margin
     over the static curve, and whether EMO is ahead. `curves`: static validate hash -> the clocks it
     measured (emo.scoring.static_points), when the stage folders are at hand."""
     r = latest(runs)
@@ -114,7 +114,8 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
                 points = [scoring.best_static(seed_curve[int(row["seed"])], bpct)[:2] if int(row["seed"]) in seed_curve
                           else pt for pt, (_, row) in zip(points, g.iterrows())]
             scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
-        out = {"gpu": gpu, "workload": wl, "budget": budget, **{m: s.text(bpct) for m, s in scores.items()}}
+        out = {"gpu": gpu, "workload": wl, "budget": budget, "seeds": cell["seed"].nunique(),
+               **{m: s.text(bpct) for m, s in scores.items()}}
         emo = cell[(cell["method"] == "emo") & cell["seed"].isin(list(seed_curve))]
         out["EMO - static curve"] = "-"
         if len(emo):
@@ -122,10 +123,11 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
                                  [seed_curve[int(sd)] for sd in emo["seed"]])
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
         ok, why = scoring.ahead(scores, bpct)
-        out["EMO ahead"] = "yes" if ok else f"no: {why}"
+        out["EMO ahead"] = ("- (no baseline measured)" if "emo" in scores and len(scores) == 1
+                            else "yes" if ok else f"no: {why}")
         rows.append(out)
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
-    t = t.reindex(columns=[*methods, "EMO - static curve", "EMO ahead"]).fillna("-")
+    t = t.reindex(columns=["seeds", *methods, "EMO - static curve", "EMO ahead"]).fillna("-")
     t.columns.name = "ES% / PL%"
     return t
 
@@ -140,14 +142,29 @@ def static_points(runs: pd.DataFrame, results: Path) -> dict[str, pd.DataFrame]:
     return out
 
 
+def read_result(path: str | Path) -> dict:
+    """Validate's result.json; a file that is not one (cut short, edited) is one line naming it."""
+    try:
+        res = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a complete result ({e.msg} at line {e.lineno}); "
+                         f"delete {Path(path).parent} to measure it again") from None
+    if not isinstance(res, dict) or not ("metrics" in res or "skipped" in res):
+        raise ValueError(f"{path}: not a validate result (no metrics); delete {Path(path).parent} to measure it again")
+    return res
+
+
 def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
     """The runs table from validate's result.json files ((resolved config, validate folder) per job)
-    instead of MLflow: what the pipeline's own summary rule reads."""
+    instead of MLflow: what the pipeline's own summary rule reads. A job validate could not measure
+    (a recorded trace) has no row."""
     from emo.tracking import flatten
 
     frames = []
     for cfg, vdir in jobs:
-        res = json.loads((Path(vdir) / "result.json").read_text())
+        res = read_result(Path(vdir) / "result.json")
+        if "metrics" not in res:
+            continue
         row = {"run_id": Path(vdir).name, "tags.emo.validate.hash": Path(vdir).name,
                **{f"params.{k}": v for k, v in flatten(cfg).items()},
                **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()}}
@@ -201,9 +218,10 @@ def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, lis
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
+    results = Path(jobs[0][2]).parents[1]
+    jobs = [j for j in jobs if "metrics" in read_result(Path(j[2]) / "result.json")]  # measured ones
     runs = results_rows([(cfg, vdir) for _, cfg, vdir in jobs])
     runs["job"] = [name for name, _, _ in jobs]
-    results = Path(jobs[0][2]).parents[1]
     table(runs, static_points(runs, results)).to_csv(out / "compare.tsv", sep="\t")
     cols = ["job", "gpu", "workload", "method", "budget", "es_pct", "pl_pct", "time_error_pct", "energy_error_pct",
             "validate_hash"]

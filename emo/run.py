@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from emo import sweep
 
+    check_flags(args)
     jobs = sweep.expand(args.overrides, args.multirun)
     sw = sweep.build(jobs)  # every job's configuration is checked before any runs
     if args.unlock:
@@ -59,6 +60,20 @@ def main(args: argparse.Namespace) -> int:
             sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """--until and --report, checked before anything runs (Snakemake would fail on them only at the end)."""
+    from emo.stages import STAGES
+
+    if args.until and args.until not in STAGES:
+        raise ValueError(f"--until {args.until}: not a stage (one of {', '.join(STAGES)})")
+    if args.report:
+        report = Path(args.report)
+        if report.suffix not in (".html", ".zip"):
+            raise ValueError(f"--report {args.report}: Snakemake writes a report as .html or .zip")
+        if not report.parent.is_dir():
+            raise ValueError(f"--report {args.report}: no folder {report.parent}")
 
 
 def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:
@@ -146,17 +161,31 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     os.environ[errors.ERRORS_ENV] = reports
     keep_handlers()
     try:
-        parser, args = parse_args(argv)
+        parser, args = quiet_profile_line(parse_args, argv, verbose)
         with sweep.planned(planned):
             ok = bool(args_to_api(args, parser))
         if ok:
             if report:
                 print(f"emo: report {report}", file=sys.stderr)
             return None
-        return failure(errors.read_reports(Path(reports)))
+        return failure(errors.read_reports(Path(reports)), report)
     finally:
         os.environ.pop(errors.ERRORS_ENV, None)
         Path(reports).unlink(missing_ok=True)
+
+
+def quiet_profile_line(parse_args, argv: list[str], verbose: bool):
+    """Snakemake's parse_args, without its "Using workflow specific profile ..." line on every run
+    (kept with --verbose); anything else it prints (a profile's error) still shows."""
+    import io
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            return parse_args(argv)
+    finally:
+        lines = buf.getvalue().splitlines(keepends=True)
+        sys.stderr.write("".join(ln for ln in lines if verbose or not ln.startswith("Using ")))
 
 
 def keep_handlers() -> None:
@@ -171,13 +200,13 @@ def keep_handlers() -> None:
         job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
 
 
-def failure(reports: list[dict]) -> str:
+def failure(reports: list[dict], report: str | None = None) -> str:
     """Print the one line that says what failed: the failing stages' own lines when they reported
     one, else a pointer to Snakemake's log; a stage stopped by a signal means the run was interrupted."""
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
-    lines = [errors.stage_line(r) for r in reports] or [
-        "emo: error: pipeline failed (run with --verbose for Snakemake's log)"]
+    what = f"--report {report}: Snakemake could not write the report" if report else "pipeline failed"
+    lines = [errors.stage_line(r) for r in reports] or [f"emo: error: {what} (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):
         print(line, file=sys.stderr)
     return lines[0].removeprefix("emo: error: ")

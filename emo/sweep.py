@@ -218,22 +218,31 @@ def gpu_for_stage(cfg: dict, gpus: int, results: Path) -> Iterator[list[str]]:
 # --------------------------------------------------------------------------- when the run ends
 def result_line(job: Job) -> str:
     """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing)."""
-    import json
+    from emo.compare import read_result
 
-    res = Path(job.result)
+    res, policy = Path(job.result), job.plans["optimize"].out("policy.json")
+    head = f"emo: {job.name}: "
     if not res.exists():
         done = [s for s, p in job.plans.items() if (p.dir / "config.json").exists()]
-        last = job.plans[done[-1]].dir if done else None
-        return f"emo: {job.name}: no result yet" + (f" (last stage done: {done[-1]}, {last})" if last else "")
-    r = json.loads(res.read_text())
+        rest = [s for s in job.plans if s not in done]
+        return head + f"no result (stages done: {', '.join(done) or 'none'}; not done: {', '.join(rest)})"
+    try:
+        r = read_result(res)
+    except ValueError as e:
+        return head + str(e)
+    cfg = job.cfg
+    what = f"{cfg['optimizer']['name']} on {cfg['gpu']['name']}, budget {100 * cfg['budget']:g} %"
+    if "metrics" not in r:  # validate could not measure it (a recorded trace): the prediction stands
+        pred = (f"predicted ES {r['predicted_es_pct']:.2f} %, PL {r['predicted_pl_pct']:.2f} %"
+                if "predicted_es_pct" in r else "no prediction")
+        where = f"policy {policy}" if Path(policy).exists() else f"result {res}"
+        return head + f"{what}: not measured ({r['skipped'].removeprefix('validate: skipped: ')}); {pred}; {where}"
     m = r["metrics"]
     err = ""
     if "time_error_pct" in m:
         err = f", prediction error {m['time_error_pct']:.2f} % time / {m.get('energy_error_pct', float('nan')):.2f} % energy"
-    policy = job.plans["optimize"].out("policy.json")
     where = f"policy {policy}" if r.get("predicted") is not None and Path(policy).exists() else f"online {r['method']}, result {res}"
-    return (f"emo: {job.name}: {r['method']} on {r['gpu']}, budget {100 * r['budget']:g} %: "
-            f"ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{err}; {where}")
+    return head + f"{what}: ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{err}; {where}"
 
 
 def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_results: bool = True,

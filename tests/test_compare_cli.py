@@ -1,6 +1,8 @@
 """`emo compare`: the ES/PL table and the plots, read back from an MLflow store the way `emo run` fills it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -89,7 +91,7 @@ def test_seeds_give_mean_and_spread_the_measured_static_curve_and_the_margin(tmp
     # the curve: (0, 0), (0.5, 1) from static's own pick, then (15, 21.3): at PL ~1.1 it gives ~1.4
     margin = float(row["EMO - static curve"].split("±")[0])
     assert 9.0 < margin < 10.0
-    assert row["EMO ahead"] == "yes"
+    assert row["EMO ahead"] == "yes" and row["seeds"] == 3
 
 
 def test_two_gpus_are_two_rows_and_two_plots(tmp_path, monkeypatch, capsys):
@@ -114,3 +116,60 @@ def test_workload_labels():
 def test_compare_without_a_store_is_one_line(tmp_path, capsys):
     rc = cli_main(["compare", "--uri", f"sqlite:///{tmp_path}/none.db", "--experiment", "emo"])
     assert rc == 2 and "no MLflow store" in capsys.readouterr().err
+
+
+def test_a_cell_says_how_many_seeds_and_gives_no_verdict_without_a_baseline():
+    runs = pd.DataFrame([{"run_id": str(s), "workload": "TP2", "method": "emo", "budget": 0.02, "gpu": "a100",
+                          "seed": s, "es_pct": 5.0 + s, "pl_pct": 1.0} for s in range(3)])
+    row = table(runs).loc[("a100", "TP2", 0.02)]
+    assert row["seeds"] == 3 and row["emo"] == "6.0±1.0/1.0±0.0"
+    assert row["EMO ahead"] == "- (no baseline measured)"
+
+
+def recorded_result(job, **pred):
+    """What validate leaves for a recorded trace: no measurement, the prediction."""
+    write_json(job.plans["validate"].dir / "result.json",
+               {"skipped": "validate: skipped: a recorded trace cannot be re-run", "method": "emo", **pred})
+
+
+def test_the_summary_leaves_out_unmeasured_jobs_and_names_a_result_cut_short(tmp_path):
+    import re
+
+    from emo.compare import write_summary
+
+    results = tmp_path / "results"
+    measured = fake_job(results, ["optimizer.name=emo"], 10.0, 1.0)
+    rec = fake_job(results, ["optimizer.name=emo", "budget=0.05"], 0.0, 0.0)
+    recorded_result(rec, predicted_es_pct=3.0, predicted_pl_pct=1.0)
+    jobs = [(j.name, j.cfg, str(j.plans["validate"].dir)) for j in (measured, rec)]
+    write_summary(jobs, tmp_path / "summary")
+    assert list(pd.read_csv(tmp_path / "summary/jobs.tsv", sep="\t")["budget"]) == [0.02]
+    write_summary(jobs[1:], tmp_path / "only_recorded")  # nothing measured: empty tables, no plots
+    assert pd.read_csv(tmp_path / "only_recorded/jobs.tsv", sep="\t").empty
+
+    res = measured.plans["validate"].dir / "result.json"
+    res.write_text(res.read_text()[:40])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(res))}: not a complete result"):
+        write_summary(jobs, tmp_path / "summary")
+
+
+def test_each_job_gets_a_line_saying_what_it_has(tmp_path):
+    from emo.sweep import result_line
+
+    results = tmp_path / "results"
+    measured = fake_job(results, ["optimizer.name=zeus"], 10.0, 1.0)
+    assert result_line(measured).endswith(
+        f"zeus on a100, budget 2 %: ES 10.00 %, PL 1.00 %; online zeus, result {measured.result}")
+    rec = fake_job(results, ["optimizer.name=emo", "budget=0.05"], 0.0, 0.0)
+    recorded_result(rec, predicted_es_pct=3.0, predicted_pl_pct=1.25)
+    assert result_line(rec).endswith("emo on a100, budget 5 %: not measured (a recorded trace cannot be re-run); "
+                                     f"predicted ES 3.00 %, PL 1.25 %; result {rec.result}")
+    recorded_result(rec)
+    assert "; no prediction; " in result_line(rec)
+    Path(rec.result).write_text('{"skipped": ')
+    assert f"{rec.result}: not a complete result" in result_line(rec)
+
+    cfg = compose(["budget=0.1", f"results={results}"])
+    fresh = Job(("budget=0.1",), cfg, plan(cfg), "budget=0.1")
+    assert result_line(fresh) == ("emo: budget=0.1: no result (stages done: none; not done: "
+                                  + ", ".join(fresh.plans) + ")")

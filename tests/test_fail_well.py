@@ -63,7 +63,7 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
     assert lines[-1].startswith(f"emo: error: {bad}: truncated or malformed JSON"), r.stderr
     log = next((res / "trace" / "logs").glob("*.log"))
     assert f"(stage trace, log {log})" in lines[-1]
-    assert ".tmp" not in r.stderr and "Traceback" not in r.stderr and len(lines) <= 2
+    assert ".tmp" not in r.stderr and "Traceback" not in r.stderr and len(lines) == 1  # not Snakemake's profile line
     assert "Traceback" in log.read_text()  # the stage log is never empty
     assert [p.name for p in (res / "trace").iterdir()] == ["logs"]  # nothing half-written, no empty folder
     (run,) = runs(res)
@@ -73,6 +73,21 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
             cwd=tmp_path)
     assert v.returncode == 1 and "Traceback" in v.stderr, v.stderr[-2000:]
     assert v.stderr.strip().splitlines()[-1] == lines[-1], v.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--until", "nosuch"], "--until nosuch: not a stage (one of trace, graph, calibrate,"),
+    (["--report", "x.txt"], "--report x.txt: Snakemake writes a report as .html or .zip"),
+    (["--report", "nodir/x.html"], "--report nodir/x.html: no folder nodir"),
+])
+def test_run_flags_are_checked_before_anything_runs(tmp_path, monkeypatch, capsys, flags, says):
+    from emo.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["run", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"emo: error: {says}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp_path, monkeypatch):
