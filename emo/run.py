@@ -57,7 +57,10 @@ def main(args: argparse.Namespace) -> int:
             return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
         if not args.dry_run:
-            sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
+            try:
+                sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
+            except ValueError as logging_failed:  # the store: said, but the interrupt is what ended the run
+                print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
 

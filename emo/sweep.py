@@ -96,6 +96,10 @@ def build(job_overrides: list[list[str]]) -> Sweep:
         cfg = compose(o)
         jobs.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
     jobs = tuple(jobs)
+    from emo.tracking import check_uri
+
+    for tracking in {j.cfg["tracking"]["uri"]: j.cfg["tracking"] for j in jobs if j.cfg["tracking"]["enabled"]}.values():
+        check_uri(tracking)
     roots = {Path(j.cfg["results"]) for j in jobs}
     if len(roots) != 1:
         raise ValueError(f"results: a sweep writes into one results folder, not {len(roots)} ({', '.join(sorted(map(str, roots)))})")
@@ -250,12 +254,13 @@ def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_resu
     """The one writer when a Snakemake run ends (emo run, or the Snakefile's onsuccess/onerror for
     plain `snakemake`): log every job to MLflow from its stage folders (a job without its result ends
     FAILED, or KILLED when a signal stopped the run, with `error` as its emo.error tag), then print
-    its result line."""
+    its result line (also when MLflow failed: its error comes after, the results are in their folders)."""
     from emo import tracking
 
-    ids = tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs},
-                             error=error, killed=killed)
-    if print_results:
-        for job in sw.jobs:
-            print(result_line(job), flush=True)
-    return ids
+    try:
+        return tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs},
+                                  error=error, killed=killed)
+    finally:
+        if print_results:
+            for job in sw.jobs:
+                print(result_line(job), flush=True)

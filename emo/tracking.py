@@ -33,6 +33,49 @@ def tracking_uri(tracking_cfg: dict) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg["uri"]
 
 
+# the stores MLflow itself knows (mlflow.tracking._tracking_service.utils); plugins add theirs by entry point
+SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc"}
+
+
+def check_uri(tracking_cfg: dict) -> None:
+    """Refuse, before any stage runs, a URI no MLflow store answers to (importing MLflow takes seconds)."""
+    from importlib.metadata import entry_points
+    from urllib.parse import urlparse
+
+    uri = tracking_uri(tracking_cfg)
+    scheme = urlparse(uri).scheme.split("+")[0]  # postgresql+psycopg2://
+    if scheme not in SCHEMES | {e.name for e in entry_points(group="mlflow.tracking_store")}:
+        key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
+        raise ValueError(f"{key}: {uri!r} is not an MLflow tracking URI (e.g. sqlite:///results/mlflow.db, "
+                         "http://host:5000)")
+
+
+# a tracking server that does not answer: a few tries, then one line (MLflow's own default retries for minutes)
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+@contextlib.contextmanager
+def store_errors(uri: str):
+    """The store's failures as one line naming it: a file that is not an MLflow database, a full disk,
+    a server that does not answer (its retries counted, see HTTP_DEFAULTS)."""
+    for k, v in HTTP_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    where = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
+    try:
+        yield
+    except ValueError:
+        raise
+    except OSError as e:
+        if e.filename:
+            raise
+        raise ValueError(f"{where}: {e.strerror or e}") from e
+    except Exception as e:  # MlflowException, sqlalchemy's DatabaseError, requests' ConnectionError
+        if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "requests", "urllib3", "sqlite3"):
+            raise
+        text = " ".join(str(getattr(e, "orig", None) or e).split())[:300]
+        raise ValueError(f"{where}: the MLflow store failed: {text}") from e
+
+
 def open_store(tracking_cfg: dict):
     """(an MlflowClient on the store, the experiment's id), creating the experiment when it is new.
     No global state: mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI to this process and its
@@ -44,7 +87,7 @@ def open_store(tracking_cfg: dict):
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
     if store:
         store.mkdir(parents=True, exist_ok=True)
-    with _store_lock(store):  # the first access creates MLflow's tables: one process at a time
+    with _store_lock(store), store_errors(uri):  # the first access creates MLflow's tables: one process at a time
         db = Path(uri.removeprefix("sqlite:///")) if store else None
         if db is not None and not db.exists():
             _copy_empty_store(db)
@@ -71,26 +114,40 @@ def _copy_empty_store(db: Path) -> None:
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "emo"
     empty = cache / f"mlflow-{mlflow.__version__}-empty.db"
-    if not empty.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".{empty.name}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
-        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()  # creates and migrates it
-        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
-            con.execute("DELETE FROM experiments")
-        os.replace(tmp, empty)  # whole or not at all: processes making it at once each write their own
+    tmp = cache / f".{empty.name}.{os.getpid()}.tmp"
+    try:
+        if not empty.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp.unlink(missing_ok=True)
+            MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()  # creates and migrates it
+            with contextlib.closing(sqlite3.connect(tmp)) as con, con:
+                con.execute("DELETE FROM experiments")
+            os.replace(tmp, empty)  # whole or not at all: processes making it at once each write their own
+    except Exception:  # no room or no right in the cache: MLflow makes the store itself, slower
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return
     part = db.with_name(f".{db.name}.{os.getpid()}.tmp")
-    shutil.copyfile(empty, part)
-    os.replace(part, db)
+    try:
+        shutil.copyfile(empty, part)
+        os.replace(part, db)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(db)) from e
 
 
 def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":
     """Every run of the experiment, newest first, as mlflow.search_runs frames them (run_id, status,
     params.*, metrics.*, tags.*), without touching MLflow's global tracking URI."""
-    import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=uri)
+    with store_errors(uri):
+        return _search(MlflowClient(tracking_uri=uri), uri, experiment, filter_string)
+
+
+def _search(c, uri: str, experiment: str, filter_string: str) -> "pd.DataFrame":
+    import pandas as pd
+
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
@@ -178,6 +235,12 @@ def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: di
     emo.error tag. Returns {job name: run id}."""
     if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
         return {}
+    with store_errors(tracking_uri(jobs[0].cfg["tracking"])):
+        return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed)
+
+
+def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[str, list[Path]] | None,
+               *, error: str | None, killed: bool) -> dict[str, str]:
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None

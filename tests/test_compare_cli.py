@@ -173,3 +173,15 @@ def test_each_job_gets_a_line_saying_what_it_has(tmp_path):
     fresh = Job(("budget=0.1",), cfg, plan(cfg), "budget=0.1")
     assert result_line(fresh) == ("emo: budget=0.1: no result (stages done: none; not done: "
                                   + ", ".join(fresh.plans) + ")")
+
+
+def test_the_result_lines_come_also_when_mlflow_fails(tmp_path, capsys):
+    from emo import sweep
+
+    results = tmp_path / "results"
+    fake_job(results, ["optimizer.name=zeus"], 10.0, 1.0)
+    sw = sweep.build([["optimizer.name=zeus", f"results={results}"]])
+    (results / "mlflow.db").write_text("not a database")
+    with pytest.raises(ValueError, match=r"mlflow.db: the MLflow store failed: file is not a database"):
+        sweep.finish(sw, None)
+    assert "ES 10.00 %, PL 1.00 %" in capsys.readouterr().out

@@ -81,6 +81,53 @@ def test_a_fresh_mlflow_store_is_a_copy_of_one_empty_store(tmp_path, monkeypatch
         assert [(r.info.run_name, r.data.metrics) for r in runs] == [(name, {"x": 1.0})]
 
 
+def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A URI no store answers to, before anything runs; a file that is not a database, a server that
+    does not answer (a counted number of tries), a full disk while the store is made: one line each,
+    nothing left half-written."""
+    import errno
+    import shutil
+
+    from emo import tracking
+
+    with pytest.raises(ValueError, match=r"^tracking.uri: 'foo://bar' is not an MLflow tracking URI"):
+        sweep.build(sweep.expand([f"results={tmp_path}", "tracking.uri=foo://bar"], False))
+    sweep.build(sweep.expand([f"results={tmp_path}", "tracking.uri=foo://bar", "tracking.enabled=false"], False))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nope://x")
+    with pytest.raises(ValueError, match=r"^MLFLOW_TRACKING_URI: 'nope://x' is not"):
+        sweep.build(sweep.expand([f"results={tmp_path}"], False))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+    bad = tmp_path / "bad" / "mlflow.db"
+    bad.parent.mkdir()
+    bad.write_text("not a database")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: the MLflow store failed: file is not a database"):
+        tracking.search(f"sqlite:///{bad}", "emo")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    with pytest.raises(ValueError, match=r"^http://127.0.0.1:9: the MLflow store failed: .*Max retries exceeded"):
+        tracking.search("http://127.0.0.1:9", "emo")  # port 9 (discard): refused at once
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == tracking.HTTP_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real = shutil.copyfile
+
+    def full(src, dst):
+        real(src, dst)
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    db = tmp_path / "full" / "mlflow.db"
+    with pytest.raises(OSError, match="No space left") as e:
+        tracking.open_store({"uri": f"sqlite:///{db}", "experiment": "emo"})
+    assert e.value.filename == str(db) and sorted(p.name for p in db.parent.iterdir()) == [".mlflow.lock"]
+    monkeypatch.undo()
+    (tmp_path / "nocache").write_text("")  # a file where the cache folder would be: no cache, MLflow makes the store
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "nocache"))
+    client, exp = tracking.open_store({"uri": f"sqlite:///{db}", "experiment": "emo"})
+    assert client.get_experiment(exp).name == "emo"
+
+
 def job_stats(out: str) -> dict[str, int]:
     block = out[out.index("Job stats:"):].split("\n\n")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
