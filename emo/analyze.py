@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,11 +107,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ValueError(f"{args.perfetto}: cannot write ({e.strerror or e})") from None
     text = json.dumps(a.summary, default=str) if args.json else _text(a.summary)
-    try:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader went away (`emo analyze X | head -1`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    from emo.errors import write_stdout
+
+    write_stdout(text + "\n")
     return 0
 
 

@@ -58,6 +58,15 @@ def one_line(e: BaseException, replace: dict[str, str] | None = None) -> str:
     return " ".join(text.split()) or type(e).__name__  # one line, whatever the message held
 
 
+def write_stdout(text: str) -> None:
+    """A command's output; a reader that went away (`emo ... | head -1`) is not an error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+
+
 def report(stage: str, line: str, log_file: str | None, *, killed: bool = False) -> None:
     """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake."""
     record = {"stage": stage, "error": line, "log": log_file, "killed": killed}

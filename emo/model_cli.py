@@ -28,6 +28,29 @@ def read_table(path: str | Path, option: str):
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
+def check_table(df, option: str, path: str, *, curves: bool) -> None:
+    """What the model cannot take from a file, named by file, row and column: a value that is not
+    finite (NaN stays: a counter not measured), or, in a table of `curves` (the benchmarks), one
+    clock only."""
+    import numpy as np
+
+    num = df.select_dtypes("number")
+    bad = np.isinf(num.to_numpy(dtype=float))
+    if bad.any():
+        i, j = map(int, np.argwhere(bad)[0])
+        who = f"{df['name'].iloc[i]} at {df['sm_mhz'].iloc[i]} MHz" if {"name", "sm_mhz"} <= set(df) else f"row {i + 1}"
+        raise ValueError(f"{option} {path}: {who} has {num.columns[j]}={num.iat[i, j]} (must be finite)")
+    if curves and "sm_mhz" in df and df["sm_mhz"].nunique() == 1:
+        raise ValueError(f"{option} {path}: every row is at {df['sm_mhz'].iloc[0]} MHz; the model needs several clocks")
+
+
+# the names fit_predict's messages start with -> the options and files the user gave
+def _where(args) -> dict[str, str]:
+    return {"bench and targets:": f"--bench {args.bench} and --targets {args.targets}:",
+            "bench:": f"--bench {args.bench}:", "targets:": f"--targets {args.targets}:",
+            "ref-mhz:": "--ref-mhz", "pairs:": "--pair", "overlap:": "--overlap"}
+
+
 def _pairs(items: list[str] | None) -> list[tuple[str, str]]:
     out = []
     for it in items or []:
@@ -59,28 +82,47 @@ def register(subparsers) -> None:
 def _cmd_fit(args) -> int:
     from emo.model.kernels import fit_predict
 
-    res = fit_predict(read_table(args.bench, "--bench"), read_table(args.targets, "--targets"),
-                      counters=args.counters, ref_mhz=args.ref_mhz, idle=args.idle, pairs=_pairs(args.pair),
-                      overlap=args.overlap)
+    tables = {}
+    for option, path in (("--bench", args.bench), ("--targets", args.targets)):
+        tables[option] = read_table(path, option)
+        check_table(tables[option], option, path, curves=option == "--bench")
+    try:
+        res = fit_predict(tables["--bench"], tables["--targets"], counters=args.counters, ref_mhz=args.ref_mhz,
+                          idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap)
+    except ValueError as e:
+        text = str(e)
+        head = next((h for h in _where(args) if text.startswith(h)), None)
+        raise (ValueError(_where(args)[head] + text.removeprefix(head)) if head else e) from None
     if args.out:
-        from emo.io import atomic_path
-
-        out = Path(args.out)
-        with atomic_path(out) as tmp:
-            if out.suffix in (".parquet", ".pq"):
-                res.predictions.to_parquet(tmp, index=False)
-            else:
-                res.predictions.to_csv(tmp, index=False)
+        _write(res.predictions, Path(args.out))
     if args.json:
-        json.dump(res.to_json(), sys.stdout)
-        sys.stdout.write("\n")
+        from emo.errors import write_stdout
+
+        write_stdout(json.dumps(res.to_json()) + "\n")
         return 0
     n = res.predictions["name"].nunique()
     print(f"{n} targets, reference {res.reference_mhz} MHz, features: {', '.join(res.features) or 'none'}")
     for note in res.notes:
         print(f"note: {note}")
+    pred = res.predictions
+    if not (~pred["anchor"] & pred.filter(like="measured_").notna().any(axis=1)).any():
+        print("note: no target is measured away from its anchor clock: predictions only (--out), nothing scored")
     for q in ("time", "energy", "power"):
         row = {m: s.get(f"mape_{q}_pct") for m, s in res.scores.items()}
         if row["emo"] is not None:
             print(f"MAPE {q:6s} %: emo {row['emo']:.2f}  mean curve {row['mean_curve']:.2f}  nnls {row['nnls']:.2f}")
     return 0
+
+
+def _write(predictions, out: Path) -> None:
+    """--out, whole or not at all; a failure names the file the user asked for, not its temporary copy."""
+    from emo.io import atomic_path
+
+    try:
+        with atomic_path(out) as tmp:
+            if out.suffix in (".parquet", ".pq"):
+                predictions.to_parquet(tmp, index=False)
+            else:
+                predictions.to_csv(tmp, index=False)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write ({e.strerror or e})") from None

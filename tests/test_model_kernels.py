@@ -125,3 +125,47 @@ def test_bad_tables_get_one_line(sim_ncu, tmp_path, capsys):
     assert main(["model", "fit", "--bench", str(tmp_path / "bad.csv"), "--targets", str(tmp_path / "bad.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bench" in err[0]
+
+
+def test_the_cli_names_the_users_file_for_what_the_model_cannot_take(sim_ncu, tmp_path, capsys):
+    bench, targets = sim_ncu
+    f = bench["sm_mhz"].max()
+
+    def fit(b, t, *extra):
+        bp, tp = tmp_path / "b.csv", tmp_path / "t.csv"
+        b.to_csv(bp, index=False)
+        t.to_csv(tp, index=False)
+        rc = main(["model", "fit", "--bench", str(bp), "--targets", str(tp), *extra])
+        out, err = capsys.readouterr()
+        return rc, out, err.strip(), bp, tp
+
+    rc, _, err, bp, _ = fit(bench.assign(**{"dram__bytes_read.sum": np.inf}), targets)
+    assert rc == 2 and err.startswith(f"emo: error: --bench {bp}: ") and "dram__bytes_read.sum=inf (must be finite)" in err
+    t = targets.copy()
+    t.loc[t.index[3], "power_w"] = np.inf
+    rc, _, err, _, tp = fit(bench, t)
+    assert rc == 2 and err.startswith(f"emo: error: --targets {tp}: ") and "power_w=inf" in err
+    rc, _, err, bp, _ = fit(bench[bench["sm_mhz"] == f], targets)
+    assert rc == 2 and err == f"emo: error: --bench {bp}: every row is at {f} MHz; the model needs several clocks"
+    rc, _, err, _, tp = fit(bench, targets.drop(columns=["dram__bytes_read.sum"]))  # the model's own check
+    assert rc == 2 and err.startswith(f"emo: error: --targets {tp}: missing counter column")
+    rc, _, err, _, _ = fit(bench, targets, "--ref-mhz", "1")
+    assert rc == 2 and err.startswith("emo: error: --ref-mhz 1 MHz is not a benchmark clock")
+
+    rc, out, _, _, _ = fit(bench, targets[targets["sm_mhz"] == f])  # one measurement each: predict, score nothing
+    assert rc == 0 and "nothing scored" in out and "MAPE" not in out
+    rc, _, err, bp, _ = fit(bench, targets, "--out", str(tmp_path / "b.csv" / "x.csv"))  # under a file
+    assert rc == 2 and err.startswith(f"emo: error: --out {bp / 'x.csv'}: cannot write (") and ".tmp" not in err
+
+
+def test_json_to_a_reader_that_goes_away_is_not_an_error(sim_ncu, tmp_path):
+    import subprocess
+    import sys
+
+    bench, targets = sim_ncu
+    bench.to_csv(tmp_path / "b.csv", index=False)
+    targets.to_csv(tmp_path / "t.csv", index=False)
+    cmd = f"{sys.executable} -m emo.cli model fit --bench b.csv --targets t.csv --json | head -c 20"
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=tmp_path, capture_output=True, text=True,
+                       env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0 and r.stdout.startswith('{"reference_mhz"') and r.stderr == "", r.stderr
