@@ -105,3 +105,19 @@ def cleanup(results: Path) -> list[Path]:
                     p.rmdir()
                     removed.append(p)
     return removed
+
+
+def stop_with_parent() -> None:
+    """A stage process ends when the run that started it dies, also by kill -9: on Linux the kernel
+    sends it SIGTERM (PR_SET_PDEATHSIG), which a stage handles as Ctrl-C (it removes its hidden
+    folder). Otherwise it would run on beside the next run, which takes its folder for a dead one's."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -230,6 +230,26 @@ def test_kill_9_then_the_next_run_works_and_cleans_up(tmp_path):
     assert [d.name for d in (res / "calibrate").iterdir() if d.name != "logs"] == []  # the empty folder too
 
 
+def test_kill_9_of_emo_run_alone_stops_its_stages_too(tmp_path):
+    """`kill -9 PID` reaches emo run only: its running stage must not outlive it (it would run on
+    beside the next run, which removes its hidden folder as a dead run's)."""
+    import psutil
+
+    res = tmp_path / "results"
+    p = spawn("run", "--until", "calibrate", f"results={res}", "-c", "1", cwd=tmp_path)
+    wait_for(lambda: _calibrate_started(res))
+    stages = psutil.Process(p.pid).children(recursive=True)
+    assert stages
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    gone, alive = psutil.wait_procs(stages, timeout=15)  # a calibration runs longer than that
+    for proc in alive:
+        proc.kill()
+    assert not alive
+    assert not list((res / "calibrate").glob("*/config.json"))  # stopped, not run to its end
+    assert not list((res / "calibrate").glob(".*.tmp"))  # the stage removed its own hidden folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_run_with_one_line_and_128_plus_signal(tmp_path, sig):

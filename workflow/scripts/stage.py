@@ -1,10 +1,13 @@
 # The one adapter every rule runs: the rule's name is the stage (emo/stages/<rule>.py), the {hash}
 # wildcard its folder; a GPU-touching rule runs on the GPU(s) it holds (emo.sweep.gpu_for_stage), and
-# numba uses the threads Snakemake gave the rule.
+# numba uses the threads Snakemake gave the rule; the stage stops when the run that started it dies.
 import os
 import sys
 from pathlib import Path
 
+from emo.locks import stop_with_parent
+
+stop_with_parent()
 os.environ["NUMBA_NUM_THREADS"] = str(snakemake.threads)  # the rule's threads, before numba is imported
 from emo.stages import run_script
 from emo.sweep import gpu_for_stage
