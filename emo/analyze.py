@@ -46,7 +46,10 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
             events = events[mine].reset_index(drop=True)
         if events.empty:
             raise ValueError(f"{path}: no events on rank {rank}")
-    window = clip_window(events, annotation, instance) if annotation else events
+    try:
+        window = clip_window(events, annotation, instance) if annotation else events
+    except ValueError as e:  # which file the annotation is missing from, and the option that named it
+        raise ValueError(f"{path}: --annotation {annotation!r}: {str(e).removeprefix(f'annotation {annotation!r} ')}") from None
     try:
         graph = build_graph(window)
         compiled = compile_graph(graph)

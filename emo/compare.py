@@ -272,7 +272,13 @@ def main(args: argparse.Namespace) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(t.to_string())
     if args.csv:
-        latest(runs).drop(columns=["results"]).to_csv(args.csv, index=False)
+        from emo.io import atomic_path
+
+        try:
+            with atomic_path(args.csv) as tmp:
+                latest(runs).drop(columns=["results"]).to_csv(tmp, index=False)
+        except OSError as e:
+            raise ValueError(f"--csv {args.csv}: cannot write ({e.strerror or e})") from None
     if args.plots:
         from emo.plots import plot_energy_time, plot_timeline
 

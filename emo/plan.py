@@ -39,23 +39,73 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     value (`budget=0.05`) on the merged tree. The merged tree is cached per set of group choices,
     so a sweep of hundreds of jobs over a few workloads and methods builds only a few of them;
     the values are set with Hydra's own override code, so the result is what `compose` gives."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from emo.config import check
 
     conf = Path(config_dir or ROOT / "conf")
+    cfg = None
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = _parse(list(overrides))
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise ValueError(f"bad configuration: {sweeps[0]}: several values are a sweep; run it with -m")
         groups = tuple(o.input_line for o in parsed if not _plain_value(o, conf))
         cfg = copy.deepcopy(_merged(str(conf), groups))
         _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(f"bad configuration: {_one_line(e)}") from None
+        raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
     check(out)
     return out
+
+
+def _parse(overrides: list[str]) -> list:
+    """Hydra's parse of the overrides; a value its grammar cannot read is named, with what to do."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    try:
+        return parser.parse_overrides(overrides)
+    except OverrideParseException as e:
+        line = next((ln for ln in overrides if not _parses(parser, ln)), _one_line(e))
+        hint = ("; give the full path, or leave the ~ outside quotes for the shell to expand" if "=~" in line
+                else "; quote the value, e.g. 'key=\"a value\"'")
+        raise ValueError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
+
+
+def _parses(parser, line: str) -> bool:
+    from hydra.errors import OverrideParseException
+
+    try:
+        parser.parse_overrides([line])
+        return True
+    except OverrideParseException:
+        return False
+
+
+def _unknown_key(e: Exception, cfg) -> str | None:
+    """`x.y is not a key of the configuration` (and the nearest keys) for a value set on no key."""
+    import difflib
+    import re
+
+    m = re.match(r"Could not override '([^']+)'", str(e))
+    if not m or "not in" not in str(e.__cause__ or ""):
+        return None
+    key = m.group(1)
+    keys = [k for k, _ in _leaves(OmegaConf.to_container(cfg, resolve=False))] if cfg is not None else []
+    near = difflib.get_close_matches(key, keys, n=3)
+    return f"{key} is not a key of the configuration" + (f" (did you mean {', '.join(near)}?)" if near else "")
+
+
+def _leaves(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
 
 
 def _plain_value(o, conf: Path) -> bool:

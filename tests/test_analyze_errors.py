@@ -57,6 +57,12 @@ def nsys_copy(tmp_path: Path, *sql: str) -> Path:
     return p
 
 
+def test_an_annotation_the_trace_lacks_names_the_file_and_the_option(capsys):
+    code, _, err = analyze([ES1, "--annotation", "NoSuch"], capsys)
+    assert code == 2
+    one_line(err, f"{ES1}: --annotation 'NoSuch': instance 0 not found on rank 0 (0 instance(s))")
+
+
 def test_nsys_missing_column(tmp_path, capsys):
     p = nsys_copy(tmp_path, "alter table CUPTI_ACTIVITY_KIND_KERNEL drop column demangledName")
     code, _, err = analyze([p], capsys)

@@ -185,3 +185,13 @@ def test_the_result_lines_come_also_when_mlflow_fails(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"mlflow.db: the MLflow store failed: file is not a database"):
         sweep.finish(sw, None)
     assert "ES 10.00 %, PL 1.00 %" in capsys.readouterr().out
+
+
+def test_a_csv_that_cannot_be_written_is_one_line(store, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    rc = cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "afile" / "runs.csv")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"emo: error: --csv {tmp_path / 'afile' / 'runs.csv'}: cannot write (") \
+        and err.count("\n") == 1, err
+    assert cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "new" / "runs.csv")) == len(CELLS)

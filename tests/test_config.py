@@ -78,6 +78,19 @@ def test_an_added_key_no_stage_reads_is_one_line(override, key):
         compose([override])
 
 
+@pytest.mark.parametrize("override, says", [
+    ("nosuchkey=1", "nosuchkey is not a key of the configuration"),
+    ("budgte=0.1", "budgte is not a key of the configuration (did you mean budget?)"),
+    ("budget=0.02,0.05", "budget=0.02,0.05: several values are a sweep; run it with -m"),
+    ("workload.path=~/x.json", "workload.path=~/x.json: Hydra cannot parse this override; give the full path, or "
+                               "leave the ~ outside quotes for the shell to expand"),
+    ("budget=[1", "budget=[1: Hydra cannot parse this override; quote the value"),
+])
+def test_an_override_hydra_cannot_use_says_what_to_do(override, says):
+    with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(says)}"):
+        compose(["workload=recorded", override])
+
+
 def test_unknown_group_choice_lists_the_choices():
     with pytest.raises(ValueError) as e:
         compose(["gpu=nosuch"])
