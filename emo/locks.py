@@ -107,6 +107,9 @@ def cleanup(results: Path) -> list[Path]:
     return removed
 
 
+RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.run)
+
+
 def stop_with_parent() -> None:
     """A stage process ends when the run that started it dies, also by kill -9: on Linux the kernel
     sends it SIGTERM (PR_SET_PDEATHSIG), which a stage handles as Ctrl-C (it removes its hidden
@@ -119,5 +122,22 @@ def stop_with_parent() -> None:
         return
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the call
+    # the run may have died before the call (Python's start-up and Snakemake's preamble take a while):
+    # the parent read above is then already the reaper, so ask after the run itself
+    if os.getppid() != parent or not run_alive(os.environ.get(RUN_ENV, "")):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_alive(run: str) -> bool:
+    """False only when `run` ("host:pid") is a process of this machine that is gone (or a zombie);
+    True when it is unknown (a plain `snakemake`) or on another machine (a cluster job)."""
+    import socket
+
+    host, _, pid = run.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -57,6 +57,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
+    removed = [o.input_line for o in parsed if o.is_delete()]
+    if removed:  # `~key`: Hydra lets a top-level key go, but every stage reads the whole configuration
+        raise ValueError(f"bad configuration: {removed[0]}: {removed[0][1:]} is required; set it instead")
     check(out)
     return out
 

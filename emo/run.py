@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.dry_run:
             try:
                 sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
-            except ValueError as logging_failed:  # the store: said, but the interrupt is what ended the run
+            except (ValueError, OSError) as logging_failed:  # the store: said, but the interrupt is what ended the run
                 print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
@@ -131,6 +131,7 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     (the Snakefile then does not plan them again). Snakemake's own lock is off: emo.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
+    import socket
     import tempfile
 
     from snakemake.cli import args_to_api, parse_args
@@ -162,6 +163,7 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     fd, reports = tempfile.mkstemp(prefix="emo-errors-", suffix=".jsonl")
     os.close(fd)
     os.environ[errors.ERRORS_ENV] = reports
+    os.environ[locks.RUN_ENV] = f"{socket.gethostname()}:{os.getpid()}"  # the stages watch it (locks.stop_with_parent)
     keep_handlers()
     try:
         parser, args = quiet_profile_line(parse_args, argv, verbose)
@@ -174,6 +176,7 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         return failure(errors.read_reports(Path(reports)), report)
     finally:
         os.environ.pop(errors.ERRORS_ENV, None)
+        os.environ.pop(locks.RUN_ENV, None)
         Path(reports).unlink(missing_ok=True)
 
 

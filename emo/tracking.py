@@ -69,8 +69,8 @@ def store_errors(uri: str):
         if e.filename:
             raise
         raise ValueError(f"{where}: {e.strerror or e}") from e
-    except Exception as e:  # MlflowException, sqlalchemy's DatabaseError, requests' ConnectionError
-        if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "requests", "urllib3", "sqlite3"):
+    except Exception as e:  # MlflowException, sqlalchemy's DatabaseError, alembic's unknown revision, requests' ConnectionError
+        if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "sqlite3"):
             raise
         text = " ".join(str(getattr(e, "orig", None) or e).split())[:300]
         raise ValueError(f"{where}: the MLflow store failed: {text}") from e

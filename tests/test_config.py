@@ -78,6 +78,12 @@ def test_an_added_key_no_stage_reads_is_one_line(override, key):
         compose([override])
 
 
+@pytest.mark.parametrize("override, key", [("~tracking", "tracking"), ("~budget", "budget")])
+def test_a_key_an_override_removed_is_one_line(override, key):
+    with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(override)}: {key} is required; set it instead$"):
+        compose([override])
+
+
 @pytest.mark.parametrize("override, says", [
     ("nosuchkey=1", "nosuchkey is not a key of the configuration"),
     ("budgte=0.1", "budgte is not a key of the configuration (did you mean budget?)"),

@@ -250,6 +250,48 @@ def test_kill_9_of_emo_run_alone_stops_its_stages_too(tmp_path):
     assert not list((res / "calibrate").glob(".*.tmp"))  # the stage removed its own hidden folder
 
 
+def test_a_stage_whose_run_died_before_it_watched_stops_at_once():
+    """kill -9 of emo run between its forking a stage and the stage's prctl: the stage's parent is
+    already the reaper, so it asks after the run itself (locks.RUN_ENV); a live run, a run on another
+    machine (a cluster job) or none (plain snakemake) lets it run."""
+    import socket
+
+    import psutil
+
+    from emo import locks
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", ""])  # exited, not yet waited for
+    wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE)
+    host = socket.gethostname()
+    stage = [sys.executable, "-c", "from emo.locks import stop_with_parent; stop_with_parent(); print('ran')"]
+    for run, ran in [(f"{host}:{dead.pid}", False), (f"{host}:{zombie.pid}", False), (f"{host}:{os.getpid()}", True),
+                     (f"elsewhere:{dead.pid}", True), ("", True)]:
+        p = subprocess.run(stage, env={**os.environ, locks.RUN_ENV: run}, capture_output=True, text=True, timeout=60)
+        assert (p.returncode, p.stdout.strip()) == ((0, "ran") if ran else (-signal.SIGTERM, "")), (run, p.stderr)
+    zombie.wait()
+
+
+def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(tmp_path, monkeypatch, capsys):
+    """Logging the KILLED run may fail too (a store folder it may not write): said in one line, but
+    the interrupt is what ended the run, so its line and 128 + signal stay."""
+    from emo import cli, errors, run, sweep
+
+    def interrupted(*a, **k):
+        raise errors.Interrupted(signal.SIGTERM)
+
+    def store_fails(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "store"))
+
+    monkeypatch.setattr(run, "run_jobs", interrupted)
+    monkeypatch.setattr(sweep, "finish", store_fails)
+    assert cli.main(["run", f"results={tmp_path / 'r'}"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"emo: error: {tmp_path / 'store'}: Permission denied"
+    assert err[-1].startswith("emo: interrupted (SIGTERM)") and len(err) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_run_with_one_line_and_128_plus_signal(tmp_path, sig):

@@ -85,8 +85,10 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
     """A URI no store answers to, before anything runs; a file that is not a database, a server that
     does not answer (a counted number of tries), a full disk while the store is made: one line each,
     nothing left half-written."""
+    import contextlib
     import errno
     import shutil
+    import sqlite3
 
     from emo import tracking
 
@@ -103,6 +105,14 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
     bad.write_text("not a database")
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: the MLflow store failed: file is not a database"):
         tracking.search(f"sqlite:///{bad}", "emo")
+    newer = tmp_path / "newer" / "mlflow.db"  # made by an MLflow newer than this one (alembic's revision)
+    newer.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(newer)) as db:
+        db.execute("create table alembic_version (version_num varchar(32) not null primary key)")
+        db.execute("insert into alembic_version values ('deadbeef0000')")
+        db.commit()
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(newer))}: the MLflow store failed: .*'deadbeef0000'"):
+        tracking.search(f"sqlite:///{newer}", "emo")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     with pytest.raises(ValueError, match=r"^http://127.0.0.1:9: the MLflow store failed: .*Max retries exceeded"):
