@@ -6,7 +6,7 @@ import contextlib
 import gzip
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Iterator
 
@@ -18,8 +18,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it to `path`, on error remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    # not mkstemp: its files are 0600, where a results folder is read by whoever the umask lets
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield Path(tmp)
         os.replace(tmp, path)

@@ -128,6 +128,22 @@ def test_read_only_results_folder_is_one_line(tmp_path):
 
 
 # --------------------------------------------------------------------------- locks and concurrency
+def test_stage_files_are_as_readable_as_the_umask_lets(tmp_path):
+    """Written through a temporary name, yet with the mode a plain open gives (mkstemp's is 0600):
+    a results folder on a shared box is read by the others the umask lets."""
+    from emo.io import write_json
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})
+        os.umask(0o077)
+        write_json(tmp_path / "b.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert [oct((tmp_path / n).stat().st_mode & 0o777) for n in ("a.json", "b.json")] == ["0o644", "0o600"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
