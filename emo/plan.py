@@ -12,6 +12,7 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         groups = tuple(o.input_line for o in parsed if not _plain_value(o, conf))
         cfg = copy.deepcopy(_merged(str(conf), groups))
         _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
+        _expand_home(cfg)
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
@@ -129,6 +131,18 @@ def _merged(conf: str, groups: tuple[str, ...]):
     register()
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(groups))
+
+
+PATH_KEYS = ("results", "workload.path")
+
+
+def _expand_home(cfg) -> None:
+    """`~` in a path value Hydra quoted (`'results="~/r"'`), which no shell expanded: as the user's
+    home, not a folder named `~` (before interpolation, so tracking.uri's ${results} sees it too)."""
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        if isinstance(value, str) and value.startswith("~"):
+            OmegaConf.update(cfg, key, os.path.expanduser(value))
 
 
 def _apply_values(values, cfg) -> None:

@@ -78,6 +78,13 @@ def test_an_added_key_no_stage_reads_is_one_line(override, key):
         compose([override])
 
 
+def test_a_home_path_hydra_quoted_is_the_home_not_a_folder_named_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = compose(["workload=recorded", 'workload.path="~/t.json"', 'results="~/r"'])
+    assert (cfg["workload"]["path"], cfg["results"]) == (f"{tmp_path}/t.json", f"{tmp_path}/r")
+    assert cfg["tracking"]["uri"] == f"sqlite:///{tmp_path}/r/mlflow.db"  # interpolated after
+
+
 @pytest.mark.parametrize("override, key", [("~tracking", "tracking"), ("~budget", "budget")])
 def test_a_key_an_override_removed_is_one_line(override, key):
     with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(override)}: {key} is required; set it instead$"):

@@ -53,6 +53,7 @@ def test_titanx_through_the_cli_beats_the_mean_curve(titanx, capsys):
     assert out["mape_power_pct"] < out["mean_curve"]["mape_power_pct"]  # ~1.8 % vs ~5.2 %
     assert out["mape_power_pct"] < out["nnls"]["mape_power_pct"]  # plain anchored NNLS ~3.8 %
     assert out["mape_power_pct"] < 2.5
+    assert not [k for k in out if k.startswith(("mean_curve_", "nnls_"))]  # each score once, under its method
     preds = pd.DataFrame(out["predictions"])
     assert preds["name"].nunique() == 35 and len(preds) == 35 * 16
     assert preds["anchor"].sum() == 35

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,14 @@ def test_truncated_json(tmp_path):
     p = tmp_path / "t.json"
     p.write_bytes(json.dumps(_small_doc()).encode()[:5000])
     with pytest.raises(ValueError, match=r"t\.json: truncated or malformed JSON"):
+        read_trace(p)
+
+
+@pytest.mark.parametrize("name", ["run.sqlite", "run.db"])
+def test_a_file_named_as_an_nsys_export_that_is_not_one(tmp_path, name):
+    p = tmp_path / name
+    p.write_bytes(b"not a database")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}: not an SQLite database \(an nsys export"):
         read_trace(p)
 
 

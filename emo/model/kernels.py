@@ -125,8 +125,6 @@ class Result:
         emo = self.scores["emo"]
         out = {"reference_mhz": self.reference_mhz, "features": self.features, "notes": self.notes,
                **emo, "mean_curve": self.scores["mean_curve"], "nnls": self.scores["nnls"]}
-        for m in ("mean_curve", "nnls"):
-            out.update({f"{m}_{k}": v for k, v in self.scores[m].items()})
         recs = self.predictions.replace({np.nan: None}).to_dict(orient="records")
         out["predictions"] = recs
         return out

@@ -15,6 +15,7 @@ from emo.trace.ranks import read_ranks
 from emo.trace.schema import text_at
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # named as an nsys export, read as one
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
 STREAM_OVERLAP_TOLERANCE_NS = 1_000
 
@@ -40,6 +41,9 @@ def read_trace(path: str | Path) -> pd.DataFrame:
             try:
                 with local.open("rb") as f:
                     head = f.read(16)
+                if head != SQLITE_MAGIC and path.suffix in SQLITE_SUFFIXES:
+                    raise ValueError(f"{path}: not an SQLite database (an nsys export: "
+                                     "nsys export --type sqlite)")
                 events = read_nsys(local) if head == SQLITE_MAGIC else read_kineto(local)
             except ValueError as e:  # name the user's path, not the spooled copy
                 raise ValueError(str(e).replace(str(local), str(path))) from None
