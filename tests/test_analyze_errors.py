@@ -152,7 +152,7 @@ def _failing(exc: OSError):
 def test_perfetto_to_read_only_folder(tmp_path, capsys, monkeypatch):
     import emo.io
 
-    monkeypatch.setattr(emo.io.tempfile, "mkstemp", _failing(PermissionError(errno.EACCES, "Permission denied")))
+    monkeypatch.setattr(emo.io.os, "open", _failing(PermissionError(errno.EACCES, "Permission denied")))
     out = tmp_path / "ro" / "out.json"
     code, text, err = analyze([ES1, "--perfetto", out], capsys)
     assert code == 2 and text == ""
