@@ -52,6 +52,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
             raise ValueError(f"bad configuration: {sweeps[0]}: several values are a sweep; run it with -m")
+        removed = [o.input_line for o in parsed if o.is_delete()]
+        if removed:  # `~key`: every stage reads the whole configuration
+            raise ValueError(f"bad configuration: {removed[0]}: {removed[0][1:]} is required; set it instead")
         groups = tuple(o.input_line for o in parsed if not _plain_value(o, conf))
         cfg = copy.deepcopy(_merged(str(conf), groups))
         _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
@@ -59,9 +62,6 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
-    removed = [o.input_line for o in parsed if o.is_delete()]
-    if removed:  # `~key`: Hydra lets a top-level key go, but every stage reads the whole configuration
-        raise ValueError(f"bad configuration: {removed[0]}: {removed[0][1:]} is required; set it instead")
     check(out)
     return out
 
