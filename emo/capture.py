@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
-from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_NVTX_ITER, ENV_POLICY, ENV_WAIT, ENV_WARMUP, NVTX_RANGE,
+from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_PROFILE_ITER, ENV_POLICY, ENV_WAIT, ENV_WARMUP,
                                  CaptureSpec, run_capture, run_result, trace_name, window_name)
 
 
@@ -151,24 +151,26 @@ class ProfilerWindow:
         self.close()
 
 
-class NvtxWindow:
-    """An NVTX range named NVTX_RANGE around one iteration (markers `iteration` to `iteration + 1`),
-    for Nsight Compute's --nvtx-include; nothing else."""
+class ProfileWindow:
+    """cudaProfilerStart/Stop around one iteration (markers `iteration` to `iteration + 1`), for Nsight
+    Compute's --profile-from-start off; nothing else. The window is process-wide, unlike an NVTX
+    push/pop range, which belongs to the thread that opened it: PyTorch launches the backward pass's
+    kernels from autograd's own thread, and they must be inside the window too."""
 
     def __init__(self, iteration: int):
         import torch
 
-        self.nvtx = torch.cuda.nvtx
+        self.profiler = torch.cuda.profiler
         self.iteration, self.steps, self.open = iteration, 0, False
         self.done = iteration < 0
         self._check()
 
     def _check(self) -> None:
         if self.open:
-            self.nvtx.range_pop()
+            self.profiler.stop()
             self.open, self.done = False, True
         elif not self.done and self.steps == self.iteration:
-            self.nvtx.range_push(NVTX_RANGE)
+            self.profiler.start()
             self.open = True
 
     def step(self) -> None:
@@ -177,7 +179,7 @@ class NvtxWindow:
 
     def close(self) -> None:
         if self.open:
-            self.nvtx.range_pop()
+            self.profiler.stop()
             self.open = False
 
 
@@ -187,7 +189,7 @@ def profile_steps(out_dir: str | Path, *, wait: int = 5, warmup: int = 2, active
     return ProfilerWindow(out_dir, wait=wait, warmup=warmup, active=active, policy=policy)
 
 
-_WINDOW: "ProfilerWindow | NvtxWindow | None" = None
+_WINDOW: "ProfilerWindow | ProfileWindow | None" = None
 _MANUAL = False
 
 
@@ -199,16 +201,16 @@ def step() -> None:
         _WINDOW.step()
 
 
-def install_from_env() -> "ProfilerWindow | NvtxWindow | None":
-    """Arm the window described by EMO_CAPTURE_* (or EMO_NVTX_ITERATION) in this process (the
+def install_from_env() -> "ProfilerWindow | ProfileWindow | None":
+    """Arm the window described by EMO_CAPTURE_* (or EMO_PROFILE_ITERATION) in this process (the
     launcher does this)."""
     global _WINDOW
     if ENV_DIR in os.environ:
         _WINDOW = ProfilerWindow(os.environ[ENV_DIR], wait=int(os.environ.get(ENV_WAIT, 5)),
                                  warmup=int(os.environ.get(ENV_WARMUP, 2)),
                                  active=int(os.environ.get(ENV_ACTIVE, 3)), policy=os.environ.get(ENV_POLICY))
-    elif ENV_NVTX_ITER in os.environ:
-        _WINDOW = NvtxWindow(int(os.environ[ENV_NVTX_ITER]))
+    elif ENV_PROFILE_ITER in os.environ:
+        _WINDOW = ProfileWindow(int(os.environ[ENV_PROFILE_ITER]))
     else:
         return None
     from torch.optim.optimizer import register_optimizer_step_post_hook

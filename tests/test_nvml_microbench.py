@@ -53,7 +53,7 @@ def test_loops_span_the_energy_counter_window():
 
 def test_ncu_range_replay_command():
     cmd = nv.ncu_command(["python", "x.py"])
-    assert cmd[:3] == ["ncu", "--replay-mode", "range"] and cmd[-2:] == ["python", "x.py"]
+    assert cmd[:5] == ["ncu", "--clock-control", "none", "--replay-mode", "range"] and cmd[-2:] == ["python", "x.py"]
     metrics = cmd[cmd.index("--metrics") + 1].split(",")
     assert "dram__bytes_read.sum" in metrics and "sm__cycles_active.sum" in metrics
     assert "--profile-from-start" in cmd  # ranges are the cuProfilerStart/Stop pairs
@@ -125,9 +125,10 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     res = dev.profile_ranges(wl, [KernelRange(0, (0, 1)), KernelRange(0, (3,))])
     cmd = seen["cmd"]
     assert cmd[cmd.index("--replay-mode") + 1] == "kernel"
-    assert cmd[cmd.index("--nvtx-include") + 1] == "emo_profile/"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off" and "--nvtx-include" not in cmd
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[-3:] == ["-m", "emo.capture", "train.py"]
-    assert seen["env"]["EMO_NVTX_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in seen["env"]
+    assert seen["env"]["EMO_PROFILE_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in seen["env"]
     a, b = res
     assert a.counters["sm_active_cycles"] == 400 and a.counters["dram_read_bytes"] == 3e6
     assert a.counters["active_warps"] == pytest.approx((100 * 50 + 300 * 10) / 400)  # cycle-weighted
@@ -141,21 +142,21 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
         dev.profile_ranges({"kind": "tp"}, [])
 
 
-def test_nvtx_window_brackets_exactly_one_iteration(monkeypatch):
+def test_profile_window_brackets_exactly_one_iteration_process_wide(monkeypatch):
     torch = pytest.importorskip("torch")
-    from emo.capture import NVTX_RANGE, NvtxWindow
+    from emo.capture import ProfileWindow
 
     log = []
-    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: log.append(("push", name)))
-    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: log.append(("pop",)))
-    w = NvtxWindow(2)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: log.append(("start",)))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: log.append(("stop",)))
+    w = ProfileWindow(2)
     for i in range(5):
         log.append(("marker", i + 1))
         w.step()
     w.close()
-    assert log == [("marker", 1), ("marker", 2), ("push", NVTX_RANGE), ("marker", 3), ("pop",),
+    assert log == [("marker", 1), ("marker", 2), ("start",), ("marker", 3), ("stop",),
                    ("marker", 4), ("marker", 5)]
     log.clear()
-    w = NvtxWindow(0)  # iteration 0 starts at once
+    w = ProfileWindow(0)  # iteration 0 starts at once
     w.close()
-    assert log == [("push", NVTX_RANGE), ("pop",)]
+    assert log == [("start",), ("stop",)]

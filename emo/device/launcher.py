@@ -18,8 +18,9 @@ from typing import Any
 
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR", "EMO_CAPTURE_WAIT", "EMO_CAPTURE_WARMUP", "EMO_CAPTURE_ACTIVE", "EMO_POLICY")
-# Profiling on hardware (emo.device.nvml.profile_ranges): open an NVTX range around iteration N only.
-ENV_NVTX_ITER, NVTX_RANGE = "EMO_NVTX_ITERATION", "emo_profile"
+# Profiling on hardware (emo.device.nvml.profile_ranges): a cudaProfilerStart/Stop window around
+# iteration N only (process-wide, so the backward pass's autograd thread is inside it).
+ENV_PROFILE_ITER = "EMO_PROFILE_ITERATION"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Per-rank window records and the policy live in a subfolder: trace readers take every *.json of the
 # trace folder as a rank's trace. Rank numbers are zero-padded so that name order is rank order.

@@ -500,7 +500,8 @@ class NvmlDevice:
     def profile_ranges(self, workload: Any, ranges: list) -> list[ProfileResult]:
         """Ranges of a `command` workload named by (rank, launch ordinals within an iteration): the
         command is rerun once under Nsight Compute, which profiles every kernel of one iteration
-        (kernel replay inside an NVTX range the capture launcher opens at the iteration marker);
+        (kernel replay inside the cudaProfilerStart/Stop window the capture launcher opens at the iteration
+        marker: process-wide, so the backward pass's kernels, launched from autograd's thread, are in it);
         each range's counters are its kernels' counters summed (active_warps: cycle-weighted).
         Multi-rank commands (torchrun) are profiled in the same run: ncu follows every rank's process
         and skips NCCL kernels (a replayed collective would wait for peers that do not replay it), so
@@ -517,12 +518,12 @@ class NvmlDevice:
         if not ranges:
             return []
         iteration = spec.wait + spec.warmup  # the first iteration the trace window records
-        cmd = ncu_command(capture.build_command(spec), nvtx_include=f"{capture.NVTX_RANGE}/", replay="kernel",
+        cmd = ncu_command(capture.build_command(spec), replay="kernel",
                           skip_nccl=True, all_processes=spec.nproc > 1)
         env = capture.build_env(spec, Path(tempfile.mkdtemp(prefix="emo-ncu-")))
         for k in (capture.ENV_DIR, capture.ENV_POLICY):
             env.pop(k, None)
-        env[capture.ENV_NVTX_ITER] = str(iteration)
+        env[capture.ENV_PROFILE_ITER] = str(iteration)
         if spec.nproc == 1:
             env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
         text, cost = _run_ncu(cmd, env)
@@ -595,13 +596,17 @@ NCCL_KERNELS = "regex:^(?!nccl)"  # ncu --kernel-name filter: every kernel whose
 
 
 def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None,
-                replay: str = "range", skip_nccl: bool = False, all_processes: bool = False) -> list[str]:
+                replay: str = "range", skip_nccl: bool = False, all_processes: bool = False,
+                extra: tuple[str, ...] = ()) -> list[str]:
     """`ncu` over `argv` with every metric of NCU_METRICS, CSV on stdout. replay="range": each
     cuProfilerStart/Stop pair (or NVTX range matching nvtx_include) is one result; replay="kernel":
     each kernel launched inside the NVTX ranges matching nvtx_include is one result. skip_nccl: do
-    not profile NCCL kernels; all_processes: follow the child processes (torchrun's ranks)."""
-    metrics = sorted({m for ms in NCU_METRICS.values() for m in ms})
-    cmd = [ncu, "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv", "--print-units", "base"]
+    not profile NCCL kernels; all_processes: follow the child processes (torchrun's ranks); extra:
+    more metrics. `--clock-control none`: ncu would otherwise lock the clocks to base while it
+    profiles, changing what EMO alone controls (and what a shared box's rules may forbid)."""
+    metrics = sorted({m for ms in NCU_METRICS.values() for m in ms} | set(extra))
+    cmd = [ncu, "--clock-control", "none", "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv",
+           "--print-units", "base"]
     if all_processes:
         cmd += ["--target-processes", "all"]
     if skip_nccl:
