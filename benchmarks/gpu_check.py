@@ -1,6 +1,11 @@
 """Check EMO's real-GPU path on this machine, end to end, in under 8 minutes; print what it measured.
 
     python benchmarks/gpu_check.py [--json out.json] [--budget-s 480] [--skip-pipeline]
+    python benchmarks/gpu_check.py --observe OUT [--budget-s 420]
+
+--observe: the observe-only check (benchmarks/gpu_observe.py), for a GPU whose clocks, power limits,
+persistence, compute mode and MIG must not change: it never locks a clock, and refuses every NVML
+call that would change the GPU. Without it, sections 2, 3 and 6 below lock SM clocks.
 
 Sections (each PASS / FAIL / SKIP with its numbers):
   1. NVML reads: model, driver, supported SM clocks, power limits, energy counter (idle power)
@@ -281,9 +286,15 @@ def measure_policies(dev, policies: list[Path], script: Path, check: Check) -> d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting sections after this")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this")
     ap.add_argument("--skip-pipeline", action="store_true")
+    ap.add_argument("--observe", metavar="OUT", help="observe only (never change the GPU); results in folder OUT")
     args = ap.parse_args(argv)
+    if args.observe:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import gpu_observe
+
+        return gpu_observe.main(args.observe, args.budget_s)
 
     why = gpu_present()
     if why is not None:

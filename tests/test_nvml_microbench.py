@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import types
 
 import pytest
 
@@ -160,3 +161,18 @@ def test_profile_window_brackets_exactly_one_iteration_process_wide(monkeypatch)
     w = ProfileWindow(0)  # iteration 0 starts at once
     w.close()
     assert log == [("start",), ("stop",)]
+
+
+def test_ncu_leaves_out_metrics_this_gpu_lacks(monkeypatch):
+    nv.ncu_available_metrics.cache_clear()
+    query = ("Device NVIDIA H200 (GH100)\n---------- ----\nMetric Name   Metric Description\n"
+             "dram__bytes_read   # of bytes read from DRAM\nsm__cycles_active   # of cycles with at least one warp\n")
+    monkeypatch.setattr(nv.subprocess, "run", lambda cmd, **kw: types.SimpleNamespace(returncode=0, stdout=query))
+    avail = nv.ncu_available_metrics("ncu-fake")
+    assert avail == {"dram__bytes_read", "sm__cycles_active"}
+    cmd = nv.ncu_command(["python", "x.py"], available=avail)
+    assert cmd[cmd.index("--metrics") + 1] == "dram__bytes_read.sum,sm__cycles_active.sum"
+    nv.ncu_available_metrics.cache_clear()
+    monkeypatch.setattr(nv.subprocess, "run", lambda cmd, **kw: (_ for _ in ()).throw(FileNotFoundError(cmd[0])))
+    assert nv.ncu_available_metrics("no-such-ncu") is None
+    nv.ncu_available_metrics.cache_clear()

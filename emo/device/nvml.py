@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -518,7 +519,7 @@ class NvmlDevice:
         if not ranges:
             return []
         iteration = spec.wait + spec.warmup  # the first iteration the trace window records
-        cmd = ncu_command(capture.build_command(spec), replay="kernel",
+        cmd = ncu_command(capture.build_command(spec), replay="kernel", available=ncu_available_metrics(),
                           skip_nccl=True, all_processes=spec.nproc > 1)
         env = capture.build_env(spec, Path(tempfile.mkdtemp(prefix="emo-ncu-")))
         for k in (capture.ENV_DIR, capture.ENV_POLICY):
@@ -595,16 +596,31 @@ NCU_PASS_OVERHEAD_S = 2e-3
 NCCL_KERNELS = "regex:^(?!nccl)"  # ncu --kernel-name filter: every kernel whose name does not start with nccl
 
 
+@functools.lru_cache(maxsize=4)
+def ncu_available_metrics(ncu: str = "ncu") -> frozenset[str] | None:
+    """The base metric names Nsight Compute offers for this machine's GPU (`ncu --query-metrics`),
+    or None when it cannot say (no ncu, no GPU): then every metric is asked for as it is."""
+    try:
+        p = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = {ln.split()[0] for ln in p.stdout.splitlines() if ln.strip() and "__" in ln.split()[0]}
+    return frozenset(names) if p.returncode == 0 and names else None
+
+
 def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None,
                 replay: str = "range", skip_nccl: bool = False, all_processes: bool = False,
-                extra: tuple[str, ...] = ()) -> list[str]:
+                extra: tuple[str, ...] = (), available: frozenset[str] | None = None) -> list[str]:
     """`ncu` over `argv` with every metric of NCU_METRICS, CSV on stdout. replay="range": each
     cuProfilerStart/Stop pair (or NVTX range matching nvtx_include) is one result; replay="kernel":
     each kernel launched inside the NVTX ranges matching nvtx_include is one result. skip_nccl: do
     not profile NCCL kernels; all_processes: follow the child processes (torchrun's ranks); extra:
-    more metrics. `--clock-control none`: ncu would otherwise lock the clocks to base while it
+    more metrics; available: the base names this GPU offers (ncu_available_metrics), others left
+    out (their counters are then NaN, never a made-up zero). `--clock-control none`: ncu would otherwise lock the clocks to base while it
     profiles, changing what EMO alone controls (and what a shared box's rules may forbid)."""
     metrics = sorted({m for ms in NCU_METRICS.values() for m in ms} | set(extra))
+    if available is not None:  # ncu refuses the whole run for one metric this GPU lacks
+        metrics = [m for m in metrics if m.split(".")[0] in available]
     cmd = [ncu, "--clock-control", "none", "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv",
            "--print-units", "base"]
     if all_processes:
@@ -697,7 +713,7 @@ def ncu_profile_microbench_range(names: list[str], *, gpu: int = 0, ncu: str = "
                                  timeout_s: float = 600) -> ProfileResult:
     """Launch the named microbenchmarks as one cuProfilerStart/Stop range under ncu range replay."""
     argv = [sys.executable, "-m", "emo.device.cuda_launch", "--range", ",".join(names)]
-    cmd = ncu_command(argv, ncu=ncu)
+    cmd = ncu_command(argv, ncu=ncu, available=ncu_available_metrics(ncu))
     text, cost = _run_ncu(cmd, dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)), timeout_s)
     return ProfileResult(counters=parse_ncu_csv(text)[0], passes=parse_ncu_passes(text), cost_s=cost)
 
