@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SKIPPED = 77
 MIN_BENCH_S = 1.0  # per microbenchmark window: many energy-counter updates
+ENERGY_PROBE_S = 2.0  # polling the energy counter while the GPU is busy
 MEASURE_S = 5.0  # untraced training iterations whose NVML energy the prediction is compared with
 
 # --------------------------------------------------------------------------- read-only NVML
@@ -137,10 +138,11 @@ def discovery(dev, out: Path) -> dict:
             "power_limit_w": {"min": lo, "default": default, "max": hi}}
 
 
-def energy_counter(dev, busy, out: Path, seconds: float = 2.0) -> dict:
+def energy_counter(dev, busy, out: Path, seconds: float | None = None) -> dict:
     """Poll the energy counter while `busy()` keeps the GPU working: how often it changes (update
     period) and by how little (resolution). `busy(seconds)` queues that much GPU work and returns a
     function that waits for it."""
+    seconds = ENERGY_PROBE_S if seconds is None else seconds
     wait = busy(seconds + 0.5)
     samples = []
     t_end = time.perf_counter() + seconds
@@ -148,7 +150,11 @@ def energy_counter(dev, busy, out: Path, seconds: float = 2.0) -> dict:
         samples.append((t, dev.energy_j(0)))
     wait()
     rows = energy_updates(samples)
-    (out / "energy_counter.csv").write_text("t_s,energy_j\n" + "".join(f"{t:.6f},{e:.3f}\n" for t, e in samples))
+    # the reads at which the value changed (and the one before each): every update, a small file
+    keep = [i for i in range(1, len(samples)) if samples[i][1] != samples[i - 1][1]]
+    rows_kept = sorted({j for i in keep for j in (i - 1, i)})
+    (out / "energy_counter.csv").write_text("t_s,energy_j\n" + "".join(
+        f"{samples[i][0]:.6f},{samples[i][1]:.3f}\n" for i in rows_kept))
     return rows
 
 

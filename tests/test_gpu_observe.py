@@ -81,8 +81,8 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
         return _ncu_csv(len(names)), 3.0
 
     monkeypatch.setattr(nv, "_run_ncu", fake_ncu)
-    monkeypatch.setattr(mod, "energy_counter", lambda dev, busy, out: mod.energy_updates(
-        [(0.001 * i, dev.energy_j(0)) for i in range(50)]))
+    monkeypatch.setattr(mod, "ENERGY_PROBE_S", 0.02)
+    busy = []
 
     def no_cuda_training(dev, bench, out, work, log):
         # the GPT loop needs CUDA; its analysis is tested on the virtual GPU below
@@ -91,7 +91,7 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
 
     monkeypatch.setattr(mod, "training", no_cuda_training)
     out = tmp_path / "out"
-    rc = mod.main(str(out), 600, busy=None, names=names)
+    rc = mod.main(str(out), 600, busy=lambda s: busy.append(s) or (lambda: busy.append("waited")), names=names)
     summary = json.loads((out / "summary.json").read_text())
     assert [k for k, v in summary.items() if v.get("status") == "PASS"] == [
         "1a. discovery (emo gpu-config)", "1b. NVML energy counter", "2. microbenchmarks at the current clock"]
@@ -108,8 +108,9 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
     mb = summary["2. microbenchmarks at the current clock"]
     assert mb["arch"] == "sm_90" and mb["benchmarks"] == 4 and mb["sm_mhz_seen"] == [1410]
     assert mb["busiest_unit_is_the_claimed_one"] == "1 of 3"  # fake: kernel i busiest on unit i (int32, fp32, ...)
+    assert busy == [pytest.approx(0.52), "waited"]  # the GPU was kept busy while the counter was polled
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["gpu.yaml", "log.txt", "microbench.csv", "summary.json"]
+    assert files == ["energy_counter.csv", "gpu.yaml", "log.txt", "microbench.csv", "summary.json"]
     assert "h200" not in (out / "gpu.yaml").read_text() and "a100_sxm4_40gb" in (out / "gpu.yaml").read_text()
     assert "[PASS] 2. microbenchmarks" in capsys.readouterr().out
 
