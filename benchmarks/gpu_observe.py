@@ -207,7 +207,7 @@ UNIT_METRICS = {
     "int32": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
     "fp32": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
     "fp64": "sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active",
-    "sfu": "sm__pipe_xu_cycles_active.avg.pct_of_peak_sustained_active",
+    "sfu": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
     "hmma": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "imma": "sm__pipe_tensor_op_imma_cycles_active.avg.pct_of_peak_sustained_active",
     "shared": "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
@@ -261,7 +261,7 @@ def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple
         rows.append({"bench": name, "stresses": reg[name]["stresses"][0], "compile_s": round(compiled, 2),
                      **measure_bench(dev, b, MIN_BENCH_S), "cost_s": round(time.perf_counter() - t, 2)})
     arch = "sm_{}{}".format(*b.ctx.cc)
-    counters, note = bench_counters(names, ncu)
+    counters, note = bench_counters(names, ncu, out)
     table = pd.DataFrame(rows)
     for i, c in enumerate(counters):
         for k, v in c.items():
@@ -292,7 +292,7 @@ def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple
     return res, bench
 
 
-def bench_counters(names: list[str], ncu: str) -> tuple[list[dict], str]:
+def bench_counters(names: list[str], ncu: str, out_dir: Path | None = None) -> tuple[list[dict], dict]:
     """One launch of each benchmark under Nsight Compute kernel replay (one ncu run for all):
     EMO's counter vector plus each unit's utilisation, per benchmark in `names` order."""
     from emo.device import nvml as nv
@@ -307,7 +307,9 @@ def bench_counters(names: list[str], ncu: str) -> tuple[list[dict], str]:
         raise ValueError(f"ncu profiled {len(raw)} kernels, expected one per benchmark ({len(names)})")
     out = [{**nv.emo_counters(m), **{k: m.get(k, float("nan")) for k in extra}} for m in raw]
     asked = cmd[cmd.index("--metrics") + 1].split(",")
-    missing = sorted({m for ms in nv.NCU_METRICS.values() for m in ms} | set(extra) - set(asked))
+    missing = sorted(({m for ms in nv.NCU_METRICS.values() for m in ms} | set(extra)) - set(asked))
+    if out_dir is not None:  # what ncu said, for the record (its progress lines, the first CSV rows)
+        (out_dir / "ncu_bench.txt").write_text("\n".join(text.splitlines()[:120]) + "\n")
     return out, {"how": f"ncu kernel replay, {nv.parse_ncu_passes(text)} passes, {cost:.1f} s",
                  "metrics_this_gpu_lacks": missing or "none"}
 
@@ -496,13 +498,20 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     pred = predict(tables)
     cost["fit_predict_s"] = time.monotonic() - t
     measured = np.asarray(res.iteration_times_s, float)
+    k = events[events["kind"] == "kernel"] if "kind" in events else events.iloc[:0]
+    busy_ms = float(k["dur_ns"].sum()) * 1e-6 / max(len(measured), 1)
+    traced_j = res.energy_j / res.iterations if res.iterations and res.energy_j == res.energy_j else None
     iters = max(int(anchors.groupby("rank").size().max()) if len(anchors) else 1, 1)
     cp_s = summary["critical_path_us"] * 1e-6 / iters
     kernels = int((events["kind"] == "kernel").sum()) if "kind" in events else 0
     return {
         "traced_iterations": len(measured), "measured_iteration_ms": round(float(measured.mean()) * 1e3, 3),
         "measured_iteration_sd_ms": round(float(measured.std()) * 1e3, 3),
-        "kernels_traced": kernels, "graph_nodes": summary["nodes"], "graph_edges": summary["edges"],
+        "kernels_traced": kernels, "kernel_busy_ms_per_iteration": round(busy_ms, 3),
+        "traced_iteration_energy_j": None if traced_j is None else round(traced_j, 4),
+        "energy_vs_traced_window_pct": None if not traced_j else round((pred.energy_j / traced_j - 1) * 100, 2),
+        "time_vs_traced_window_pct": round((pred.time_s / float(measured.mean()) - 1) * 100, 2),
+        "graph_nodes": summary["nodes"], "graph_edges": summary["edges"],
         "critical_path_ms_per_iteration": round(cp_s * 1e3, 3),
         "critical_path_vs_measured_pct": round((cp_s / float(measured.mean()) - 1) * 100, 2),
         "replay_error_us": summary["replay_error_us"], "breakdown_us": summary["breakdown_us"],

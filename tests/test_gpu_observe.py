@@ -105,12 +105,13 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
     assert cmd[cmd.index("--clock-control") + 1] == "none" and cmd[cmd.index("--replay-mode") + 1] == "kernel"
     assert cmd[cmd.index("--profile-from-start") + 1] == "off"
     assert "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" in cmd[cmd.index("--metrics") + 1]
+    assert summary["2. microbenchmarks at the current clock"]["counters"]["metrics_this_gpu_lacks"] == "none"
     mb = summary["2. microbenchmarks at the current clock"]
     assert mb["arch"] == "sm_90" and mb["benchmarks"] == 4 and mb["sm_mhz_seen"] == [1410]
     assert mb["busiest_unit_is_the_claimed_one"] == "1 of 3"  # fake: kernel i busiest on unit i (int32, fp32, ...)
     assert busy == [pytest.approx(0.52), "waited"]  # the GPU was kept busy while the counter was polled
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["energy_counter.csv", "gpu.yaml", "log.txt", "microbench.csv", "summary.json"]
+    assert files == ["energy_counter.csv", "gpu.yaml", "log.txt", "microbench.csv", "ncu_bench.txt", "summary.json"]
     assert "h200" not in (out / "gpu.yaml").read_text() and "a100_sxm4_40gb" in (out / "gpu.yaml").read_text()
     assert "[PASS] 2. microbenchmarks" in capsys.readouterr().out
 

@@ -143,7 +143,7 @@ class CudaContext:
         """NVRTC: CUDA C++ -> cubin for this device's architecture."""
         n = self.nvrtc
         prog = check(n.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []))
-        opts = [f"--gpu-architecture=sm_{self.cc[0]}{self.cc[1]}".encode(), b"-O3", b"--std=c++17"]
+        opts = [f"--gpu-architecture=sm_{self.cc[0]}{self.cc[1]}".encode(), b"--std=c++17"]  # NVRTC optimises by default; it refuses -O3
         err = n.nvrtcCompileProgram(prog, len(opts), opts)[0]
         if int(err) != 0:
             size = check(n.nvrtcGetProgramLogSize(prog))
