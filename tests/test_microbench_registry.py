@@ -133,3 +133,14 @@ def test_missing_registry(tmp_path):
 
 def test_registry_lives_in_repo():
     assert MICROBENCH_DIR.is_dir() and (MICROBENCH_DIR / "registry.yaml").is_file()
+
+
+def test_l1_wraps_its_index_with_a_mask_so_n4_is_a_power_of_two():
+    """l1.cu indexes with `& (n4 - 1)`: any other n4 would read outside the buffer's wrap."""
+    for e in load_registry().values():
+        if e["kernel"] != "emo_l1":
+            continue
+        args = {a["name"]: a for a in e["args"]}
+        n4 = args["n4"]["value"]
+        assert n4 > 0 and n4 & (n4 - 1) == 0, e["name"]
+        assert args["buf"]["buffer_bytes"] == 16 * n4, e["name"]
