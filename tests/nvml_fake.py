@@ -142,3 +142,33 @@ def install(monkeypatch, **kw) -> FakeNVML:
     fake = FakeNVML(**kw)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     return fake
+
+
+FAKE_ENV = "EMO_FAKE_NVML"  # JSON keyword arguments of FakeNVML, for a process the test does not run itself
+
+
+def from_env() -> FakeNVML:
+    """The fake the clock owner uses in tests (EMO_CLOCK_OWNER_NVML=nvml_fake:from_env)."""
+    import os
+
+    return FakeNVML(**json.loads(os.environ.get(FAKE_ENV, "{}")))
+
+
+def owner_env(log_path=None, **kw) -> dict:
+    """Environment under which a process's clock owner (emo.device.clock_owner) uses a FakeNVML(**kw)
+    that logs its calls to log_path: merge it into a subprocess's env, or monkeypatch it in."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return {"EMO_CLOCK_OWNER_NVML": "nvml_fake:from_env", "PYTHONPATH": path,
+            FAKE_ENV: json.dumps({**kw, "log_path": None if log_path is None else str(log_path)})}
+
+
+def read_log(path) -> list[tuple]:
+    """The calls a FakeNVML logged to `path` (none if it was never written)."""
+    import os
+
+    if not os.path.exists(path):
+        return []
+    return [tuple(json.loads(ln)) for ln in open(path).read().splitlines() if ln.strip()]

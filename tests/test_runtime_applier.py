@@ -93,6 +93,7 @@ def test_setter_errors_are_kept_not_raised_in_the_loop():
     ap.close()  # idempotent
     assert len(ap.errors) >= 1 and "refused" in str(ap.errors[0])
     assert [c[1] for c in setter.calls].count("reset") == 1
+    assert ap.failed >= 1 and ap.landed == 1 and not ap.summary()["applied"]
 
 
 
@@ -120,8 +121,12 @@ def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path
         print("ready", flush=True)
         time.sleep(30)
     """)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import nvml_fake
+
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "",
+                              **nvml_fake.owner_env(log)})  # the clock owner's calls go to the same log
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=20)
