@@ -105,6 +105,7 @@ class PolicyApplier:
         self.strict = strict
         self._pid = os.getpid()  # a forked child's copy of this applier does nothing
         self.landed = self.failed = self.dropped = self.resets_failed = 0
+        self._landed_on: set[int] = set()  # GPUs some request landed on: only their failed resets matter
         self.first_error: str | None = None  # the one line printed for the first failure
         self._said_summary = False
         self.lead_ms = policy.lead_ms if lead_ms is None else float(lead_ms)
@@ -138,6 +139,7 @@ class PolicyApplier:
                 self.setter.set_clock(target, mhz)
                 self.log.append((self._clock(), target, mhz))
                 self.landed += 1
+                self._landed_on.add(target)
             except RequestDropped:
                 self.dropped += 1
             except BaseException as e:  # keep the training loop alive; said now, counted, raised by step() if strict
@@ -152,8 +154,9 @@ class PolicyApplier:
         except RequestDropped:
             pass
         except BaseException as e:
-            self.resets_failed += 1
-            self._fail(e, f"GPU {target}: could not reset the SM clock")
+            if target in self._landed_on:  # else nothing was changed that a reset must undo
+                self.resets_failed += 1
+                self._fail(e, f"GPU {target}: could not reset the SM clock")
 
     def _fail(self, e: BaseException, what: str) -> None:
         self.errors.append(e)
@@ -180,7 +183,8 @@ class PolicyApplier:
 
     def _raise_if_failed(self) -> None:
         if self.strict and (self.failed or self.resets_failed):
-            raise ClockRequestFailed(f"{self.first_error} (strict: stopping; {self.summary_line()[5:]})")
+            raise ClockRequestFailed(f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
+                                     f"{self.summary_line().removeprefix('emo: ')})")
 
     def step(self) -> None:
         """Mark the start of an iteration (the policy's t = 0). strict: a failed request raises here."""

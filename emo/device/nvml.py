@@ -102,11 +102,9 @@ class ClockController:
 
     @classmethod
     def auto(cls, nvml, *, guarded: bool = True) -> "ClockController":
-        """Root: NVML directly. Otherwise zeusd when ZEUSD_SOCK_PATH (or ZEUSD_HOST_PORT) is set; it
-        must answer as zeusd 0.5 and let us control GPUs. Neither: NVML directly, whose NO_PERMISSION
-        becomes the "root or zeusd" message."""
-        if os.geteuid() == 0:
-            return cls(nvml, guarded=guarded)
+        """zeusd when ZEUSD_SOCK_PATH (or ZEUSD_HOST_PORT) is set, as Zeus does: it must answer as
+        zeusd 0.5 and let us control GPUs. Otherwise NVML directly, which needs root (its
+        NO_PERMISSION becomes the "root or zeusd" message)."""
         try:
             relay = ZeusdRelay.from_env()
             if relay is not None:

@@ -64,6 +64,21 @@ def classify(text: str) -> str:
     return OTHER
 
 
+def _body(text: str) -> str:
+    """zeusd's error body in words: {"errors": {"<gpu>": msg}} or {"error": msg}, else the text."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(data, dict) and isinstance(data.get("errors"), dict):
+        return "; ".join(f"GPU {k}: {v}" for k, v in sorted(data["errors"].items()))
+    if isinstance(data, dict) and "error" in data:
+        return str(data["error"])
+    return text.strip()
+
+
 HINTS = {
     PERMISSION: f"give zeusd a token with the gpu-control scope ({TOKEN_ENV} or {TOKEN_FILE_ENV}), or run as root",
     UNREACHABLE: f"start zeusd, or fix/unset {SOCK_ENV}",
@@ -129,7 +144,7 @@ class ZeusdRelay:
         try:
             client = z.ZeusdClient(self._config.zeus_config())
         except z.ZeusdConnectionError as e:
-            text = str(e)
+            text = str(e).rstrip(": ")
             if "on /discover" in text:  # it answered, but not zeusd 0.5's discovery route
                 raise ZeusdError(f"{self._where()} is not {NEEDS}: {text}", INCOMPATIBLE) from e
             raise ZeusdError(f"{self._where()} unreachable ({text}): {HINTS[UNREACHABLE]}", UNREACHABLE) from e
@@ -157,7 +172,7 @@ class ZeusdRelay:
             raise ZeusdError(f"{self._where()} unreachable ({type(e).__name__}: {e or 'timeout'}): "
                              f"{HINTS[UNREACHABLE]}", UNREACHABLE) from e
         except ZeusError as e:
-            text = str(e).split(": ", 1)[-1]
+            text = _body(str(e).split(": ", 1)[-1])  # Zeus's client: "Failed to <op>: <body>"
             cause = classify(text)
             raise ZeusdError(f"zeusd refused ({text or 'HTTP 404, no such route'}): {HINTS[cause]}", cause) from e
 
