@@ -158,8 +158,10 @@ def test_no_request_starts_once_close_began():
 
 
 def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch, tmp_path):
+    from emo.device import clock_owner
     from emo.device import nvml as nv
 
+    monkeypatch.setattr(clock_owner, "_OWNER", None)  # this test's own owner, with this test's fake
     log = tmp_path / "calls.jsonl"
     nvml_fake.install(monkeypatch)
     for k, v in nvml_fake.owner_env(log).items():  # the clock owner makes the calls, into this log
@@ -180,6 +182,8 @@ def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch, tmp_path
     assert len(calls) == n  # nothing after the restore
     assert _last_call_is_reset(calls) == {0: "reset", 1: "reset"}
     assert guard.pending() == {}
+    clock_owner._OWNER.close()
+    assert clock_owner._OWNER.proc.returncode == 0
 
 
 def test_sighup_is_handled():

@@ -99,6 +99,18 @@ class ClockOwner:
             if msg.get("id") == rid:  # an answer to a request that timed out earlier is dropped
                 return msg
 
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the owner as a death would: it resets every GPU it locked and exits."""
+        with self._lock:
+            if self._sock is not None and os.getpid() == self._pid:
+                self._sock.close()
+            self._sock = None
+        if os.getpid() == self._pid:
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+
     def _forget(self) -> None:
         """In a forked child: drop the child's copy of the socket (it must neither use it nor keep it open)."""
         if self._sock is not None:
