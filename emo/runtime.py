@@ -105,6 +105,7 @@ class PolicyApplier:
         self.strict = strict
         self._pid = os.getpid()  # a forked child's copy of this applier does nothing
         self.landed = self.failed = self.dropped = self.resets_failed = 0
+        self._counts = threading.RLock()  # the GPUs' threads count at once (re-entrant: close() may run in a handler)
         self._landed_on: set[int] = set()  # GPUs some request landed on: only their failed resets matter
         self.first_error: str | None = None  # the one line printed for the first failure
         self._said_summary = False
@@ -138,13 +139,14 @@ class PolicyApplier:
             try:
                 self.setter.set_clock(target, mhz)
                 self.log.append((self._clock(), target, mhz))
-                self.landed += 1
-                self._landed_on.add(target)
+                with self._counts:
+                    self.landed += 1
+                    self._landed_on.add(target)
             except RequestDropped:
-                self.dropped += 1
+                with self._counts:
+                    self.dropped += 1
             except BaseException as e:  # keep the training loop alive; said now, counted, raised by step() if strict
-                self.failed += 1
-                self._fail(e, f"GPU {target}: could not lock the SM clock at {mhz} MHz")
+                self._fail(e, f"GPU {target}: could not lock the SM clock at {mhz} MHz", "failed")
             if self._closed:  # close() gave up waiting for this request and reset before it landed
                 self._reset(target)
 
@@ -155,15 +157,17 @@ class PolicyApplier:
             pass
         except BaseException as e:
             if target in self._landed_on:  # else nothing was changed that a reset must undo
-                self.resets_failed += 1
-                self._fail(e, f"GPU {target}: could not reset the SM clock")
+                self._fail(e, f"GPU {target}: could not reset the SM clock", "resets_failed")
 
-    def _fail(self, e: BaseException, what: str) -> None:
-        self.errors.append(e)
-        if self.first_error is None:
+    def _fail(self, e: BaseException, what: str, counter: str) -> None:
+        with self._counts:
+            setattr(self, counter, getattr(self, counter) + 1)
+            self.errors.append(e)
+            if self.first_error is not None:
+                return
             reason = getattr(e, "reason", None) or str(e) or type(e).__name__
             self.first_error = f"emo: {what}: {reason}"
-            print(self.first_error, file=sys.stderr, flush=True)
+        print(self.first_error, file=sys.stderr, flush=True)
 
     def summary(self) -> dict:
         """What happened: requests landed / failed / dropped (the setter was resetting), failed resets,
