@@ -81,6 +81,7 @@ class ClockOwner:
                 self._sock.sendall((json.dumps({"id": rid, **req}) + "\n").encode())
                 answer = self._read(rid)
             except (OSError, ValueError) as e:
+                self._sock.close()  # a stuck owner sees EOF, resets and exits
                 self._sock = None
                 why = "no answer in %gs" % REPLY_S if isinstance(e, TimeoutError) else f"exit status {self.proc.poll()}"
                 raise GpuAccessError(f"{OWNER_DIED} ({why}): run `emo reset-clocks`", cause=OWNER_DIED) from e
@@ -252,27 +253,29 @@ def serve(sock: socket.socket, parent: int) -> int:
     watched = [sock, wake_r] + ([pidfd] if pidfd is not None else [])
     buf = b""
     alive = send(hello)
-    while alive:
-        ready, _, _ = select.select(watched, [], [])
-        if pidfd is not None and pidfd in ready:
-            break  # the trainer is gone, whatever its socket says (a forked child may still hold a copy)
-        if wake_r in ready:
-            os.read(wake_r, 512)
-            draining = True
+    try:
+        while alive:
+            ready, _, _ = select.select(watched, [], [])
+            if pidfd is not None and pidfd in ready:
+                break  # the trainer is gone, whatever its socket says (a forked child may still hold a copy)
+            if wake_r in ready:
+                os.read(wake_r, 512)
+                draining = True
+                reset_all()
+            if sock in ready:
+                try:
+                    chunk = sock.recv(65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break  # EOF: the kernel closed the trainer's end, however it died
+                buf += chunk
+                while alive and b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    alive = send(handle(json.loads(line)))
+    finally:  # whatever ended the loop, even a bug of ours: the clocks come back
+        if ctl is not None:
             reset_all()
-        if sock in ready:
-            try:
-                chunk = sock.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break  # EOF: the kernel closed the trainer's end, however it died
-            buf += chunk
-            while alive and b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                alive = send(handle(json.loads(line)))
-    if ctl is not None:
-        reset_all()
     return 0
 
 
