@@ -52,11 +52,12 @@ def _gone(pid: int) -> bool:
 
 
 class Run:
-    def __init__(self, tmp: Path, mode: str, i: int):
+    def __init__(self, tmp: Path, mode: str, i: int, env: dict | None = None):
         self.log = tmp / f"{mode}-{i}.jsonl"
+        env = env if env is not None else nvml_fake.owner_env(self.log, gpus=2, stamp=True)
         self.p = subprocess.Popen([sys.executable, str(HERE / "owner_trainer.py"), str(self.log), mode],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(self.log, gpus=2, stamp=True)})
+                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env})
         self.owner = self.death = self.reset_s = None
 
     def ready(self) -> None:
@@ -95,8 +96,8 @@ class Run:
             time.sleep(0.005)
 
 
-def _run_all(tmp: Path, mode: str, action: str) -> list[Run]:
-    runs = [Run(tmp, mode, i) for i in range(REPEATS)]  # at once: the grace periods overlap
+def _run_all(tmp: Path, mode: str, action: str, env=lambda i: None) -> list[Run]:
+    runs = [Run(tmp, mode, i, env(i)) for i in range(REPEATS)]  # at once: the grace periods overlap
     try:
         for r in runs:
             r.ready()

@@ -4,7 +4,8 @@ zeusd that serves zeusd 0.5's real route table (tests/zeusd_fake.py cites the ze
 
 Each failure is one line with its cause and what to do; an incompatible daemon names the version EMO
 needs; a stuck daemon is a timeout, not a hang; and the whole path (trainer -> clock owner -> zeusd)
-works, is loud when it fails, and under strict ends the job with a non-zero status.
+works, is loud when it fails (each case REPEATS times), under strict ends the job with a non-zero
+status, and resets every GPU through zeusd when the trainer dies violently (REPEATS runs per death).
 """
 from __future__ import annotations
 
@@ -192,15 +193,24 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def _train(strict: bool, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", TRAINER.format(here=str(HERE), strict=strict)],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env})
+REPEATS = 10  # each case, run at once
+
+
+def _train(strict: bool, env: dict, n: int = 1) -> list[subprocess.CompletedProcess]:
+    """n runs of TRAINER at once."""
+    cmd = [sys.executable, "-c", TRAINER.format(here=str(HERE), strict=strict)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}) for _ in range(n)]
+    out = []
+    for p in ps:
+        o, e = p.communicate(timeout=120)
+        out.append(subprocess.CompletedProcess(cmd, p.returncode, o, e))
+    return out
 
 
 def test_a_job_sets_its_clocks_through_zeusd_and_they_come_back(daemon):
     z = daemon()
-    r = _train(True, {zeusd.SOCK_ENV: z.path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
+    r, = _train(True, {zeusd.SOCK_ENV: z.path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
     assert r.returncode == 0, r.stderr
     landed, failed = map(int, r.stdout.split())
     assert landed > 0 and failed == 0
@@ -228,10 +238,39 @@ def test_silent_failures_are_one_line_and_strict_exits_non_zero(daemon, short_di
     else:
         env, words = {}, "permission denied"
     env.update(nvml_fake.owner_env(None, gpus=2, permission=False))  # the owner is not root either
-    r = _train(False, env)  # not strict: the job runs on, but says so once, and says what landed
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("emo: ")]
-    assert r.returncode == 0 and len(lines) == 2, r.stderr
-    assert words in lines[0] and ("GPU 0" in lines[0] or "GPU 1" in lines[0]), lines
-    assert lines[1].startswith("emo: clock requests: 0 landed") and "saved nothing" in lines[1]
-    r = _train(True, env)
-    assert r.returncode != 0 and words in r.stderr, r.stderr
+    for r in _train(False, env, REPEATS):  # not strict: the job runs on, but says so once, and what landed
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("emo: ")]
+        assert r.returncode == 0 and len(lines) == 2, r.stderr
+        assert words in lines[0] and ("GPU 0" in lines[0] or "GPU 1" in lines[0]), lines
+        assert lines[1].startswith("emo: clock requests: 0 landed") and "saved nothing" in lines[1]
+    for r in _train(True, env, REPEATS):
+        assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------- deaths, through zeusd
+ZEUSD_DEATHS = ["SIGKILL", "TERM+KILL 2 s grace, main thread blocked in C", "os.abort"]  # graceful ends: above
+
+
+@pytest.mark.parametrize("death", ZEUSD_DEATHS)
+def test_a_dying_trainer_s_gpus_are_reset_through_zeusd(tmp_path, short_dir, death):
+    """The owner relays to zeusd (its own NVML would refuse): when the trainer dies, zeusd's NVML sees
+    a reset last for every GPU touched, within the bound, in each of REPEATS runs."""
+    import test_clock_owner as deaths
+
+    mode, action, status = deaths.DEATHS[death]
+    daemons = [zeusd_fake.FakeZeusd(short_dir / f"d{i}.sock",
+                                    nvml=nvml_fake.FakeNVML(gpus=2, log_path=str(tmp_path / f"{mode}-{i}.jsonl"),
+                                                            stamp=True)) for i in range(deaths.REPEATS)]
+    try:
+        runs = deaths._run_all(tmp_path, mode, action, env=lambda i: {
+            zeusd.SOCK_ENV: daemons[i].path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
+    finally:
+        for z in daemons:
+            z.close()
+    for i, r in enumerate(runs):
+        assert r.p.returncode == status, (i, r.p.returncode)
+        last = deaths._last_clock_calls(nvml_fake.read_log(r.log))
+        assert last == {0: "reset", 1: "reset"}, f"run {i}: {last}"
+        assert r.reset_s <= deaths.RESET_BOUND_S
+        assert daemons[i].writes()[-1][0] == "/gpu/reset_gpu_locked_clocks"
+    print(f"\n{death} (zeusd): slowest reset {1000 * max(r.reset_s for r in runs):.0f} ms after the death")
