@@ -77,8 +77,9 @@ def ready_once_main_is_blocked(main: int) -> None:
 
 
 train(0.12)
-while {t for a in (ap, ap2) if a for _, t, _ in a.log} != {0, 1}:  # both GPUs locked (a loaded machine is slow)
-    train(0.05)
+deadline = time.monotonic() + 20
+while {t for a in (ap, ap2) if a for _, t, _ in a.log} != {0, 1} and time.monotonic() < deadline:
+    train(0.05)  # both GPUs locked before the end begins (a loaded machine is slow)
 if mode == "foreign-dfl":
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 elif mode == "foreign-exit":

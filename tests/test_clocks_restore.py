@@ -39,6 +39,10 @@ CHILD = textwrap.dedent("""
     clocks = [1410, 1395, 1380, 900, 705]
     steps = [Step(t, clocks[t % len(clocks)]) for t in range(0, 10)]  # a change every 1 ms
     ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={{0: steps, 1: steps[::-1]}}, period_ms=10), lead_ms=0)
+    ap.step()
+    deadline = time.monotonic() + 20
+    while not ap.log and time.monotonic() < deadline:  # a first clock landed (through the clock owner)
+        time.sleep(0.001)
     print("ready", flush=True)
     end = time.monotonic() + float(sys.argv[2])
     while time.monotonic() < end:
