@@ -6,7 +6,6 @@ killed process did can be read afterwards.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
