@@ -6,7 +6,7 @@ nproc > 1). Before the script runs, a profiler window is armed: Kineto with CPU 
 optimizer's `step()` (a global post-hook), or `emo.capture.step()` if the program calls it (then the
 hook stands down). Each rank writes `rank<r>.pt.trace.json.gz` and `emo-capture/rank<r>.window.json` (wall time
 and NVML energy of the active iterations, read after a device synchronise at the window's edges).
-With `EMO_POLICY` set, the runtime applier (emo.device.nvml.nvml_applier) follows the same marker.
+With `EMO_POLICY` set, the runtime applier (emo.device.nvml.nvml_applier, strict) follows the same marker.
 The parent side (command line, environment, collecting what the ranks wrote) is emo.device.launcher.
 
 A program that prefers to say where iterations are can use `profile_steps()` directly.
@@ -82,7 +82,9 @@ class ProfilerWindow:
             from emo.policy import FrequencyPolicy
             from emo.device.nvml import nvml_applier
 
-            self.applier = nvml_applier(FrequencyPolicy.load(policy))
+            # strict: a policy run whose clock requests fail stops with an error rather than
+            # measuring default clocks and reporting them as the policy's savings
+            self.applier = nvml_applier(FrequencyPolicy.load(policy), strict=True)
         self.steps = 0
         self.done = False
         self._marks: list[float] = []
@@ -127,6 +129,8 @@ class ProfilerWindow:
         record = {"rank": self.rank, "local_rank": self.local_rank, "nvml_index": self.energy.index,
                   "iterations": len(times), "time_s": sum(times), "energy_j": e,
                   "iteration_times_s": times, "wait": self.wait, "warmup": self.warmup, "active": self.active}
+        if self.applier is not None:  # what the policy's clock requests did up to the window's end
+            record["clock_requests"] = self.applier.summary()
         tmp = self.window_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2))
         os.replace(tmp, self.window_file)

@@ -1,7 +1,10 @@
-"""`emo reset-clocks`: put GPUs back to default clocks (and power limits) after a crashed run.
+"""`emo reset-clocks`: put GPUs back to default clocks (and power limits) by hand, the last resort.
 
-A run that exits normally, raises, or gets SIGINT/SIGTERM restores clocks itself (emo.device.nvml);
-one killed with SIGKILL, or a machine whose driver outlived the process, needs this.
+A training job's clocks come back by themselves however it dies, SIGKILL and os.abort included: its
+clock owner (emo.device.clock_owner) resets them within a second. EMO's own stages restore theirs
+on exit, exceptions and SIGINT/SIGTERM/SIGHUP (emo.device.nvml). What needs this command: a node
+that crashed, a clock owner killed before it could reset (SIGKILL to it directly), or a SIGKILL to
+one of EMO's own stages (calibrate) while it held a clock.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def _parse_gpus(text: str | None) -> list[int] | None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("reset-clocks", help="restore default GPU clocks after a crashed run",
+    p = subparsers.add_parser("reset-clocks", help="restore default GPU clocks by hand (a node crash, a killed clock owner)",
                               description=__doc__)
     p.add_argument("--gpus", help="comma-separated NVML indices (default: all GPUs)")
     p.add_argument("--power", action="store_true", help="also reset power limits to their defaults")

@@ -13,17 +13,35 @@ stops the threads, a request is never begun once closing has started, and a requ
 already in flight (a set-clock call can take seconds) is followed by a reset from its own thread when
 it returns after close() gave up waiting for it.
 
+A failed request is said at once: the first one prints one line to stderr (the GPU, the clock, the
+cause and what to do, from the setter's error), every one is counted, and close() prints how many
+landed and failed. With strict=True the next step() (and leaving the `with` block) raises
+ClockRequestFailed after resetting, so the job stops with a non-zero status instead of running on at
+clocks it never got; summary()["applied"] is False when no request landed, and then no saving may be
+claimed. In a forked child (a DataLoader worker) the inherited applier does nothing at all: it has no
+threads there, and step() and close() neither set nor reset the parent's GPUs.
+
 What a step means in time (`emo.policy.issue_plan`) is defined once, beside the policy, and shared
 with the virtual GPU and the predictor; this module only holds the threads. The NVML applier that
 drives real GPUs is emo.device.nvml.nvml_applier.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from typing import Callable, Protocol
 
 from emo.policy import FrequencyPolicy, Issue, issue_plan
+
+
+class ClockRequestFailed(RuntimeError):
+    """A clock request failed under strict=True: the job must not run on believing it was applied."""
+
+
+class RequestDropped(Exception):
+    """A request the setter deliberately did not make (its clocks are being reset): not a failure."""
 
 
 class ClockSetter(Protocol):
@@ -81,9 +99,16 @@ class PolicyApplier:
     JOIN_S = 5.0  # how long close() waits for a request in flight before resetting anyway
 
     def __init__(self, policy: FrequencyPolicy, setter: ClockSetter, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None, clock: Callable[[], float] = time.monotonic):
+                 lead_ms: float | None = None, clock: Callable[[], float] = time.monotonic, strict: bool = False):
         self.policy = policy
         self.setter = setter
+        self.strict = strict
+        self._pid = os.getpid()  # a forked child's copy of this applier does nothing
+        self.landed = self.failed = self.dropped = self.resets_failed = 0
+        self._counts = threading.RLock()  # the GPUs' threads count at once (re-entrant: close() may run in a handler)
+        self._landed_on: set[int] = set()  # GPUs some request landed on: only their failed resets matter
+        self.first_error: str | None = None  # the one line printed for the first failure
+        self._said_summary = False
         self.lead_ms = policy.lead_ms if lead_ms is None else float(lead_ms)
         self._clock = clock
         self._cond = threading.Condition()
@@ -106,25 +131,72 @@ class PolicyApplier:
             t.start()
 
     def _issue(self, target: int, mhz: int) -> None:
+        if os.getpid() != self._pid:
+            return
         with self._requests[target]:
             if self._closed:  # closing: the reset must stay the last request
                 return
             try:
                 self.setter.set_clock(target, mhz)
                 self.log.append((self._clock(), target, mhz))
-            except BaseException as e:  # keep the training loop alive; report at close
-                self.errors.append(e)
+                with self._counts:
+                    self.landed += 1
+                    self._landed_on.add(target)
+            except RequestDropped:
+                with self._counts:
+                    self.dropped += 1
+            except BaseException as e:  # keep the training loop alive; said now, counted, raised by step() if strict
+                self._fail(e, f"GPU {target}: could not lock the SM clock at {mhz} MHz", "failed")
             if self._closed:  # close() gave up waiting for this request and reset before it landed
                 self._reset(target)
 
     def _reset(self, target: int) -> None:
         try:
             self.setter.reset_clock(target)
+        except RequestDropped:
+            pass
         except BaseException as e:
+            if target in self._landed_on:  # else nothing was changed that a reset must undo
+                self._fail(e, f"GPU {target}: could not reset the SM clock", "resets_failed")
+
+    def _fail(self, e: BaseException, what: str, counter: str) -> None:
+        with self._counts:
+            setattr(self, counter, getattr(self, counter) + 1)
             self.errors.append(e)
+            if self.first_error is not None:
+                return
+            reason = getattr(e, "reason", None) or str(e) or type(e).__name__
+            self.first_error = f"emo: {what}: {reason}"
+        print(self.first_error, file=sys.stderr, flush=True)
+
+    def summary(self) -> dict:
+        """What happened: requests landed / failed / dropped (the setter was resetting), failed resets,
+        iterations, and `applied`: some request landed and none failed (else report no savings)."""
+        return {"landed": self.landed, "failed": self.failed, "dropped": self.dropped,
+                "resets_failed": self.resets_failed, "iterations": self._generation,
+                "applied": self.landed > 0 and self.failed == 0, "first_error": self.first_error}
+
+    def summary_line(self) -> str:
+        s = self.summary()
+        line = f"emo: clock requests: {s['landed']} landed, {s['failed']} failed"
+        if s["resets_failed"]:
+            line += f", {s['resets_failed']} resets failed (run `emo reset-clocks`)"
+        if s["landed"] == 0 and s["iterations"]:
+            line += "; no clock was ever changed, so this run saved nothing"
+        return line
+
+    def _raise_if_failed(self) -> None:
+        if self.strict and (self.failed or self.resets_failed):
+            raise ClockRequestFailed(f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
+                                     f"{self.summary_line().removeprefix('emo: ')})")
 
     def step(self) -> None:
-        """Mark the start of an iteration (the policy's t = 0)."""
+        """Mark the start of an iteration (the policy's t = 0). strict: a failed request raises here."""
+        if os.getpid() != self._pid:
+            return
+        if self.strict and self.failed:
+            self.close()
+            self._raise_if_failed()
         with self._cond:
             self._t0 = self._clock()
             self._generation += 1
@@ -138,7 +210,10 @@ class PolicyApplier:
         """Reset every GPU's clocks, the last request each sees (safe from any thread, from a signal
         handler, and more than once). The threads are not joined: a handler may run while this
         thread holds the condition they wait on. They stop at their next wake-up, and none starts a
-        request once closing began (the per-GPU request lock and the closed flag see to that)."""
+        request once closing began (the per-GPU request lock and the closed flag see to that).
+        Prints the summary line once. In a forked child it does nothing."""
+        if os.getpid() != self._pid:
+            return
         with self._cond:
             if self._closed:
                 return
@@ -154,9 +229,14 @@ class PolicyApplier:
             finally:
                 if got:
                     lock.release()
+        if not self._said_summary and self._threads:
+            self._said_summary = True
+            print(self.summary_line(), file=sys.stderr, flush=True)
 
     def __enter__(self) -> "PolicyApplier":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, tb) -> None:
         self.close()
+        if kind is None:
+            self._raise_if_failed()

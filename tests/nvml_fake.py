@@ -2,7 +2,8 @@
 
 It keeps the real module's NVMLError classes and constants, simulates N GPUs with supported clocks,
 locked clocks, power limits and an energy counter, and records every call in `calls` (and, when
-`log_path` is set, appends each call as a line, so a test can read what a killed subprocess did).
+`log_path` is set, appends each call as a line, so a test can read what a killed subprocess did; with
+`stamp`, each call ends with its time.monotonic(), which every process on the machine shares).
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}
 class FakeNVML(types.ModuleType):
     def __init__(self, gpus: int = 2, *, permission: bool = True, lock_supported: bool = True,
                  init_error: int | None = None, log_path: str | None = None,
-                 clock_delay_ms=0.0, now=None):
+                 clock_delay_ms=0.0, now=None, stamp: bool = False):
         super().__init__("pynvml")
         for k in dir(_real):
             if k.startswith("NVML_") or k.startswith("NVMLError"):
                 setattr(self, k, getattr(_real, k))
         self.gpus, self.permission, self.lock_supported = gpus, permission, lock_supported
         self.init_error, self.log_path = init_error, log_path
+        self.stamp = stamp  # end each logged call with time.monotonic() (one clock for all processes)
         self.calls: list[tuple] = []
         self.locked: dict[int, tuple[int, int] | None] = {i: None for i in range(gpus)}
         self.limit_mw = {i: 400_000 for i in range(gpus)}
@@ -38,6 +40,8 @@ class FakeNVML(types.ModuleType):
         self.landing: dict[int, tuple[int, float]] = {}  # GPU -> (clock, when it shows)
 
     def _log(self, *call) -> None:
+        if self.stamp:
+            call = (*call, time.monotonic())
         self.calls.append(call)
         if self.log_path:
             with open(self.log_path, "a") as f:
@@ -142,3 +146,33 @@ def install(monkeypatch, **kw) -> FakeNVML:
     fake = FakeNVML(**kw)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     return fake
+
+
+FAKE_ENV = "EMO_FAKE_NVML"  # JSON keyword arguments of FakeNVML, for a process the test does not run itself
+
+
+def from_env() -> FakeNVML:
+    """The fake the clock owner uses in tests (EMO_CLOCK_OWNER_NVML=nvml_fake:from_env)."""
+    import os
+
+    return FakeNVML(**json.loads(os.environ.get(FAKE_ENV, "{}")))
+
+
+def owner_env(log_path=None, **kw) -> dict:
+    """Environment under which a process's clock owner (emo.device.clock_owner) uses a FakeNVML(**kw)
+    that logs its calls to log_path: merge it into a subprocess's env, or monkeypatch it in."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return {"EMO_CLOCK_OWNER_NVML": "nvml_fake:from_env", "PYTHONPATH": path,
+            FAKE_ENV: json.dumps({**kw, "log_path": None if log_path is None else str(log_path)})}
+
+
+def read_log(path) -> list[tuple]:
+    """The calls a FakeNVML logged to `path` (none if it was never written)."""
+    import os
+
+    if not os.path.exists(path):
+        return []
+    return [tuple(json.loads(ln)) for ln in open(path).read().splitlines() if ln.strip()]

@@ -6,7 +6,6 @@ killed process did can be read afterwards.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -23,6 +22,8 @@ from emo.policy import FrequencyPolicy, Step
 from emo.runtime import PolicyApplier
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import nvml_fake  # noqa: E402
 
 # A training loop at 1 ms policy steps on two GPUs, killed (by the parent) at a random point.
 CHILD = textwrap.dedent("""
@@ -37,6 +38,10 @@ CHILD = textwrap.dedent("""
     clocks = [1410, 1395, 1380, 900, 705]
     steps = [Step(t, clocks[t % len(clocks)]) for t in range(0, 10)]  # a change every 1 ms
     ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={{0: steps, 1: steps[::-1]}}, period_ms=10), lead_ms=0)
+    ap.step()
+    deadline = time.monotonic() + 20
+    while not ap.log and time.monotonic() < deadline:  # a first clock landed (through the clock owner)
+        time.sleep(0.001)
     print("ready", flush=True)
     end = time.monotonic() + float(sys.argv[2])
     while time.monotonic() < end:
@@ -51,7 +56,7 @@ def _run_once(tmp: Path, pattern: str, delay_s: float) -> tuple[list[tuple], int
     life = delay_s if pattern == "exit" else 30
     p = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), str(log), str(life)],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(log, gpus=2)})
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(delay_s)
@@ -66,7 +71,14 @@ def _run_once(tmp: Path, pattern: str, delay_s: float) -> tuple[list[tuple], int
     finally:
         if p.poll() is None:
             p.kill()
-    return [tuple(json.loads(ln)) for ln in log.read_text().splitlines() if ln.strip()], p.returncode
+    _wait_for_resets(log)  # a violent end is reset by the clock owner, moments after the death
+    return nvml_fake.read_log(log), p.returncode
+
+
+def _wait_for_resets(log: Path, bound_s: float = 1.0) -> None:
+    end = time.monotonic() + bound_s
+    while time.monotonic() < end and set(_last_call_is_reset(nvml_fake.read_log(log)).values()) - {"reset"}:
+        time.sleep(0.01)
 
 
 def _last_call_is_reset(calls: list[tuple]) -> dict[int, str]:
@@ -148,13 +160,15 @@ def test_no_request_starts_once_close_began():
     assert {d: c[0] for c in setter.calls for d in [c[1]]} == {0: "reset", 1: "reset"}
 
 
-def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch):
-    sys.path.insert(0, str(HERE))
-    import nvml_fake
-
+def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch, tmp_path):
+    from emo.device import clock_owner
     from emo.device import nvml as nv
 
-    fake = nvml_fake.install(monkeypatch)
+    monkeypatch.setattr(clock_owner, "_OWNER", None)  # this test's own owner, with this test's fake
+    log = tmp_path / "calls.jsonl"
+    nvml_fake.install(monkeypatch)
+    for k, v in nvml_fake.owner_env(log).items():  # the clock owner makes the calls, into this log
+        monkeypatch.setenv(k, v)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     guard = nv._RestoreGuard()
     monkeypatch.setattr(nv, "_GUARD", guard)
@@ -165,11 +179,14 @@ def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch):
         ap.step()
         time.sleep(0.003)
     assert guard.restore_all() == []
-    n = len(fake.calls)
+    n = len(nvml_fake.read_log(log))
     time.sleep(0.05)
-    assert len(fake.calls) == n  # nothing after the restore
-    assert _last_call_is_reset(fake.calls) == {0: "reset", 1: "reset"}
+    calls = nvml_fake.read_log(log)
+    assert len(calls) == n  # nothing after the restore
+    assert _last_call_is_reset(calls) == {0: "reset", 1: "reset"}
     assert guard.pending() == {}
+    clock_owner._OWNER.close()
+    assert clock_owner._OWNER.proc.returncode == 0
 
 
 def test_sighup_is_handled():

@@ -1,16 +1,13 @@
-"""emo.device.nvml with a fake `pynvml` (tests/nvml_fake.py) and a fake zeusd on a temp unix socket."""
+"""emo.device.nvml with a fake `pynvml` (tests/nvml_fake.py)."""
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socketserver
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -136,70 +133,7 @@ def test_run_rejects_synthetic_workloads(monkeypatch):
         dev.run({"kind": "tp"}, 3)
 
 
-# --------------------------------------------------------------------------- zeusd
-class _ZeusdHandler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append((self.path, body))
-        if self.server.fail:
-            self.send_response(400)
-            self.end_headers()
-            self.wfile.write(b"GPU 0: Insufficient Permissions")
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
-
-    def address_string(self):
-        return "unix"
-
-
-@pytest.fixture
-def zeusd(tmp_path, monkeypatch):
-    path = str(tmp_path / "zeusd.sock")
-    server = socketserver.ThreadingUnixStreamServer(path, _ZeusdHandler)
-    server.requests, server.fail = [], False
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    monkeypatch.setenv("ZEUSD_SOCK_PATH", path)
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def test_zeusd_relays_clock_and_power_changes(monkeypatch, zeusd):
-    fake, dev = _device(monkeypatch, root=False, permission=False)  # NVML itself would refuse
-    assert dev.controller.via == "zeusd"
-    dev.lock_clock(1, 705)
-    dev.set_power_limit(300)
-    dev.close()
-    assert zeusd.requests == [
-        ("/gpu/1/set_gpu_locked_clocks", {"min_clock_mhz": 705, "max_clock_mhz": 705, "block": True}),
-        ("/gpu/0/set_power_limit", {"power_limit_mw": 300000, "block": True}),
-        ("/gpu/1/set_power_limit", {"power_limit_mw": 300000, "block": True}),
-        # close(): per GPU in index order, clocks then power limit
-        ("/gpu/0/set_power_limit", {"power_limit_mw": 400000, "block": True}),
-        ("/gpu/1/reset_gpu_locked_clocks", {"block": True}),
-        ("/gpu/1/set_power_limit", {"power_limit_mw": 400000, "block": True}),
-    ]
-    assert not [c for c in fake.calls if c[0] in ("lock", "reset", "power")]
-
-
-def test_zeusd_refusal_is_reported(monkeypatch, zeusd):
-    zeusd.fail = True
-    fake, dev = _device(monkeypatch, root=False)
-    with pytest.raises(nv.GpuAccessError, match="answered 400: GPU 0: Insufficient Permissions"):
-        dev.lock_clock(0, 900)
-
-
-def test_missing_zeusd_socket(monkeypatch, tmp_path):
-    fake, dev = _device(monkeypatch, root=False)
-    monkeypatch.setenv("ZEUSD_SOCK_PATH", str(tmp_path / "nope.sock"))
-    with pytest.raises(nv.GpuAccessError, match="no such socket"):
-        dev.lock_clock(0, 900)
+# zeusd: tests/test_zeusd.py, against a fake that follows zeusd 0.5's route table.
 
 
 # --------------------------------------------------------------------------- reset-clocks

@@ -93,7 +93,56 @@ def test_setter_errors_are_kept_not_raised_in_the_loop():
     ap.close()  # idempotent
     assert len(ap.errors) >= 1 and "refused" in str(ap.errors[0])
     assert [c[1] for c in setter.calls].count("reset") == 1
+    assert ap.failed >= 1 and ap.landed == 1 and not ap.summary()["applied"]
 
+
+
+def test_the_first_failure_is_one_line_at_once_and_close_says_what_landed(capsys):
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(5, 900)]}, period_ms=10, lead_ms=0)
+    ap = PolicyApplier(pol, FakeSetter(fail_on=900), devices={0: 3})
+    for _ in range(5):
+        ap.step()
+        time.sleep(0.012)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["emo: GPU 3: could not lock the SM clock at 900 MHz: refused"]  # said before close, once
+    ap.close()
+    ap.close()
+    s = ap.summary()
+    assert s["failed"] >= 2 and s["landed"] >= 2 and not s["applied"]
+    assert capsys.readouterr().err.splitlines() == [f"emo: clock requests: {s['landed']} landed, {s['failed']} failed"]
+
+
+def test_nothing_landed_means_no_savings():
+    class Refusing(FakeSetter):
+        def set_clock(self, device, mhz):
+            raise PermissionError("no permission")
+
+    ap = PolicyApplier(FrequencyPolicy(gpu="a100", steps={0: [Step(0, 900)]}, period_ms=10), Refusing())
+    ap.step()
+    time.sleep(0.03)
+    ap.close()
+    assert ap.summary()["applied"] is False and ap.landed == 0
+    assert "saved nothing" in ap.summary_line()
+
+
+def test_strict_turns_a_failure_into_an_error_at_the_next_step_and_at_exit():
+    from emo.runtime import ClockRequestFailed
+
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 900)]}, period_ms=10)
+    setter = FakeSetter(fail_on=900)
+    ap = PolicyApplier(pol, setter, strict=True)
+    ap.step()
+    time.sleep(0.03)
+    with pytest.raises(ClockRequestFailed, match="could not lock the SM clock at 900 MHz: refused"):
+        ap.step()
+    assert [c[1] for c in setter.calls] == ["reset"]  # it reset before raising
+    with pytest.raises(ClockRequestFailed):
+        with PolicyApplier(pol, FakeSetter(fail_on=900), strict=True) as ap2:
+            ap2.step()
+            time.sleep(0.03)
+    with PolicyApplier(pol, FakeSetter(), strict=True) as ap3:  # nothing failed: nothing raised
+        ap3.step()
+        time.sleep(0.02)
 
 
 def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path):
@@ -120,8 +169,12 @@ def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path
         print("ready", flush=True)
         time.sleep(30)
     """)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import nvml_fake
+
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "",
+                              **nvml_fake.owner_env(log)})  # the clock owner's calls go to the same log
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=20)

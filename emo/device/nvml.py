@@ -2,10 +2,16 @@
 
 Measurement follows Zeus: the energy counter (mJ, `nvmlDeviceGetTotalEnergyConsumption`) and the wall
 clock around a window. Control is locked SM clocks (`nvmlDeviceSetGpuLockedClocks`) or a power limit,
-set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not. Whatever this process
-changed is put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP (atexit plus signal
-handlers that chain the ones already installed), the runtime appliers' threads stopped first so that
-the reset is the last call each GPU sees; `emo reset-clocks` covers a run killed with -9.
+set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not (ClockController).
+
+Who owns the clocks: a training job's clocks (nvml_applier) are set by a clock owner, a small side
+process (emo.device.clock_owner) that resets every GPU it touched when the trainer dies in any way.
+EMO's own stages (calibrate) set clocks in-process through ClockController; whatever they changed is
+put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP (atexit plus signal handlers
+that chain the ones already installed), the runtime appliers' threads stopped first so that the reset
+is the last call each GPU sees. A forked child never sets or resets its parent's GPUs: the
+controller, the guard and its handlers do nothing in a process other than the one that made them.
+`emo reset-clocks` is the last resort when even the owner died (a node crash, or SIGKILL to both).
 
 Only this module and its helpers import pynvml, lazily, so the package imports without a driver.
 """
@@ -28,13 +34,19 @@ from typing import Any, Callable
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
 from emo.device import ProfilingUnavailable as NoCounters
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
-from emo.device.zeusd import SOCK_ENV, ZeusdClient, ZeusdError
+from emo.device import zeusd as _zeusd
+from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier
 
 
 class GpuAccessError(ValueError):
-    """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line."""
+    """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line.
+    `cause`: one of emo.device.zeusd.CAUSES when known; `reason`: the message without what was asked."""
+
+    def __init__(self, message: str, *, cause: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.cause, self.reason = cause, reason if reason is not None else message
 
 
 class ProfilingUnavailable(GpuAccessError, NoCounters):
@@ -56,39 +68,51 @@ def nvml_init(nvml) -> None:
         raise GpuAccessError(f"cannot initialise NVML ({e}): no NVIDIA driver or GPU on this machine") from e
 
 
+PERMISSION_HINT = (f"Run as root, or start zeusd (sudo zeusd --socket-path /var/run/zeusd.sock "
+                   f"--socket-permissions 666) and export {SOCK_ENV}=/var/run/zeusd.sock")
+
+
 def explain(nvml, e: Exception, what: str) -> GpuAccessError:
-    """One clear line for the NVML failures a user can act on."""
+    """One clear line for the NVML failures a user can act on: what was asked, the cause, what to do."""
     value = getattr(e, "value", None)
     if value == nvml.NVML_ERROR_NO_PERMISSION:
-        return GpuAccessError(
-            f"{what}: permission denied. Run as root, or start zeusd "
-            f"(sudo zeusd --socket-path /var/run/zeusd.sock --socket-permissions 666) "
-            f"and export {SOCK_ENV}=/var/run/zeusd.sock")
-    if value == nvml.NVML_ERROR_NOT_SUPPORTED:
-        return GpuAccessError(f"{what}: this GPU or driver does not support it (NVML_ERROR_NOT_SUPPORTED; "
-                              "locked clocks need Volta or newer)")
-    return GpuAccessError(f"{what}: NVML error: {e}")
+        cause, reason = _zeusd.PERMISSION, f"permission denied (no permission). {PERMISSION_HINT}"
+    elif value == nvml.NVML_ERROR_NOT_SUPPORTED:
+        cause, reason = _zeusd.NOT_SUPPORTED, ("this GPU or driver does not support it (NVML_ERROR_NOT_SUPPORTED; "
+                                               "locked clocks need Volta or newer)")
+    elif value == nvml.NVML_ERROR_INVALID_ARGUMENT:
+        cause, reason = _zeusd.OUT_OF_RANGE, ("out of range (NVML_ERROR_INVALID_ARGUMENT): use a clock and GPU index "
+                                              "this GPU supports (`emo gpu-config` lists them)")
+    else:
+        cause, reason = _zeusd.OTHER, f"NVML error: {e}"
+    return GpuAccessError(f"{what}: {reason}", cause=cause, reason=reason)
 
 
 # --------------------------------------------------------------------------- control
 class ClockController:
-    """Sets and resets locked SM clocks and power limits by NVML index: directly or via zeusd."""
+    """Sets and resets locked SM clocks and power limits by NVML index: directly or via zeusd.
+    `guarded`: what it changes is put back at exit by the restore guard (False in the clock owner,
+    which resets by itself). It refuses to act in a forked child of the process that made it."""
 
-    def __init__(self, nvml, zeusd: ZeusdClient | None = None):
+    def __init__(self, nvml, zeusd: ZeusdRelay | None = None, *, guarded: bool = True):
         self.nvml = nvml
         self.zeusd = zeusd
+        self.guarded = guarded
+        self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
 
     @classmethod
-    def auto(cls, nvml) -> "ClockController":
-        """Root: NVML directly. Otherwise zeusd when ZEUSD_SOCK_PATH is set (and must exist).
-        Neither: NVML directly, whose NO_PERMISSION becomes the "root or zeusd" message."""
-        if os.geteuid() == 0:
-            return cls(nvml)
-        client = ZeusdClient.from_env()
-        if client is not None and not client.available():
-            raise GpuAccessError(f"{SOCK_ENV}={client.sock_path}: no such socket (is zeusd running?)")
-        return cls(nvml, client)
+    def auto(cls, nvml, *, guarded: bool = True) -> "ClockController":
+        """zeusd when ZEUSD_SOCK_PATH (or ZEUSD_HOST_PORT) is set, as Zeus does: it must answer as
+        zeusd 0.5 and let us control GPUs. Otherwise NVML directly, which needs root (its
+        NO_PERMISSION becomes the "root or zeusd" message)."""
+        try:
+            relay = ZeusdRelay.from_env()
+            if relay is not None:
+                relay.connect()
+        except ZeusdError as e:
+            raise GpuAccessError(str(e), cause=e.cause) from e
+        return cls(nvml, relay, guarded=guarded)
 
     @property
     def via(self) -> str:
@@ -103,25 +127,31 @@ class ClockController:
         return self._handles[index]
 
     def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[], None]) -> None:
+        if os.getpid() != self._pid:
+            raise GpuAccessError(f"{what}: refused in a forked child (pid {os.getpid()}): only the process "
+                                 "that set up clock control may change its GPUs", cause="forked child",
+                                 reason="refused in a forked child")
         try:
             relayed() if self.zeusd else direct()
         except self.nvml.NVMLError as e:
             raise explain(self.nvml, e, what) from e
         except ZeusdError as e:
-            raise GpuAccessError(f"{what}: {e}") from e
+            raise GpuAccessError(f"{what}: {e}", cause=e.cause, reason=str(e)) from e
 
     def set_clock(self, index: int, mhz: int) -> None:
         mhz = int(mhz)
         self._do(f"lock SM clock of GPU {index} at {mhz} MHz",
                  lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
                  lambda: self.zeusd.set_gpu_locked_clocks(index, mhz, mhz))
-        _GUARD.changed(self, index, "clocks")
+        if self.guarded:
+            _GUARD.changed(self, index, "clocks")
 
     def reset_clock(self, index: int) -> None:
         self._do(f"reset SM clock of GPU {index}",
                  lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
                  lambda: self.zeusd.reset_gpu_locked_clocks(index))
-        _GUARD.restored(index, "clocks")
+        if self.guarded:
+            _GUARD.restored(index, "clocks")
 
     def set_power_limit(self, index: int, watts: float) -> None:
         h = self.handle(index)
@@ -133,7 +163,8 @@ class ClockController:
         self._do(f"set power limit of GPU {index} to {watts} W",
                  lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
                  lambda: self.zeusd.set_power_limit(index, mw))
-        _GUARD.changed(self, index, "power")
+        if self.guarded:
+            _GUARD.changed(self, index, "power")
 
     def reset_power_limit(self, index: int) -> None:
         h = self.handle(index)
@@ -141,7 +172,8 @@ class ClockController:
         self._do(f"reset power limit of GPU {index}",
                  lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
                  lambda: self.zeusd.set_power_limit(index, mw))
-        _GUARD.restored(index, "power")
+        if self.guarded:
+            _GUARD.restored(index, "power")
 
 
 class _RestoreGuard:
@@ -158,6 +190,13 @@ class _RestoreGuard:
         self._previous: dict[int, Any] = {}
         self._appliers: list[PolicyApplier] = []
 
+    def forget(self) -> None:
+        """In a forked child: nothing of the parent's is ours to restore. The handlers stay installed
+        (they chain to the previous ones) but find nothing to do; the lock may have been held by a
+        parent thread at the fork, so it is made anew."""
+        self._lock = threading.RLock()
+        self._changed, self._controller, self._appliers = {}, None, []
+
     def track(self, applier: PolicyApplier) -> None:
         """An applier whose threads restore_all must stop before it resets anything."""
         with self._lock:
@@ -170,7 +209,7 @@ class _RestoreGuard:
             if not self._installed:
                 self._install()
 
-    def arm(self, controller: ClockController) -> None:
+    def arm(self, controller: ClockController | None = None) -> None:
         """Install the handlers now, from the main thread, for changes later made by other threads
         (signal handlers can only be installed from the main thread)."""
         with self._lock:
@@ -228,17 +267,23 @@ class _RestoreGuard:
 
 
 _GUARD = _RestoreGuard()
+os.register_at_fork(after_in_child=lambda: _GUARD.forget())  # late lookup: tests swap _GUARD
 
 
 def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None) -> PolicyApplier:
-    """The runtime applier (emo.runtime) driving real GPUs (NVML as root, else zeusd). `devices` maps
-    policy device ids to NVML indices; by default rank r of a torchrun job drives its own GPU
-    (LOCAL_RANK). Its threads are stopped before any restore (at exit, on a signal)."""
+                 lead_ms: float | None = None, strict: bool = False) -> PolicyApplier:
+    """The runtime applier (emo.runtime.PolicyApplier) driving real GPUs through this process's clock
+    owner (emo.device.clock_owner: NVML as root, else zeusd), which resets every GPU it locked however
+    this process dies. `devices` maps policy device ids to NVML indices; by default rank r of a
+    torchrun job drives its own GPU (LOCAL_RANK). A failed request prints one line at once; the
+    summary (`.summary()`, `.landed`, `.failed`) is printed on close. strict=True: the owner must be
+    able to control clocks now (else GpuAccessError here), and a failed request makes the next
+    step() raise emo.runtime.ClockRequestFailed. Its threads are stopped before any restore on a
+    signal or at exit, so a graceful end resets from here; a violent one, from the owner."""
+    from emo.device import clock_owner
+
     nvml = import_pynvml()
     nvml_init(nvml)
-    ctl = ClockController.auto(nvml)
-    _GUARD.arm(ctl)  # the clock threads are not the main thread: install the signal handlers here
     if devices is None:
         visible = visible_nvml_indices(nvml)
         if "LOCAL_RANK" in os.environ:
@@ -246,20 +291,13 @@ def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = No
             devices = {rank: visible[local]}
         else:
             devices = {d: visible[d] for d in policy.steps if d < len(visible)}
-    applier = PolicyApplier(policy, _ControllerSetter(ctl), devices=devices, lead_ms=lead_ms)
+    owner = clock_owner.owner()
+    if strict and owner.error is not None:
+        raise GpuAccessError(f"cannot control GPU clocks: {owner.error}", cause=owner.error.cause)
+    _GUARD.arm()  # the clock threads are not the main thread: install the signal handlers here
+    applier = PolicyApplier(policy, owner, devices=devices, lead_ms=lead_ms, strict=strict)
     _GUARD.track(applier)
     return applier
-
-
-class _ControllerSetter:
-    def __init__(self, ctl: ClockController):
-        self.ctl = ctl
-
-    def set_clock(self, device: int, mhz: int) -> None:
-        self.ctl.set_clock(device, mhz)
-
-    def reset_clock(self, device: int) -> None:
-        self.ctl.reset_clock(device)
 
 
 def visible_nvml_indices(nvml) -> list[int]:

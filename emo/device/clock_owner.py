@@ -1,0 +1,289 @@
+"""The clock owner: a small side process that sets a trainer's GPU clocks and resets them when it dies.
+
+A training process can die where no code of its own runs: SIGKILL after a grace period while its
+main thread is stuck in C (a rank hung in NCCL), `os.abort()` (NCCL's watchdog), `os._exit`, a
+framework's SIGTERM handler installed over EMO's. So the trainer does not set clocks itself: it
+spawns one owner (`python -m emo.device.clock_owner`, once per process, shared by its appliers) and
+sends it requests over a socketpair; the owner makes them (NVML as root, else relayed to zeusd:
+emo.device.nvml.ClockController) and answers each, so a failure comes back to the trainer and is said
+there. The owner notices the trainer's death itself: the kernel closes the trainer's end of the
+socket (EOF) and makes its pidfd readable, however it died. It then resets every GPU it locked and
+exits, within RESET_BOUND_S (it sleeps in select() until then, so the reset follows at once).
+
+It runs in its own session, so a terminal's or a process group's SIGINT/SIGHUP do not reach it.
+SIGTERM/SIGINT/SIGHUP sent to it directly (a scheduler that signals every process of a job) make
+it reset at once and refuse further locks until the trainer is gone: when SIGKILL then reaches both,
+the clocks are already back. No PR_SET_PDEATHSIG: it would kill the owner with the trainer, the
+very moment it must reset. A forked child of the trainer has no access to the owner (its copy of
+the socket is closed at fork) and its inherited appliers refuse to act (emo.runtime).
+
+Protocol: one JSON object per line. Request {"id", "op": "set"|"reset", "gpu", "mhz"}; answer
+{"id", "ok": true} or {"id", "ok": false, "cause", "error"}; the first line the owner writes is
+a hello ({"id": 0, "ok", "via"} or the error that stops it from controlling clocks).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from emo.device.nvml import GpuAccessError
+from emo.runtime import RequestDropped
+
+RESET_BOUND_S = 1.0  # stated bound: the trainer's death to the last GPU reset (measured: milliseconds)
+START_S = 60.0  # the owner's start (a Python interpreter and emo.device.nvml)
+REPLY_S = 30.0  # one request: zeusd's own timeout is 5 s; NVML answers in milliseconds
+NVML_ENV = "EMO_CLOCK_OWNER_NVML"  # "module:factory" returning a pynvml stand-in (tests' NVML fake)
+DRAINING, OWNER_DIED = "owner resetting", "clock owner gone"
+
+
+# --------------------------------------------------------------------------- the trainer's side
+class ClockOwner:
+    """The trainer's handle on its clock owner: a ClockSetter (emo.runtime) whose calls are made by
+    the owner. Thread-safe (one request at a time); refuses to act in a forked child."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc, self._sock = proc, sock
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._next = 1
+        self._buf = b""
+        sock.settimeout(START_S)
+        hello = self._read(0)
+        self.via = hello.get("via", "?")
+        self.error = None if hello.get("ok") else _error(hello)  # controlling clocks is impossible
+
+    def alive(self) -> bool:
+        return self._sock is not None and self.proc.poll() is None
+
+    def set_clock(self, device: int, mhz: int) -> None:
+        self._request({"op": "set", "gpu": int(device), "mhz": int(mhz)})
+
+    def reset_clock(self, device: int) -> None:
+        self._request({"op": "reset", "gpu": int(device)})
+
+    def _request(self, req: dict) -> None:
+        if os.getpid() != self._pid:
+            raise GpuAccessError("refused in a forked child: only the process that started the clock owner may "
+                                 "change its GPUs", cause="forked child", reason="refused in a forked child")
+        with self._lock:
+            if self._sock is None:
+                raise GpuAccessError(f"{OWNER_DIED}: run `emo reset-clocks`", cause=OWNER_DIED)
+            rid, self._next = self._next, self._next + 1
+            try:
+                self._sock.settimeout(REPLY_S)
+                self._sock.sendall((json.dumps({"id": rid, **req}) + "\n").encode())
+                answer = self._read(rid)
+            except (OSError, ValueError) as e:
+                self._sock.close()  # a stuck owner sees EOF, resets and exits
+                self._sock = None
+                why = "no answer in %gs" % REPLY_S if isinstance(e, TimeoutError) else f"exit status {self.proc.poll()}"
+                raise GpuAccessError(f"{OWNER_DIED} ({why}): run `emo reset-clocks`", cause=OWNER_DIED) from e
+        if not answer.get("ok"):
+            raise _error(answer)
+
+    def _read(self, rid: int) -> dict:
+        while True:
+            while b"\n" not in self._buf:
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the clock owner closed its socket")
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg.get("id") == rid:  # an answer to a request that timed out earlier is dropped
+                return msg
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the owner as a death would: it resets every GPU it locked and exits."""
+        with self._lock:
+            if self._sock is not None and os.getpid() == self._pid:
+                self._sock.close()
+            self._sock = None
+        if os.getpid() == self._pid:
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _forget(self) -> None:
+        """In a forked child: drop the child's copy of the socket (it must neither use it nor keep it open)."""
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+
+
+class Dropped(GpuAccessError, RequestDropped):
+    """The owner got a signal, reset the clocks and takes no more locks: not a failure."""
+
+
+def _error(answer: dict) -> GpuAccessError:
+    reason, cause = answer.get("error", "?"), answer.get("cause")
+    return (Dropped if cause == DRAINING else GpuAccessError)(reason, cause=cause, reason=reason)
+
+
+_OWNER: ClockOwner | None = None
+_OWNER_LOCK = threading.Lock()
+
+
+def owner() -> ClockOwner:
+    """This process's clock owner, started on first use (and again if it died)."""
+    global _OWNER
+    with _OWNER_LOCK:
+        if _OWNER is None or not _OWNER.alive():
+            _OWNER = spawn()
+        return _OWNER
+
+
+def spawn() -> ClockOwner:
+    ours, theirs = socket.socketpair()
+    root = str(Path(__file__).resolve().parents[2])  # the owner imports the same emo as this process
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "emo.device.clock_owner", str(theirs.fileno()), str(os.getpid())],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    finally:
+        theirs.close()
+    try:
+        return ClockOwner(proc, ours)
+    except (OSError, ValueError) as e:
+        ours.close()
+        raise GpuAccessError(f"the clock owner did not start (exit status {proc.poll()}): {e}",
+                             cause=OWNER_DIED) from e
+
+
+def _after_fork_in_child() -> None:
+    global _OWNER, _OWNER_LOCK
+    if _OWNER is not None:
+        _OWNER._forget()
+    _OWNER, _OWNER_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --------------------------------------------------------------------------- the owner's side
+def _load_nvml():
+    spec = os.environ.get(NVML_ENV)
+    if spec:  # tests: the NVML fake, the only stand-in, at the NVML boundary
+        import importlib
+
+        mod, _, attr = spec.partition(":")
+        return getattr(importlib.import_module(mod), attr)()
+    from emo.device.nvml import import_pynvml
+
+    return import_pynvml()
+
+
+def _watch_parent(parent: int):
+    """A file descriptor that becomes readable when `parent` exits (its pidfd), or None."""
+    try:
+        return os.pidfd_open(parent)
+    except (AttributeError, OSError):  # no pidfd (old kernel): the socket's EOF alone tells
+        return None
+
+
+def serve(sock: socket.socket, parent: int) -> int:
+    from emo.device import zeusd
+    from emo.device.nvml import ClockController, nvml_init
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)  # noted through the wakeup fd, handled in the loop below
+    pidfd = _watch_parent(parent)
+    if os.getppid() != parent:  # the trainer died before we started: nothing was locked
+        return 0
+    try:
+        nvml = _load_nvml()
+        nvml_init(nvml)
+        ctl, init_error = ClockController.auto(nvml, guarded=False), None
+    except GpuAccessError as e:
+        ctl, init_error = None, e
+    locked: set[int] = set()
+    draining = False
+
+    def send(msg: dict) -> bool:
+        try:
+            sock.sendall((json.dumps(msg) + "\n").encode())
+            return True
+        except OSError:
+            return False
+
+    def reset_all() -> None:
+        for gpu in sorted(locked):
+            try:
+                ctl.reset_clock(gpu)
+                locked.discard(gpu)
+            except GpuAccessError as e:
+                print(f"emo clock owner: could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`",
+                      file=sys.stderr, flush=True)
+
+    def handle(req: dict) -> dict:
+        rid, op, gpu = req.get("id"), req.get("op"), int(req.get("gpu", -1))
+        if init_error is not None:
+            return {"id": rid, "ok": False, "cause": init_error.cause, "error": str(init_error)}
+        if op == "set" and draining:
+            return {"id": rid, "ok": False, "cause": DRAINING, "error": "the clock owner got a signal and reset the clocks"}
+        try:
+            if op == "set":
+                ctl.set_clock(gpu, int(req["mhz"]))
+                locked.add(gpu)
+            elif op == "reset":
+                ctl.reset_clock(gpu)
+                locked.discard(gpu)
+            else:
+                return {"id": rid, "ok": False, "cause": zeusd.OTHER, "error": f"unknown request {op!r}"}
+        except GpuAccessError as e:
+            if op == "set" and e.cause in (zeusd.UNREACHABLE, zeusd.OTHER):
+                locked.add(gpu)  # it may have landed before the answer was lost: reset it at the end
+            return {"id": rid, "ok": False, "cause": e.cause, "error": e.reason}
+        return {"id": rid, "ok": True}
+
+    hello = {"id": 0, "ok": True, "via": ctl.via} if ctl else \
+        {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
+    watched = [sock, wake_r] + ([pidfd] if pidfd is not None else [])
+    buf = b""
+    alive = send(hello)
+    try:
+        while alive:
+            ready, _, _ = select.select(watched, [], [])
+            if pidfd is not None and pidfd in ready:
+                break  # the trainer is gone, whatever its socket says (a forked child may still hold a copy)
+            if wake_r in ready:
+                os.read(wake_r, 512)
+                draining = True
+                reset_all()
+            if sock in ready:
+                try:
+                    chunk = sock.recv(65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break  # EOF: the kernel closed the trainer's end, however it died
+                buf += chunk
+                while alive and b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    alive = send(handle(json.loads(line)))
+    finally:  # whatever ended the loop, even a bug of ours: the clocks come back
+        if ctl is not None:
+            reset_all()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[0]), int(argv[1])
+    sock = socket.socket(fileno=fd)
+    return serve(sock, parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
