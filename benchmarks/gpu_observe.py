@@ -409,20 +409,25 @@ TRAIN = textwrap.dedent('''
     torch.cuda.synchronize()
     n = math.ceil(float(os.environ.get("EMO_CHECK_SECONDS", "5")) / ((time.perf_counter() - t) / 10))
     policy = FrequencyPolicy.load(os.environ["EMO_CHECK_POLICY"])
-    applier = PolicyApplier(policy, Record())
-    marks = []
+    # two appliers in record mode: one timed from the host's marker, one from the GPU reaching it
+    host, gpu = PolicyApplier(policy, Record()), PolicyApplier(policy, Record())
     e0, t0 = nvml.energy_j(0), time.perf_counter()
     for i in range(20, 20 + n):
-        marks.append(time.monotonic())
-        applier.step()
+        host.step()
+        mark = torch.cuda.Event()
+        mark.record()
+        gpu.step(ready=mark.synchronize)
         nxt = iteration(i, nxt)
     torch.cuda.synchronize()
     t1, e1 = time.perf_counter(), nvml.energy_j(0)
-    applier.close()
+    time.sleep(0.1)  # the last GPU-aligned marker's requests
+    host.close()
+    gpu.close()
     with open(measure, "w") as f:
-        json.dump({"iterations": n, "time_s": t1 - t0, "energy_j": e1 - e0, "marks": marks,
-                   "requests": [[t, d, m] for t, d, m in applier.log], "errors": [str(e) for e in applier.errors],
-                   "lead_ms": applier.lead_ms}, f)
+        json.dump({"iterations": n, "time_s": t1 - t0, "energy_j": e1 - e0,
+                   "appliers": {k: {"marks": a.marks, "requests": [[t, d, m] for t, d, m in a.log],
+                                    "errors": [str(e) for e in a.errors], "lead_ms": a.lead_ms}
+                                for k, a in (("host", host), ("gpu", gpu))}}, f)
 ''')
 
 
@@ -443,6 +448,8 @@ def issue_jitter(policy, marks: list[float], requests: list) -> list[dict]:
     same clock; the very first (at the first marker) is the starting clock."""
     from emo.policy import issue_plan
 
+    if not marks:
+        return []
     plan = issue_plan(policy.steps[0], lead_ms=policy.lead_ms, period_ms=policy.period_ms)
     first = sorted(policy.steps[0], key=lambda st: st.t_ms)[0].sm_mhz
     planned = sorted([(marks[0], first)] + [(m + i.at_s, i.sm_mhz) for m in marks for i in plan])
@@ -560,12 +567,15 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
         raise RuntimeError(f"measured run exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
     m = json.loads((work / "measure.json").read_text())
     it_s, it_j = m["time_s"] / m["iterations"], m["energy_j"] / m["iterations"]
-    jitter = issue_jitter(policy, m["marks"], m["requests"])
-    (out / "applier.csv").write_text("planned_s,actual_s,late_ms,sm_mhz\n" + "".join(
-        f"{r['planned_s']:.6f},{r['actual_s']:.6f},{r['late_ms']:.4f},{r['sm_mhz']}\n" for r in jitter))
+    rows = []
+    for kind, a in m["appliers"].items():
+        j = issue_jitter(policy, a["marks"], a["requests"])
+        rows += [{"marker": kind, **r} for r in j]
+        res[f"applier_record_mode_{kind}_marker"] = jitter_summary(j, a, planned=2 * m["iterations"])
+    (out / "applier.csv").write_text("marker,planned_s,actual_s,late_ms,sm_mhz\n" + "".join(
+        f"{r['marker']},{r['planned_s']:.6f},{r['actual_s']:.6f},{r['late_ms']:.4f},{r['sm_mhz']}\n" for r in rows))
     res["cost_s"]["measure_s"] = round(time.monotonic() - t, 1)
     res.update(measured_window(it_s, it_j, m, res))
-    res["applier_record_mode"] = jitter_summary(jitter, m)
     (out / "training.json").write_text(json.dumps(res, indent=2, default=str))
     return res
 
@@ -578,14 +588,15 @@ def measured_window(it_s: float, it_j: float, m: dict, res: dict) -> dict:
             "energy_prediction_error_pct": round((res["predicted_iteration_energy_j"] / it_j - 1) * 100, 2)}
 
 
-def jitter_summary(rows: list[dict], m: dict) -> dict:
+def jitter_summary(rows: list[dict], a: dict, planned: int | None = None) -> dict:
+    """How many requests one record-mode applier made (of `planned`) and how late they were issued."""
     import numpy as np
 
     late = np.array([r["late_ms"] for r in rows]) if rows else np.zeros(0)
-    return {"requests": len(m["requests"]), "matched": len(rows), "errors": m["errors"],
+    return {"requests": len(a["requests"]), "planned": planned, "matched": len(rows), "errors": a["errors"],
             "late_ms": {"p50": round(float(np.percentile(late, 50)), 4), "p90": round(float(np.percentile(late, 90)), 4),
                         "p99": round(float(np.percentile(late, 99)), 4), "max": round(float(late.max()), 4)}
-            if len(late) else None, "lead_ms": m["lead_ms"]}
+            if len(late) else None, "lead_ms": a["lead_ms"]}
 
 
 # --------------------------------------------------------------------------- main

@@ -91,6 +91,7 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
 
     monkeypatch.setattr(mod, "training", no_cuda_training)
     out = tmp_path / "out"
+    compile(mod.TRAIN, "train_gpt.py", "exec")  # the GPT loop itself needs CUDA: at least it parses
     rc = mod.main(str(out), 600, busy=lambda s: busy.append(s) or (lambda: busy.append("waited")), names=names)
     summary = json.loads((out / "summary.json").read_text())
     assert [k for k, v in summary.items() if v.get("status") == "PASS"] == [
@@ -217,6 +218,7 @@ def test_record_mode_times_the_policy_and_calls_nothing():
         time.sleep(0.04)
     applier.close()
     rows = mod.issue_jitter(policy, marks, applier.log)
+    assert marks == pytest.approx(applier.marks, abs=0.01) and mod.issue_jitter(policy, [], applier.log) == []
     assert len(rows) == len(applier.log) >= 10  # two requests per iteration (the first marker adds one)
     assert all(abs(r["late_ms"]) < 20 for r in rows)
     s = mod.jitter_summary(rows, {"requests": applier.log, "errors": [], "lead_ms": 5.0})

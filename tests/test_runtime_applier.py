@@ -83,6 +83,45 @@ def test_an_early_marker_abandons_the_rest_of_the_iteration():
     assert [f for _, k, _, f in setter.calls if k == "set"] == [1410]
 
 
+def test_a_marker_with_ready_starts_the_iteration_when_the_gpu_gets_there():
+    """step(ready=...) marks t = 0 when `ready` returns (the GPU reached the marker), in order: a loop
+    that runs ahead of its GPU queues markers instead of cutting each iteration short."""
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(20, 900)]}, period_ms=40, lead_ms=0)
+    setter = FakeSetter()
+    gates = [threading.Event() for _ in range(3)]
+    with PolicyApplier(pol, setter) as ap:
+        for g in gates:  # three markers at once, as a loop running ahead of its GPU gives them
+            ap.step(ready=g.wait)
+        time.sleep(0.05)
+        assert ap.iterations == 0 and not setter.calls  # nothing starts before the GPU does
+        opened = []
+        for g in gates:
+            opened.append(time.monotonic())
+            g.set()
+            time.sleep(0.1)
+        deadline = time.monotonic() + 5
+        while ap.iterations < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ap.iterations == 3
+        assert all(o <= m < nxt for o, m, nxt in zip(opened, ap.marks, opened[1:] + [time.monotonic()]))
+    sets = [f for _, k, _, f in setter.calls if k == "set"]
+    assert sets.count(900) == 3  # every iteration got its step: none was cut short by a queued marker
+
+
+def test_a_marker_that_fails_falls_back_to_the_host_time(capsys):
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410)]}, period_ms=40, lead_ms=0)
+
+    def broken():
+        raise RuntimeError("no CUDA context")
+
+    with PolicyApplier(pol, FakeSetter()) as ap:
+        ap.step(ready=broken)
+        deadline = time.monotonic() + 5
+        while ap.iterations < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ap.iterations == 1 and "iteration marker failed (no CUDA context)" in capsys.readouterr().err
+
+
 def test_setter_errors_are_kept_not_raised_in_the_loop():
     pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(10, 900)]}, period_ms=50, lead_ms=0)
     setter = FakeSetter(fail_on=900)
