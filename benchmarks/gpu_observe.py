@@ -407,27 +407,32 @@ TRAIN = textwrap.dedent('''
     for i in range(10, 20):
         nxt = iteration(i, nxt)
     torch.cuda.synchronize()
-    n = math.ceil(float(os.environ.get("EMO_CHECK_SECONDS", "5")) / ((time.perf_counter() - t) / 10))
+    per_s = (time.perf_counter() - t) / 10
+    n = math.ceil(float(os.environ.get("EMO_CHECK_SECONDS", "5")) / per_s)
     policy = FrequencyPolicy.load(os.environ["EMO_CHECK_POLICY"])
+    if os.environ.get("EMO_CHECK_UNTRACED_PERIOD"):  # re-plan the same steps on this loop's own period
+        k = per_s * 1e3 / policy.period_ms
+        policy.steps = {d: [type(st)(st.t_ms * k, st.sm_mhz) for st in ss] for d, ss in policy.steps.items()}
+        policy.period_ms *= k
     # two appliers in record mode: one timed from the host's marker, one from the GPU reaching it
-    host, gpu = PolicyApplier(policy, Record()), PolicyApplier(policy, Record())
+    on_host, on_gpu = PolicyApplier(policy, Record()), PolicyApplier(policy, Record())
     e0, t0 = nvml.energy_j(0), time.perf_counter()
     for i in range(20, 20 + n):
-        host.step()
+        on_host.step()
         mark = torch.cuda.Event()
         mark.record()
-        gpu.step(ready=mark.synchronize)
+        on_gpu.step(ready=mark.synchronize)
         nxt = iteration(i, nxt)
     torch.cuda.synchronize()
     t1, e1 = time.perf_counter(), nvml.energy_j(0)
     time.sleep(0.1)  # the last GPU-aligned marker's requests
-    host.close()
-    gpu.close()
+    on_host.close()
+    on_gpu.close()
     with open(measure, "w") as f:
-        json.dump({"iterations": n, "time_s": t1 - t0, "energy_j": e1 - e0,
+        json.dump({"iterations": n, "time_s": t1 - t0, "energy_j": e1 - e0, "policy": policy.to_dict(),
                    "appliers": {k: {"marks": a.marks, "requests": [[t, d, m] for t, d, m in a.log],
                                     "errors": [str(e) for e in a.errors], "lead_ms": a.lead_ms}
-                                for k, a in (("host", host), ("gpu", gpu))}}, f)
+                                for k, a in (("host", on_host), ("gpu", on_gpu))}}, f)
 ''')
 
 
@@ -561,12 +566,16 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
     policy = record_policy(dev.name, dev.supported_clocks(), res["measured_iteration_ms"])
     policy.save(work / "record_policy.json")
     env = dict(os.environ, EMO_CHECK_MEASURE=str(work / "measure.json"), EMO_CHECK_SECONDS=str(MEASURE_S),
-               EMO_CHECK_POLICY=str(work / "record_policy.json"))
+               EMO_CHECK_POLICY=str(work / "record_policy.json"), EMO_CHECK_UNTRACED_PERIOD="1")
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"measured run exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
     m = json.loads((work / "measure.json").read_text())
     it_s, it_j = m["time_s"] / m["iterations"], m["energy_j"] / m["iterations"]
+    from emo.policy import FrequencyPolicy
+
+    policy = FrequencyPolicy.from_dict(m["policy"])  # as the loop re-planned it on its own period
+    res["record_policy_period_ms"] = round(policy.period_ms, 3)
     rows = []
     for kind, a in m["appliers"].items():
         j = issue_jitter(policy, a["marks"], a["requests"])
