@@ -6,6 +6,7 @@ import ctypes
 import sys
 
 import pytest
+from types import SimpleNamespace
 
 from emo.device import COUNTERS
 from emo.device import cuda_launch as cl
@@ -125,9 +126,13 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     res = dev.profile_ranges(wl, [KernelRange(0, (0, 1)), KernelRange(0, (3,))])
     cmd = seen["cmd"]
     assert cmd[cmd.index("--replay-mode") + 1] == "kernel"
-    assert cmd[cmd.index("--nvtx-include") + 1] == "emo_profile/"
-    assert cmd[-3:] == ["-m", "emo.capture", "train.py"]
-    assert seen["env"]["EMO_NVTX_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in seen["env"]
+    # a process-wide window (cudaProfilerStart/Stop), not a per-thread NVTX range; the command as given
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off" and "--nvtx-include" not in cmd
+    assert cmd[-2:] == ["python", "train.py"]
+    env = seen["env"]
+    assert env["EMO_PROFILE_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in env
+    assert (env["EMO_ITERATIONS"], env["EMO_STOP"]) == ("8", "1")  # EMO ends it after the window
+    assert env["PYTHONPATH"].startswith(str(__import__("emo.device.launcher").device.launcher.SITE_DIR))
     a, b = res
     assert a.counters["sm_active_cycles"] == 400 and a.counters["dram_read_bytes"] == 3e6
     assert a.counters["active_warps"] == pytest.approx((100 * 50 + 300 * 10) / 400)  # cycle-weighted
@@ -141,21 +146,20 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
         dev.profile_ranges({"kind": "tp"}, [])
 
 
-def test_nvtx_window_brackets_exactly_one_iteration(monkeypatch):
-    torch = pytest.importorskip("torch")
-    from emo.capture import NVTX_RANGE, NvtxWindow
+def test_profile_window_brackets_exactly_one_iteration():
+    from emo.capture import ProfileWindow
 
     log = []
-    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: log.append(("push", name)))
-    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: log.append(("pop",)))
-    w = NvtxWindow(2)
+    prof = SimpleNamespace(start=lambda: log.append(("start",)), stop=lambda: log.append(("stop",)))
+    w = ProfileWindow(2, profiler=prof, sync=lambda: log.append(("sync",)))
     for i in range(5):
         log.append(("marker", i + 1))
         w.step()
     w.close()
-    assert log == [("marker", 1), ("marker", 2), ("push", NVTX_RANGE), ("marker", 3), ("pop",),
+    assert log == [("marker", 1), ("marker", 2), ("sync",), ("start",), ("marker", 3), ("sync",), ("stop",),
                    ("marker", 4), ("marker", 5)]
+    assert w.done
     log.clear()
-    w = NvtxWindow(0)  # iteration 0 starts at once
+    w = ProfileWindow(0, profiler=prof, sync=lambda: None)  # iteration 0 starts at once
     w.close()
-    assert log == [("push", NVTX_RANGE), ("pop",)]
+    assert log == [("start",), ("stop",)]
