@@ -34,7 +34,7 @@ TRAIN = textwrap.dedent("""
         m = torch.nn.parallel.DistributedDataParallel(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x, y = torch.randn(8, 16), torch.randn(8, 4)
-    for i in range(int(sys.argv[1])):
+    for i in range(int(sys.argv[-1])):  # deepspeed's launcher adds --local_rank=N before it
         loss = ((m(x) - y) ** 2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
     print("trained", i + 1, "iterations on rank", os.environ.get("RANK", "-"))
@@ -68,7 +68,7 @@ def _windows(out: Path) -> dict[int, dict]:
 
 
 PY = sys.executable
-TORCHRUN = str(Path(PY).with_name("torchrun"))
+TORCHRUN, DEEPSPEED, ACCELERATE = (str(Path(PY).with_name(n)) for n in ("torchrun", "deepspeed", "accelerate"))
 FORMS = {  # launcher form -> (command, ranks)
     "python -u": ([PY, "-u", "train.py", "200"], 1),
     "bare script": (["train.py", "200"], 1),
@@ -76,6 +76,10 @@ FORMS = {  # launcher form -> (command, ranks)
     "torchrun 1": ([TORCHRUN, "--nproc_per_node", "1", "train.py", "200"], 1),
     "torchrun 2": ([TORCHRUN, "--nproc_per_node", "2", "train.py", "200"], 2),
     "python -m torch.distributed.run 2": ([PY, "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py", "200"], 2),
+    # the test-frameworks extra (.ci/run installs it): CPU ranks over gloo, as on a GPU box over NCCL
+    "deepspeed 2": ([DEEPSPEED, "--num_gpus", "2", "train.py", "200"], 2),
+    "accelerate launch 2": ([ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                             "--mixed_precision", "no", "--dynamo_backend", "no", "train.py", "200"], 2),
 }
 
 
