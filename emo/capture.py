@@ -13,7 +13,8 @@ optimizer, so only ranks arm. At the first marker the windows the EMO_* variable
   EMO_PROFILE_ITERATION  cudaProfilerStart/Stop around that iteration, for Nsight Compute's
                     --profile-from-start off: a process-wide window, so kernels launched by autograd's
                     backward thread are inside it too (an NVTX push/pop range is per thread);
-  EMO_POLICY        the runtime applier (emo.loop.apply) following the same markers.
+  EMO_POLICY        the runtime applier (emo.loop.apply) following the same markers;
+  EMO_SEGMENTS      several measured runs, each under its own clocks, in this one launch (emo.segments).
 With EMO_STOP=1 the program is ended (exit status 0) once EMO_ITERATIONS markers have passed.
 The parent side (command line, environment, collecting what the ranks wrote) is emo.device.launcher.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
 from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_ITERATIONS, ENV_LAUNCH, ENV_POLICY, ENV_PROFILE_ITER,
-                                 ENV_REPORT, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, run_capture, run_result,
+                                 ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, run_capture, run_result,
                                  trace_name, window_name)
 
 
@@ -228,6 +229,14 @@ def _arm() -> None:
                                      active=int(env.get(ENV_ACTIVE, 3))))
     if ENV_PROFILE_ITER in env:
         _HOOKS.append(ProfileWindow(int(env[ENV_PROFILE_ITER])))
+    if ENV_SEGMENTS in env:  # several measured runs, each under its own clocks (emo.segments)
+        from emo.segments import SegmentWindow
+
+        try:
+            _HOOKS.append(SegmentWindow(env[ENV_SEGMENTS]))
+        except (ValueError, OSError) as e:
+            print(f"emo: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     if env.get(ENV_POLICY):
         from emo import loop
 

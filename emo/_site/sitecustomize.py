@@ -21,7 +21,7 @@ def _chain() -> None:
 
 
 def _arm() -> None:
-    if any(k in os.environ for k in ("EMO_CAPTURE_DIR", "EMO_POLICY", "EMO_PROFILE_ITERATION")):
+    if any(k in os.environ for k in ("EMO_CAPTURE_DIR", "EMO_POLICY", "EMO_PROFILE_ITERATION", "EMO_SEGMENTS")):
         from emo.capture import install_from_env
 
         install_from_env()

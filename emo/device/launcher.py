@@ -32,6 +32,8 @@ ENV_PROFILE_ITER = "EMO_PROFILE_ITERATION"
 ENV_ITERATIONS, ENV_STOP = "EMO_ITERATIONS", "EMO_STOP"
 # Which launch a window record belongs to (several nodes may write into one shared folder).
 ENV_LAUNCH = "EMO_LAUNCH_ID"
+# Several measured runs in one launch (emo.segments): the plan file's path.
+ENV_SEGMENTS = "EMO_SEGMENTS"
 # `emo apply`: each rank writes how many clock requests landed into this folder at exit.
 ENV_REPORT = "EMO_APPLY_REPORT"
 SITE_DIR = Path(__file__).resolve().parent.parent / "_site"  # holds the injected sitecustomize.py
@@ -207,6 +209,45 @@ def launch_records(out_dir: Path, launch: str) -> dict[int, dict]:
             continue
         if rec.get("launch") == launch:
             out[int(rec["rank"])] = rec
+    return out
+
+
+def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *,
+                 timeout_s: float | None = None) -> list:
+    """One launch that measures every segment ({"warmup", "iterations", "policy": dict or None,
+    "label"}) in turn, each under its own policy, then ends the program: a RunResult per segment
+    (time: the slowest rank; energy: summed over ranks)."""
+    from emo.device import RunResult
+
+    plan = Path(out_dir) / SIDECAR / "segments.json"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    plan.write_text(json.dumps({"segments": segments}))
+    need = 1 + sum(int(s["warmup"]) + int(s["iterations"]) for s in segments)
+    env = inject_env()
+    for k in (ENV_DIR, ENV_POLICY, ENV_REPORT, ENV_PROFILE_ITER):
+        env.pop(k, None)
+    env.update({ENV_SEGMENTS: str(plan.resolve()), ENV_ITERATIONS: str(need), ENV_STOP: "1",
+                ENV_LAUNCH: uuid.uuid4().hex})
+    p = subprocess.run(build_command(spec), env=env, timeout=timeout_s)
+    if p.returncode != 0:
+        raise ValueError(f"{' '.join(spec.command)}: exited with status {p.returncode}")
+    recs = []
+    for f in sorted(plan.parent.glob("rank*.segments.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("launch") == env[ENV_LAUNCH]:
+            recs.append(rec)
+    expected = max([spec.nproc] + [int(r.get("local_world_size") or 1) for r in recs])
+    if len(recs) < expected:
+        raise ValueError(f"{' '.join(spec.command)}: {len(recs)} of {expected} ranks measured their runs; the "
+                         f"program must run at least {need} iterations (it is told so in ${ENV_ITERATIONS})")
+    out = []
+    for i, seg in enumerate(segments):
+        per = {int(r["rank"]): r["segments"][i] for r in recs}
+        energy = {k: float(v["energy_j"]) for k, v in per.items() if v.get("energy_j") is not None}
+        first = per[min(per)]
+        out.append(RunResult(iterations=int(first["iterations"]), time_s=max(float(v["time_s"]) for v in per.values()),
+                             energy_j=sum(energy.values()) if len(energy) == len(per) else float("nan"),
+                             iteration_times_s=list(first["iteration_times_s"]), energy_per_device_j=energy))
     return out
 
 

@@ -592,6 +592,35 @@ class NvmlDevice:
         return capture.run_result(result, out)
 
 
+    def run_segments(self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *,
+                     warmup: int = 1) -> list[RunResult]:
+        """Several measured runs of a `command` workload in ONE launch of it (emo.segments): each
+        (policy or None, iterations) after `warmup` iterations, its clocks set inside the ranks by the
+        runtime applier (a static policy is one step), reset between runs; EMO ends the program after
+        the last."""
+        from emo.device import launcher as capture
+
+        kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
+        if kind != "command":
+            raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
+        self.set_policy(None)  # nothing locked from here: the ranks own the clocks for this launch
+        spec = capture.CaptureSpec.from_workload(workload)
+        segments = [{"warmup": int(warmup), "iterations": int(n), "policy": p.to_dict() if p else None,
+                     "label": _single_clock(p)} for p, n in runs]
+        out = Path(tempfile.mkdtemp(prefix="emo-runs-"))
+        t0 = time.time() * 1e6
+        res = capture.run_segments(spec, out, segments)
+        self._last_run_us = (t0, time.time() * 1e6)
+        return res
+
+
+def _single_clock(policy: FrequencyPolicy | None) -> int | None:
+    if policy is None:
+        return None
+    clocks = {s.sm_mhz for v in policy.steps.values() for s in v}
+    return clocks.pop() if len(clocks) == 1 else None
+
+
 # clock_step_latencies_ms: reads of the SM clock before a locked clock that has not shown up is an error
 LANDING_POLLS = 5000
 
