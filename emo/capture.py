@@ -33,7 +33,8 @@ from pathlib import Path
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
 from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_ITERATIONS, ENV_LAUNCH, ENV_POLICY, ENV_PROFILE_ITER,
-                                 ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, run_capture, run_result,
+                                 ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, markers_needed,
+                                 run_capture, run_result,
                                  trace_name, window_name)
 
 
@@ -316,6 +317,8 @@ def _cmd_trace(args) -> int:
         from emo.apply_cli import preflight
 
         preflight(Path(args.policy))
+    print(f"emo trace: one launch of {' '.join(command)}; EMO ends it after {markers_needed(spec)} iterations "
+          f"({spec.active} recorded)", file=sys.stderr)
     res = run_capture(spec, Path(args.out), policy=Path(args.policy) if args.policy else None)
     rr = run_result(res, Path(args.out))
     for f in res.trace_files:

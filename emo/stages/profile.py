@@ -126,6 +126,11 @@ def measure_baselines(device, workload, iteration_s: float, min_seconds: float, 
     clocks = [None, *level_clocks(device.supported_clocks(), fractions)]
     runs = [(None if mhz is None else FrequencyPolicy.static(device.name, list(gpus), mhz),
              baseline_iterations(iteration_s * top / (mhz or top), min_seconds)) for mhz in clocks]
+    total = sum(n + warmup for _, n in runs)
+    est_s = sum((n + warmup) * iteration_s * top / (mhz or top) for (_, n), mhz in zip(runs, clocks))
+    log.info("profile: the baselines: %d clock(s) (%s MHz), %d iterations in all, in one launch of the program "
+             "(where the device runs one: the nvml backend): about %.1f minutes plus the program's start-up",
+             len(clocks), ", ".join(str(m or top) for m in clocks), total, est_s / 60)
     results = run_segments(device, workload, runs, warmup=warmup)
     points = [_point(device, res, n, mhz) for (_, n), res, mhz in zip(runs, results, clocks)]
     return {**points[0], "levels": points[1:]}

@@ -17,6 +17,7 @@ clock, not the model's.
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from emo.policy import FrequencyPolicy
 from emo.progress import progress
 
 MIN_ITERATIONS = 5
+log = logging.getLogger("emo")
 
 
 def per_iteration(run: RunResult) -> tuple[float, float]:
@@ -149,6 +151,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         if est is None:
             est = device.run(wl, 1, warmup=warmup).time_s
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
+        log.info("validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
+                 "about %.1f minutes plus its start-up", method, n, warmup, 2 * (n + warmup) * est / 60)
         with progress(2, f"validate: max clock, then {method}") as bar:
             explore = None
             setting: dict = {}
