@@ -296,10 +296,14 @@ def install_from_env() -> None:
 # --------------------------------------------------------------------------- the sub-command
 def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="record a window of a real PyTorch program's iterations",
-                              description="Record iterations of `python train.py ...` with torch.profiler "
-                                          "(Kineto, CUDA activities, cuda_sync events), one trace per rank.")
+                              description="Record iterations of a training job, started as you start it "
+                                          "(python, torchrun, deepspeed, accelerate launch, a shell script), with "
+                                          "torch.profiler (Kineto, CUDA activities, cuda_sync events), one trace per "
+                                          "rank; EMO ends the job after the window.")
     p.add_argument("-o", "--out", default="results/capture", help="output folder (default: %(default)s)")
-    p.add_argument("--nproc", type=int, default=1, help="ranks; > 1 launches torchrun --standalone")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks of a plain `python script.py` (> 1: EMO starts it under torchrun --standalone); "
+                        "leave at 1 when the command is a launcher")
     p.add_argument("--wait", type=int, default=5, help="iterations skipped before warmup")
     p.add_argument("--warmup", type=int, default=2, help="profiled but discarded iterations")
     p.add_argument("--active", type=int, default=3, help="recorded iterations")

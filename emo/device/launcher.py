@@ -37,6 +37,8 @@ ENV_SEGMENTS = "EMO_SEGMENTS"
 # `emo apply`: each rank writes how many clock requests landed into this folder at exit.
 ENV_REPORT = "EMO_APPLY_REPORT"
 SITE_DIR = Path(__file__).resolve().parent.parent / "_site"  # holds the injected sitecustomize.py
+_NOT_INJECTED = ("No rank at all? A Python started with -E, -I or -S, or a launcher that clears the "
+                 "environment, never imports EMO's sitecustomize (PYTHONPATH).")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Commands that start their own ranks: workload.nproc must stay 1 for them.
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "mpirun", "srun", "torch.distributed.run",
@@ -192,8 +194,8 @@ def run_capture(spec: CaptureSpec, out_dir: Path, *, policy: Path | None = None,
     if len(records) < expected:
         raise ValueError(f"{out_dir}: {len(records)} of {expected} rank traces written; the program must "
                          f"run at least {need} iterations (the first marker arms the window, then "
-                         f"wait+warmup+active; optimizer steps or emo.capture.step() calls). "
-                         f"It is told so in ${ENV_ITERATIONS}.")
+                         f"wait+warmup+active; optimizer steps or emo.step() calls). "
+                         f"It is told so in ${ENV_ITERATIONS}. {_NOT_INJECTED}")
     ranks = sorted(records)
     return CaptureResult(p.returncode, [out_dir / trace_name(r) for r in ranks],
                          [out_dir / window_name(r) for r in ranks], wall)
@@ -239,7 +241,8 @@ def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *,
     expected = max([spec.nproc] + [int(r.get("local_world_size") or 1) for r in recs])
     if len(recs) < expected:
         raise ValueError(f"{' '.join(spec.command)}: {len(recs)} of {expected} ranks measured their runs; the "
-                         f"program must run at least {need} iterations (it is told so in ${ENV_ITERATIONS})")
+                         f"program must run at least {need} iterations (it is told so in ${ENV_ITERATIONS}). "
+                         f"{_NOT_INJECTED}")
     out = []
     for i, seg in enumerate(segments):
         per = {int(r["rank"]): r["segments"][i] for r in recs}
