@@ -161,3 +161,16 @@ def test_without_a_gpu_apply_and_trace_with_a_policy_end_in_one_line(job):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1, r.stderr
         assert lines[0].startswith("emo: error: cannot initialise NVML")
+
+
+def test_trace_with_a_policy_records_and_applies_on_every_rank(job):
+    """`emo trace --policy`: the profiler window and the applier follow the same markers in each rank."""
+    pol = _policy(job / "p.json", [0, 1])
+    r = emo("trace", "-o", "out", "--wait", "1", "--warmup", "0", "--active", "2", "--policy", str(pol), "--",
+            TORCHRUN, "--nproc_per_node", "2", "train.py", "200", env=_fake_env(job))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(_windows(job / "out")) == [0, 1]
+    calls = _nvml_calls(job)
+    assert {c[1] for c in calls if c[0] == "lock"} == {0, 1}  # each rank locked its own GPU
+    for gpu in (0, 1):  # and reset it last, when EMO ended the program
+        assert [c[0] for c in calls if c[0] in ("lock", "reset") and c[1] == gpu][-1] == "reset"
