@@ -42,7 +42,8 @@ def read_reports(folder: Path) -> list[dict]:
 
 
 def summary(reports: list[dict]) -> list[str]:
-    lines = [f"rank {r['rank']} (policy device {r['device']}): {r['landed']} clock requests landed, "
+    lines = [f"rank {r['rank']} ({'every schedule' if r['device'] is None else 'policy device ' + str(r['device'])}): "
+             f"{r['landed']} clock requests landed, "
              f"{r['failed']} failed over {r['iterations']} iterations"
              + (f" ({r['errors'][0]})" if r.get("errors") else "") for r in reports]
     landed, failed = sum(r["landed"] for r in reports), sum(r["failed"] for r in reports)

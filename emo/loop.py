@@ -61,11 +61,12 @@ def request_counts(applier: Any) -> tuple[int, int]:
 
 
 class Clocks:
-    """A policy applied to this rank's GPU. `step()` once per iteration, at its start."""
+    """A policy applied to this rank's GPU (device: the policy's schedule it follows; None: a process
+    without a launcher applying every schedule, one per GPU). `step()` once per iteration, at its start."""
 
     starts_at_marker = True  # armed by emo.capture at a marker: that marker starts its first iteration
 
-    def __init__(self, applier: Any, *, rank: int, device: int, source: str, report_dir: str | None = None,
+    def __init__(self, applier: Any, *, rank: int, device: int | None, source: str, report_dir: str | None = None,
                  injected: bool = False):
         self.applier, self.rank, self.device, self.source = applier, rank, device, source
         self.report_dir, self.injected, self.closed = report_dir, injected, False
@@ -137,14 +138,23 @@ def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | No
     if _ACTIVE is not None:
         raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
     rank, local, _ = rank_env()
-    device = policy_device(policy, rank, source)
+    launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
     nvml = import_pynvml()
     nvml_init(nvml)
     visible = visible_nvml_indices(nvml)
-    if local >= len(visible):
-        raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) "
-                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    applier = nvml_applier(policy, devices={device: visible[local]}, **applier_options)
+    where = f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+    if not launched and len(policy.steps) > 1 and not policy.meta.get("ranks"):
+        # one process driving several GPUs (no launcher): schedule d on visible GPU d
+        if max(policy.steps) >= len(visible):
+            raise GpuAccessError(f"{source}: schedules for GPUs {sorted(policy.steps)} but this process sees "
+                                 f"{len(visible)} {where}")
+        device, devices = None, {d: visible[d] for d in policy.steps}
+    else:
+        device = policy_device(policy, rank, source)
+        if local >= len(visible):
+            raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) {where}")
+        devices = {device: visible[local]}
+    applier = nvml_applier(policy, devices=devices, **applier_options)
     _ACTIVE = Clocks(applier, rank=rank, device=device, source=source, report_dir=report_dir)
     return _ACTIVE
 

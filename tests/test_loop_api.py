@@ -120,3 +120,12 @@ def test_apply_and_measure_without_a_gpu_are_one_line(monkeypatch):
     for call in (lambda: emo.apply(_policy([0])), lambda: emo.measure()):
         with pytest.raises(GpuAccessError, match="cannot initialise NVML .*: no NVIDIA driver or GPU"):
             call()
+
+
+def test_a_process_without_a_launcher_applies_every_schedule_on_its_gpu(fake):
+    with emo.apply(_policy([0, 1]), lead_ms=0) as clocks:  # one process, two GPUs (model parallel)
+        _loop(clocks)
+    assert clocks.device is None
+    assert {(c[1], c[2]) for c in fake.calls if c[0] == "lock"} == {(0, 1410), (0, 900), (1, 1410), (1, 705)}
+    with pytest.raises(ValueError, match=r"schedules for GPUs \[0, 5\] but this process sees 4"):
+        emo.apply(_policy([0, 5]))
