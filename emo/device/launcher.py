@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import emo
 
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR", "EMO_CAPTURE_WAIT", "EMO_CAPTURE_WARMUP", "EMO_CAPTURE_ACTIVE", "EMO_POLICY")
@@ -129,7 +128,7 @@ def inject_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment with emo/_site first on PYTHONPATH (every Python process of the command
     imports its sitecustomize) and this emo importable by the ranks."""
     env = dict(os.environ if base is None else base)
-    root = str(Path(emo.__file__).resolve().parent.parent)
+    root = str(SITE_DIR.parent.parent)  # the folder that holds this emo package
     paths = [str(SITE_DIR), root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                      if p and p not in (str(SITE_DIR), root)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
