@@ -14,3 +14,25 @@ def _numba_cache_dir() -> str:
 
 # before anything imports numba (it reads the variable once); a value the user set wins
 _os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
+
+
+# The training-loop API (emo.loop), imported on first use so that `import emo` stays light.
+def apply(policy: "str | _os.PathLike | emo.policy.FrequencyPolicy", **options) -> "emo.loop.Clocks":
+    """`with emo.apply("policy.json") as clocks: ... clocks.step()` once per iteration (emo.loop.apply)."""
+    from emo.loop import apply as _apply
+
+    return _apply(policy, **options)
+
+
+def measure(gpus: "list[int] | None" = None, *, sync: bool = True) -> "emo.loop.EnergyWindow":
+    """`with emo.measure() as w: ...` then `w.result.energy_j` (emo.loop.measure: NVML energy counter)."""
+    from emo.loop import measure as _measure
+
+    return _measure(gpus, sync=sync)
+
+
+def step() -> None:
+    """Mark an iteration for whatever EMO armed in this process (`emo trace`, `emo apply`)."""
+    from emo.capture import step as _step
+
+    _step()

@@ -1,12 +1,21 @@
-"""`emo trace -- python train.py ...`: record a window of a real program's iterations with torch.profiler.
+"""`emo trace -- <command>`: record a window of a real program's iterations with torch.profiler.
 
-The user's command is re-launched as `python -m emo.capture train.py ...` (under torchrun when
-nproc > 1). Before the script runs, a profiler window is armed: Kineto with CPU and CUDA activities and
-`cuda_sync` events, schedule(wait, warmup, active). Its clock is the iteration marker: every first
-optimizer's `step()` (a global post-hook), or `emo.capture.step()` if the program calls it (then the
-hook stands down). Each rank writes `rank<r>.pt.trace.json.gz` and `emo-capture/rank<r>.window.json` (wall time
-and NVML energy of the active iterations, read after a device synchronise at the window's edges).
-With `EMO_POLICY` set, the runtime applier (emo.device.nvml.nvml_applier, strict) follows the same marker.
+The command runs as the user gives it (`python train.py`, `torchrun ...`, `deepspeed ...`,
+`accelerate launch ...`, a shell script): emo.device.launcher injects emo/_site/sitecustomize.py
+into every Python process it starts, which calls `install_from_env()` here. Nothing is armed until
+the first iteration marker: every first optimizer's `step()` (a global post-hook, registered when
+the program imports torch.optim), or `emo.capture.step()` / `clocks.step()` if the program calls them
+(then the optimizer hook stands down). A launcher's own process (torchrun's agent) never steps an
+optimizer, so only ranks arm. At the first marker the windows the EMO_* variables ask for open:
+  EMO_CAPTURE_DIR   Kineto with CPU and CUDA activities and `cuda_sync` events, schedule(wait, warmup,
+                    active); each rank writes `rank<r>.pt.trace.json.gz` and
+                    `emo-capture/rank<r>.window.json` (wall time and NVML energy of the active iterations);
+  EMO_PROFILE_ITERATION  cudaProfilerStart/Stop around that iteration, for Nsight Compute's
+                    --profile-from-start off: a process-wide window, so kernels launched by autograd's
+                    backward thread are inside it too (an NVTX push/pop range is per thread);
+  EMO_POLICY        the runtime applier (emo.loop.apply) following the same markers;
+  EMO_SEGMENTS      several measured runs, each under its own clocks, in this one launch (emo.segments).
+With EMO_STOP=1 the program is ended (exit status 0) once EMO_ITERATIONS markers have passed.
 The parent side (command line, environment, collecting what the ranks wrote) is emo.device.launcher.
 
 A program that prefers to say where iterations are can use `profile_steps()` directly.
@@ -23,8 +32,10 @@ import time
 from pathlib import Path
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
-from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_PROFILE_ITER, ENV_POLICY, ENV_WAIT, ENV_WARMUP,
-                                 CaptureSpec, run_capture, run_result, trace_name, window_name)
+from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_ITERATIONS, ENV_LAUNCH, ENV_POLICY, ENV_PROFILE_ITER,
+                                 ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, markers_needed,
+                                 run_capture, run_result,
+                                 trace_name, window_name)
 
 
 # --------------------------------------------------------------------------- inside the program
@@ -59,7 +70,7 @@ class ProfilerWindow:
     """torch.profiler over schedule(wait, warmup, active), stepped by iteration markers, with the
     wall time and energy of the active iterations. Writes into out_dir when the window closes."""
 
-    def __init__(self, out_dir: str | Path, *, wait: int, warmup: int, active: int, policy: str | None = None):
+    def __init__(self, out_dir: str | Path, *, wait: int, warmup: int, active: int):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -77,14 +88,6 @@ class ProfilerWindow:
             experimental_config=torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True),
         )
         self.energy = _Energy(self.local_rank)
-        self.applier = None
-        if policy:
-            from emo.policy import FrequencyPolicy
-            from emo.device.nvml import nvml_applier
-
-            # strict: a policy run whose clock requests fail stops with an error rather than
-            # measuring default clocks and reporting them as the policy's savings
-            self.applier = nvml_applier(FrequencyPolicy.load(policy), strict=True)
         self.steps = 0
         self.done = False
         self._marks: list[float] = []
@@ -93,8 +96,6 @@ class ProfilerWindow:
         self.window_file = self.out_dir / window_name(self.rank)
         self.window_file.parent.mkdir(parents=True, exist_ok=True)
         self.prof.start()
-        if self.applier is not None:
-            self.applier.step()
 
     def _sync(self) -> None:
         if self.cuda:
@@ -103,8 +104,6 @@ class ProfilerWindow:
     def step(self) -> None:
         """An iteration ended (and the next begins)."""
         if self.done:
-            if self.applier is not None:
-                self.applier.step()
             return
         self.steps += 1
         start = self.wait + self.warmup
@@ -119,18 +118,17 @@ class ProfilerWindow:
             if self.steps == start + self.active:
                 self._e1 = self.energy.read_j()
         self.prof.step()  # at start + active this exports the trace (on_trace_ready)
-        if self.applier is not None:
-            self.applier.step()
 
     def _export(self, prof) -> None:
         prof.export_chrome_trace(str(self.trace_file))
         times = [b - a for a, b in zip(self._marks, self._marks[1:])]
         e = None if self._e0 is None or getattr(self, "_e1", None) is None else self._e1 - self._e0
         record = {"rank": self.rank, "local_rank": self.local_rank, "nvml_index": self.energy.index,
+                  "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+                  "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                  "launch": os.environ.get(ENV_LAUNCH), "trace": self.trace_file.name,
                   "iterations": len(times), "time_s": sum(times), "energy_j": e,
                   "iteration_times_s": times, "wait": self.wait, "warmup": self.warmup, "active": self.active}
-        if self.applier is not None:  # what the policy's clock requests did up to the window's end
-            record["clock_requests"] = self.applier.summary()
         tmp = self.window_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2))
         os.replace(tmp, self.window_file)
@@ -144,9 +142,6 @@ class ProfilerWindow:
             self.prof.stop()
         except Exception:
             pass
-        if self.applier is not None:
-            self.applier.close()
-            self.applier = None
 
     def __enter__(self) -> "ProfilerWindow":
         return self
@@ -156,24 +151,30 @@ class ProfilerWindow:
 
 
 class ProfileWindow:
-    """cudaProfilerStart/Stop around one iteration (markers `iteration` to `iteration + 1`), for Nsight
-    Compute's --profile-from-start off; nothing else. The window is process-wide, unlike an NVTX
-    push/pop range, which belongs to the thread that opened it: PyTorch launches the backward pass's
-    kernels from autograd's own thread, and they must be inside the window too."""
+    """cudaProfilerStart/Stop around one iteration (markers `iteration` to `iteration + 1`), for
+    Nsight Compute's `--profile-from-start off`. The window is the process's (the CUDA context's),
+    not a thread's: kernels that autograd's backward thread launches fall inside it, which an NVTX
+    push/pop range (per thread) would miss. The GPU is synchronised at both edges so the window holds
+    exactly this iteration's work. `profiler` (start/stop) and `sync` default to torch.cuda's."""
 
-    def __init__(self, iteration: int):
-        import torch
+    def __init__(self, iteration: int, profiler=None, sync=None):
+        if profiler is None or sync is None:
+            import torch
 
-        self.profiler = torch.cuda.profiler
+            profiler = profiler or torch.cuda.profiler
+            sync = sync or torch.cuda.synchronize
+        self.profiler, self.sync = profiler, sync
         self.iteration, self.steps, self.open = iteration, 0, False
         self.done = iteration < 0
         self._check()
 
     def _check(self) -> None:
         if self.open:
+            self.sync()
             self.profiler.stop()
             self.open, self.done = False, True
         elif not self.done and self.steps == self.iteration:
+            self.sync()
             self.profiler.start()
             self.open = True
 
@@ -187,38 +188,87 @@ class ProfileWindow:
             self.open = False
 
 
-def profile_steps(out_dir: str | Path, *, wait: int = 5, warmup: int = 2, active: int = 3,
-                  policy: str | None = None) -> ProfilerWindow:
+def profile_steps(out_dir: str | Path, *, wait: int = 5, warmup: int = 2, active: int = 3) -> ProfilerWindow:
     """For programs that mark iterations themselves: `with profile_steps(dir) as w: ... w.step()`."""
-    return ProfilerWindow(out_dir, wait=wait, warmup=warmup, active=active, policy=policy)
+    return ProfilerWindow(out_dir, wait=wait, warmup=warmup, active=active)
 
 
-_WINDOW: "ProfilerWindow | ProfileWindow | None" = None
+# --------------------------------------------------------------------------- the iteration marker
+_HOOKS: list = []  # what follows the markers in this process: windows, the applier
+_ARMED = False
 _MANUAL = False
+_MARKERS = 0
 
 
 def step() -> None:
-    """Mark the end of an iteration, for programs without an optimizer (inference loops)."""
+    """Mark the end of an iteration (and the start of the next), for programs that say where their
+    iterations are (inference loops, several optimizers): the optimizer hook then stands down."""
     global _MANUAL
     _MANUAL = True
-    if _WINDOW is not None:
-        _WINDOW.step()
+    _marker()
 
 
-def install_from_env() -> "ProfilerWindow | ProfileWindow | None":
-    """Arm the window described by EMO_CAPTURE_* (or EMO_PROFILE_ITERATION) in this process (the
-    launcher does this)."""
-    global _WINDOW
-    if ENV_DIR in os.environ:
-        _WINDOW = ProfilerWindow(os.environ[ENV_DIR], wait=int(os.environ.get(ENV_WAIT, 5)),
-                                 warmup=int(os.environ.get(ENV_WARMUP, 2)),
-                                 active=int(os.environ.get(ENV_ACTIVE, 3)), policy=os.environ.get(ENV_POLICY))
-    elif ENV_PROFILE_ITER in os.environ:
-        _WINDOW = ProfileWindow(int(os.environ[ENV_PROFILE_ITER]))
-    else:
-        return None
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+def _marker() -> None:
+    global _MARKERS
+    fresh = not _ARMED
+    if fresh:
+        _arm()
+    _MARKERS += 1
+    for h in list(_HOOKS):
+        if not fresh or getattr(h, "starts_at_marker", False):  # windows count from the marker that opened them
+            h.step()
+    _maybe_stop()
 
+
+def _arm() -> None:
+    """Open what EMO_* asks for, at the first marker (this process is a rank: it steps)."""
+    global _ARMED
+    _ARMED = True
+    env = os.environ
+    if ENV_DIR in env:
+        _HOOKS.append(ProfilerWindow(env[ENV_DIR], wait=int(env.get(ENV_WAIT, 5)), warmup=int(env.get(ENV_WARMUP, 2)),
+                                     active=int(env.get(ENV_ACTIVE, 3))))
+    if ENV_PROFILE_ITER in env:
+        _HOOKS.append(ProfileWindow(int(env[ENV_PROFILE_ITER])))
+    if ENV_SEGMENTS in env:  # several measured runs, each under its own clocks (emo.segments)
+        from emo.segments import SegmentWindow
+
+        try:
+            _HOOKS.append(SegmentWindow(env[ENV_SEGMENTS]))
+        except (ValueError, OSError) as e:
+            print(f"emo: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    if env.get(ENV_POLICY):
+        from emo import loop
+
+        if loop.active() is None:  # the program's own emo.apply(...) wins
+            try:
+                # strict: a failed clock request stops the run rather than let it measure default clocks
+                clocks = loop.apply(env[ENV_POLICY], report_dir=env.get(ENV_REPORT), strict=True)
+            except (ValueError, OSError) as e:  # a rank the policy does not cover, no GPU: one line, exit 2
+                print(f"emo: error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+            clocks.injected = True  # it follows these markers; its step() must not call back here
+            _HOOKS.append(clocks)
+    for h in _HOOKS:
+        atexit.register(h.close)
+
+
+def _maybe_stop() -> None:
+    """EMO_STOP=1: end the program once EMO_ITERATIONS markers passed and every window is done."""
+    env = os.environ
+    if env.get(ENV_STOP) != "1" or ENV_ITERATIONS not in env or _MARKERS < int(env[ENV_ITERATIONS]):
+        return
+    if any(not getattr(h, "done", True) for h in _HOOKS):
+        return
+    for h in _HOOKS:
+        h.close()
+    print(f"emo: {_MARKERS} iterations done ({ENV_ITERATIONS}={env[ENV_ITERATIONS]}): ending the program",
+          file=sys.stderr)
+    raise SystemExit(0)
+
+
+def _on_optimizer_step_factory():
     first: list[int] = []
 
     def on_optimizer_step(opt, args, kwargs) -> None:
@@ -227,49 +277,53 @@ def install_from_env() -> "ProfilerWindow | ProfileWindow | None":
         if not first:
             first.append(id(opt))
         if id(opt) == first[0]:  # several optimizers per iteration: count the first one only
-            _WINDOW.step()
+            _marker()
 
-    register_optimizer_step_post_hook(on_optimizer_step)
-    atexit.register(_WINDOW.close)
-    return _WINDOW
+    return on_optimizer_step
 
 
-def launch(argv: list[str]) -> None:
-    """`python -m emo.capture script.py args...` or `python -m emo.capture -m module args...`."""
-    import runpy
+def _register_optimizer_hook(module) -> None:
+    module.register_optimizer_step_post_hook(_on_optimizer_step_factory())
 
-    if not argv:
-        raise SystemExit("usage: python -m emo.capture script.py [args...] | -m module [args...]")
-    install_from_env()
-    if argv[0] == "-m":
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
-        runpy.run_path(argv[0], run_name="__main__")
+
+def install_from_env() -> None:
+    """Follow iteration markers in this process (the injected sitecustomize calls this): the
+    optimizer hook is registered once torch.optim is imported, without importing torch here."""
+    from emo.postimport import when_imported
+
+    when_imported("torch.optim.optimizer", _register_optimizer_hook)
 
 
 # --------------------------------------------------------------------------- the sub-command
 def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="record a window of a real PyTorch program's iterations",
-                              description="Record iterations of `python train.py ...` with torch.profiler "
-                                          "(Kineto, CUDA activities, cuda_sync events), one trace per rank.")
+                              description="Record iterations of a training job, started as you start it "
+                                          "(python, torchrun, deepspeed, accelerate launch, a shell script), with "
+                                          "torch.profiler (Kineto, CUDA activities, cuda_sync events), one trace per "
+                                          "rank; EMO ends the job after the window.")
     p.add_argument("-o", "--out", default="results/capture", help="output folder (default: %(default)s)")
-    p.add_argument("--nproc", type=int, default=1, help="ranks; > 1 launches torchrun --standalone")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks of a plain `python script.py` (> 1: EMO starts it under torchrun --standalone); "
+                        "leave at 1 when the command is a launcher")
     p.add_argument("--wait", type=int, default=5, help="iterations skipped before warmup")
     p.add_argument("--warmup", type=int, default=2, help="profiled but discarded iterations")
     p.add_argument("--active", type=int, default=3, help="recorded iterations")
     p.add_argument("--policy", help="a frequency policy JSON to apply while the program runs")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py [args...]")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- the command as you run it: python train.py ..., torchrun ..., deepspeed ..., "
+                        "accelerate launch ..., bash run.sh")
     p.set_defaults(func=_cmd_trace)
 
 
 def _cmd_trace(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     spec = CaptureSpec(command=command, nproc=args.nproc, wait=args.wait, warmup=args.warmup, active=args.active)
-    if args.policy and not Path(args.policy).is_file():
-        raise FileNotFoundError(f"{args.policy}: no such policy file")
+    if args.policy:  # no file, not a policy, no GPU: one line before the job starts
+        from emo.apply_cli import preflight
+
+        preflight(Path(args.policy))
+    print(f"emo trace: one launch of {' '.join(command)}; EMO ends it after {markers_needed(spec)} iterations "
+          f"({spec.active} recorded)", file=sys.stderr)
     res = run_capture(spec, Path(args.out), policy=Path(args.policy) if args.policy else None)
     rr = run_result(res, Path(args.out))
     for f in res.trace_files:
@@ -278,9 +332,3 @@ def _cmd_trace(args) -> int:
     print(f"{rr.iterations} iterations: {rr.time_s:.4f} s, {e}")
     return 0
 
-
-if __name__ == "__main__":
-    # Run through the imported module, so that `emo.capture.step()` in the program sees the window.
-    from emo import capture as _self
-
-    _self.launch(sys.argv[1:])

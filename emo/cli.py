@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
-COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration", "emo.ui")
+COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.apply_cli", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration", "emo.ui")
 # What `emo --help` lists, so that only the module of the command being run is imported (the
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
 # here is simply imported up front.
@@ -14,6 +14,7 @@ COMMANDS = {
     "run": ("emo.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
     "analyze": ("emo.analyze", "critical path, slack and replay error of a trace"),
     "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
+    "apply": ("emo.apply_cli", "run a job with a frequency policy applied (no profiler)"),
     "reset-clocks": ("emo.clocks", "restore default GPU clocks after a crashed run"),
     "compare": ("emo.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
     "model": ("emo.model_cli", "the energy-latency model on tables from any source"),

@@ -138,7 +138,7 @@ class RecordedWorkload(WorkloadConfig):
 class CommandWorkload(WorkloadConfig):
     kind: str = "command"
     command: list[str] = field(default_factory=list)  # e.g. ["python", "train.py"]
-    nproc: int = field(default=1, metadata=at_least(1))  # > 1: launched under torchrun
+    nproc: int = field(default=1, metadata=at_least(1))  # > 1: a plain `python script.py` is started under torchrun; 1 for a launcher command
     wait: int = field(default=5, metadata=at_least(0))  # profiler schedule: iterations skipped before warmup
     warmup: int = field(default=2, metadata=at_least(0))
     active: int = field(default=3, metadata=at_least(1))

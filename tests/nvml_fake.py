@@ -176,3 +176,32 @@ def read_log(path) -> list[tuple]:
     if not os.path.exists(path):
         return []
     return [tuple(json.loads(ln)) for ln in open(path).read().splitlines() if ln.strip()]
+
+
+class Owned:
+    """The in-process fake (what this process reads) and its clock owner's fake (the calls that set
+    and reset clocks, made by the owner process and read from its log) seen as one `calls` list."""
+
+    def __init__(self, fake: FakeNVML, log):
+        self.fake, self.log = fake, log
+
+    @property
+    def calls(self) -> list[tuple]:
+        return [*self.fake.calls, *read_log(self.log)]
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+
+def install_owned(monkeypatch, log_path, **kw):
+    """install() plus a fresh clock owner for this test whose own FakeNVML(**kw) logs to log_path.
+    Yields the Owned view; closes the owner afterwards (use from a fixture: `yield from`)."""
+    from emo.device import clock_owner
+
+    fake = install(monkeypatch, **kw)
+    for k, v in owner_env(log_path, **kw).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(clock_owner, "_OWNER", None)
+    yield Owned(fake, log_path)
+    if clock_owner._OWNER is not None:
+        clock_owner._OWNER.close()

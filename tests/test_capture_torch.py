@@ -23,40 +23,49 @@ except ImportError:
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install torch)")
 
 
-def test_single_rank_command_runs_the_script_under_the_launcher():
-    spec = launcher.CaptureSpec(["python3", "train.py", "--lr", "0.1"])
-    assert launcher.build_command(spec) == [sys.executable, "-m", "emo.capture", "train.py", "--lr", "0.1"]
-    spec = launcher.CaptureSpec([sys.executable, "-m", "pkg.train", "x"])
-    assert launcher.build_command(spec)[-3:] == ["-m", "pkg.train", "x"]
-    assert launcher.build_command(launcher.CaptureSpec(["train.py"]))[-1] == "train.py"
-
-
-def test_multi_rank_command_uses_torchrun():
+def test_a_command_runs_as_given_and_only_nproc_adds_torchrun():
+    spec = launcher.CaptureSpec(["python3", "-u", "train.py", "--lr", "0.1"])
+    assert launcher.build_command(spec) == ["python3", "-u", "train.py", "--lr", "0.1"]  # argv is never rewritten
+    assert launcher.build_command(launcher.CaptureSpec(["train.py"])) == [sys.executable, "train.py"]
+    for cmd in (["torchrun", "--nproc_per_node", "2", "t.py"], ["deepspeed", "t.py"], ["bash", "run.sh"],
+                ["accelerate", "launch", "t.py"]):
+        assert launcher.build_command(launcher.CaptureSpec(cmd)) == cmd
     cmd = launcher.build_command(launcher.CaptureSpec(["python", "train.py"], nproc=4))
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-                   "-m", "emo.capture", "train.py"]
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "train.py"]
 
 
-@pytest.mark.parametrize("command, message", [
-    ([], "no command given"),
-    (["bash", "run.sh"], "not a Python program"),
-    (["torchrun", "train.py"], "emo launches torchrun itself"),
-    (["python"], "no script after the interpreter"),
-    (["python", "-u", "train.py"], "not supported"),
+def test_launchers_are_recognised():
+    assert launcher.starts_ranks(["/usr/bin/torchrun", "t.py"]) and launcher.starts_ranks(["deepspeed", "t.py"])
+    assert launcher.starts_ranks(["python", "-m", "torch.distributed.run", "t.py"])
+    assert launcher.starts_ranks(["accelerate", "launch", "t.py"])
+    assert not launcher.starts_ranks(["python", "-m", "pkg.train"]) and not launcher.starts_ranks(["python", "-m"])
+
+
+@pytest.mark.parametrize("command, nproc, message", [
+    ([], 1, "no command given"),
+    (["bash", "run.sh"], 2, "starts its own processes"),
+    (["torchrun", "train.py"], 2, "leave nproc at 1"),
+    (["python"], 2, "no script after the interpreter"),
+    (["python", "-u", "train.py"], 2, "interpreter option '-u' with nproc > 1"),
 ])
-def test_bad_commands_are_one_line_errors(command, message):
+def test_bad_commands_are_one_line_errors(command, nproc, message):
     with pytest.raises(ValueError, match=message):
-        launcher.build_command(launcher.CaptureSpec(command))
+        launcher.build_command(launcher.CaptureSpec(command, nproc=nproc))
 
 
-def test_env_carries_the_schedule_and_policy(tmp_path):
+def test_env_injects_the_hooks_and_carries_the_schedule_and_policy(tmp_path):
     spec = launcher.CaptureSpec(["python", "t.py"], wait=1, warmup=2, active=4)
-    env = launcher.build_env(spec, tmp_path, policy=tmp_path / "p.json", base={"EMO_POLICY": "old", "X": "1"})
+    env = launcher.build_env(spec, tmp_path, policy=tmp_path / "p.json",
+                             base={"EMO_POLICY": "old", "X": "1", "PYTHONPATH": "/mine"})
+    assert env["PYTHONPATH"].split(":")[0] == str(launcher.SITE_DIR) and env["PYTHONPATH"].endswith(":/mine")
+    assert (launcher.SITE_DIR / "sitecustomize.py").is_file()
     assert env["EMO_CAPTURE_DIR"] == str(tmp_path.resolve())
     assert (env["EMO_CAPTURE_WAIT"], env["EMO_CAPTURE_WARMUP"], env["EMO_CAPTURE_ACTIVE"]) == ("1", "2", "4")
+    assert (env["EMO_ITERATIONS"], env["EMO_STOP"]) == ("8", "1")  # 1 arming marker + 1 + 2 + 4
     assert env["EMO_POLICY"] == str((tmp_path / "p.json").resolve()) and env["X"] == "1"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "EMO_POLICY" not in launcher.build_env(spec, tmp_path, base={"EMO_POLICY": "old"})
+    assert launcher.build_env(spec, tmp_path)["EMO_LAUNCH_ID"] != launcher.build_env(spec, tmp_path)["EMO_LAUNCH_ID"]
 
 
 def test_spec_from_the_command_workload_config():
@@ -72,7 +81,7 @@ def test_trace_subcommand_parses_after_double_dash(monkeypatch, tmp_path):
     import argparse
 
     seen = {}
-    monkeypatch.setattr(capture, "run_capture", lambda spec, out, policy=None: seen.update(spec=spec, out=out)
+    monkeypatch.setattr(capture, "run_capture", lambda spec, out, policy=None, stop=True: seen.update(spec=spec, out=out)
                         or (_ for _ in ()).throw(ValueError("stop")))
     ap = argparse.ArgumentParser()
     capture.register(ap.add_subparsers())
@@ -149,7 +158,7 @@ def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypa
     rc = {"value": 0}
     monkeypatch.setattr(launcher.subprocess, "run", lambda cmd, env, timeout: SimpleNamespace(returncode=rc["value"]))
     spec = launcher.CaptureSpec(["python", "t.py", "3"], wait=5, warmup=2, active=2)
-    with pytest.raises(ValueError, match="at least wait\\+warmup\\+active = 9 iterations"):
+    with pytest.raises(ValueError, match="must run at least 10 iterations"):
         launcher.run_capture(spec, tmp_path / "b")
     rc["value"] = 3
     with pytest.raises(ValueError, match="python t.py 3: exited with status 3"):

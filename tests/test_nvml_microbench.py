@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+from types import SimpleNamespace
 
 from emo.device import COUNTERS
 from emo.device import cuda_launch as cl
@@ -126,10 +127,14 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     res = dev.profile_ranges(wl, [KernelRange(0, (0, 1)), KernelRange(0, (3,))])
     cmd = seen["cmd"]
     assert cmd[cmd.index("--replay-mode") + 1] == "kernel"
+    # a process-wide window (cudaProfilerStart/Stop), not a per-thread NVTX range; the command as given
     assert cmd[cmd.index("--profile-from-start") + 1] == "off" and "--nvtx-include" not in cmd
+    assert cmd[-2:] == ["python", "train.py"]
+    env = seen["env"]
+    assert env["EMO_PROFILE_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in env
+    assert (env["EMO_ITERATIONS"], env["EMO_STOP"]) == ("8", "1")  # EMO ends it after the window
+    assert env["PYTHONPATH"].startswith(str(__import__("emo.device.launcher").device.launcher.SITE_DIR))
     assert cmd[cmd.index("--clock-control") + 1] == "none"
-    assert cmd[-3:] == ["-m", "emo.capture", "train.py"]
-    assert seen["env"]["EMO_PROFILE_ITERATION"] == "6" and "EMO_CAPTURE_DIR" not in seen["env"]
     a, b = res
     assert a.counters["sm_active_cycles"] == 400 and a.counters["dram_read_bytes"] == 3e6
     assert a.counters["active_warps"] == pytest.approx((100 * 50 + 300 * 10) / 400)  # cycle-weighted
@@ -143,22 +148,21 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
         dev.profile_ranges({"kind": "tp"}, [])
 
 
-def test_profile_window_brackets_exactly_one_iteration_process_wide(monkeypatch):
-    torch = pytest.importorskip("torch")
+def test_profile_window_brackets_exactly_one_iteration():
     from emo.capture import ProfileWindow
 
     log = []
-    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: log.append(("start",)))
-    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: log.append(("stop",)))
-    w = ProfileWindow(2)
+    prof = SimpleNamespace(start=lambda: log.append(("start",)), stop=lambda: log.append(("stop",)))
+    w = ProfileWindow(2, profiler=prof, sync=lambda: log.append(("sync",)))
     for i in range(5):
         log.append(("marker", i + 1))
         w.step()
     w.close()
-    assert log == [("marker", 1), ("marker", 2), ("start",), ("marker", 3), ("stop",),
+    assert log == [("marker", 1), ("marker", 2), ("sync",), ("start",), ("marker", 3), ("sync",), ("stop",),
                    ("marker", 4), ("marker", 5)]
+    assert w.done
     log.clear()
-    w = ProfileWindow(0)  # iteration 0 starts at once
+    w = ProfileWindow(0, profiler=prof, sync=lambda: None)  # iteration 0 starts at once
     w.close()
     assert log == [("start",), ("stop",)]
 

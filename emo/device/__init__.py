@@ -117,3 +117,18 @@ class Device(Protocol):
 
     def close(self) -> None:
         """Restore default clocks and power limits."""
+
+
+def run_segments(device: Any, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *,
+                 warmup: int = 1) -> list[RunResult]:
+    """Measured runs of `workload`, each (policy or None for default clocks, iterations) after
+    `warmup` iterations: in one launch of the program on a device that can (NvmlDevice.run_segments:
+    the user's program starts once per stage), else one run each."""
+    if hasattr(device, "run_segments"):
+        return device.run_segments(workload, runs, warmup=warmup)
+    out = []
+    for policy, n in runs:
+        device.set_policy(policy)
+        out.append(device.run(workload, n, warmup=warmup))
+    device.set_policy(None)
+    return out

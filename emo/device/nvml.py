@@ -314,6 +314,26 @@ def visible_nvml_indices(nvml) -> list[int]:
     return [i for i in ids if 0 <= i < count]
 
 
+class EnergyCounter:
+    """NVML's total-energy counters (mJ since the driver loaded) of some GPUs, read in joules. Only
+    reads: needs no permission. `indices` are NVML indices (default: every visible GPU)."""
+
+    def __init__(self, indices: list[int] | None = None):
+        self.nvml = import_pynvml()
+        nvml_init(self.nvml)
+        self.indices = visible_nvml_indices(self.nvml) if indices is None else list(indices)
+        try:
+            self._handles = {i: self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices}
+        except self.nvml.NVMLError as e:
+            raise explain(self.nvml, e, f"GPUs {self.indices}") from e
+
+    def read_j(self) -> dict[int, float]:
+        try:
+            return {i: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for i, h in self._handles.items()}
+        except self.nvml.NVMLError as e:
+            raise explain(self.nvml, e, f"energy counter of GPUs {self.indices}") from e
+
+
 def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -539,34 +559,36 @@ class NvmlDevice:
     def profile_ranges(self, workload: Any, ranges: list) -> list[ProfileResult]:
         """Ranges of a `command` workload named by (rank, launch ordinals within an iteration): the
         command is rerun once under Nsight Compute, which profiles every kernel of one iteration
-        (kernel replay inside the cudaProfilerStart/Stop window the capture launcher opens at the iteration
-        marker: process-wide, so the backward pass's kernels, launched from autograd's thread, are in it);
-        each range's counters are its kernels' counters summed (active_warps: cycle-weighted).
-        Multi-rank commands (torchrun) are profiled in the same run: ncu follows every rank's process
-        and skips NCCL kernels (a replayed collective would wait for peers that do not replay it), so
-        a range's ordinals are mapped past its rank's NCCL kernels (KernelRange.nccl)."""
+        (kernel replay with --profile-from-start off; the injected hooks call cudaProfilerStart/Stop
+        at the iteration markers around it, a process-wide window that holds the kernels autograd's
+        backward thread launches as well as the main thread's), then EMO ends the program; each
+        range's counters are its kernels' counters summed (active_warps: cycle-weighted).
+        Multi-rank commands (torchrun, deepspeed, ...) are profiled in the same run: ncu follows every
+        process and skips NCCL kernels (a replayed collective would wait for peers that do not replay
+        it), so a range's ordinals are mapped past its rank's NCCL kernels (KernelRange.nccl)."""
         from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
             raise ValueError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
         spec = capture.CaptureSpec.from_workload(workload)
-        bad = [r.rank for r in ranges if not 0 <= r.rank < spec.nproc]
+        own_ranks = capture.starts_ranks(spec.command)  # a launcher: its rank count is its own option
+        bad = [r.rank for r in ranges if r.rank < 0 or (not own_ranks and r.rank >= spec.nproc)]
         if bad:
             raise ValueError(f"profile range: rank {bad[0]} not in the command (workload.nproc={spec.nproc})")
         if not ranges:
             return []
         iteration = spec.wait + spec.warmup  # the first iteration the trace window records
         cmd = ncu_command(capture.build_command(spec), replay="kernel", available=ncu_available_metrics(),
-                          skip_nccl=True, all_processes=spec.nproc > 1)
-        env = capture.build_env(spec, Path(tempfile.mkdtemp(prefix="emo-ncu-")))
-        for k in (capture.ENV_DIR, capture.ENV_POLICY):
-            env.pop(k, None)
-        env[capture.ENV_PROFILE_ITER] = str(iteration)
-        if spec.nproc == 1:
+                          skip_nccl=True, all_processes=True)
+        env = capture.profile_env(iteration)
+        if spec.nproc == 1 and not own_ranks:
             env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
         text, cost = _run_ncu(cmd, env)
-        per_rank = parse_ncu_kernels_by_rank(text, spec.nproc)
+        per_rank = parse_ncu_kernels_by_rank(text, None if own_ranks else spec.nproc)
+        missing = [r.rank for r in ranges if r.rank >= len(per_rank)]
+        if missing:
+            raise ValueError(f"profile range: rank {missing[0]} not among the {len(per_rank)} ranks ncu profiled")
         passes = parse_ncu_passes(text)
         total = sum(len(r.ordinals) for r in ranges)
         out = []
@@ -608,6 +630,35 @@ class NvmlDevice:
         result = capture.run_capture(spec, out, policy=policy_file)
         self._last_run_us = (t0, time.time() * 1e6)
         return capture.run_result(result, out)
+
+
+    def run_segments(self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *,
+                     warmup: int = 1) -> list[RunResult]:
+        """Several measured runs of a `command` workload in ONE launch of it (emo.segments): each
+        (policy or None, iterations) after `warmup` iterations, its clocks set inside the ranks by the
+        runtime applier (a static policy is one step), reset between runs; EMO ends the program after
+        the last."""
+        from emo.device import launcher as capture
+
+        kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
+        if kind != "command":
+            raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
+        self.set_policy(None)  # nothing locked from here: the ranks own the clocks for this launch
+        spec = capture.CaptureSpec.from_workload(workload)
+        segments = [{"warmup": int(warmup), "iterations": int(n), "policy": p.to_dict() if p else None,
+                     "label": _single_clock(p)} for p, n in runs]
+        out = Path(tempfile.mkdtemp(prefix="emo-runs-"))
+        t0 = time.time() * 1e6
+        res = capture.run_segments(spec, out, segments)
+        self._last_run_us = (t0, time.time() * 1e6)
+        return res
+
+
+def _single_clock(policy: FrequencyPolicy | None) -> int | None:
+    if policy is None:
+        return None
+    clocks = {s.sm_mhz for v in policy.steps.values() for s in v}
+    return clocks.pop() if len(clocks) == 1 else None
 
 
 # clock_step_latencies_ms: reads of the SM clock before a locked clock that has not shown up is an error
@@ -697,10 +748,11 @@ def _ncu_results(text: str, with_process: bool = False):
     return [(*where[k], by_id[k]) for k in keys] if with_process else [by_id[k] for k in keys]
 
 
-def parse_ncu_kernels_by_rank(text: str, nproc: int) -> list[list[dict[str, float]]]:
+def parse_ncu_kernels_by_rank(text: str, nproc: int | None) -> list[list[dict[str, float]]]:
     """Counter vectors of kernel-replay results per rank, each in launch order. Ranks are ncu's
     processes ordered by the CUDA device their kernels ran on (torchrun's rank r uses device r),
-    ties and missing devices by first result."""
+    ties and missing devices by first result. nproc None: as many ranks as processes ran kernels
+    (a launcher's own process runs none)."""
     found: dict[str, list] = {}
     first: dict[str, int] = {}
     device: dict[str, str] = {}
@@ -708,7 +760,7 @@ def parse_ncu_kernels_by_rank(text: str, nproc: int) -> list[list[dict[str, floa
         found.setdefault(pid, []).append(_to_counters(metrics))
         first.setdefault(pid, i)
         device.setdefault(pid, dev)
-    if len(found) != nproc:
+    if nproc is not None and len(found) != nproc:
         raise ValueError(f"ncu profiled kernels of {len(found)} processes, but the command has {nproc} ranks "
                          "(did every rank reach the profiled iteration?)")
     order = sorted(found, key=lambda p: (int(device[p]) if device[p].isdigit() else 1 << 30, first[p]))

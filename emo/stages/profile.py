@@ -99,19 +99,12 @@ def level_clocks(clocks: list[int], fractions) -> list[int]:
     return sorted({c for c in picked if c != top}, reverse=True)
 
 
-def measure_iteration(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
-                      sm_mhz: int | None = None, gpus: list[int] = (0,)) -> dict:
-    """Time and energy of one iteration at a static clock (None: default clocks), measured over
-    >= BASELINE_SECONDS (and >= min_seconds) of iterations."""
-    n = max(3, math.ceil(max(BASELINE_SECONDS, min_seconds) / max(iteration_s, 1e-6)))
-    if sm_mhz is None:
-        device.set_policy(None)
-    else:
-        from emo.policy import FrequencyPolicy
+def baseline_iterations(iteration_s: float, min_seconds: float) -> int:
+    """Iterations that span >= BASELINE_SECONDS (and >= min_seconds) at `iteration_s` each."""
+    return max(3, math.ceil(max(BASELINE_SECONDS, min_seconds) / max(iteration_s, 1e-6)))
 
-        device.set_policy(FrequencyPolicy.static(device.name, list(gpus), sm_mhz))
-    res = device.run(workload, n, warmup=warmup)
-    device.set_policy(None)
+
+def _point(device, res, n: int, sm_mhz: int | None) -> dict:
     times = np.asarray(res.iteration_times_s, dtype=np.float64)
     return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
             "energy_j": res.energy_j, "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
@@ -123,12 +116,24 @@ def measure_iteration(device, workload, iteration_s: float, min_seconds: float, 
 def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
                       gpus: list[int] = (0,), fractions=(0.7,)) -> dict:
     """The default-clock iteration (top-level keys) and one at the clock nearest each fraction of the
-    max clock (key `levels`, highest clock first): the points the fit's time and energy levels match."""
-    base = measure_iteration(device, workload, iteration_s, min_seconds, warmup)
+    max clock (key `levels`, highest clock first): the points the fit's time and energy levels match,
+    each measured over >= BASELINE_SECONDS (and >= min_seconds), all in one launch of the program
+    (emo.device.run_segments)."""
+    from emo.device import run_segments
+    from emo.policy import FrequencyPolicy
+
     top = max(device.supported_clocks())
-    base["levels"] = [measure_iteration(device, workload, iteration_s * top / mhz, min_seconds, warmup, mhz, gpus)
-                      for mhz in level_clocks(device.supported_clocks(), fractions)]
-    return base
+    clocks = [None, *level_clocks(device.supported_clocks(), fractions)]
+    runs = [(None if mhz is None else FrequencyPolicy.static(device.name, list(gpus), mhz),
+             baseline_iterations(iteration_s * top / (mhz or top), min_seconds)) for mhz in clocks]
+    total = sum(n + warmup for _, n in runs)
+    est_s = sum((n + warmup) * iteration_s * top / (mhz or top) for (_, n), mhz in zip(runs, clocks))
+    log.info("profile: the baselines: %d clock(s) (%s MHz), %d iterations in all, in one launch of the program "
+             "(where the device runs one: the nvml backend): about %.1f minutes plus the program's start-up",
+             len(clocks), ", ".join(str(m or top) for m in clocks), total, est_s / 60)
+    results = run_segments(device, workload, runs, warmup=warmup)
+    points = [_point(device, res, n, mhz) for (_, n), res, mhz in zip(runs, results, clocks)]
+    return {**points[0], "levels": points[1:]}
 
 
 def _load_kineto(path: Path) -> dict:

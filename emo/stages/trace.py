@@ -8,6 +8,7 @@ not the copy.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.trace import read_trace
 from emo.trace.read import TRACE_SUFFIXES
+
+log = logging.getLogger("emo")
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -38,6 +41,10 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             raise ValueError(str(e).replace(str(copy), str(orig))) from None
     else:
         device = open_device(cfg["gpu"])
+        if wl["kind"] == "command":
+            log.info("trace: one launch of %s: %d iterations (%d recorded), then EMO ends it", " ".join(wl["command"]),
+                     1 + int(wl["wait"]) + max(int(wl["warmup"]), int(cfg["trace"]["warmup"])) + int(cfg["trace"]["iterations"]),
+                     int(cfg["trace"]["iterations"]))
         try:
             res = device.run(wl, cfg["trace"]["iterations"], warmup=cfg["trace"]["warmup"], trace_dir=kineto)
         finally:

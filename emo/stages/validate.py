@@ -17,6 +17,7 @@ clock, not the model's.
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,15 @@ import numpy as np
 import pandas as pd
 
 from emo.baselines import ONLINE, run_online
-from emo.device import RunResult
+from emo.device import RunResult, run_segments
 from emo.device.backends import open_device
 from emo.io import write_json, write_parquet
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
-from emo.progress import progress, track
+from emo.progress import progress
 
 MIN_ITERATIONS = 5
+log = logging.getLogger("emo")
 
 
 def per_iteration(run: RunResult) -> tuple[float, float]:
@@ -74,12 +76,12 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
 
 def measure_static_curve(device: Any, workload: Any, devices: list[int], clocks: list[int],
                          iterations: int, warmup: int) -> pd.DataFrame:
-    rows = []
-    for f in track(clocks, "validate: static clocks"):
-        device.set_policy(FrequencyPolicy.static(device.name, devices, f))
-        t, e = per_iteration(device.run(workload, iterations, warmup=warmup))
-        rows.append({"sm_mhz": f, "time_s": t, "energy_j": e})
-    device.set_policy(None)
+    """Time and energy per iteration at each static clock, all in one launch of the program."""
+    runs = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
+    with progress(1, f"validate: {len(clocks)} static clocks") as bar:
+        results = run_segments(device, workload, runs, warmup=warmup)
+        bar.update()
+    rows = [{"sm_mhz": f, "time_s": per_iteration(r)[0], "energy_j": per_iteration(r)[1]} for f, r in zip(clocks, results)]
     return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
 
 
@@ -99,6 +101,14 @@ def best_measured_clock(curve: pd.DataFrame, limit_s: float) -> int | None:
     """The clock of the least measured energy among those whose measured time keeps `limit_s`."""
     fit = curve[curve["time_s"] <= limit_s]
     return None if fit.empty else int(fit.sort_values(["energy_j", "sm_mhz"]).iloc[0]["sm_mhz"])
+
+
+def iteration_estimate_s(policy: FrequencyPolicy | None) -> float | None:
+    """The max-clock iteration time a policy was planned on (its predicted baseline, else its period)."""
+    if policy is None:
+        return None
+    t = policy.meta.get("baseline_time_s") or (policy.period_ms / 1000.0 if policy.period_ms else None)
+    return float(t) if t else None
 
 
 def _run_dict(run: RunResult) -> dict:
@@ -135,21 +145,26 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     device = open_device(cfg["gpu"])
     try:
         device.set_policy(None)
-        # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run
-        probe = device.run(wl, 1, warmup=warmup)
-        n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(probe.time_s, 1e-9)))
+        # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run: from
+        # the policy's own max-clock iteration time, else (online methods) a one-iteration probe
+        est = iteration_estimate_s(policy)
+        if est is None:
+            est = device.run(wl, 1, warmup=warmup).time_s
+        n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
+        log.info("validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
+                 "about %.1f minutes plus its start-up", method, n, warmup, 2 * (n + warmup) * est / 60)
         with progress(2, f"validate: max clock, then {method}") as bar:
-            base = device.run(wl, n, warmup=warmup)
-            bar.update()
-            devices = sorted(base.energy_per_device_j) or [0]
             explore = None
             setting: dict = {}
-            if policy is not None:
-                device.set_policy(policy)
-                opt = device.run(wl, n, warmup=warmup)
-                device.set_policy(None)
+            if policy is not None:  # both runs in one launch of the program (emo.device.run_segments)
+                base, opt = run_segments(device, wl, [(None, n), (policy, n)], warmup=warmup)
+                bar.update()
+                devices = sorted(base.energy_per_device_j) or [0]
                 setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
             else:
+                base = device.run(wl, n, warmup=warmup)
+                bar.update()
+                devices = sorted(base.energy_per_device_j) or [0]
                 res = run_online(method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"],
                                  iterations=n, warmup=warmup)
                 opt, explore, setting = res.steady, res.explore, res.setting

@@ -1,0 +1,217 @@
+"""The training-loop API (DESIGN.md §3, in the spirit of Zeus's monitor):
+
+    with emo.apply("policy.json") as clocks:
+        for batch in data:
+            clocks.step()          # once per iteration, at its start: the policy's t = 0
+            ...
+
+    with emo.measure() as window:  # the NVML energy counter over a window; no policy needed
+        ...
+    print(window.result.energy_j)
+
+Ranks come from the launcher's RANK / LOCAL_RANK (torchrun, deepspeed, accelerate, SLURM through
+torchrun): rank r applies the policy's schedule for device r on its own GPU (LOCAL_RANK among the
+visible ones); a policy may map several ranks to one schedule with meta["ranks"] = {rank: device}
+(the ranks of one TP group or pipeline stage). A rank the policy does not cover is an error.
+Clock control is emo.device.nvml.nvml_applier (NVML as root, else zeusd).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emo.policy import FrequencyPolicy
+
+_ACTIVE: "Clocks | None" = None
+
+
+def rank_env() -> tuple[int, int, int]:
+    """(RANK, LOCAL_RANK, WORLD_SIZE) as the launcher set them; (0, 0, 1) for a plain process."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", env.get("RANK", 0))), int(env.get("WORLD_SIZE", 1))
+
+
+def policy_device(policy: FrequencyPolicy, rank: int, source: str = "policy") -> int:
+    """The policy's device whose schedule `rank` follows: meta["ranks"][rank] if the policy maps ranks,
+    else the rank itself. A rank it does not cover is an error, never silence."""
+    ranks = {int(k): int(v) for k, v in (policy.meta.get("ranks") or {}).items()}
+    device = ranks.get(rank, rank if not ranks else None)
+    if device is None or device not in policy.steps:
+        covered = sorted(ranks) if ranks else sorted(policy.steps)
+        raise ValueError(f"{source}: no schedule for rank {rank} (it covers rank(s) {_span(covered)}; "
+                         f"WORLD_SIZE={os.environ.get('WORLD_SIZE', 1)}): optimize a policy for this job's ranks, "
+                         "or map ranks to schedules in its meta.ranks")
+    return device
+
+
+def _span(xs: list[int]) -> str:
+    if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2:
+        return f"{xs[0]}-{xs[-1]}"
+    return ", ".join(map(str, xs)) or "none"
+
+
+def request_counts(applier: Any) -> tuple[int, int]:
+    """(landed, failed) clock requests of an applier so far. The one place that reads them."""
+    return applier.landed, applier.failed
+
+
+class Clocks:
+    """A policy applied to this rank's GPU (device: the policy's schedule it follows; None: a process
+    without a launcher applying every schedule, one per GPU). `step()` once per iteration, at its start."""
+
+    starts_at_marker = True  # armed by emo.capture at a marker: that marker starts its first iteration
+
+    def __init__(self, applier: Any, *, rank: int, device: int | None, source: str, report_dir: str | None = None,
+                 injected: bool = False):
+        self.applier, self.rank, self.device, self.source = applier, rank, device, source
+        self.report_dir, self.injected, self.closed = report_dir, injected, False
+
+    def step(self) -> None:
+        """Mark the start of an iteration (every rank marks its own)."""
+        self.applier.step()
+        if not self.injected and "emo.capture" in sys.modules:  # windows `emo trace` injected follow it
+            sys.modules["emo.capture"].step()
+
+    @property
+    def iterations(self) -> int:
+        return self.applier.iterations
+
+    @property
+    def landed(self) -> int:
+        return request_counts(self.applier)[0]
+
+    @property
+    def failed(self) -> int:
+        return request_counts(self.applier)[1]
+
+    def close(self) -> None:
+        """Reset the GPU's clocks (the applier's last request) and, under `emo apply`, report."""
+        global _ACTIVE
+        if self.closed:
+            return
+        self.closed = True
+        self.applier.close()
+        if _ACTIVE is self:
+            _ACTIVE = None
+        if self.report_dir:
+            write_report(Path(self.report_dir), self)
+
+    def __enter__(self) -> "Clocks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_report(folder: Path, clocks: Clocks) -> None:
+    landed, failed = request_counts(clocks.applier)
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {**clocks.applier.summary(), "rank": clocks.rank, "device": clocks.device, "iterations": clocks.iterations,
+           "landed": landed, "failed": failed, "errors": [str(e) for e in clocks.applier.errors[:5]]}
+    tmp = folder / f"rank{clocks.rank:05d}.json.tmp"
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, tmp.with_suffix(""))
+
+
+def active() -> "Clocks | None":
+    """The Clocks this process applies now, if any."""
+    return _ACTIVE
+
+
+def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | None = None,
+          **applier_options: Any) -> Clocks:
+    """Apply a frequency policy (a policy.json path or a FrequencyPolicy) to this rank's GPU until
+    close() / the end of the `with` block. Extra keyword arguments go to nvml_applier (e.g. lead_ms)."""
+    global _ACTIVE
+    from emo.device.nvml import GpuAccessError, import_pynvml, nvml_applier, nvml_init, visible_nvml_indices
+
+    source = "policy" if isinstance(policy, FrequencyPolicy) else str(policy)
+    if not isinstance(policy, FrequencyPolicy):
+        if not Path(policy).is_file():
+            raise FileNotFoundError(f"{policy}: no such policy file")
+        policy = FrequencyPolicy.load(policy)
+    if _ACTIVE is not None:
+        raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
+    rank, local, _ = rank_env()
+    launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
+    nvml = import_pynvml()
+    nvml_init(nvml)
+    visible = visible_nvml_indices(nvml)
+    where = f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+    if not launched and len(policy.steps) > 1 and not policy.meta.get("ranks"):
+        # one process driving several GPUs (no launcher): schedule d on visible GPU d
+        if max(policy.steps) >= len(visible):
+            raise GpuAccessError(f"{source}: schedules for GPUs {sorted(policy.steps)} but this process sees "
+                                 f"{len(visible)} {where}")
+        device, devices = None, {d: visible[d] for d in policy.steps}
+    else:
+        device = policy_device(policy, rank, source)
+        if local >= len(visible):
+            raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) {where}")
+        devices = {device: visible[local]}
+    applier = nvml_applier(policy, devices=devices, **applier_options)
+    _ACTIVE = Clocks(applier, rank=rank, device=device, source=source, report_dir=report_dir)
+    return _ACTIVE
+
+
+@dataclass
+class Energy:
+    """What a window measured: wall seconds and joules, in total and per GPU (NVML index)."""
+
+    time_s: float
+    energy_j: float
+    per_gpu_j: dict[int, float] = field(default_factory=dict)
+
+
+class EnergyWindow:
+    """Time and NVML energy between begin() and end() (or over a `with` block: `.result`)."""
+
+    def __init__(self, gpus: list[int] | None = None, sync: bool = True):
+        from emo.device.nvml import EnergyCounter, import_pynvml, nvml_init, visible_nvml_indices
+
+        if gpus is None and "LOCAL_RANK" in os.environ:  # a rank measures its own GPU
+            nvml = import_pynvml()
+            nvml_init(nvml)
+            gpus = [visible_nvml_indices(nvml)[rank_env()[1]]]
+        self.counter = EnergyCounter(gpus)
+        self.sync = sync
+        self.result: Energy | None = None
+        self._t0: float | None = None
+        self._e0: dict[int, float] = {}
+
+    def _synchronize(self) -> None:
+        torch = sys.modules.get("torch")  # only if the program uses torch: never imported here
+        if self.sync and torch is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def begin(self) -> None:
+        self._synchronize()
+        self._e0, self._t0 = self.counter.read_j(), time.perf_counter()
+
+    def end(self) -> Energy:
+        if self._t0 is None:
+            raise ValueError("emo.measure: end() before begin()")
+        self._synchronize()
+        t1, e1 = time.perf_counter(), self.counter.read_j()
+        per = {i: e1[i] - self._e0[i] for i in e1}
+        self.result = Energy(time_s=t1 - self._t0, energy_j=sum(per.values()), per_gpu_j=per)
+        self._t0 = None
+        return self.result
+
+    def __enter__(self) -> "EnergyWindow":
+        self.begin()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end()
+
+
+def measure(gpus: list[int] | None = None, *, sync: bool = True) -> EnergyWindow:
+    """An energy window over `gpus` (NVML indices; default: this rank's GPU under a launcher, else
+    every visible GPU). The GPU is synchronised at both edges when the program uses CUDA torch."""
+    return EnergyWindow(gpus, sync=sync)
