@@ -1,0 +1,69 @@
+"""Choosing among the model's forms, and idle power without an idle row, by cross-validation on the
+benchmarks only: each benchmark in turn is a target, anchored at the reference clock and predicted
+from the others; the form (or idle curve) that predicts them best wins. The targets are never seen.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+
+from emo.model.features import Inputs
+from emo.model.shapes import ANCHORS, MIXES, OVERLAPS, Anchors, Basis, Form, predict
+
+MAX_FOLDS = 30  # at most this many held-out groups (benchmarks interleaved), so large suites stay quick
+
+
+def forms(has_time: bool) -> list[Form]:
+    """Every form that changes a prediction: anchoring and overlap only act where there is time."""
+    if not has_time:
+        return [Form(m, "dynamic", "roofline", s) for m, s in itertools.product(MIXES, (True, False))]
+    return [Form(*c) for c in itertools.product(MIXES, ANCHORS, OVERLAPS, (True, False))]
+
+
+def _rows(a: Inputs, idx: list[int]) -> Inputs:
+    return Inputs(a.work[idx], a.presence[idx], a.work_columns, a.presence_columns)
+
+
+def folds(rows: list[int]) -> list[list[int]]:
+    n = min(len(rows), MAX_FOLDS)
+    return [rows[k::n] for k in range(n)] if len(rows) > 1 else []
+
+
+def held_out_error(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> float:
+    """Mean over the benchmarks of their MAPE (every clock but the reference, every quantity
+    measured), each predicted from the other benchmarks. truth: measured [J, C] on basis's grid."""
+    r, errs = basis.r, []
+    for held in folds(basis.rows):
+        b = replace(basis, rows=[j for j in basis.rows if j not in held])
+        a = Anchors(_rows(basis.inputs, held), basis.raw[held],
+                    truth["time_s"][held, r] if "time_s" in truth else None,
+                    truth["energy_j"][held, r] if "energy_j" in truth else None, truth["power_w"][held, r])
+        pred, _ = predict(form, b, a)
+        for q, v in pred.items():
+            if q == "power_w" and "time_s" in truth:
+                continue  # with time, power is energy over time: scored twice otherwise
+            true = truth[q][held]
+            m = np.isfinite(true) & np.isfinite(v)
+            m[:, r] = False
+            if m.any():
+                errs.append(float(np.mean(np.abs(v[m] - true[m]) / true[m])))
+    return 100.0 * float(np.mean(errs)) if errs else float("inf")
+
+
+def choose_form(bases: dict[bool, Basis], truth: dict[str, np.ndarray],
+                candidates: list[Form] | None = None) -> tuple[Form, dict[str, float]]:
+    """(the form with the least held-out error, {form: error %}); bases by smoothing on/off."""
+    candidates = candidates or forms(bases[True].time_s is not None)
+    errs = {f: held_out_error(f, bases[f.smooth], truth) for f in candidates}
+    best = min(errs, key=lambda f: (errs[f], candidates.index(f)))  # ties: the earlier (physics) form
+    return best, {str(f): round(e, 3) for f, e in errs.items()}
+
+
+def choose_idle(basis: Basis, candidates: np.ndarray, run_power, truth: dict[str, np.ndarray],
+                form: Form) -> int:
+    """Index of the candidate idle curve [K, C] under which the benchmarks, each predicted from the
+    others, are predicted best. run_power(p_idle) -> P_run for that idle curve."""
+    errs = [held_out_error(form, replace(basis, p_idle=c, p_run=run_power(c)), truth) for c in candidates]
+    return int(np.argmin(errs))
