@@ -237,6 +237,10 @@ def test_other_scale_constant_and_collinear_features_are_warned(sim_dcgm, tmp_pa
     hit = [w for w in res.warnings if "another unit or scale" in w]
     assert hit and all(any(c in w for c in ratio) for w in hit)
     assert not fit_predict(bench, targets, counters="dcgm").warnings  # the same tables in one unit: quiet
+    down = fit_predict(bench.assign(**{c: bench[c] * 100 for c in ratio}), targets, counters="dcgm")
+    assert any("another unit or scale" in w for w in down.warnings)  # percent in the benchmarks this time
+    light = targets.assign(DCGM_FI_PROF_PIPE_FP64_ACTIVE=targets["DCGM_FI_PROF_PIPE_FP64_ACTIVE"] * 0.01)
+    assert not fit_predict(bench, light, counters="dcgm").warnings  # a unit used lightly is no other scale
     b2 = bench.assign(const=3.0, twice=2 * bench["DCGM_FI_PROF_DRAM_ACTIVE"])
     t2 = targets.assign(const=3.0, twice=2 * targets["DCGM_FI_PROF_DRAM_ACTIVE"])
     res = fit_predict(b2, t2, features="all")

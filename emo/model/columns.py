@@ -142,14 +142,18 @@ def collinear_pairs(names: Sequence[str], values: np.ndarray) -> list[tuple[str,
 
 
 def scale_mismatch(fs: FeatureSet, cb, tb, cs, ts) -> list[tuple[str, float, float]]:
-    """(column, benchmarks' peak, targets' peak) where the targets' peak is more than SCALE_FACTOR
-    times the benchmarks' or less than 1/SCALE_FACTOR of it (rates for totals, so long kernels
-    do not look large): the same column in another unit in one table (percent vs fraction, bytes
-    vs KiB)."""
+    """(column, benchmarks' peak, targets' peak) for a column in another unit in one table: the
+    targets beyond SCALE_FACTOR x the benchmarks' peak (rates for totals, so long kernels do not look
+    large; the benchmarks are what defines the peak), or below 1/SCALE_FACTOR of it with the values
+    a share in one table and beyond one in the other (fraction vs percent). A target that merely uses
+    a unit lightly is below the peak too, so lower peaks alone say nothing."""
     pb, ps = peaks(fs, cb, tb), peaks(fs, cs, ts)
     out = []
     for k, name in enumerate(fs):
-        if pb[k] > 0 and ps[k] > 0 and not (1 / SCALE_FACTOR <= ps[k] / pb[k] <= SCALE_FACTOR):
+        if not (pb[k] > 0 and ps[k] > 0):
+            continue
+        share = (np.nanmax(cb[:, k]) <= 1.0) != (np.nanmax(cs[:, k]) <= 1.0)
+        if ps[k] > SCALE_FACTOR * pb[k] or (pb[k] > SCALE_FACTOR * ps[k] and share):
             out.append((name, float(pb[k]), float(ps[k])))
     return out
 
