@@ -288,15 +288,3 @@ def test_the_anchor_sets_the_work_energy_not_the_idle_power():
     whole = energies(x, t, tb, eb, p_run, true[:, 2], 2, "curve")  # k on the idle part too: off elsewhere
     assert whole[0, 2] == pytest.approx(true[0, 2]) and abs(whole[0, 0] - true[0, 0]) > 1.0
 
-
-def test_idle_candidates_follow_the_benchmarks_dynamic_shape():
-    from emo.model.idle import idle_candidates
-
-    f = np.linspace(0.3, 1.0, 8)
-    idle = 40 + 40 * f  # board power with nothing to do
-    g = f * (0.6 + 0.4 * f) ** 2  # dynamic power's shape: V^2 f
-    power = idle[None, :] + np.array([[20.0], [60.0], [120.0]]) * g[None, :]
-    cand = idle_candidates(power, 7)
-    np.testing.assert_allclose(cand[-1], power.min(axis=0))  # share 1: the envelope
-    best = cand[np.argmin(np.abs(cand / idle - 1).max(axis=1))]
-    np.testing.assert_allclose(best, idle, rtol=1e-9)  # idle is 0.8 of the envelope at the top: a candidate

@@ -16,10 +16,11 @@ The model (see docs/model.md and emo.model.shapes for its forms):
           N_p(b(ref)) = T_s(ref) where possible (emo.model.overlap);
   energy  E_s(f) = P_run(f) T_s(f) + k_s sum_j x_j W_j(f): the power every running kernel pays over
           the predicted time, the same board power for every kernel, plus the work energy of the
-          mix, W_j = E_j - P_run T_j, whose level k_s the anchor sets;
+          mix, W_j = E_j - P_run T_j, whose level k_s the anchor sets (with idle power estimated, not
+          measured: k_s on the whole curve, E_s = k_s (P_run T_s + sum_j x_j W_j));
   power   (data without time) P_s(f) = P_idle(f) + k_s sum_j x_j (P_j(f) - P_idle(f)).
-P_idle is the idle row's power where the table has one, else estimated (emo.model.idle) and said
-so. P_run comes from explicit same-work pairs; with none it is P_idle. Benchmark curves are
+P_idle is the idle row's power where the table has one, else a share of the benchmarks' lowest
+power at each clock, chosen by leaving each benchmark out in turn, and said so. P_run comes from explicit same-work pairs; with none it is P_idle. Benchmark curves are
 interpolated between measured clocks (PCHIP; time in 1/f), so a calibration at a clock subset
 predicts every clock in its range. `select=True` chooses the form by cross-validation on the
 benchmarks (emo.model.select).
@@ -31,7 +32,7 @@ columns, each benchmark's curve mixed by its weight).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -39,17 +40,17 @@ import pandas as pd
 from emo.device.features import FeatureSet
 from emo.model.calibration import interp_curves
 from emo.model.columns import choose_features, feature_warnings, is_static, normalisation
-from emo.model.features import UNATTRIBUTED, model_inputs
-from emo.model.idle import SHARES, idle_candidates
+from emo.model.features import UNATTRIBUTED, Inputs, model_inputs
 from emo.model.nnls import solve_nnls
 from emo.model.overlap import P_MAX
-from emo.model.select import choose_form, choose_idle
-from emo.model.shapes import OVERLAPS, Anchors, Basis, Form, mean_shapes, predict
+from emo.model.select import choose_form, choose_idle, forms
+from emo.model.shapes import ANCHORS, OVERLAPS, Anchors, Basis, Form, mean_shapes, predict
 
 KEY_COLUMNS = ("name", "sm_mhz")
 VALUE_COLUMNS = ("time_s", "energy_j", "power_w")
 RESERVED = {*KEY_COLUMNS, *VALUE_COLUMNS, "mem_mhz", "repeat", "bench", "signature"}
 QUANTITIES = ("time_s", "energy_j", "power_w")
+IDLE_SCALES = np.linspace(0.0, 1.0, 11)  # candidate shares of the lowest benchmark power that are idle
 @dataclass(frozen=True)
 class Curves:
     """A long table pivoted: N names x C clocks (NaN where a name was not measured)."""
@@ -245,7 +246,7 @@ class _Bench:
 
     curves: Curves
     smoothed: dict[bool, tuple[np.ndarray | None, np.ndarray]]  # smooth -> (time_s, power_w) [J, Cb]
-    inputs: object
+    inputs: Inputs
     raw: np.ndarray
     resource: list[str]
     rows: list[int]
@@ -295,16 +296,17 @@ def _plain_reference(basis: Basis, anchors: Anchors, mean: dict[str, np.ndarray]
 
 
 def _estimate_idle(bn: _Bench, form: Form, pairs, notes: list[str]) -> np.ndarray:
-    """[Cb] idle power without an idle row: the candidate (emo.model.idle) under which each benchmark,
-    predicted from the others, is predicted best."""
+    """[Cb] idle power without an idle row: the share of the benchmarks' lowest power at each clock
+    under which each benchmark, predicted from the others, is predicted best."""
     b, rows = bn.curves, bn.rows
-    cand = idle_candidates(b.power_w[rows], bn.ib)
+    envelope = np.nanmin(b.power_w[rows], axis=0)
+    cand = IDLE_SCALES[:, None] * envelope[None, :]
     run = lambda p: _running_power(b, pairs, p)  # noqa: E731
-    basis = _basis(bn, b.clocks, form.smooth, cand[-1], run(cand[-1]))
+    basis = _basis(bn, b.clocks, form.smooth, envelope, run(envelope))
     k = choose_idle(basis, cand, lambda p: np.maximum(run(p), p), _truth(b), form)
-    notes.append(f"no idle row: idle power estimated from the benchmarks' lowest power at each clock less its "
-                 f"dynamic part ({cand[k][bn.ib]:.1f} W at the reference clock, {SHARES[k]:.1f} of the lowest there), "
-                 "the estimate that predicts each benchmark from the others best")
+    notes.append(f"no idle row: idle power taken as {IDLE_SCALES[k]:.1f} x the benchmarks' lowest power at each clock "
+                 f"({cand[k][bn.ib]:.1f} W at the reference clock), the share that predicts each benchmark from the "
+                 "others best")
     return cand[k]
 
 
@@ -319,6 +321,13 @@ def _table(s: Curves, clocks: np.ndarray, f_ref: int, measured: dict, pred: dict
         for q, a in v.items():
             table[f"{m}_{q}"] = a.ravel()
     return pd.DataFrame(table)
+
+
+def default_form(idle_measured: bool, has_time: bool = True, overlap: str = "roofline") -> Form:
+    """The physics: the anchor sets the level of the mix's work energy over the board's running power
+    when idle power is measured; when it is only estimated (the benchmarks do not pin it down: see
+    docs/model.md), the whole curve is scaled, which an error in the estimate moves less."""
+    return Form(anchor="dynamic" if idle_measured or not has_time else "curve", overlap=overlap)
 
 
 def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
@@ -339,7 +348,7 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
     """
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
-    form = form or Form(overlap=overlap)
+    pinned = form
     bench, targets = _named(bench), _named(targets)
     fs, notes = choose_features(bench, targets, features, counters, RESERVED)
     b = curves_from_table(bench, "bench", fs)
@@ -358,24 +367,29 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
     tb_ref, ts_ref = (b.time_s[:, ib], s.time_s[:, is_]) if has_t else (None, None)
     warns = feature_warnings(fs, cb, tb_ref, cs, ts_ref)
     norm = normalisation(fs, bench, cb, tb_ref)
-    wi_b, wi_s = model_inputs(cb, tb_ref, cs, ts_ref, fs)
+    smoothed = {True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
+                False: (b.time_s, b.power_w)}
+    # busy seconds from the benchmarks' denoised time at the reference: one noisy run moves no peak rate
+    wi_b, wi_s = model_inputs(cb, smoothed[True][0][:, ib] if has_t else None, cs, ts_ref, fs)
 
     p_idle_b, j_idle = _idle(b, idle)
     rows = [j for j in range(len(b.names)) if j != j_idle]
     res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
            for j in range(len(b.names))]
-    smoothed = {True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
-                False: (b.time_s, b.power_w)}
     bn = _Bench(b, smoothed, wi_b, cb, res, rows, ib, p_max)
+    form = pinned or default_form(j_idle is not None, has_t, overlap)
     if p_idle_b is None:
         p_idle_b = _estimate_idle(bn, form, pairs, notes) if scale_idle else np.nanmin(b.power_w[rows], axis=0)
     p_run_b = _running_power(b, pairs, p_idle_b)
     selection = None
     if select:
+        default = form
         cv = {sm: _basis(bn, b.clocks, sm, p_idle_b, p_run_b) for sm in (True, False)}
-        form, selection = choose_form(cv, _truth(b))
+        # an idle estimate was fitted to these benchmarks, so they cannot also judge how to anchor on it
+        cands = forms(has_t, ANCHORS if j_idle is not None else (default.anchor,))
+        form, selection = choose_form(cv, _truth(b), [default, *(f for f in cands if f != default)])
         notes.append(f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
-                     f"{selection[str(form)]:.2f} %, the default form's {selection[str(Form())]:.2f} %)")
+                     f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)")
 
     clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
     basis = _basis(bn, clocks, form.smooth, p_idle_b, p_run_b)

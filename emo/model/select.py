@@ -15,11 +15,11 @@ from emo.model.shapes import ANCHORS, MIXES, OVERLAPS, Anchors, Basis, Form, pre
 MAX_FOLDS = 30  # at most this many held-out groups (benchmarks interleaved), so large suites stay quick
 
 
-def forms(has_time: bool) -> list[Form]:
+def forms(has_time: bool, anchors: tuple[str, ...] = ANCHORS) -> list[Form]:
     """Every form that changes a prediction: anchoring and overlap only act where there is time."""
     if not has_time:
         return [Form(m, "dynamic", "roofline", s) for m, s in itertools.product(MIXES, (True, False))]
-    return [Form(*c) for c in itertools.product(MIXES, ANCHORS, OVERLAPS, (True, False))]
+    return [Form(*c) for c in itertools.product(MIXES, anchors, OVERLAPS, (True, False))]
 
 
 def _rows(a: Inputs, idx: list[int]) -> Inputs:
@@ -54,7 +54,8 @@ def held_out_error(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> fl
 
 def choose_form(bases: dict[bool, Basis], truth: dict[str, np.ndarray],
                 candidates: list[Form] | None = None) -> tuple[Form, dict[str, float]]:
-    """(the form with the least held-out error, {form: error %}); bases by smoothing on/off."""
+    """(the form with the least held-out error, {form: error %}); bases by smoothing on/off; a tie goes
+    to the earlier candidate (the caller's default first)."""
     candidates = candidates or forms(bases[True].time_s is not None)
     errs = {f: held_out_error(f, bases[f.smooth], truth) for f in candidates}
     best = min(errs, key=lambda f: (errs[f], candidates.index(f)))  # ties: the earlier (physics) form

@@ -8,8 +8,8 @@ A form picks, for one fit:
            "curve": one factor on the whole curve (E = k (P_run T + sum_j x_j W_j));
   overlap  "roofline": the p-norm of per-resource busy times, p per target; "sum": busy times add;
   smooth   whether each benchmark curve is denoised first (emo.model.kernels.denoise).
-The defaults are the physics; `emo.model.select` chooses among forms by cross-validation on the
-benchmarks.
+The defaults are the physics (emo.model.kernels.default_form: the dynamic anchor where idle power
+is measured); `emo.model.select` chooses among forms by cross-validation on the benchmarks.
 """
 from __future__ import annotations
 
