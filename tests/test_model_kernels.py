@@ -257,9 +257,10 @@ def test_other_scale_constant_and_collinear_features_are_warned(sim_dcgm, tmp_pa
 def test_selection_uses_the_benchmarks_only(sim_ncu, capsys, tmp_path):
     bench, targets = sim_ncu
     res = fit_predict(bench, targets, select=True)
-    assert len(res.selection) == 16 and min(res.selection.values()) == res.selection[
-        f"mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
-        f"smooth={'on' if res.form['smooth'] else 'off'}"]
+    chosen = (f"mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
+              f"smooth={'on' if res.form['smooth'] else 'off'}")
+    assert len(res.selection) == 16 and res.selection[chosen] <= res.selection[
+        "mix=work anchor=dynamic overlap=roofline smooth=on"]  # the default with an idle row, or clearly better
     assert any("cross-validation" in n for n in res.notes)
     # the targets' measurements away from their anchor cannot move the choice
     top = targets["sm_mhz"].max()
@@ -288,3 +289,13 @@ def test_the_anchor_sets_the_work_energy_not_the_idle_power():
     whole = energies(x, t, tb, eb, p_run, true[:, 2], 2, "curve")  # k on the idle part too: off elsewhere
     assert whole[0, 2] == pytest.approx(true[0, 2]) and abs(whole[0, 0] - true[0, 0]) > 1.0
 
+
+
+def test_a_form_replaces_the_default_only_when_clearly_better():
+    from emo.model.select import clearly_better
+
+    base = np.array([1.0, 1.2, 0.9, 1.1, 1.0, 1.3])
+    rng = np.random.default_rng(0)
+    assert not clearly_better(base + rng.normal(0, 0.05, 6) - 0.01, base)  # a smaller mean within the noise
+    assert clearly_better(base - 0.2 + rng.normal(0, 0.02, 6), base)
+    assert not clearly_better(base[:1] - 0.5, base[:1])  # one fold says nothing

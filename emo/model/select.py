@@ -1,6 +1,7 @@
 """Choosing among the model's forms, and idle power without an idle row, by cross-validation on the
 benchmarks only: each benchmark in turn is a target, anchored at the reference clock and predicted
-from the others; the form (or idle curve) that predicts them best wins. The targets are never seen.
+from the others; the form (or idle curve) that predicts them best wins, a form other than the
+default only when it is clearly better. The targets are never seen.
 """
 from __future__ import annotations
 
@@ -31,16 +32,17 @@ def folds(rows: list[int]) -> list[list[int]]:
     return [rows[k::n] for k in range(n)] if len(rows) > 1 else []
 
 
-def held_out_error(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> float:
-    """Mean over the benchmarks of their MAPE (every clock but the reference, every quantity
-    measured), each predicted from the other benchmarks. truth: measured [J, C] on basis's grid."""
-    r, errs = basis.r, []
+def held_out_errors(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> np.ndarray:
+    """[folds] each held-out group's MAPE % (every clock but the reference, every quantity measured),
+    predicted from the other benchmarks. truth: measured [J, C] on basis's grid."""
+    r, out = basis.r, []
     for held in folds(basis.rows):
         b = replace(basis, rows=[j for j in basis.rows if j not in held])
         a = Anchors(_rows(basis.inputs, held), basis.raw[held],
                     truth["time_s"][held, r] if "time_s" in truth else None,
                     truth["energy_j"][held, r] if "energy_j" in truth else None, truth["power_w"][held, r])
         pred, _ = predict(form, b, a)
+        errs = []
         for q, v in pred.items():
             if q == "power_w" and "time_s" in truth:
                 continue  # with time, power is energy over time: scored twice otherwise
@@ -49,17 +51,37 @@ def held_out_error(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> fl
             m[:, r] = False
             if m.any():
                 errs.append(float(np.mean(np.abs(v[m] - true[m]) / true[m])))
-    return 100.0 * float(np.mean(errs)) if errs else float("inf")
+        out.append(100.0 * float(np.mean(errs)) if errs else np.nan)
+    return np.asarray(out)
+
+
+def held_out_error(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> float:
+    e = held_out_errors(form, basis, truth)
+    return float(np.nanmean(e)) if np.isfinite(e).any() else float("inf")
+
+
+def clearly_better(errs: np.ndarray, base: np.ndarray) -> bool:
+    """True when `errs` beats `base` over the same folds by more than one standard error of the
+    paired difference: the benchmarks are few and each has a near-twin, so a smaller mean alone is
+    often noise."""
+    d = (errs - base)[np.isfinite(errs - base)]
+    if len(d) < 2:
+        return False
+    return float(d.mean() + d.std(ddof=1) / np.sqrt(len(d))) < 0.0
 
 
 def choose_form(bases: dict[bool, Basis], truth: dict[str, np.ndarray],
                 candidates: list[Form] | None = None) -> tuple[Form, dict[str, float]]:
-    """(the form with the least held-out error, {form: error %}); bases by smoothing on/off; a tie goes
-    to the earlier candidate (the caller's default first)."""
+    """(form, {form: held-out error %}); bases by smoothing on/off. The first candidate (the
+    caller's default) stays unless another is clearly better (one-standard-error rule); of those
+    that are, the least error wins."""
     candidates = candidates or forms(bases[True].time_s is not None)
-    errs = {f: held_out_error(f, bases[f.smooth], truth) for f in candidates}
-    best = min(errs, key=lambda f: (errs[f], candidates.index(f)))  # ties: the earlier (physics) form
-    return best, {str(f): round(e, 3) for f, e in errs.items()}
+    per_fold = {f: held_out_errors(f, bases[f.smooth], truth) for f in candidates}
+    mean = {f: float(np.nanmean(e)) if np.isfinite(e).any() else float("inf") for f, e in per_fold.items()}
+    base = per_fold[candidates[0]]
+    better = [f for f in candidates[1:] if clearly_better(per_fold[f], base)]
+    best = min(better, key=lambda f: mean[f]) if better else candidates[0]
+    return best, {str(f): round(e, 3) for f, e in mean.items()}
 
 
 def choose_idle(basis: Basis, candidates: np.ndarray, run_power, truth: dict[str, np.ndarray],
