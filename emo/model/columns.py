@@ -53,20 +53,23 @@ def choose_features(bench: pd.DataFrame, targets: pd.DataFrame, features, counte
                     reserved: set[str]) -> tuple[FeatureSet, list[str]]:
     """The feature set of a fit and notes on how each unknown column was read.
 
-    features None: every numeric column, known names by `counters` (the old behaviour, unknown
-    columns as ratios); "all": every numeric column, unknown ones in the form their values show;
-    a list: exactly those columns (a `name:form` pins the form)."""
+    features None or "all": every numeric column, known names by `counters` (another source's
+    columns are then left out, with a note); a list: exactly those columns, each mapped by whichever
+    source names it (a `name:form` pins the form). A column no source names is read in the form its
+    values show (infer_form)."""
     spec = parse_features(features)
     cand = candidate_columns(bench, reserved)
-    if spec is None:
-        return resolve_columns(cand, counters)
-    wanted = [(c, None) for c in cand] if spec == "all" else spec
-    for name, _ in wanted:
-        if name not in bench.columns:
-            raise ValueError(f"bench: no feature column {name!r} (features: {', '.join(cand) or 'none'})")
-        if not pd.api.types.is_numeric_dtype(bench[name]):
-            raise ValueError(f"bench: feature column {name!r} is not numeric")
-    known, _ = resolve_columns([c for c, _ in wanted], counters)
+    if spec is None or spec == "all":
+        known, said = resolve_columns(cand, counters)
+        wanted = [(c, None) for c in known]
+    else:
+        for name, _ in spec:
+            if name not in bench.columns:
+                raise ValueError(f"bench: no feature column {name!r} (features: {', '.join(cand) or 'none'})")
+            if not pd.api.types.is_numeric_dtype(bench[name]):
+                raise ValueError(f"bench: feature column {name!r} is not numeric")
+        known, said = resolve_columns([c for c, _ in spec], None)
+        wanted = spec
     cols: dict[str, Column] = {}
     extra: dict[str, Feature] = {}
     unknown: list[str] = []
@@ -79,7 +82,9 @@ def choose_features(bench: pd.DataFrame, targets: pd.DataFrame, features, counte
             extra[name] = Feature(name, "work", name, "a column no known source names")
             unknown.append(f"{name} ({form})")
         cols[name] = col if form is None else Column(col.feature, form, col.scale)
-    notes = [f"columns no counter source names, each a work feature of its own: {', '.join(unknown)}"] if unknown else []
+    notes = [n for n in said if "another counter source" in n]
+    if unknown:
+        notes.append(f"columns no counter source names, each a work feature of its own: {', '.join(unknown)}")
     return FeatureSet(cols, extra), notes
 
 
