@@ -116,7 +116,7 @@ def _cmd_fit(args) -> int:
     n = res.predictions["name"].nunique()
     print(f"{n} targets, reference {res.reference_mhz} MHz, features: {', '.join(res.features) or 'none'}")
     print(f"form: mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
-          f"smooth={'on' if res.form['smooth'] else 'off'}{' (chosen by cross-validation)' if res.selection else ''}")
+          f"smooth={'on' if res.form['smooth'] else 'off'}{' (by cross-validation on the benchmarks)' if res.selection else ''}")
     for name, how in res.normalisation.items():
         print(f"feature {name}: {how}")
     for note in res.notes:

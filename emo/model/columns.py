@@ -119,6 +119,8 @@ def normalisation(fs: FeatureSet, bench: pd.DataFrame, values: np.ndarray, time_
             how = f"an average{unit}, / the benchmarks' highest ({top[k]:.4g})"
         elif col.form == "total":
             how = f"a total per range{unit}, / the benchmarks' highest rate ({top[k]:.4g} per s)"
+        elif time_s is None:  # power-only data: no duration to weigh a share by
+            how = f"a {col.form}{unit}, / the benchmarks' highest ({top[k]:.4g})"
         else:
             how = f"a {col.form}{unit} x the range's time, / the benchmarks' highest ({top[k]:.4g})"
         out[name] = f"{fs.feature(name).name} ({role}, {when}): {how}"
