@@ -198,6 +198,11 @@ def test_any_feature_names_fit_and_say_how_they_are_normalised(sim_ncu, tmp_path
     assert main([*argv, "--features", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--bench {tmp_path / 'b.csv'}" in err[0] and "nope" in err[0]
+    targets.assign(**{names[0]: "lots"}).to_csv(tmp_path / "t_text.csv", index=False)
+    assert main(["model", "fit", "--bench", str(tmp_path / "b.csv"), "--targets", str(tmp_path / "t_text.csv"),
+                 "--features", "all"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--targets {tmp_path / 't_text.csv'}" in err[0] and f"{names[0]}='lots'" in err[0]
     out = _json(capsys, [*argv, "--features", "all", "--json"])
     assert out["mape_energy_pct"] < out["mean_curve"]["mape_energy_pct"] and set(out["normalisation"]) == set(out["features"])
 

@@ -96,7 +96,14 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
         if len(bad):
             r = bad.iloc[0]
             raise ValueError(f"{where}: {r['name']} at {r['sm_mhz']} MHz has {c}={r[c]} (must be > 0)")
-    neg = [c for c in features if (pd.to_numeric(df[c], errors="coerce") < 0).any()]
+    for c in features:  # a value that is not a number (NaN stays: not measured)
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = v.isna() & df[c].notna()
+        if bad.any():
+            r = df[bad].iloc[0]
+            raise ValueError(f"{where}: {r['name']} at {r['sm_mhz']} MHz has {c}={r[c]!r} (want a number)")
+        df[c] = v
+    neg = [c for c in features if (df[c] < 0).any()]
     if neg:
         raise ValueError(f"{where}: counter column {neg[0]} has negative values")
     for c in features:
