@@ -1,6 +1,6 @@
 """The model on single kernels of the virtual GPUs: docs/model.md's table.
 
-    python benchmarks/kernel_model_table.py [--step 6] [--gpus a100,h100,rtx3080ti] [--by-clock]
+    python benchmarks/kernel_model_table.py [--step 6] [--gpus a100,h100,rtx3080ti] [--by-clock] [--pairs]
 
 The 24 microbenchmarks (+ idle) and 12 training-step kernels of tests/kernel_tables.py at 10 clocks,
 measured on each virtual GPU with its noise on (gpu.noise=1, gpu.seed=0), fitted and predicted by
@@ -10,7 +10,8 @@ plain anchored NNLS, per counter form (DCGM ratios, ncu totals), with and withou
 beside it EMO with the whole-curve energy anchor (the open interface's form before the anchor set the
 work energy only; the same as the default without an idle row). --step: clocks this many steps
 apart from the top (6: 10 clocks down to ~600 MHz on the A100; 8: down to 330 MHz); --by-clock:
-also the energy MAPE per clock of both anchors and the mean curve.
+also the energy MAPE per clock of both anchors and the mean curve; --pairs: give the fit the suite's
+same-work pairs (each kernel's _low and _high occupancy, `emo model fit --pair`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=6)
     ap.add_argument("--gpus", default=",".join(NAMES))
     ap.add_argument("--by-clock", action="store_true")
+    ap.add_argument("--pairs", action="store_true")
     args = ap.parse_args()
     print("| GPU, counters | EMO | EMO --select | EMO, whole-curve anchor | mean curve | plain anchored NNLS |\n"
           "|---|---|---|---|---|---|")
@@ -52,10 +54,13 @@ def main() -> None:
             bench, targets = sim_tables(gpu=gpu, form=form, step=args.step)
             for idle in (True, False):
                 b = bench if idle else bench[bench["name"] != "idle"]
-                res = fit_predict(b, targets, counters=form)
+                names = set(b["name"])
+                pairs = [(n, n[:-4] + "_high") for n in sorted(names)
+                         if args.pairs and n.endswith("_low") and n[:-4] + "_high" in names]
+                res = fit_predict(b, targets, counters=form, pairs=pairs)
                 r = res.scores
-                chosen = fit_predict(b, targets, counters=form, select=True).scores["emo"]
-                whole = fit_predict(b, targets, counters=form, form=Form(anchor="curve"))
+                chosen = fit_predict(b, targets, counters=form, pairs=pairs, select=True).scores["emo"]
+                whole = fit_predict(b, targets, counters=form, pairs=pairs, form=Form(anchor="curve"))
                 label = f"{NAMES[gpu]}, {'DCGM' if form == 'dcgm' else 'ncu'} form" + ("" if idle else ", no idle row")
                 print(f"| {label} | {cell(r['emo'])} | {cell(chosen)} | {cell(whole.scores['emo'])} | "
                       f"{cell(r['mean_curve'])} | {cell(r['nnls'])} |", flush=True)

@@ -330,11 +330,12 @@ def _table(s: Curves, clocks: np.ndarray, f_ref: int, measured: dict, pred: dict
     return pd.DataFrame(table)
 
 
-def default_form(idle_measured: bool, has_time: bool = True, overlap: str = "roofline") -> Form:
+def default_form(power_measured: bool, has_time: bool = True, overlap: str = "roofline") -> Form:
     """The physics: the anchor sets the level of the mix's work energy over the board's running power
-    when idle power is measured; when it is only estimated (the benchmarks do not pin it down: see
-    docs/model.md), the whole curve is scaled, which an error in the estimate moves less."""
-    return Form(anchor="dynamic" if idle_measured or not has_time else "curve", overlap=overlap)
+    when that power is measured (an idle row, or same-work pairs that give P_run); when it is only
+    estimated (the benchmarks do not pin idle power down: see docs/model.md), the whole curve is
+    scaled, which an error in the estimate moves less."""
+    return Form(anchor="dynamic" if power_measured or not has_time else "curve", overlap=overlap)
 
 
 def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
@@ -384,7 +385,8 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
     res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
            for j in range(len(b.names))]
     bn = _Bench(b, smoothed, wi_b, cb, res, rows, ib, p_max)
-    form = pinned or default_form(j_idle is not None, has_t, overlap)
+    measured = j_idle is not None or bool(pairs)  # the board's running power, not an estimate
+    form = pinned or default_form(measured, has_t, overlap)
     if p_idle_b is None:
         p_idle_b = _estimate_idle(bn, form, pairs, notes) if scale_idle else np.nanmin(b.power_w[rows], axis=0)
     p_run_b = _running_power(b, pairs, p_idle_b)
@@ -393,7 +395,7 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
         default = form
         cv = {sm: _basis(bn, b.clocks, sm, p_idle_b, p_run_b) for sm in (True, False)}
         # an idle estimate was fitted to these benchmarks, so they cannot also judge how to anchor on it
-        cands = forms(has_t, ANCHORS if j_idle is not None else (default.anchor,))
+        cands = forms(has_t, ANCHORS if measured else (default.anchor,))
         form, selection = choose_form(cv, _truth(b), [default, *(f for f in cands if f != default)])
         notes.append(f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
                      f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)")
