@@ -304,3 +304,14 @@ def test_a_form_replaces_the_default_only_when_clearly_better():
     assert not clearly_better(base + rng.normal(0, 0.05, 6) - 0.01, base)  # a smaller mean within the noise
     assert clearly_better(base - 0.2 + rng.normal(0, 0.02, 6), base)
     assert not clearly_better(base[:1] - 0.5, base[:1])  # one fold says nothing
+
+
+def test_the_work_energy_anchor_needs_the_boards_power_measured(sim_ncu):
+    bench, targets = sim_ncu
+    noidle = bench[bench["name"] != "idle"]
+    assert fit_predict(bench, targets).form["anchor"] == "dynamic"  # an idle row
+    assert fit_predict(noidle, targets).form["anchor"] == "curve"  # idle estimated: the whole curve
+    pairs = [("fp32_fma_low", "fp32_fma_high"), ("int32_low", "int32_high")]
+    assert fit_predict(noidle, targets, pairs=pairs).form["anchor"] == "dynamic"  # P_run from the pairs
+    sel = fit_predict(noidle, targets, select=True)
+    assert len(sel.selection) == 8 and all("anchor=curve" in f for f in sel.selection)
