@@ -1,11 +1,14 @@
 """`emo model fit`: the open calibration interface from the command line.
 
-    emo model fit --bench bench.csv --targets kernels.parquet [--counters dcgm|ncu] [--ref-mhz F] [--json]
+    emo model fit --bench bench.csv --targets kernels.parquet [--features all|A,B:total,...]
+                  [--counters dcgm|ncu] [--select] [--ref-mhz F] [--json]
 
 Both files are long tables, one row per (name, clock): name, sm_mhz, time_s (optional), energy_j or
-power_w, and counter columns as their source names them (emo.device.features). Each target's row
-at the reference clock is its anchor; every other measured row is predicted and scored against the
-mean-curve baseline and a plain anchored NNLS (emo.model.kernels).
+power_w, and feature columns: counters as their source names them (emo.device.features) or any
+numeric column (--features; emo.model.columns). Each target's row at the reference clock is its
+anchor; every other measured row is predicted and scored against the mean-curve baseline and a
+plain anchored NNLS (emo.model.kernels). --select chooses the model's form by cross-validation on
+the benchmarks alone.
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ def check_table(df, option: str, path: str, *, curves: bool) -> None:
 def _where(args) -> dict[str, str]:
     return {"bench and targets:": f"--bench {args.bench} and --targets {args.targets}:",
             "bench:": f"--bench {args.bench}:", "targets:": f"--targets {args.targets}:",
-            "ref-mhz:": "--ref-mhz", "pairs:": "--pair", "overlap:": "--overlap"}
+            "ref-mhz:": "--ref-mhz", "pairs:": "--pair", "overlap:": "--overlap", "features:": "--features",
+            "counters:": "--counters"}
 
 
 def _pairs(items: list[str] | None) -> list[tuple[str, str]]:
@@ -67,8 +71,14 @@ def register(subparsers) -> None:
     f = sub.add_parser("fit", help="fit on a benchmark table, predict and score target kernels", description=__doc__)
     f.add_argument("--bench", required=True, help="benchmark table (CSV or Parquet)")
     f.add_argument("--targets", required=True, help="target kernels table (CSV or Parquet)")
+    f.add_argument("--features", metavar="all|A,B,...",
+                   help="feature columns: all (every numeric column) or a comma list; NAME:ratio or NAME:total "
+                        "pins how a column is read (default: every numeric column, unknown names as ratios)")
     f.add_argument("--counters", choices=("dcgm", "ncu", "emo", "gpupowermodel"),
-                   help="read only this source's counter columns (default: every known name)")
+                   help="read only this source's known counter names (default: every source's)")
+    f.add_argument("--select", action="store_true",
+                   help="choose the model's form (mix, anchoring, overlap, smoothing) by cross-validation on the "
+                        "benchmarks only, and say which")
     f.add_argument("--ref-mhz", type=int, help="reference (anchor) clock (default: the highest benchmark clock)")
     f.add_argument("--idle", help="name of the idle row (default: a row named idle, else estimated)")
     f.add_argument("--pair", action="append", metavar="A,B",
@@ -87,12 +97,15 @@ def _cmd_fit(args) -> int:
         tables[option] = read_table(path, option)
         check_table(tables[option], option, path, curves=option == "--bench")
     try:
-        res = fit_predict(tables["--bench"], tables["--targets"], counters=args.counters, ref_mhz=args.ref_mhz,
-                          idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap)
+        res = fit_predict(tables["--bench"], tables["--targets"], features=args.features, counters=args.counters,
+                          ref_mhz=args.ref_mhz, idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap,
+                          select=args.select)
     except ValueError as e:
         text = str(e)
         head = next((h for h in _where(args) if text.startswith(h)), None)
         raise (ValueError(_where(args)[head] + text.removeprefix(head)) if head else e) from None
+    for w in res.warnings:  # one line each, on stderr, also with --json
+        print(f"emo: warning: {w}", file=sys.stderr)
     if args.out:
         _write(res.predictions, Path(args.out))
     if args.json:
@@ -102,6 +115,10 @@ def _cmd_fit(args) -> int:
         return 0
     n = res.predictions["name"].nunique()
     print(f"{n} targets, reference {res.reference_mhz} MHz, features: {', '.join(res.features) or 'none'}")
+    print(f"form: mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
+          f"smooth={'on' if res.form['smooth'] else 'off'}{' (by cross-validation on the benchmarks)' if res.selection else ''}")
+    for name, how in res.normalisation.items():
+        print(f"feature {name}: {how}")
     for note in res.notes:
         print(f"note: {note}")
     pred = res.predictions

@@ -1,27 +1,29 @@
 """The open calibration interface: fit on any benchmark table, predict any kernel's time and energy.
 
 Inputs are long tables, one row per (name, clock): `name`, `sm_mhz`, `time_s` (optional),
-`energy_j` or `power_w`, and counter columns named as their source names them (DCGM field names,
-ncu metric names, EMO's own; see emo.device.features). Each target's row at the reference clock
-(default: the highest clock of the benchmarks) is its anchor: its time, energy and counters are
-known; the model says how they change at every other clock.
+`energy_j` or `power_w`, and feature columns: counters named as their source names them (DCGM
+field names, ncu metric names, EMO's own; see emo.device.features) or any numeric column the user
+names (emo.model.columns: instruction mixes, nvprof metrics, a static analysis's counts). Each
+target's row at the reference clock (default: the highest clock of the benchmarks) is its anchor:
+its time, energy and features are known; the model says how they change at every other clock.
 
-The model (see docs/model.md):
+The model (see docs/model.md and emo.model.shapes for its forms):
   mix     x_s = argmin_{x>=0} |sum_j x_j w_j - w_s| over the work features (busy seconds at peak
           rate), with the presence features (SM active, occupancy) as time-weighted averages that
           the mix must match: sum_j x_j T_j(ref) (a_j - a_s) = 0;
   time    busy time per resource b_r(f) = sum_{j on r} x_j T_j(f) (a benchmark is on the resource of
           its largest work feature); T_s(f) = T_s(ref) N_p(b(f)) / N_p(b(ref)), p chosen so that
           N_p(b(ref)) = T_s(ref) where possible (emo.model.overlap);
-  energy  E_s(f) = k_s [P_run(f) T_s(f) + sum_j x_j W_j(f)]: the power every running kernel pays over
-          the predicted time plus the work energy of the mix, W_j = E_j - P_run T_j, one factor k_s
-          per target set by the anchor (scaling the whole curve is less sensitive to noise in the
-          idle power than scaling the dynamic part alone);
+  energy  E_s(f) = P_run(f) T_s(f) + k_s sum_j x_j W_j(f): the power every running kernel pays over
+          the predicted time, the same board power for every kernel, plus the work energy of the
+          mix, W_j = E_j - P_run T_j, whose level k_s the anchor sets (with idle power estimated, not
+          measured: k_s on the whole curve, E_s = k_s (P_run T_s + sum_j x_j W_j));
   power   (data without time) P_s(f) = P_idle(f) + k_s sum_j x_j (P_j(f) - P_idle(f)).
-P_idle is the idle row's power where the table has one, else estimated (the intercept of benchmark
-power against activity at each clock) and said so. P_run comes from explicit same-work pairs; with
-none it is P_idle. Benchmark curves are interpolated between measured clocks (PCHIP; time in 1/f),
-so a calibration at a clock subset predicts every clock in its range.
+P_idle is the idle row's power where the table has one, else a share of the benchmarks' lowest
+power at each clock, chosen by leaving each benchmark out in turn, and said so. P_run comes from explicit same-work pairs; with none it is P_idle. Benchmark curves are
+interpolated between measured clocks (PCHIP; time in 1/f), so a calibration at a clock subset
+predicts every clock in its range. `select=True` chooses the form by cross-validation on the
+benchmarks (emo.model.select).
 
 Two references are computed from the same inputs and scored alike: the mean curve (the benchmarks'
 average normalised curve, the target ignored) and a plain anchored NNLS (the same features as plain
@@ -35,19 +37,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from emo.device.features import FeatureSet, resolve_columns
+from emo.device.features import FeatureSet
 from emo.model.calibration import interp_curves
-from emo.model.features import UNATTRIBUTED, mix, model_inputs, spread_duplicates
+from emo.model.columns import choose_features, feature_warnings, is_static, normalisation
+from emo.model.features import UNATTRIBUTED, Inputs, model_inputs
 from emo.model.nnls import solve_nnls
-from emo.model.overlap import P_MAX, calibrate_p, time_curves
+from emo.model.overlap import P_MAX
+from emo.model.select import choose_form, choose_idle, forms
+from emo.model.shapes import ANCHORS, OVERLAPS, Anchors, Basis, Form, mean_shapes, predict
 
 KEY_COLUMNS = ("name", "sm_mhz")
 VALUE_COLUMNS = ("time_s", "energy_j", "power_w")
 RESERVED = {*KEY_COLUMNS, *VALUE_COLUMNS, "mem_mhz", "repeat", "bench", "signature"}
-PRESENCE_WEIGHT = 0.1  # weight of the average-matching rows (as in emo.model.fit)
 QUANTITIES = ("time_s", "energy_j", "power_w")
-
-
+IDLE_SCALES = np.linspace(0.0, 1.0, 11)  # candidate shares of the lowest benchmark power that are idle
 @dataclass(frozen=True)
 class Curves:
     """A long table pivoted: N names x C clocks (NaN where a name was not measured)."""
@@ -61,12 +64,15 @@ class Curves:
     features: FeatureSet
 
 
-def curves_from_table(df: pd.DataFrame, where: str, *, features: FeatureSet | None = None,
-                      counters: str | None = None) -> tuple[Curves, list[str]]:
-    """Validate a long table and pivot it (median over repeated rows). Counters are read later, at
-    the reference clock. Returns the curves and notes on the counter columns."""
-    if "name" not in df.columns and "bench" in df.columns:
-        df = df.rename(columns={"bench": "name"})
+def _named(df: pd.DataFrame) -> pd.DataFrame:
+    return df.rename(columns={"bench": "name"}) if "name" not in df.columns and "bench" in df.columns else df
+
+
+def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Curves:
+    """Validate a long table and pivot it (median over repeated rows). Features are read later, at
+    the reference clock; a static feature (one value per name) given on some rows only fills the
+    others."""
+    df = _named(df)
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{where}: missing column {missing[0]} (want name, sm_mhz, time_s, energy_j or power_w, counters)")
@@ -76,10 +82,6 @@ def curves_from_table(df: pd.DataFrame, where: str, *, features: FeatureSet | No
         raise ValueError(f"{where}: energy_j without time_s says nothing about power; add time_s or power_w")
     if df.empty:
         raise ValueError(f"{where}: no rows")
-    notes: list[str] = []
-    if features is None:
-        cand = [c for c in df.columns if c not in RESERVED and pd.api.types.is_numeric_dtype(df[c])]
-        features, notes = resolve_columns(cand, counters)
     absent = [c for c in features if c not in df.columns]
     if absent:
         raise ValueError(f"{where}: missing counter column {absent[0]} (the benchmarks have it)")
@@ -94,9 +96,19 @@ def curves_from_table(df: pd.DataFrame, where: str, *, features: FeatureSet | No
         if len(bad):
             r = bad.iloc[0]
             raise ValueError(f"{where}: {r['name']} at {r['sm_mhz']} MHz has {c}={r[c]} (must be > 0)")
-    neg = [c for c in features if (pd.to_numeric(df[c], errors="coerce") < 0).any()]
+    for c in features:  # a value that is not a number (NaN stays: not measured)
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = v.isna() & df[c].notna()
+        if bad.any():
+            r = df[bad].iloc[0]
+            raise ValueError(f"{where}: {r['name']} at {r['sm_mhz']} MHz has {c}={r[c]!r} (want a number)")
+        df[c] = v
+    neg = [c for c in features if (df[c] < 0).any()]
     if neg:
         raise ValueError(f"{where}: counter column {neg[0]} has negative values")
+    for c in features:
+        if df[c].isna().any() and is_static(df, c):
+            df[c] = df[c].fillna(df.groupby("name")[c].transform("median"))
     med = df.groupby(["name", "sm_mhz"], sort=False)[vals + list(features)].median()
     names = list(dict.fromkeys(df["name"]))
     clocks = np.sort(df["sm_mhz"].unique())
@@ -108,7 +120,8 @@ def curves_from_table(df: pd.DataFrame, where: str, *, features: FeatureSet | No
     if e is None and t is not None:
         e = p * t
     c = np.stack([grid(k) for k in features], axis=2) if len(features) else np.zeros((len(names), len(clocks), 0))
-    return Curves(names, clocks, t, e, p, c, features), notes  # counters [N, C, K] until anchored
+    return Curves(names, clocks, t, e, p, c, features)
+
 
 
 @dataclass
@@ -120,26 +133,29 @@ class Result:
     reference_mhz: int
     features: list[str]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what looks wrong in the user's feature columns
+    normalisation: dict[str, str] = field(default_factory=dict)  # feature -> how it was read and scaled
+    form: dict = field(default_factory=dict)  # the model form used (emo.model.shapes.Form)
+    selection: dict[str, float] | None = None  # form -> held-out error % on the benchmarks, when selected
 
     def to_json(self) -> dict:
         emo = self.scores["emo"]
         out = {"reference_mhz": self.reference_mhz, "features": self.features, "notes": self.notes,
+               "warnings": self.warnings, "normalisation": self.normalisation, "form": self.form,
+               "selection": self.selection,
                **emo, "mean_curve": self.scores["mean_curve"], "nnls": self.scores["nnls"]}
         recs = self.predictions.replace({np.nan: None}).to_dict(orient="records")
         out["predictions"] = recs
         return out
 
 
-def _idle(bench: Curves, idle: str | None) -> tuple[np.ndarray, int | None]:
-    """[C] idle power and the idle row's index; without one, the benchmarks' lowest power per clock."""
+def _idle(bench: Curves, idle: str | None) -> tuple[np.ndarray | None, int | None]:
+    """[C] the idle row's power and its index; (None, None) without one."""
     names_l = [n.lower() for n in bench.names]
     if idle is not None and idle not in bench.names:
         raise ValueError(f"bench: idle benchmark {idle!r} is not in the table")
     j = bench.names.index(idle) if idle is not None else (names_l.index("idle") if "idle" in names_l else None)
-    if j is not None:
-        return bench.power_w[j].copy(), j
-    # No idle row: the lower envelope of the benchmarks' power (scaled by _idle_scale).
-    return np.nanmin(bench.power_w, axis=0), None
+    return (bench.power_w[j].copy(), j) if j is not None else (None, None)
 
 
 def _running_power(bench: Curves, pairs, p_idle: np.ndarray) -> np.ndarray:
@@ -196,87 +212,7 @@ def _mape(pred: np.ndarray, true: np.ndarray, mask: np.ndarray) -> float | None:
     return float(100.0 * np.mean(np.abs(pred[m] - true[m]) / true[m])) if m.any() else None
 
 
-def _times(x, tb, res: list[str], ts_ref, r: int, overlap: str, p_max: float) -> np.ndarray:
-    """[S, C] anchored time: the p-norm of per-resource busy times (emo.model.overlap)."""
-    kinds = sorted(set(res))
-    onehot = np.array([[q == k for q in res] for k in kinds], dtype=np.float64)
-    busy = np.einsum("sj,rj,jc->src", x, onehot, tb)
-    p = calibrate_p(busy[:, :, r], ts_ref, p_max) if overlap == "roofline" else np.ones(len(ts_ref))
-    return time_curves(busy, ts_ref, r, p)
-
-
-def _energies(x, t_s, tb, eb, p_idle, p_run, es_ref, r: int) -> np.ndarray:
-    """[S, C] anchored energy: the model's energy, idle power over the predicted time plus the
-    dynamic energy of the mix, E(f) = P_idle T_s + (P_run - P_idle) T_s + sum_j x_j W_j, scaled to
-    the anchor (one factor per target: the level is measured, the model says how it changes)."""
-    work_e = np.maximum(eb - p_run[None, :] * tb, 0.0)
-    m = p_run[None, :] * t_s + x @ work_e
-    ok = m[:, r] > 0
-    return np.where(ok[:, None], es_ref[:, None] * m / np.where(ok, m[:, r], 1.0)[:, None],
-                    es_ref[:, None] * t_s / t_s[:, r:r + 1])
-
-
-def _powers(x, pb, p_idle, ps_ref, r: int) -> np.ndarray:
-    """[S, C] anchored power (data without time): idle plus k_s x the mix's power above idle."""
-    dyn = x @ (pb - p_idle[None, :])
-    ok = dyn[:, r] > 0
-    k = np.where(ok, (ps_ref - p_idle[r]) / np.where(ok, dyn[:, r], 1.0), 0.0)
-    p = p_idle[None, :] + np.maximum(k, 0.0)[:, None] * dyn
-    flat = ~ok | (k <= 0)
-    p[flat] = ps_ref[flat, None] * (p_idle / p_idle[r] if p_idle[r] > 0 else np.ones_like(p_idle))[None, :]
-    return p
-
-
-IDLE_SCALES = np.linspace(0.0, 1.0, 11)
-
-
-def _idle_scale(wi_b, tb, eb, pb, envelope, res, r, overlap, p_max, notes) -> float:
-    """Without an idle row: the share s of the benchmarks' lower power envelope that is idle power,
-    chosen so that each benchmark, predicted from the others, is predicted best (energy or power)."""
-    n = len(wi_b.work)
-    errs = np.zeros(len(IDLE_SCALES))
-    for j in range(n):
-        basis = [i for i in range(n) if i != j]
-        one = lambda a: type(wi_b)(a.work[[j]], a.presence[[j]], a.work_columns, a.presence_columns)  # noqa: E731
-        x = spread_duplicates(mix(wi_b, one(wi_b), basis, tb[:, r] if tb is not None else None, PRESENCE_WEIGHT),
-                              wi_b, basis)
-        if not x.any():
-            continue
-        if tb is not None:
-            t = _times(x, tb[basis], [res[i] for i in basis], tb[[j], r], r, overlap, p_max)
-        for k, sc in enumerate(IDLE_SCALES):
-            if tb is not None:
-                e = _energies(x, t, tb[basis], eb[basis], sc * envelope, sc * envelope, eb[[j], r], r)
-                errs[k] += np.mean(np.abs(e[0] - eb[j]) / eb[j])
-            else:
-                p = _powers(x, pb[basis], sc * envelope, pb[[j], r], r)
-                errs[k] += np.mean(np.abs(p[0] - pb[j]) / pb[j])
-    best = float(IDLE_SCALES[int(np.argmin(errs))])
-    notes.append(f"no idle row: idle power taken as {best:.1f} x the benchmarks' lowest power at each clock "
-                 f"({best * envelope[r]:.1f} W at the reference clock), the share that predicts each benchmark "
-                 "from the others best")
-    return best
-
-
-def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | None = None,
-                ref_mhz: int | None = None, idle: str | None = None,
-                pairs: Sequence[tuple[str, str]] | None = None, overlap: str = "roofline",
-                p_max: float = P_MAX, scale_idle: bool = True) -> Result:
-    """Fit on `bench`, predict every target at its measured clocks and the benchmarks' clocks.
-
-    counters: "dcgm", "ncu", "emo", "gpupowermodel" to read only that source's columns (None: every
-    known name); ref_mhz: the anchor clock (default the highest benchmark clock); idle: the name of
-    the idle row (default a row named "idle", else estimated); pairs: same-work benchmark pairs
-    (none: P_run = P_idle); overlap: "roofline" (p-norm, p per target) or "sum".
-    """
-    if overlap not in ("roofline", "sum"):
-        raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
-    b, notes = curves_from_table(bench, "bench", counters=counters)
-    s, _ = curves_from_table(targets, "targets", features=b.features)
-    fs = b.features
-    if not len(fs):
-        notes.append("no counter columns: every target gets the mean curve")
-    f_ref = int(b.clocks[-1]) if ref_mhz is None else int(ref_mhz)
+def _check_reference(b: Curves, s: Curves, f_ref: int) -> None:
     if f_ref not in b.clocks:
         raise ValueError(f"ref-mhz: {f_ref} MHz is not a benchmark clock ({b.clocks[0]}-{b.clocks[-1]})")
     gaps = np.isnan(b.power_w).any(axis=1)
@@ -286,108 +222,103 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
         raise ValueError(f"bench: no measurement of {b.names[j]} at {f} MHz (every benchmark needs every benchmark clock)")
     if (b.time_s is None) != (s.time_s is None):
         raise ValueError("bench and targets: one has time_s and the other not")
-    ib, is_ = int(np.searchsorted(b.clocks, f_ref)), np.searchsorted(s.clocks, f_ref)
-    if is_ >= len(s.clocks) or s.clocks[is_] != f_ref or np.isnan(s.power_w[:, is_]).any():
-        miss = s.names[0] if is_ >= len(s.clocks) or s.clocks[is_] != f_ref else s.names[int(np.argmax(np.isnan(s.power_w[:, is_])))]
+    i = np.searchsorted(s.clocks, f_ref)
+    if i >= len(s.clocks) or s.clocks[i] != f_ref or np.isnan(s.power_w[:, i]).any():
+        miss = s.names[0] if i >= len(s.clocks) or s.clocks[i] != f_ref else s.names[int(np.argmax(np.isnan(s.power_w[:, i])))]
         raise ValueError(f"targets: {miss} has no row at the reference clock {f_ref} MHz (its anchor)")
+
+
+def _within(s: Curves, b: Curves, notes: list[str]) -> Curves:
+    """The targets' rows inside the benchmarks' clock range (curves are never extrapolated)."""
     out_of = (s.clocks < b.clocks[0]) | (s.clocks > b.clocks[-1])
-    if out_of.any():  # the benchmarks' curves are interpolated, never extrapolated
-        notes.append(f"target rows at {', '.join(map(str, s.clocks[out_of]))} MHz lie outside the benchmarks' clocks "
-                     f"{b.clocks[0]}-{b.clocks[-1]} MHz: not predicted")
-        keep = ~out_of
-        s = Curves(s.names, s.clocks[keep], None if s.time_s is None else s.time_s[:, keep],
-                   None if s.energy_j is None else s.energy_j[:, keep], s.power_w[:, keep], s.counters[:, keep], s.features)
-        is_ = int(np.searchsorted(s.clocks, f_ref))
-    cb, cs = b.counters[:, ib, :], s.counters[:, is_, :]
-    if np.isnan(cb).any():
-        raise ValueError(f"bench: {b.names[int(np.argmax(np.isnan(cb).any(axis=1)))]} has no counters at {f_ref} MHz")
-    if np.isnan(cs).any():
-        raise ValueError(f"targets: {s.names[int(np.argmax(np.isnan(cs).any(axis=1)))]} has no counters at {f_ref} MHz")
+    if not out_of.any():
+        return s
+    notes.append(f"target rows at {', '.join(map(str, s.clocks[out_of]))} MHz lie outside the benchmarks' clocks "
+                 f"{b.clocks[0]}-{b.clocks[-1]} MHz: not predicted")
+    k = ~out_of
+    cut = lambda a: None if a is None else a[:, k]  # noqa: E731
+    return Curves(s.names, s.clocks[k], cut(s.time_s), cut(s.energy_j), s.power_w[:, k], s.counters[:, k], s.features)
 
-    clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
-    r = int(np.searchsorted(clocks, f_ref))
-    has_t = b.time_s is not None
-    # every method sees the same benchmark curves, denoised where the data say so
-    bt = denoise(b.clocks, b.time_s, True) if has_t else None
-    bp = denoise(b.clocks, b.power_w, False)
-    tb = interp_curves(b.clocks, bt, clocks, True) if has_t else None
-    pb = interp_curves(b.clocks, bp, clocks, False)
-    eb = pb * tb if has_t else None
-    tb_ref = tb[:, r] if has_t else None
-    ts_ref = s.time_s[:, is_] if has_t else None
-    ps_ref = s.power_w[:, is_]
-    wi_b, wi_s = model_inputs(cb, tb_ref, cs, ts_ref, fs)
-    p_idle_b, j_idle = _idle(b, idle)
-    p_idle = interp_curves(b.clocks, p_idle_b[None, :], clocks, False)[0]
 
-    res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
-           for j in range(len(b.names))]
-    if j_idle is None and scale_idle:  # no idle row: how much of the envelope is idle, by leave-one-out
-        p_idle = p_idle * _idle_scale(wi_b, tb, eb, pb, p_idle, res, r, overlap, p_max, notes)
-    basis = [j for j in range(len(b.names)) if j != j_idle]
-    p_run = _running_power(b, pairs, p_idle_b if j_idle is not None else p_idle[np.searchsorted(clocks, b.clocks)])
-    p_run = np.maximum(interp_curves(b.clocks, p_run[None, :], clocks, False)[0], p_idle)
+def _at_reference(c: Curves, i: int, where: str) -> np.ndarray:
+    v = c.counters[:, i, :]
+    if np.isnan(v).any():
+        raise ValueError(f"{where}: {c.names[int(np.argmax(np.isnan(v).any(axis=1)))]} has no counters at {c.clocks[i]} MHz")
+    return v
 
-    x = spread_duplicates(mix(wi_b, wi_s, basis, tb_ref, PRESENCE_WEIGHT), wi_b, basis)
-    mixed = x.sum(axis=1) > 0
-    if (~mixed).any():
-        notes.append(f"{int((~mixed).sum())} target(s) have no work any benchmark does: mean curve for them")
 
-    n_s, n_c = len(s.names), len(clocks)
-    mean_t = (tb[basis] / tb[basis, r:r + 1]).mean(axis=0) if has_t else None
-    mean_p = (pb[basis] / pb[basis, r:r + 1]).mean(axis=0)
-    pred: dict[str, dict[str, np.ndarray]] = {"emo": {}, "mean_curve": {}, "nnls": {}}
-    if has_t:
-        t_emo = _times(x, tb[basis], [res[j] for j in basis], ts_ref, r, overlap, p_max)
-        t_emo[~mixed] = ts_ref[~mixed, None] * mean_t[None, :]
-        es_ref = s.energy_j[:, is_]
-        e_emo = _energies(x, t_emo, tb[basis], eb[basis], p_idle, p_run, es_ref, r)
-        mean_e = (eb[basis] / eb[basis, r:r + 1]).mean(axis=0)
-        e_emo[~mixed] = es_ref[~mixed, None] * mean_e[None, :]
-        pred["emo"] = {"time_s": t_emo, "energy_j": e_emo, "power_w": e_emo / t_emo}
-        pred["mean_curve"]["time_s"] = ts_ref[:, None] * mean_t[None, :]
-        pred["mean_curve"]["energy_j"] = es_ref[:, None] * mean_e[None, :]
-        pred["mean_curve"]["power_w"] = pred["mean_curve"]["energy_j"] / pred["mean_curve"]["time_s"]
+@dataclass(frozen=True)
+class _Bench:
+    """Everything a Basis is built from, on the benchmarks' own clocks."""
+
+    curves: Curves
+    smoothed: dict[bool, tuple[np.ndarray | None, np.ndarray]]  # smooth -> (time_s, power_w) [J, Cb]
+    inputs: Inputs
+    raw: np.ndarray
+    resource: list[str]
+    rows: list[int]
+    ib: int
+    p_max: float
+
+
+def _basis(bn: _Bench, grid: np.ndarray, smooth: bool, p_idle_b: np.ndarray, p_run_b: np.ndarray) -> Basis:
+    """The benchmarks' curves (denoised or not) and the idle and running power on `grid`."""
+    clocks = bn.curves.clocks
+    t, p = bn.smoothed[smooth]
+    on = lambda v, inv: interp_curves(clocks, v, grid, inv)  # noqa: E731
+    r = int(np.searchsorted(grid, clocks[bn.ib]))
+    p_idle = on(p_idle_b[None, :], False)[0]
+    return Basis(bn.inputs, bn.raw, None if t is None else on(t, True), on(p, False), bn.resource, bn.rows,
+                 p_idle, np.maximum(on(p_run_b[None, :], False)[0], p_idle), r, bn.p_max)
+
+
+def _truth(c: Curves) -> dict[str, np.ndarray]:
+    out = {"power_w": c.power_w}
+    if c.time_s is not None:
+        out["time_s"], out["energy_j"] = c.time_s, c.energy_j
+    return out
+
+
+def _plain_reference(basis: Basis, anchors: Anchors, mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The plain anchored NNLS: every column as it comes, scaled by its largest benchmark value, each
+    benchmark's curve mixed by its weight and scaled to the anchor."""
+    rows, r = basis.rows, basis.r
+    raw = basis.raw[rows]
+    top = raw.max(axis=0) if raw.size else np.zeros(0)
+    if raw.shape[1] and (top > 0).any():
+        xn, _ = solve_nnls(raw, anchors.raw, np.where(top > 0, top, 0.0))
     else:
-        p_emo = _powers(x, pb[basis], p_idle, ps_ref, r)
-        p_emo[~mixed] = ps_ref[~mixed, None] * mean_p[None, :]
-        pred["emo"]["power_w"] = p_emo
-        pred["mean_curve"]["power_w"] = ps_ref[:, None] * mean_p[None, :]
-
-    # Plain anchored NNLS: every column as it comes, scaled by its largest benchmark value.
-    raw_b, raw_s = cb[basis], cs
-    top = raw_b.max(axis=0) if raw_b.size else np.zeros(0)
-    if raw_b.shape[1] and (top > 0).any():
-        xn, _ = solve_nnls(raw_b, raw_s, np.where(top > 0, top, 0.0))
-    else:
-        xn = np.zeros((n_s, len(basis)))
+        xn = np.zeros((len(anchors.power_w), len(rows)))
     plain = xn.sum(axis=1) > 0
 
-    def mixed_shape(curves: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    def shape(curves: np.ndarray, fallback: np.ndarray) -> np.ndarray:
         m = xn @ curves
         return np.where(plain[:, None], m / np.where(plain, m[:, r], 1.0)[:, None], fallback[None, :])
 
-    if has_t:
-        pred["nnls"]["time_s"] = ts_ref[:, None] * mixed_shape(tb[basis], mean_t)
-        pred["nnls"]["energy_j"] = s.energy_j[:, is_][:, None] * mixed_shape(eb[basis], (mean_t * mean_p) / (mean_t * mean_p)[r])
-        pred["nnls"]["power_w"] = pred["nnls"]["energy_j"] / pred["nnls"]["time_s"]
-    else:
-        pred["nnls"]["power_w"] = ps_ref[:, None] * mixed_shape(pb[basis], mean_p)
+    if basis.time_s is None:
+        return {"power_w": anchors.power_w[:, None] * shape(basis.power_w[rows], mean["power_w"])}
+    t = anchors.time_s[:, None] * shape(basis.time_s[rows], mean["time_s"])
+    e = anchors.energy_j[:, None] * shape(basis.energy_j[rows], mean["energy_j"])
+    return {"time_s": t, "energy_j": e, "power_w": e / t}
 
-    # Measured values on the same grid, and the scores (every measured row but the anchor).
-    idx = np.searchsorted(clocks, s.clocks)
-    measured = {}
-    for q in QUANTITIES:
-        src = {"time_s": s.time_s, "energy_j": s.energy_j, "power_w": s.power_w}[q]
-        grid = np.full((n_s, n_c), np.nan)
-        if src is not None:
-            grid[:, idx] = src
-        measured[q] = grid
-    score_mask = np.ones((n_s, n_c), dtype=bool)
-    score_mask[:, r] = False
-    scores = {m: {f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
-                  for q in QUANTITIES} for m, v in pred.items()}
 
+def _estimate_idle(bn: _Bench, form: Form, pairs, notes: list[str]) -> np.ndarray:
+    """[Cb] idle power without an idle row: the share of the benchmarks' lowest power at each clock
+    under which each benchmark, predicted from the others, is predicted best."""
+    b, rows = bn.curves, bn.rows
+    envelope = np.nanmin(b.power_w[rows], axis=0)
+    cand = IDLE_SCALES[:, None] * envelope[None, :]
+    run = lambda p: _running_power(b, pairs, p)  # noqa: E731
+    basis = _basis(bn, b.clocks, form.smooth, envelope, run(envelope))
+    k = choose_idle(basis, cand, lambda p: np.maximum(run(p), p), _truth(b), form)
+    notes.append(f"no idle row: idle power taken as {IDLE_SCALES[k]:.1f} x the benchmarks' lowest power at each clock "
+                 f"({cand[k][bn.ib]:.1f} W at the reference clock), the share that predicts each benchmark from the "
+                 "others best")
+    return cand[k]
+
+
+def _table(s: Curves, clocks: np.ndarray, f_ref: int, measured: dict, pred: dict) -> pd.DataFrame:
+    n_s, n_c = len(s.names), len(clocks)
     table = {"name": np.repeat(np.asarray(s.names, dtype=object), n_c), "sm_mhz": np.tile(clocks, n_s),
              "anchor": np.tile(clocks == f_ref, n_s)}
     for q in QUANTITIES:
@@ -396,10 +327,113 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, counters: str | N
     for m, v in pred.items():
         for q, a in v.items():
             table[f"{m}_{q}"] = a.ravel()
+    return pd.DataFrame(table)
+
+
+def default_form(power_measured: bool, has_time: bool = True, overlap: str = "roofline") -> Form:
+    """The physics: the anchor sets the level of the mix's work energy over the board's running power
+    when that power is measured (an idle row, or same-work pairs that give P_run); when it is only
+    estimated (the benchmarks do not pin idle power down: see docs/model.md), the whole curve is
+    scaled, which an error in the estimate moves less."""
+    return Form(anchor="dynamic" if power_measured or not has_time else "curve", overlap=overlap)
+
+
+def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
+                counters: str | None = None, ref_mhz: int | None = None, idle: str | None = None,
+                pairs: Sequence[tuple[str, str]] | None = None, overlap: str = "roofline",
+                p_max: float = P_MAX, scale_idle: bool = True, form: Form | None = None,
+                select: bool = False) -> Result:
+    """Fit on `bench`, predict every target at its measured clocks and the benchmarks' clocks.
+
+    features: None (every numeric column, known counter names by `counters`), "all" (every numeric
+    column, unknown ones as the form their values show) or a list of column names, each optionally
+    `name:form` (emo.model.columns); counters: "dcgm", "ncu", "emo", "gpupowermodel" to read only
+    that source's known names; ref_mhz: the anchor clock (default the highest benchmark clock);
+    idle: the name of the idle row (default a row named "idle", else estimated); pairs: same-work
+    benchmark pairs (none: P_run = P_idle); overlap: "roofline" or "sum" (the default form's);
+    form: the model form (emo.model.shapes.Form); select: choose the form by cross-validation on
+    the benchmarks instead (the targets are never used for it).
+    """
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
+    pinned = form
+    bench, targets = _named(bench), _named(targets)
+    fs, notes = choose_features(bench, targets, features, counters, RESERVED)
+    b = curves_from_table(bench, "bench", fs)
+    absent = [c for c in fs if c not in targets.columns]
+    if absent:
+        raise ValueError(f"targets: missing counter column {absent[0]} (the benchmarks have it)")
+    s = curves_from_table(targets, "targets", fs)
+    if not len(fs):
+        notes.append("no counter columns: every target gets the mean curve")
+    f_ref = int(b.clocks[-1]) if ref_mhz is None else int(ref_mhz)
+    _check_reference(b, s, f_ref)
+    s = _within(s, b, notes)
+    ib, is_ = int(np.searchsorted(b.clocks, f_ref)), int(np.searchsorted(s.clocks, f_ref))
+    cb, cs = _at_reference(b, ib, "bench"), _at_reference(s, is_, "targets")
+    has_t = b.time_s is not None
+    tb_ref, ts_ref = (b.time_s[:, ib], s.time_s[:, is_]) if has_t else (None, None)
+    warns = feature_warnings(fs, cb, tb_ref, cs, ts_ref)
+    norm = normalisation(fs, bench, cb, tb_ref)
+    smoothed = {True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
+                False: (b.time_s, b.power_w)}
+    # busy seconds from the benchmarks' denoised time at the reference: one noisy run moves no peak rate
+    wi_b, wi_s = model_inputs(cb, smoothed[True][0][:, ib] if has_t else None, cs, ts_ref, fs)
+
+    p_idle_b, j_idle = _idle(b, idle)
+    rows = [j for j in range(len(b.names)) if j != j_idle]
+    res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
+           for j in range(len(b.names))]
+    bn = _Bench(b, smoothed, wi_b, cb, res, rows, ib, p_max)
+    measured = j_idle is not None or bool(pairs)  # the board's running power, not an estimate
+    form = pinned or default_form(measured, has_t, overlap)
+    if p_idle_b is None:
+        p_idle_b = _estimate_idle(bn, form, pairs, notes) if scale_idle else np.nanmin(b.power_w[rows], axis=0)
+    p_run_b = _running_power(b, pairs, p_idle_b)
+    selection = None
+    if select:
+        default = form
+        cv = {sm: _basis(bn, b.clocks, sm, p_idle_b, p_run_b) for sm in (True, False)}
+        # an idle estimate was fitted to these benchmarks, so they cannot also judge how to anchor on it
+        cands = forms(has_t, ANCHORS if measured else (default.anchor,))
+        form, selection = choose_form(cv, _truth(b), [default, *(f for f in cands if f != default)])
+        notes.append(f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
+                     f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)")
+
+    clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
+    basis = _basis(bn, clocks, form.smooth, p_idle_b, p_run_b)
+    ref = basis if form.smooth else _basis(bn, clocks, True, p_idle_b, p_run_b)  # references: denoised curves
+    es_ref = s.energy_j[:, is_] if has_t else None
+    anchors = Anchors(wi_s, cs, ts_ref, es_ref, s.power_w[:, is_])
+    pred: dict[str, dict[str, np.ndarray]] = {}
+    pred["emo"], mixed = predict(form, basis, anchors)
+    mean = mean_shapes(ref)
+    pred["mean_curve"] = {q: anchors_q[:, None] * mean[q][None, :] for q, anchors_q in
+                          (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_])) if q in mean}
+    if has_t:
+        pred["mean_curve"]["power_w"] = pred["mean_curve"]["energy_j"] / pred["mean_curve"]["time_s"]
+    pred["nnls"] = _plain_reference(ref, anchors, mean)
+    if (~mixed).any():
+        notes.append(f"{int((~mixed).sum())} target(s) have no work any benchmark does: mean curve for them")
+
+    # Measured values on the same grid, and the scores (every measured row but the anchor).
+    n_s, n_c, r = len(s.names), len(clocks), basis.r
+    idx = np.searchsorted(clocks, s.clocks)
+    measured = {}
+    for q in QUANTITIES:
+        grid = np.full((n_s, n_c), np.nan)
+        if _truth(s).get(q) is not None:
+            grid[:, idx] = _truth(s)[q]
+        measured[q] = grid
+    score_mask = np.ones((n_s, n_c), dtype=bool)
+    score_mask[:, r] = False
+    scores = {m: {f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
+                  for q in QUANTITIES} for m, v in pred.items()}
     used = [c for c in wi_b.work_columns if c != UNATTRIBUTED] + list(wi_b.presence_columns)
     unused = [c for c in fs if c not in used]
     if unused:
         notes.append(f"counter columns no benchmark exercises (zero everywhere): {', '.join(unused)}")
     if j_idle is not None:
         notes.append(f"idle power from the row {b.names[j_idle]!r}")
-    return Result(pd.DataFrame(table), scores, f_ref, used, notes)
+    return Result(_table(s, clocks, f_ref, measured, pred), scores, f_ref, used, notes, warns,
+                  {c: norm[c] for c in used if c in norm}, form.to_json(), selection)
