@@ -100,6 +100,10 @@ def _text(s: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.perfetto:  # before the analysis: a refused path costs nothing
+        from emo.io import check_output
+
+        check_output(args.perfetto, "--perfetto", inputs={"PATH": args.path}, force=args.force)
     a = analyze_trace(args.path, rank=args.rank, annotation=args.annotation, instance=args.instance,
                       hta_compatible=args.hta_compatible)
     if args.perfetto:
@@ -126,6 +130,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--perfetto", metavar="OUT", default=None,
                    help="write the trace with critical-path and slack tracks (.json or .json.gz)")
+    p.add_argument("--force", action="store_true", help="let --perfetto replace an existing file")
     p.add_argument("--hta-compatible", action="store_true",
                    help="also compute the critical path with Holistic Trace Analysis's conventions")
     p.set_defaults(func=run)

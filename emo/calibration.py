@@ -104,6 +104,7 @@ def register(subparsers) -> None:
     e = sub.add_parser("export", help="pack this configuration's calibration into a file")
     e.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run (e.g. gpu=h100)")
     e.add_argument("--out", required=True, help="file to write")
+    e.add_argument("--force", action="store_true", help="replace an existing file")
     e.set_defaults(func=_cmd_export)
     i = sub.add_parser("import", help="install a calibration file for this configuration")
     i.add_argument("file")
@@ -128,6 +129,9 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_export(args) -> int:
+    from emo.io import check_output
+
+    check_output(args.out, "--out", force=args.force)
     folder, _ = _folder(args.overrides)
     m = export_calibration(folder, Path(args.out))
     print(f"wrote {args.out}: calibration {m['id']} of {describe(m)}")

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", help="MLflow experiment (default: the tracking config's, emo)")
     p.add_argument("--plots", metavar="DIR", help="write energy-vs-time and timeline plots (PNG) here")
     p.add_argument("--csv", metavar="FILE", help="also write the long table (one row per run) as CSV")
+    p.add_argument("--force", action="store_true", help="let --csv replace an existing file")
     p.add_argument("overrides", nargs="*", help="Hydra overrides selecting the tracking config, e.g. results=out")
     p.set_defaults(func=main)
 
@@ -264,6 +265,10 @@ def main(args: argparse.Namespace) -> int:
         uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
+    if args.csv:
+        from emo.io import check_output
+
+        check_output(args.csv, "--csv", force=args.force)
     runs = load_runs(uri, experiment)
     if runs.empty:
         print("emo compare: no validated runs yet", file=sys.stderr)

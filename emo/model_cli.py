@@ -75,6 +75,7 @@ def register(subparsers) -> None:
                    help="two benchmarks doing the same work at different occupancy (repeatable; default none)")
     f.add_argument("--overlap", choices=("roofline", "sum"), default="roofline")
     f.add_argument("--out", help="also write the per-target, per-clock predictions here (CSV or Parquet)")
+    f.add_argument("--force", action="store_true", help="let --out replace an existing file")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     f.set_defaults(func=_cmd_fit)
 
@@ -82,6 +83,10 @@ def register(subparsers) -> None:
 def _cmd_fit(args) -> int:
     from emo.model.kernels import fit_predict
 
+    if args.out:  # before anything is read: never over an input, an existing file (without --force) or a device
+        from emo.io import check_output
+
+        check_output(args.out, "--out", inputs={"--bench": args.bench, "--targets": args.targets}, force=args.force)
     tables = {}
     for option, path in (("--bench", args.bench), ("--targets", args.targets)):
         tables[option] = read_table(path, option)

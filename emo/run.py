@@ -77,6 +77,8 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--report {args.report}: Snakemake writes a report as .html or .zip")
         if not report.parent.is_dir():
             raise ValueError(f"--report {args.report}: no folder {report.parent}")
+        if report.exists() and not report.is_file() or report.is_symlink():  # a device, a folder: never replaced
+            raise ValueError(f"--report {args.report}: not a regular file")
 
 
 def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:

@@ -193,5 +193,8 @@ def test_a_csv_that_cannot_be_written_is_one_line(store, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"emo: error: --csv {tmp_path / 'afile' / 'runs.csv'}: cannot write (") \
         and err.count("\n") == 1, err
+    rc = cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")])
+    assert rc == 2 and not (tmp_path / "new").exists()  # a missing folder is not made (a typo is not a new tree)
+    (tmp_path / "new").mkdir()
     assert cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "new" / "runs.csv")) == len(CELLS)

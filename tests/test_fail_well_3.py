@@ -1,0 +1,75 @@
+"""Failing well, round 3 (issue 36): no user file destroyed (outputs over inputs, devices, existing
+files; temporary copies bounded; only what EMO made is cleaned), no stale or confident wrong answer."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from emo.cli import main
+
+BUNDLED = Path(__file__).resolve().parent / "data" / "traces"
+ES1 = BUNDLED / "hta_event_sync_a100_1stream.json.gz"
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line(err: str, *parts: str) -> None:
+    assert err.count("\n") == 1 and err.startswith("emo: error: "), err
+    for p in parts:
+        assert p in err, (p, err)
+
+
+# --------------------------------------------------------------------------- outputs never destroy a file
+def test_perfetto_over_its_own_input_a_device_or_an_existing_file_is_refused(tmp_path, capsys):
+    trace = tmp_path / "t.json.gz"
+    shutil.copy(ES1, trace)
+    before = trace.read_bytes()
+    code, _, err = cli(["analyze", trace, "--perfetto", trace], capsys)
+    assert code == 2 and trace.read_bytes() == before
+    one_line(err, f"--perfetto {trace}: cannot write (it is the PATH input)")
+    code, _, err = cli(["analyze", trace, "--perfetto", trace, "--force"], capsys)  # never, even with --force
+    assert code == 2 and trace.read_bytes() == before
+
+    code, _, err = cli(["analyze", trace, "--perfetto", "/dev/null", "--force"], capsys)
+    one_line(err, "--perfetto /dev/null: cannot write (not a regular file)")
+    assert Path("/dev/null").is_char_device()
+
+    out = tmp_path / "out.json"
+    out.write_text("mine")
+    code, _, err = cli(["analyze", trace, "--perfetto", out], capsys)
+    one_line(err, "it exists; pass --force to replace it")
+    assert out.read_text() == "mine"
+    assert cli(["analyze", trace, "--perfetto", out, "--force"], capsys)[0] == 0 and "traceEvents" in out.read_text()
+
+    code, _, err = cli(["analyze", trace, "--perfetto", tmp_path / "no" / "such" / "x.json"], capsys)
+    one_line(err, f"no folder {tmp_path / 'no' / 'such'}")
+    assert not (tmp_path / "no").exists()
+
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    code, _, err = cli(["analyze", trace, "--perfetto", link], capsys)
+    one_line(err, "a symbolic link")
+    assert link.is_symlink()
+
+
+def test_model_fit_out_over_its_bench_input_is_refused(tmp_path, capsys):
+    bench = tmp_path / "b.csv"
+    bench.write_text("name,sm_mhz,time_s,energy_j\na,1000,1.0,100\na,1500,0.7,110\n")
+    targets = tmp_path / "t.csv"
+    targets.write_text("name,sm_mhz,time_s,energy_j\nk,1500,0.1,10\n")
+    before = bench.read_bytes()
+    code, _, err = cli(["model", "fit", "--bench", bench, "--targets", targets, "--out", bench], capsys)
+    one_line(err, f"--out {bench}: cannot write (it is the --bench input)")
+    assert code == 2 and bench.read_bytes() == before
+    code, _, err = cli(["model", "fit", "--bench", bench, "--targets", targets, "--out", targets, "--force"], capsys)
+    one_line(err, "it is the --targets input")
