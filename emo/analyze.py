@@ -100,10 +100,17 @@ def _text(s: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from emo.errors import signals_raise
+
     if args.perfetto:  # before the analysis: a refused path costs nothing
         from emo.io import check_output
 
         check_output(args.perfetto, "--perfetto", inputs={"PATH": args.path}, force=args.force)
+    with signals_raise():  # SIGTERM, SIGHUP: as Ctrl-C, so the copy of a pipe is removed
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     a = analyze_trace(args.path, rank=args.rank, annotation=args.annotation, instance=args.instance,
                       hta_compatible=args.hta_compatible)
     if args.perfetto:

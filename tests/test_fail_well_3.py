@@ -73,3 +73,43 @@ def test_model_fit_out_over_its_bench_input_is_refused(tmp_path, capsys):
     assert code == 2 and bench.read_bytes() == before
     code, _, err = cli(["model", "fit", "--bench", bench, "--targets", targets, "--out", targets, "--force"], capsys)
     one_line(err, "it is the --targets input")
+
+
+# --------------------------------------------------------------------------- temporary copies are bounded and removed
+def test_a_pipe_or_device_is_copied_only_up_to_a_bound(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from emo.trace import read
+
+    monkeypatch.setattr(read, "SPOOL_LIMIT_BYTES", 8 << 20)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, _, err = cli(["analyze", "/dev/zero"], capsys)
+    assert code == 2
+    one_line(err, "/dev/zero: more than 8 MiB from a pipe or device: refused")
+    assert list(tmp_path.iterdir()) == []  # the copy is gone
+
+
+def test_sigterm_while_a_pipe_is_copied_removes_the_copy(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-m", "emo.cli", "analyze", "/dev/zero"], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path)})
+    end = time.monotonic() + 60
+    while not any(tmp_path.glob("emo-trace-*/trace")) and time.monotonic() < end and p.poll() is None:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 128 + signal.SIGTERM and err == "emo: interrupted (SIGTERM)\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gzip_bomb_is_refused_before_it_is_held_in_memory(tmp_path, capsys):
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (200 << 20) + b"]}"))
+    code, _, err = cli(["analyze", bomb], capsys)
+    assert code == 2
+    one_line(err, f"{bomb}: inflates to more than 64 MiB", "a gzip bomb?")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,9 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # named as an nsys export, read as one
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
 STREAM_OVERLAP_TOLERANCE_NS = 1_000
+# A pipe or device is copied to a temporary file (it can be read once; SQLite needs a file); past this
+# it is refused, so that /dev/zero cannot fill $TMPDIR. A larger trace is read from a file.
+SPOOL_LIMIT_BYTES = 2 << 30
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
@@ -58,10 +60,19 @@ def regular_file(path: Path):
     if path.is_file():
         yield path
         return
+    if not path.is_fifo() and not path.is_char_device():  # a socket, a block device: not a trace
+        raise ValueError(f"{path}: not a file, a folder or a pipe")
+    # removed however the command ends: `emo analyze` turns SIGTERM and SIGHUP into an exception
     with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
         local = Path(tmp) / "trace"
         with path.open("rb") as src, local.open("wb") as dst:
-            shutil.copyfileobj(src, dst)
+            copied = 0
+            while chunk := src.read(1 << 20):
+                copied += len(chunk)
+                if copied > SPOOL_LIMIT_BYTES:
+                    raise ValueError(f"{path}: more than {SPOOL_LIMIT_BYTES >> 20} MiB from a pipe or device: "
+                                     "refused; save the trace to a file and analyse that")
+                dst.write(chunk)
         yield local
 
 
