@@ -154,6 +154,7 @@ def test_perfetto_to_read_only_folder(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(emo.io.os, "open", _failing(PermissionError(errno.EACCES, "Permission denied")))
     out = tmp_path / "ro" / "out.json"
+    out.parent.mkdir()
     code, text, err = analyze([ES1, "--perfetto", out], capsys)
     assert code == 2 and text == ""
     one_line(err, f"{out}: cannot write (Permission denied)")
