@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -84,23 +85,38 @@ def busy_message(results: Path, owner: dict) -> str:
             f"since {owner.get('since')}); wait for it to finish, or stop it with `kill {pid}`")
 
 
+# What EMO makes in a stage's folder, by name (the mark: `results=` may point into a tree that holds
+# the user's own hidden `.tmp` and empty folders, which are never touched): a stage folder is a
+# 12-digit hash, a stage's hidden folder `.<hash>.emo-stage-<random>.tmp` (emo.stages.run_stage; before
+# the mark, `.<hash>.<8 random>.tmp`), the errors file of a run `.emo-errors-<pid>.jsonl` (emo.run).
+STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
+STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
+ERRORS_FILE = re.compile(r"\.emo-errors-\d+\.jsonl")
+
+
 def cleanup(results: Path) -> list[Path]:
-    """Remove what belongs to no live run (call with the lock held): hidden `.tmp` folders a killed
-    stage left and empty stage folders. Returns what it removed."""
+    """Remove what belongs to no live run (call with the lock held): the hidden folders killed stages
+    left, empty stage folders and errors files of killed runs; only what EMO made, by its marks
+    (STAGE_TMP, STAGE_FOLDER, ERRORS_FILE). Returns what it removed."""
     from emo.plan import STAGES
 
     removed: list[Path] = []
+    for p in results.glob(".emo-errors-*.jsonl"):
+        if ERRORS_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
     for stage in STAGES:
         folder = results / stage
         if not folder.is_dir() or folder.is_symlink():
             continue
         for p in folder.iterdir():
-            if not p.is_dir() or p.is_symlink() or p.name == "logs":
+            if not p.is_dir() or p.is_symlink():
                 continue
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
+            if STAGE_TMP.fullmatch(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
-            elif not any(p.iterdir()):
+            elif STAGE_FOLDER.fullmatch(p.name) and not any(p.iterdir()):
                 with contextlib.suppress(OSError):
                     p.rmdir()
                     removed.append(p)

@@ -113,3 +113,31 @@ def test_a_gzip_bomb_is_refused_before_it_is_held_in_memory(tmp_path, capsys):
     code, _, err = cli(["analyze", bomb], capsys)
     assert code == 2
     one_line(err, f"{bomb}: inflates to more than 64 MiB", "a gzip bomb?")
+
+
+# --------------------------------------------------------------------------- EMO deletes only what it made
+def test_cleanup_removes_only_what_emo_made(tmp_path):
+    from emo.locks import cleanup
+
+    res = tmp_path / "results"
+    mine = [res / "trace" / ".0123456789ab.emo-stage-k2j4_x9q.tmp", res / "trace" / ".0123456789ab.x1y2z3w4.tmp",
+            res / "graph" / "0123456789ab", res / ".emo-errors-4242.jsonl"]
+    theirs = [res / "trace" / ".vscode.tmp" / "settings.json", res / "trace" / "notes", res / "trace" / ".cache.tmp",
+              res / "graph" / "0123456789abX", res / "emo-errors-1.jsonl"]
+    for p in mine[:3] + theirs[1:4]:
+        p.mkdir(parents=True)
+    for p in [mine[3], theirs[0], theirs[4]]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("")
+    assert sorted(cleanup(res)) == sorted(mine)
+    assert all(p.exists() for p in theirs) and not any(p.exists() for p in mine)
+
+
+def test_a_stage_marks_its_hidden_folder():
+    import re
+
+    from emo.locks import STAGE_TMP
+
+    src = (Path(__file__).resolve().parents[1] / "emo" / "stages" / "__init__.py").read_text()
+    prefix = re.search(r'mkdtemp\(prefix=f"\.\{out\.name\}\.([^"]+)", suffix="\.tmp"', src).group(1)
+    assert STAGE_TMP.fullmatch(f".0123456789ab.{prefix}abc_123x.tmp")
