@@ -123,6 +123,35 @@ def cleanup(results: Path) -> list[Path]:
     return removed
 
 
+FUTURE_SLACK_S = 5.0  # clocks of machines sharing a folder differ by this much without harm
+
+
+def future_files(results: Path, now: float | None = None) -> list[tuple[Path, float]]:
+    """Files under `results` dated later than now (+ slack), the farthest first, with how far (s)."""
+    now = time.time() if now is None else now
+    out = []
+    for root, dirs, files in os.walk(results):
+        for name in files:
+            with contextlib.suppress(OSError):
+                ahead = os.lstat(os.path.join(root, name)).st_mtime - now
+                if ahead > FUTURE_SLACK_S:
+                    out.append((Path(root) / name, ahead))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def refuse_future(results: Path, command: str) -> None:
+    """Snakemake decides what is stale by file dates: a file dated in the future (clock skew, a copy
+    from a machine whose clock runs ahead) looks newer than anything written now, so what depends on
+    it is never redone (an imported calibration never reached the model). Said at once, in one line."""
+    ahead = future_files(results)
+    if ahead:
+        path, s = ahead[0]
+        when = f"{s:.0f} s" if s < 300 else f"{s / 3600:.1f} h"
+        raise ValueError(f"{path}: dated {when} in the future ({len(ahead)} file(s) under {results}); "
+                         f"{command} cannot tell what is stale: fix the clock, or date them now with "
+                         f"`find {results} -newermt now -exec touch -h {{}} +`")
+
+
 RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.run)
 
 

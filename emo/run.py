@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
         locks.hold(sorted({Path(j.cfg["results"]) for j in sw.jobs}), "emo run " + " ".join(args.overrides))
     try:
         with held, errors.signals_raise():
+            locks.refuse_future(sw.results, "emo run")
             return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
         if not args.dry_run:

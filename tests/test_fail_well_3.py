@@ -141,3 +141,85 @@ def test_a_stage_marks_its_hidden_folder():
     src = (Path(__file__).resolve().parents[1] / "emo" / "stages" / "__init__.py").read_text()
     prefix = re.search(r'mkdtemp\(prefix=f"\.\{out\.name\}\.([^"]+)", suffix="\.tmp"', src).group(1)
     assert STAGE_TMP.fullmatch(f".0123456789ab.{prefix}abc_123x.tmp")
+
+
+# --------------------------------------------------------------------------- calibrations
+def _cal_folder(tmp_path, gpu="a100") -> Path:
+    d = tmp_path / f"cal-{gpu}"
+    d.mkdir()
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1500], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
+    (d / "calibration.json").write_text(json.dumps({"gpu": gpu, "gpu_model": f"NVIDIA {gpu.upper()}", "driver": "1"}))
+    return d
+
+
+def _rewrite(src: Path, dst: Path, **changes) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(src) as z:
+        manifest, data = json.loads(z.read("manifest.json")), z.read("bench.parquet")
+    with zipfile.ZipFile(dst, "w") as z:
+        z.writestr("manifest.json", json.dumps({**manifest, **changes}))
+        z.writestr("bench.parquet", data)
+    return dst
+
+
+def test_a_calibrations_id_covers_its_gpu_field(tmp_path):
+    from emo.calibration import calibration_id, export_calibration, import_calibration
+
+    m = export_calibration(_cal_folder(tmp_path), tmp_path / "a100.emocal")
+    relabelled = _rewrite(tmp_path / "a100.emocal", tmp_path / "h100.emocal", gpu="h100")
+    with pytest.raises(ValueError, match="does not match its manifest's hash"):
+        import_calibration(relabelled, tmp_path / "dst", "h100")
+    # a file from before the id covered gpu: read, but installed only with --force
+    legacy = _rewrite(tmp_path / "a100.emocal", tmp_path / "old.emocal", gpu="h100",
+                      id=calibration_id(m["gpu_model"], m["driver"], m["bench_sha256"]))
+    with pytest.raises(ValueError, match="exported before a calibration's id covered its gpu field"):
+        import_calibration(legacy, tmp_path / "dst", "h100")
+    assert import_calibration(legacy, tmp_path / "dst", "h100", force=True)["gpu"] == "h100"
+    # gpu: unknown could be any GPU's
+    export_calibration(_cal_folder(tmp_path, "unknown"), tmp_path / "u.emocal")
+    with pytest.raises(ValueError, match="a calibration of an unknown GPU .* pass --force"):
+        import_calibration(tmp_path / "u.emocal", tmp_path / "dst2", "h100")
+    assert not (tmp_path / "dst2").exists()
+
+
+def test_a_zip_bomb_calibration_is_refused_before_it_is_inflated(tmp_path):
+    import zipfile
+
+    from emo.calibration import read_calibration
+
+    bomb = tmp_path / "bomb.emocal"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", "{}")
+        z.writestr("bench.parquet", b"\0" * (300 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(ValueError, match=r"its bench.parquet inflates to 300 MiB \(more than 256 MiB\)"):
+        read_calibration(bomb)
+
+
+def test_calibration_import_waits_for_no_run_it_refuses_while_one_holds_the_folder(tmp_path, capsys):
+    from emo import locks
+    from emo.calibration import export_calibration
+
+    export_calibration(_cal_folder(tmp_path), tmp_path / "a.emocal")
+    res = tmp_path / "results"
+    with locks.hold([res], "emo run"):
+        code, out, err = cli(["calibration", "import", tmp_path / "a.emocal", "gpu=a100", f"results={res}"], capsys)
+    assert code == 2 and out == "" and "in use by another emo run" in err
+    assert not list(res.glob("calibrate/*/bench.parquet"))
+
+
+def test_files_dated_in_the_future_are_said_before_an_import_or_a_run(tmp_path, capsys):
+    from emo.calibration import export_calibration
+
+    export_calibration(_cal_folder(tmp_path), tmp_path / "a.emocal")
+    res = tmp_path / "results"
+    model = res / "fit" / "0123456789ab" / "model.parquet"
+    model.parent.mkdir(parents=True)
+    model.write_text("")
+    os.utime(model, (os.path.getmtime(model) + 86400,) * 2)  # written by a machine whose clock is a day ahead
+    code, _, err = cli(["calibration", "import", tmp_path / "a.emocal", "gpu=a100", f"results={res}"], capsys)
+    one_line(err, f"{model}: dated 24.0 h in the future (1 file(s) under {res})", "fix the clock")
+    code, _, err = cli(["run", f"results={res}", "--until", "trace"], capsys)
+    assert code == 2
+    one_line(err, f"{model}: dated 24.0 h in the future")
