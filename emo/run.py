@@ -90,11 +90,14 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
     cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
+    failed_folders.clear()
     error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
-    if not args.dry_run:
-        sweep.finish(sw, name, args.overrides, error=error)  # MLflow and the result lines, also when nothing had to run
+    if not args.dry_run:  # MLflow and the result lines, also when nothing had to run
+        sweep.finish(sw, name, args.overrides, error=error, failed=failed_folders if error else None)
+        if error is None and sweep.unreadable_results(sw):  # a cut-short result.json: said, and not a success
+            return 1
     return 0 if error is None else 1
 
 
@@ -213,11 +216,15 @@ def keep_handlers() -> None:
         job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
 
 
+failed_folders: list[Path] = []  # the stage folders the last failed Snakemake run could not make (failure)
+
+
 def failure(reports: list[dict], report: str | None = None) -> str:
     """Print the one line that says what failed: the failing stages' own lines when they reported
     one, else a pointer to Snakemake's log; a stage stopped by a signal means the run was interrupted."""
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
+    failed_folders[:] = [Path(r["folder"]) for r in reports if r.get("folder")]
     what = f"--report {report}: Snakemake could not write the report" if report else "pipeline failed"
     lines = [errors.stage_line(r) for r in reports] or [f"emo: error: {what} (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):

@@ -229,18 +229,19 @@ def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
 
 
 def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: dict[str, list[Path]] | None = None,
-              *, error: str | None = None, killed: bool = False) -> dict[str, str]:
+              *, error: str | None = None, killed: bool = False, failed: set[str] = frozenset()) -> dict[str, str]:
     """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
-    sweep), FINISHED when its result is there, else FAILED (KILLED after a signal) with `error` as its
-    emo.error tag. Returns {job name: run id}."""
+    sweep), FINISHED when its result is there (and the job is not in `failed`: its result is an
+    earlier run's), else FAILED (KILLED after a signal) with `error` as its emo.error tag. Returns
+    {job name: run id}."""
     if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
         return {}
     with store_errors(tracking_uri(jobs[0].cfg["tracking"])):
-        return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed)
+        return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed, failed=failed)
 
 
 def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[str, list[Path]] | None,
-               *, error: str | None, killed: bool) -> dict[str, str]:
+               *, error: str | None, killed: bool, failed: set[str] = frozenset()) -> dict[str, str]:
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None
@@ -260,7 +261,7 @@ def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[s
         for path in (plots or {}).get(job.name, []):
             if path.exists():
                 client.log_artifact(run_id, str(path), artifact_path="plots")
-        ok = Path(job.result).exists() or (error is None and not killed)  # --until stops before the result
+        ok = (Path(job.result).exists() and job.name not in failed) or (error is None and not killed)  # --until: no result
         ok_all &= ok
         if not ok and error:
             client.set_tag(run_id, "emo.error", error[:5000])

@@ -198,3 +198,36 @@ def test_a_csv_that_cannot_be_written_is_one_line(store, tmp_path, capsys):
     (tmp_path / "new").mkdir()
     assert cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "new" / "runs.csv")) == len(CELLS)
+
+
+def test_a_failed_run_prints_no_earlier_result(tmp_path, capsys, monkeypatch):
+    """Issue 36: after a failed re-run, the previous run's ES/PL and policy were printed (exit 1)."""
+    from emo import sweep
+
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    fake_job(results, ["workload.tp=2"], 10.0, 1.0)
+    fake_job(results, ["workload.tp=4"], 12.0, 1.0)
+    sw = sweep.build([["workload.tp=2", f"results={results}", "tracking.enabled=false"],
+                      ["workload.tp=4", f"results={results}", "tracking.enabled=false"]])
+    tp2 = next(j for j in sw.jobs if "workload.tp=2" in j.overrides)
+    sweep.finish(sw, "s", error="x: bad (stage fit, log l)", failed=[tp2.plans["fit"].dir])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("no result: this run failed (an earlier run's result is not shown)") and "ES" not in out[0]
+    assert "ES 12.00 %" in out[1]  # the other job did not depend on the failing folder
+    sweep.finish(sw, "s", error="pipeline failed")  # which folder failed is unknown: no job shows a result
+    assert "ES" not in capsys.readouterr().out
+
+
+def test_a_cut_short_result_is_an_error_and_an_over_budget_result_is_flagged(tmp_path):
+    from emo import sweep
+
+    results = tmp_path / "results"
+    over = fake_job(results, ["workload=pp", "budget=0.02"], 20.0, 2.8)
+    assert "PL 2.80 % OVER BUDGET (PL 2.80 % > 2 % + 0.5 tolerance)" in sweep.result_line(over)
+    ok = fake_job(results, ["workload=pp", "budget=0.05"], 20.0, 2.8)
+    assert "OVER BUDGET" not in sweep.result_line(ok)
+    Path(ok.result).write_text('{"metrics": {"es')
+    assert sweep.result_line(ok).startswith("emo: error: workload=pp budget=0.05: ")
+    sw = sweep.build([["workload=pp", "budget=0.05", f"results={results}"]])
+    assert sweep.unreadable_results(sw) and "not a complete result" in sweep.unreadable_results(sw)[0]

@@ -102,7 +102,8 @@ def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, lo
     from emo import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
-    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e))
+    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e),
+                  folder=str(out))
 
 
 def _setup_logging(log_file: str | None) -> None:
