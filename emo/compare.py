@@ -106,13 +106,16 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
     rows = []
     for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
         bpct = 100 * budget
+        # the static curve of each seed: the one measured at this cell's budget (its own pick is a
+        # point of it), else another budget's run of the same seed (the clocks it measured are the same)
+        mine = static[(static["gpu"] == gpu) & (static["workload"] == wl)]
         seed_curve = {int(row["seed"]): curves[row["validate_hash"]]
-                      for _, row in static[(static["gpu"] == gpu) & (static["workload"] == wl)].iterrows()}
+                      for _, row in mine.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()}
         scores = {}
         for m, g in cell.groupby("method"):
             points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
-            if m == "static":
-                points = [scoring.best_static(seed_curve[int(row["seed"])], bpct)[:2] if int(row["seed"]) in seed_curve
+            if m == "static":  # each static run by its own curve (was: by the seed's curve of any budget)
+                points = [scoring.best_static(curves[row["validate_hash"]], bpct)[:2] if row.get("validate_hash") in curves
                           else pt for pt, (_, row) in zip(points, g.iterrows())]
             scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
         out = {"gpu": gpu, "workload": wl, "budget": budget, "seeds": cell["seed"].nunique(),
@@ -124,8 +127,9 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
                                  [seed_curve[int(sd)] for sd in emo["seed"]])
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
         ok, why = scoring.ahead(scores, bpct)
+        n = scores["emo"].n if "emo" in scores else 0
         out["EMO ahead"] = ("- (no baseline measured)" if "emo" in scores and len(scores) == 1
-                            else "yes" if ok else f"no: {why}")
+                            else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else ""))
         rows.append(out)
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
     t = t.reindex(columns=["seeds", *methods, "EMO - static curve", "EMO ahead"]).fillna("-")

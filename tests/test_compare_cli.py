@@ -231,3 +231,21 @@ def test_a_cut_short_result_is_an_error_and_an_over_budget_result_is_flagged(tmp
     assert sweep.result_line(ok).startswith("emo: error: workload=pp budget=0.05: ")
     sw = sweep.build([["workload=pp", "budget=0.05", f"results={results}"]])
     assert sweep.unreadable_results(sw) and "not a complete result" in sweep.unreadable_results(sw)[0]
+
+
+def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so():
+    """Issue 36: the static curve was keyed by seed only, so a 5 % cell showed the 2 % run's static."""
+    from emo.compare import table
+
+    def curve(own_es, own_pl):  # the clocks both runs measured, and each run's own pick (sm_mhz -1)
+        return pd.DataFrame({"sm_mhz": [1005, 1200, -1], "pl_pct": [9.0, 1.5, own_pl], "es_pct": [20.0, 4.0, own_es]})
+
+    rows = [dict(gpu="a100", workload="TP4", method="static", budget=0.05, seed=0, validate_hash="s5", es_pct=10.45, pl_pct=5.03),
+            dict(gpu="a100", workload="TP4", method="static", budget=0.02, seed=0, validate_hash="s2", es_pct=4.0, pl_pct=1.5),
+            dict(gpu="a100", workload="TP4", method="emo", budget=0.02, seed=0, validate_hash="e2", es_pct=6.0, pl_pct=1.8),
+            dict(gpu="a100", workload="TP4", method="emo", budget=0.05, seed=0, validate_hash="e5", es_pct=12.0, pl_pct=4.9)]
+    runs = pd.DataFrame(rows)
+    t = table(runs, {"s2": curve(4.0, 1.5), "s5": curve(10.45, 5.03)})
+    five = t.loc[("a100", "TP4", 0.05)]
+    assert five["static"] == "10.4/5.0"  # its own run's pick (was 4.0/1.5 of the 2 % run's curve)
+    assert five["EMO ahead"].endswith("(n = 1 seed: no spread)")
