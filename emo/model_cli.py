@@ -91,6 +91,9 @@ def _cmd_fit(args) -> int:
     for option, path in (("--bench", args.bench), ("--targets", args.targets)):
         tables[option] = read_table(path, option)
         check_table(tables[option], option, path, curves=option == "--bench")
+    from emo.model.checks import check_fit_inputs  # units, shape, duplicates: the verdicts, or one line refusing
+
+    verdicts = check_fit_inputs(tables, {"--bench": args.bench, "--targets": args.targets})
     try:
         res = fit_predict(tables["--bench"], tables["--targets"], counters=args.counters, ref_mhz=args.ref_mhz,
                           idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap)
@@ -107,8 +110,8 @@ def _cmd_fit(args) -> int:
         return 0
     n = res.predictions["name"].nunique()
     print(f"{n} targets, reference {res.reference_mhz} MHz, features: {', '.join(res.features) or 'none'}")
-    for note in res.notes:
-        print(f"note: {note}")
+    for line in [*verdicts, *(f"note: {note}" for note in res.notes)]:
+        print(line)
     pred = res.predictions
     if not (~pred["anchor"] & pred.filter(like="measured_").notna().any(axis=1)).any():
         print("note: no target is measured away from its anchor clock: predictions only (--out), nothing scored")

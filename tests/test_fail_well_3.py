@@ -223,3 +223,55 @@ def test_files_dated_in_the_future_are_said_before_an_import_or_a_run(tmp_path, 
     code, _, err = cli(["run", f"results={res}", "--until", "trace"], capsys)
     assert code == 2
     one_line(err, f"{model}: dated 24.0 h in the future")
+
+
+# --------------------------------------------------------------------------- emo model fit: units and shape
+@pytest.fixture(scope="module")
+def ncu_tables():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_tables import sim_tables
+
+    return sim_tables(form="ncu")
+
+
+def _fit(tmp_path, capsys, bench, targets, *extra):
+    bp, tp = tmp_path / "bench.csv", tmp_path / "targets.csv"
+    bench.to_csv(bp, index=False)
+    targets.to_csv(tp, index=False)
+    return (*cli(["model", "fit", "--bench", bp, "--targets", tp, *extra], capsys), bp, tp)
+
+
+def test_model_fit_refuses_unit_slips_and_prints_its_verdicts(ncu_tables, tmp_path, capsys):
+    bench, targets = ncu_tables
+    code, out, err, bp, tp = _fit(tmp_path, capsys, bench, targets)
+    assert code == 0, err
+    assert f"check: --bench {bp}: power_w" in out and f"check: --targets {tp}: 11 counters within 10x" in out
+    assert f"check: --bench {bp}: time_s falls or stays as sm_mhz rises" in out
+
+    code, _, err, bp, tp = _fit(tmp_path, capsys, bench.assign(time_s=bench["time_s"] * 1000), targets)  # ms
+    one_line(err, f"--targets {tp}: ", "the two tables' units differ")
+    counters = [c for c in targets if "__" in c]
+    code, _, err, bp, tp = _fit(tmp_path, capsys, bench, targets.assign(**{c: targets[c] * 1000 for c in counters}))
+    one_line(err, "the two tables' units differ")
+    code, _, err, bp, _ = _fit(tmp_path, capsys, bench.assign(power_w=bench["power_w"] * 1000), targets)  # mW
+    one_line(err, f"--bench {bp}: power_w is", "outside a GPU's 1-3000 W")
+
+
+def test_model_fit_refuses_a_cut_short_csv_and_conflicting_duplicates(ncu_tables, tmp_path, capsys):
+    bench, targets = ncu_tables
+    bp, tp = tmp_path / "bench.csv", tmp_path / "targets.csv"
+    bench.to_csv(bp, index=False)
+    targets.to_csv(tp, index=False)
+    text = bp.read_text()
+    bp.write_text(text[: len(text) - 40])  # cut mid-row
+    code, _, err = cli(["model", "fit", "--bench", bp, "--targets", tp], capsys)
+    one_line(err, f"--bench {bp}: line {len(bench) + 1} has", "(a file cut short, or a stray separator)")
+
+    dup = pd.concat([bench, bench.iloc[[5]].assign(power_w=bench["power_w"].iloc[5] * 1.3)], ignore_index=True)
+    code, _, err, bp, _ = _fit(tmp_path, capsys, dup, targets)
+    one_line(err, f"--bench {bp}: {bench['name'].iloc[5]} at {bench['sm_mhz'].iloc[5]} MHz is measured 2 times "
+                  "with different power_w")
+    code, out, err, bp, _ = _fit(tmp_path, capsys, pd.concat([bench, bench.iloc[[5]]], ignore_index=True), targets)
+    assert code == 0 and f"check: --bench {bp}: 1 identical duplicate row(s) ignored" in out
