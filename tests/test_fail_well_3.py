@@ -275,3 +275,49 @@ def test_model_fit_refuses_a_cut_short_csv_and_conflicting_duplicates(ncu_tables
                   "with different power_w")
     code, out, err, bp, _ = _fit(tmp_path, capsys, pd.concat([bench, bench.iloc[[5]]], ignore_index=True), targets)
     assert code == 0 and f"check: --bench {bp}: 1 identical duplicate row(s) ignored" in out
+
+
+# --------------------------------------------------------------------------- emo analyze: no unsupported breakdown
+def test_a_trace_without_correlation_ids_or_with_shifted_events_gets_no_breakdown(tmp_path, capsys):
+    doc = json.loads(gzip.decompress(ES1.read_bytes()))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("args"), dict):
+            e["args"].pop("correlation", None)
+    bare = tmp_path / "nocorr.json"
+    bare.write_text(json.dumps(doc))
+    code, out, err = cli(["analyze", bare], capsys)
+    assert code == 2 and out == ""
+    one_line(err, f"{bare}: ", "GPU ops have no runtime call that launched them", "dependencies a critical path needs")
+
+    doc = json.loads(gzip.decompress(ES1.read_bytes()))
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["ts"] += 500  # recorded later than anything in the trace explains
+    moved = tmp_path / "moved.json"
+    moved.write_text(json.dumps(doc))
+    code, out, err = cli(["analyze", moved], capsys)
+    if code:
+        one_line(err, f"{moved}: replaying its dependencies misses its recorded times by")
+    else:  # a kernel may wait for nothing recorded only when nothing bound it; then the replay is exact
+        assert "replay error    0.000 us" in out
+
+
+NSYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "pipit_nsys_cloverleaf_a100.sqlite"
+
+
+@pytest.mark.skipif(not NSYS.is_file(), reason="shared nsys export not present")
+@pytest.mark.parametrize("table, column, value, says", [
+    ("CUPTI_ACTIVITY_KIND_KERNEL", "start", "'abc'", "table CUPTI_ACTIVITY_KIND_KERNEL, column start, row 1 holds 'abc'"),
+    ("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId", "NULL", "column correlationId, row 1 holds NULL"),
+    ("CUPTI_ACTIVITY_KIND_KERNEL", "deviceId", "'d'", "column deviceId, row 1 holds 'd'"),
+])
+def test_text_or_null_in_an_nsys_column_is_one_line_naming_the_file(tmp_path, capsys, table, column, value, says):
+    import sqlite3
+
+    db = tmp_path / "t.sqlite"
+    shutil.copy(NSYS, db)
+    db.chmod(0o644)
+    with sqlite3.connect(db) as con:
+        con.execute(f"update {table} set {column} = {value} where rowid = (select min(rowid) from {table})")
+    code, _, err = cli(["analyze", db], capsys)
+    assert code == 2
+    one_line(err, f"{db}: {says}")

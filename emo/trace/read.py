@@ -47,8 +47,9 @@ def read_trace(path: str | Path) -> pd.DataFrame:
                     raise ValueError(f"{path}: not an SQLite database (an nsys export: "
                                      "nsys export --type sqlite)")
                 events = read_nsys(local) if head == SQLITE_MAGIC else read_kineto(local)
-            except ValueError as e:  # name the user's path, not the spooled copy
-                raise ValueError(str(e).replace(str(local), str(path))) from None
+            except ValueError as e:  # name the user's path, not the spooled copy (and name it at all)
+                text = str(e).replace(str(local), str(path))
+                raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     validate_events(events, path)
     return events
 
@@ -136,6 +137,18 @@ def validate_events(events: pd.DataFrame, path) -> None:
         raise ValueError(f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
                          f"that launched it (correlation {corr[i]})")
     _check_unique_ops(events, path, ops, call, text_at(kind, ops, isin=("kernel",)), rank, corr)
+
+
+def unlaunched(events: pd.DataFrame) -> tuple[int, int]:
+    """(GPU ops whose launching runtime call is not in the trace, GPU ops): an op without one has no
+    known launch dependency (no correlation id, or the runtime calls were not recorded)."""
+    kind = events["kind"]
+    gpu = np.flatnonzero(text_at(kind, isin=("kernel", "memcpy", "memset")))
+    corr = events["correlation"].to_numpy(np.int64)
+    rank = events["rank"].to_numpy(np.int64)
+    calls = np.flatnonzero(text_at(kind, isin=("runtime",)) & (corr >= 0))
+    launched = np.isin(rank[gpu] * (1 << 40) + corr[gpu], rank[calls] * (1 << 40) + corr[calls]) & (corr[gpu] >= 0)
+    return int((~launched).sum()), len(gpu)
 
 
 def _check_nested(events, path, calls, first, start, end, corr) -> None:
