@@ -320,4 +320,4 @@ def test_text_or_null_in_an_nsys_column_is_one_line_naming_the_file(tmp_path, ca
         con.execute(f"update {table} set {column} = {value} where rowid = (select min(rowid) from {table})")
     code, _, err = cli(["analyze", db], capsys)
     assert code == 2
-    one_line(err, f"{db}: {says}")
+    one_line(err, f"{db}: ", says, ": not an integer")
