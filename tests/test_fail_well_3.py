@@ -321,3 +321,79 @@ def test_text_or_null_in_an_nsys_column_is_one_line_naming_the_file(tmp_path, ca
     code, _, err = cli(["analyze", db], capsys)
     assert code == 2
     one_line(err, f"{db}: ", says, ": not an integer")
+
+
+# --------------------------------------------------------------------------- the MLflow store
+def _store(tmp_path) -> Path:
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("create table alembic_version (version_num varchar(32) not null)")
+        con.execute("insert into alembic_version values ('ffffffffffff')")  # a revision of a newer MLflow
+    return db
+
+
+def test_a_store_written_by_a_newer_mlflow_is_one_line(tmp_path, capsys):
+    db = _store(tmp_path)
+    code, _, err = cli(["compare", "--uri", f"sqlite:///{db}"], capsys)
+    assert code == 2
+    one_line(err, f"{db}: written by a newer MLflow than the one installed", "schema ffffffffffff",
+             "mlflow and mlflow-skinny at one version")
+
+
+def test_mlflow_and_mlflow_skinny_out_of_step_is_one_line(monkeypatch):
+    import importlib.metadata as md
+
+    from emo.ui import in_step
+
+    monkeypatch.setattr(md, "version", lambda name: {"mlflow": "3.17.2", "mlflow-skinny": "3.18.0"}[name])
+    with pytest.raises(ValueError, match=r"mlflow 3.17.2 and mlflow-skinny 3.18.0 differ: .*'mlflow==3.18.0'"):
+        in_step()
+
+
+def test_a_read_only_store_is_one_line_without_mlflows_traceback(tmp_path, capsys):
+    import sys
+
+    from emo import tracking
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_compare_cli import fake_job
+
+    res = tmp_path / "results"
+    job = fake_job(res, ["workload.tp=2"], 10.0, 1.0)
+    tracking.log_sweep([job], None)
+    capsys.readouterr()
+
+    def read_only(*a, **k):
+        import sqlite3
+
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    from mlflow.tracking import MlflowClient
+
+    orig = MlflowClient.create_run
+    try:
+        MlflowClient.create_run = lambda self, *a, **k: _wrapped(read_only)
+        with pytest.raises(ValueError, match=r"mlflow.db: the MLflow store failed: attempt to write a readonly database$"):
+            tracking.log_sweep([job], None)
+    finally:
+        MlflowClient.create_run = orig
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def _wrapped(fail):
+    """The error as MLflow raises it: an MlflowException from SQLAlchemy's from sqlite3's."""
+    import logging
+
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        try:
+            fail()
+        except Exception as e:
+            raise OperationalError("INSERT INTO runs ...", {}, e) from e
+    except OperationalError as e:
+        logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error. The following exception is caught.")
+        raise MlflowException(f"(raised as a result of Query-invoked autoflush) {e}") from e
