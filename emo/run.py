@@ -60,8 +60,12 @@ def main(args: argparse.Namespace) -> int:
         if not args.dry_run:
             try:
                 sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
-            except (ValueError, OSError) as logging_failed:  # the store: said, but the interrupt is what ended the run
-                print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
+            except KeyboardInterrupt:  # a second signal while logging: stop now
+                pass
+            except Exception as logging_failed:  # the store, or MLflow's import the signal cut short (a module
+                # left half-initialised): said, but the interrupt is what ended the run
+                print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
+                      file=sys.stderr)
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
 

@@ -397,3 +397,24 @@ def _wrapped(fail):
     except OperationalError as e:
         logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error. The following exception is caught.")
         raise MlflowException(f"(raised as a result of Query-invoked autoflush) {e}") from e
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypatch):
+    """The signal cut MLflow's import short in `finish`; logging the interrupted run then met the
+    half-initialised module: an AttributeError traceback (2 of 3 tries)."""
+    from emo import errors, run, sweep
+
+    def interrupted(*a, **k):
+        raise errors.Interrupted(2)
+
+    def half_imported(*a, **k):
+        raise AttributeError("partially initialized module 'mlflow' has no attribute 'version'")
+
+    monkeypatch.setattr(run, "run_jobs", interrupted)
+    monkeypatch.setattr(sweep, "finish", half_imported)
+    code, _, err = cli(["run", f"results={tmp_path / 'r'}", "--until", "trace"], capsys)
+    assert code == 130 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("emo: error: the interrupted run was not logged to MLflow: AttributeError: partially")
+    assert lines[1].startswith("emo: interrupted (SIGINT)") and len(lines) == 2
