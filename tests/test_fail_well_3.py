@@ -418,3 +418,14 @@ def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypat
     lines = err.strip().splitlines()
     assert lines[0].startswith("emo: error: the interrupted run was not logged to MLflow: AttributeError: partially")
     assert lines[1].startswith("emo: interrupted (SIGINT)") and len(lines) == 2
+
+
+@pytest.mark.parametrize("script", ["titanx_power_model.py", "hta_runner.py"])
+def test_benchmark_scripts_answer_help(script):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--help"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr and r.stdout.strip(), r.stderr[-500:]
