@@ -152,6 +152,17 @@ def refuse_future(results: Path, command: str) -> None:
                          f"`find {results} -newermt now -exec touch -h {{}} +`")
 
 
+def check_writable(results: Path) -> None:
+    """Refuse, before Snakemake starts, a stage folder EMO cannot write into: Snakemake fails on it
+    before a stage runs, so no stage could say which folder it was ("pipeline failed")."""
+    from emo.plan import STAGES
+
+    for p in [results, *(results / s for s in STAGES), *(results / s / "logs" for s in STAGES)]:
+        if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{p}: cannot write into this folder (permissions, or an immutable attribute); "
+                             "make it writable or choose another results=PATH")
+
+
 RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.run)
 
 

@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         with held, errors.signals_raise():
             locks.refuse_future(sw.results, "emo run")
+            locks.check_writable(sw.results)
             return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
         if not args.dry_run:

@@ -429,3 +429,24 @@ def test_benchmark_scripts_answer_help(script):
     r = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--help"], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0 and "Traceback" not in r.stderr and r.stdout.strip(), r.stderr[-500:]
+
+
+def test_an_unwritable_stage_folder_is_named_before_the_run(tmp_path, capsys):
+    import subprocess
+
+    res = tmp_path / "results"
+    (res / "trace").mkdir(parents=True)
+    if os.geteuid() == 0:  # root writes anywhere a mode forbids; an immutable folder stops it too
+        if subprocess.run(["chattr", "+i", str(res / "trace")], capture_output=True).returncode:
+            pytest.skip("no chattr here")
+    else:
+        (res / "trace").chmod(0o555)
+    try:
+        code, _, err = cli(["run", f"results={res}", "--until", "trace"], capsys)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(res / "trace")])
+        else:
+            (res / "trace").chmod(0o755)
+    assert code == 2
+    one_line(err, f"{res / 'trace'}: cannot write into this folder")
