@@ -105,7 +105,7 @@ def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp
         run_stage("graph", params, {}, out, str(log))
     (rec,) = [json.loads(ln) for ln in reports.read_text().splitlines()]
     assert rec == {"stage": "graph", "error": f"{out / 'nodes.parquet'}: No space left on device",
-                   "log": str(log), "killed": False}
+                   "log": str(log), "killed": False, "folder": str(out)}  # the folder: no job from it shows a result
     assert "Traceback" in log.read_text() and not list(out.parent.glob(".*.tmp"))
 
 
