@@ -63,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
                 sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
             except KeyboardInterrupt:  # a second signal while logging: stop now
                 pass
+            except (ValueError, OSError) as logging_failed:  # the store: said, but the interrupt ended the run
+                print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
             except Exception as logging_failed:  # the store, or MLflow's import the signal cut short (a module
                 # left half-initialised): said, but the interrupt is what ended the run
                 print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
