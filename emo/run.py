@@ -59,18 +59,33 @@ def main(args: argparse.Namespace) -> int:
             return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
         if not args.dry_run:
-            try:
-                sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
-            except KeyboardInterrupt:  # a second signal while logging: stop now
-                pass
-            except (ValueError, OSError) as logging_failed:  # the store: said, but the interrupt ended the run
-                print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
-            except Exception as logging_failed:  # the store, or MLflow's import the signal cut short (a module
-                # left half-initialised): said, but the interrupt is what ended the run
-                print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
-                      file=sys.stderr)
+            log_killed(sw, name, args.overrides, errors.one_line(e))
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
+
+
+def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
+    """Log the interrupted run (KILLED) to MLflow. The signal may have cut MLflow's import short and
+    left its modules half-initialised (an AttributeError on the next use): then they are imported
+    afresh, once. A failure is said in one line; the interrupt is what ended the run."""
+    from emo import sweep
+
+    for attempt in (0, 1):
+        try:
+            sweep.finish(sw, name, overrides, error=error, killed=True, print_results=False)
+            return
+        except KeyboardInterrupt:  # a second signal while logging: stop now
+            return
+        except (ValueError, OSError) as logging_failed:  # the store
+            print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
+            return
+        except Exception as logging_failed:
+            if attempt == 0 and isinstance(logging_failed, (AttributeError, ImportError)):
+                for m in [m for m in sys.modules if m.split(".")[0] in ("mlflow", "alembic", "sqlalchemy")]:
+                    del sys.modules[m]
+                continue
+            print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
+                  file=sys.stderr)
 
 
 def check_flags(args: argparse.Namespace) -> None:

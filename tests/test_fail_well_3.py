@@ -408,13 +408,20 @@ def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypat
     def interrupted(*a, **k):
         raise errors.Interrupted(2)
 
+    calls = []
+
     def half_imported(*a, **k):
+        calls.append(k["killed"])
         raise AttributeError("partially initialized module 'mlflow' has no attribute 'version'")
 
+    import sys
+
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # what the retry purges, in a copy
     monkeypatch.setattr(run, "run_jobs", interrupted)
     monkeypatch.setattr(sweep, "finish", half_imported)
     code, _, err = cli(["run", f"results={tmp_path / 'r'}", "--until", "trace"], capsys)
     assert code == 130 and "Traceback" not in err
+    assert calls == [True, True]  # MLflow imported afresh and tried once more
     lines = err.strip().splitlines()
     assert lines[0].startswith("emo: error: the interrupted run was not logged to MLflow: AttributeError: partially")
     assert lines[1].startswith("emo: interrupted (SIGINT)") and len(lines) == 2
