@@ -457,3 +457,24 @@ def test_an_unwritable_stage_folder_is_named_before_the_run(tmp_path, capsys):
             (res / "trace").chmod(0o755)
     assert code == 2
     one_line(err, f"{res / 'trace'}: cannot write into this folder")
+
+
+# --------------------------------------------------------------------------- a failed re-run, end to end
+@pytest.mark.slow
+def test_a_failed_rerun_of_emo_run_prints_no_earlier_result(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run():
+        return subprocess.run([sys.executable, "-m", "emo.cli", "run", "results=res", "-c", "2"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(root)})
+
+    first = run()
+    assert first.returncode == 0 and "ES " in first.stdout, first.stderr[-2000:]
+    (model,) = (tmp_path / "res" / "fit").glob("*/model.parquet")
+    model.write_bytes(b"not parquet")  # newer than what optimize made from it: optimize runs again, and fails
+    second = run()
+    assert second.returncode == 1 and "(stage optimize, log " in second.stderr
+    assert "ES " not in second.stdout and "no result: this run failed (an earlier run's result is not shown)" in second.stdout
