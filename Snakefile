@@ -36,8 +36,8 @@ onsuccess:
     sweep.finish(SWEEP, config.get("sweep"))
 
 
-onerror:
-    sweep.finish(SWEEP, config.get("sweep"))
+onerror:  # no job shows a result: which failed is not known here, and an earlier run's result is not this run's
+    sweep.finish(SWEEP, config.get("sweep"), error="pipeline failed (see Snakemake's log)")
 
 
 include: "workflow/rules/trace.smk"

@@ -13,6 +13,9 @@ logging.disable(logging.WARNING)
 
 
 def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):  # (argv, not argparse: the runner stays minimal)
+        print(__doc__, file=sys.stderr if len(sys.argv) < 2 else sys.stdout)
+        sys.exit(0 if len(sys.argv) > 1 else 2)
     trace_dir, rank = sys.argv[1], int(sys.argv[2])
     annotation = sys.argv[3] if len(sys.argv) > 3 else ""
     instance = int(sys.argv[4]) if len(sys.argv) > 4 else 0

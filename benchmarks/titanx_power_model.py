@@ -29,8 +29,16 @@ APPS = "TitanX__titanx_real_allFsPower_HPCAandCF.csv"
 
 
 def main(argv: list[str]) -> int:
-    data = Path(argv[1]) if len(argv) > 1 else DATA
-    micro, apps = read_power_curves(data / MICRO), read_power_curves(data / APPS)
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("data", nargs="?", type=Path, default=DATA, help=f"folder holding {MICRO} and {APPS} (default: {DATA})")
+    data = p.parse_args(argv[1:]).data
+    try:
+        micro, apps = read_power_curves(data / MICRO), read_power_curves(data / APPS)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"titanx_power_model: error: {e}", file=sys.stderr)
+        return 2
     table = evaluate_power_model(micro, apps)
     print(f"GTX Titan X: {len(micro.names) - 1} microbenchmarks + idle, {len(apps.names)} applications, "
           f"{len(micro.clocks)} (core, memory) clock pairs, default {micro.default_mhz}")

@@ -24,10 +24,21 @@ MANIFEST = "manifest.json"
 BENCH = "bench.parquet"
 
 
-def calibration_id(gpu_model: str, driver: str, bench_sha256: str, clock_latency: dict | None = None) -> str:
+# What an .emocal may hold, checked before it is inflated (a 3 MB file once took 6.4 GB): a bench
+# table of every microbenchmark at every clock is a few MB.
+MAX_MEMBER_BYTES = {MANIFEST: 1 << 20, BENCH: 256 << 20}
+
+
+def calibration_id(gpu_model: str, driver: str, bench_sha256: str, clock_latency: dict | None = None,
+                   gpu: str | None = None) -> str:
+    """The hash of what a calibration is: the GPU (its model and the configuration name `gpu` it
+    installs into, so a relabelled file no longer matches), the driver, the content, the latency.
+    `gpu` None: the id of files exported before it was covered (read, but installed only with --force)."""
     key = f"{gpu_model}\n{driver}\n{bench_sha256}"
     if clock_latency is not None:
         key += "\n" + json.dumps(clock_latency, sort_keys=True)
+    if gpu is not None:
+        key += f"\ngpu={gpu}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -54,7 +65,7 @@ def export_calibration(folder: Path, out: Path) -> dict:
     data = bench.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
     manifest = {**meta, "bench_sha256": sha,
-                "id": calibration_id(meta["gpu_model"], meta["driver"], sha, meta.get("clock_latency_ms"))}
+                "id": calibration_id(meta["gpu_model"], meta["driver"], sha, meta.get("clock_latency_ms"), str(meta["gpu"]))}
     from emo.io import atomic_path
 
     with atomic_path(out) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -69,23 +80,41 @@ def read_calibration(path: Path) -> tuple[dict, bytes]:
         raise FileNotFoundError(f"{path}: no such file")
     try:
         with zipfile.ZipFile(path) as z:
+            for name, limit in MAX_MEMBER_BYTES.items():  # the sizes it declares; a read stops there
+                if z.getinfo(name).file_size > limit:
+                    raise ValueError(f"{path}: its {name} inflates to {z.getinfo(name).file_size >> 20} MiB "
+                                     f"(more than {limit >> 20} MiB): not an EMO calibration")
             manifest = json.loads(z.read(MANIFEST))
             data = z.read(BENCH)
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError, EOFError,
+            NotImplementedError, RuntimeError):  # (OSError/EOFError: a cut stream; the others: an odd zip)
         raise ValueError(f"{path}: not an EMO calibration (want a zip with {MANIFEST} and {BENCH})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not an EMO calibration ({MANIFEST} is not an object)")
     sha = hashlib.sha256(data).hexdigest()
-    if sha != manifest.get("bench_sha256") or manifest.get("id") != calibration_id(
-            manifest.get("gpu_model", ""), manifest.get("driver", ""), sha, manifest.get("clock_latency_ms")):
+    fields = (str(manifest.get("gpu_model", "")), str(manifest.get("driver", "")), sha, manifest.get("clock_latency_ms"))
+    if sha != manifest.get("bench_sha256") or manifest.get("id") not in (
+            calibration_id(*fields, str(manifest.get("gpu"))), calibration_id(*fields)):
         raise ValueError(f"{path}: content does not match its manifest's hash (corrupted or edited)")
+    manifest["legacy_id"] = manifest["id"] != calibration_id(*fields, str(manifest.get("gpu")))
     return manifest, data
 
 
-def import_calibration(path: Path, folder: Path, gpu_name: str) -> dict:
-    """Install an exported calibration as the calibrate stage's output in `folder`."""
+def import_calibration(path: Path, folder: Path, gpu_name: str, force: bool = False) -> dict:
+    """Install an exported calibration as the calibrate stage's output in `folder`. A file whose
+    GPU is unknown, or whose id does not cover its gpu field (exported before it did), could be any
+    GPU's: installed only with `force`."""
     manifest, data = read_calibration(path)
-    if gpu_name != "auto" and manifest.get("gpu") not in (gpu_name, "unknown"):
+    if gpu_name != "auto" and manifest.get("gpu") != gpu_name and manifest.get("gpu") != "unknown":
         raise ValueError(f"{path}: a calibration of gpu={manifest.get('gpu')} ({manifest.get('gpu_model')}), "
                          f"but this configuration is gpu={gpu_name}")
+    if not force and manifest.get("gpu") == "unknown":
+        raise ValueError(f"{path}: a calibration of an unknown GPU ({manifest.get('gpu_model')}): it could be any GPU's; "
+                         f"pass --force to install it for gpu={gpu_name} anyway")
+    if not force and manifest["legacy_id"]:
+        raise ValueError(f"{path}: exported before a calibration's id covered its gpu field, so gpu={manifest.get('gpu')} "
+                         f"is not checked ({manifest.get('gpu_model')}); export it again with this EMO, or pass --force")
+    manifest = {k: v for k, v in manifest.items() if k != "legacy_id"}
     from emo.io import atomic_path, write_json
 
     with atomic_path(folder / BENCH) as tmp:
@@ -104,10 +133,12 @@ def register(subparsers) -> None:
     e = sub.add_parser("export", help="pack this configuration's calibration into a file")
     e.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run (e.g. gpu=h100)")
     e.add_argument("--out", required=True, help="file to write")
+    e.add_argument("--force", action="store_true", help="replace an existing file")
     e.set_defaults(func=_cmd_export)
     i = sub.add_parser("import", help="install a calibration file for this configuration")
     i.add_argument("file")
     i.add_argument("overrides", nargs="*", help="configuration overrides, as for emo run")
+    i.add_argument("--force", action="store_true", help="install a file whose GPU is unknown or not covered by its id")
     i.set_defaults(func=_cmd_import)
 
 
@@ -128,6 +159,9 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_export(args) -> int:
+    from emo.io import check_output
+
+    check_output(args.out, "--out", force=args.force)
     folder, _ = _folder(args.overrides)
     m = export_calibration(folder, Path(args.out))
     print(f"wrote {args.out}: calibration {m['id']} of {describe(m)}")
@@ -135,7 +169,12 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_import(args) -> int:
+    from emo import locks
+
     folder, cfg = _folder(args.overrides)
-    m = import_calibration(Path(args.file), folder, cfg["gpu"]["name"])
+    # under the results folder's lock: a running `emo run` would overwrite it in its calibrate stage
+    with locks.hold([Path(cfg["results"])], f"emo calibration import {args.file}"):
+        locks.refuse_future(Path(cfg["results"]), "emo calibration import")
+        m = import_calibration(Path(args.file), folder, cfg["gpu"]["name"], force=args.force)
     print(f"installed calibration {m['id']} in {folder}: {describe(m)}", file=sys.stdout)
     return 0

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", help="MLflow experiment (default: the tracking config's, emo)")
     p.add_argument("--plots", metavar="DIR", help="write energy-vs-time and timeline plots (PNG) here")
     p.add_argument("--csv", metavar="FILE", help="also write the long table (one row per run) as CSV")
+    p.add_argument("--force", action="store_true", help="let --csv replace an existing file")
     p.add_argument("overrides", nargs="*", help="Hydra overrides selecting the tracking config, e.g. results=out")
     p.set_defaults(func=main)
 
@@ -105,13 +106,16 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
     rows = []
     for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
         bpct = 100 * budget
+        # the static curve of each seed: the one measured at this cell's budget (its own pick is a
+        # point of it), else another budget's run of the same seed (the clocks it measured are the same)
+        mine = static[(static["gpu"] == gpu) & (static["workload"] == wl)]
         seed_curve = {int(row["seed"]): curves[row["validate_hash"]]
-                      for _, row in static[(static["gpu"] == gpu) & (static["workload"] == wl)].iterrows()}
+                      for _, row in mine.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()}
         scores = {}
         for m, g in cell.groupby("method"):
             points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
-            if m == "static":
-                points = [scoring.best_static(seed_curve[int(row["seed"])], bpct)[:2] if int(row["seed"]) in seed_curve
+            if m == "static":  # each static run by its own curve (was: by the seed's curve of any budget)
+                points = [scoring.best_static(curves[row["validate_hash"]], bpct)[:2] if row.get("validate_hash") in curves
                           else pt for pt, (_, row) in zip(points, g.iterrows())]
             scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
         out = {"gpu": gpu, "workload": wl, "budget": budget, "seeds": cell["seed"].nunique(),
@@ -123,8 +127,9 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
                                  [seed_curve[int(sd)] for sd in emo["seed"]])
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
         ok, why = scoring.ahead(scores, bpct)
+        n = scores["emo"].n if "emo" in scores else 0
         out["EMO ahead"] = ("- (no baseline measured)" if "emo" in scores and len(scores) == 1
-                            else "yes" if ok else f"no: {why}")
+                            else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else ""))
         rows.append(out)
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
     t = t.reindex(columns=["seeds", *methods, "EMO - static curve", "EMO ahead"]).fillna("-")
@@ -264,6 +269,10 @@ def main(args: argparse.Namespace) -> int:
         uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
+    if args.csv:
+        from emo.io import check_output
+
+        check_output(args.csv, "--csv", force=args.force)
     runs = load_runs(uri, experiment)
     if runs.empty:
         print("emo compare: no validated runs yet", file=sys.stderr)

@@ -67,9 +67,10 @@ def write_stdout(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
-def report(stage: str, line: str, log_file: str | None, *, killed: bool = False) -> None:
-    """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake."""
-    record = {"stage": stage, "error": line, "log": log_file, "killed": killed}
+def report(stage: str, line: str, log_file: str | None, *, killed: bool = False, folder: str | None = None) -> None:
+    """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake;
+    `folder`: the stage folder it failed to make (so that no job computed from it shows a result)."""
+    record = {"stage": stage, "error": line, "log": log_file, "killed": killed, "folder": folder}
     path = os.environ.get(ERRORS_ENV)
     if path:
         with contextlib.suppress(OSError), open(path, "a") as f:

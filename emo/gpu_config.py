@@ -21,13 +21,12 @@ def register(subparsers) -> None:
 
 def _cmd(args) -> int:
     from emo.device.nvml import discover_gpu_config, gpu_config_yaml
-    from emo.io import atomic_path
+    from emo.io import atomic_path, check_output
     from emo.plan import ROOT
 
     cfg = discover_gpu_config(index=args.index)
     out = Path(args.out) if args.out else ROOT / "conf" / "gpu" / f"{cfg['name']}.yaml"
-    if out.exists() and not args.force:
-        raise ValueError(f"{out}: exists (pass --force to overwrite)")
+    check_output(out, "--out", force=args.force)  # not over a file without --force, nor a device or into no folder
     with atomic_path(out) as tmp:
         tmp.write_text(gpu_config_yaml(cfg))
     print(f"wrote {out}: {cfg['physics']['device_name']}, {len(cfg['clocks_mhz'])} SM clocks "

@@ -30,6 +30,37 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def check_output(path: str | Path, option: str, *, inputs: dict[str, str | Path] | None = None,
+                 force: bool = False) -> Path:
+    """A file the user asked a command to write, checked before anything is computed (one line each):
+    never one of the command's own inputs (`inputs`: option -> path) nor anything but a regular
+    file (a device, a pipe, a folder), not over an existing file or a symbolic link unless `force`,
+    and only into a folder that exists (a typo in the folder is not made into a new tree)."""
+    path = Path(path)
+
+    def refuse(why: str):
+        raise ValueError(f"{option} {path}: cannot write ({why})")
+
+    for opt, src in (inputs or {}).items():
+        try:
+            if Path(src).exists() and os.path.exists(path) and os.path.samefile(src, path):
+                refuse(f"it is the {opt} input")
+        except OSError:
+            pass
+    parent = path.parent
+    if not parent.is_dir():
+        refuse(f"no folder {parent}")
+    if path.is_symlink():
+        if not force:
+            refuse("a symbolic link; pass --force to replace the link by a file")
+    elif path.exists():
+        if not path.is_file():
+            refuse("not a regular file")
+        if not force:
+            refuse("it exists; pass --force to replace it")
+    return path
+
+
 def write_json(path: str | Path, obj, *, gz: bool = False) -> None:
     data = json.dumps(obj, indent=None if gz else 2, sort_keys=not gz, default=_jsonable).encode()
     with atomic_path(path) as tmp:

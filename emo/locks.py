@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -84,27 +85,82 @@ def busy_message(results: Path, owner: dict) -> str:
             f"since {owner.get('since')}); wait for it to finish, or stop it with `kill {pid}`")
 
 
+# What EMO makes in a stage's folder, by name (the mark: `results=` may point into a tree that holds
+# the user's own hidden `.tmp` and empty folders, which are never touched): a stage folder is a
+# 12-digit hash, a stage's hidden folder `.<hash>.emo-stage-<random>.tmp` (emo.stages.run_stage; before
+# the mark, `.<hash>.<8 random>.tmp`), the errors file of a run `.emo-errors-<pid>.jsonl` (emo.run).
+STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
+STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
+ERRORS_FILE = re.compile(r"\.emo-errors-\d+\.jsonl")
+
+
 def cleanup(results: Path) -> list[Path]:
-    """Remove what belongs to no live run (call with the lock held): hidden `.tmp` folders a killed
-    stage left and empty stage folders. Returns what it removed."""
+    """Remove what belongs to no live run (call with the lock held): the hidden folders killed stages
+    left, empty stage folders and errors files of killed runs; only what EMO made, by its marks
+    (STAGE_TMP, STAGE_FOLDER, ERRORS_FILE). Returns what it removed."""
     from emo.plan import STAGES
 
     removed: list[Path] = []
+    for p in results.glob(".emo-errors-*.jsonl"):
+        if ERRORS_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
     for stage in STAGES:
         folder = results / stage
         if not folder.is_dir() or folder.is_symlink():
             continue
         for p in folder.iterdir():
-            if not p.is_dir() or p.is_symlink() or p.name == "logs":
+            if not p.is_dir() or p.is_symlink():
                 continue
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
+            if STAGE_TMP.fullmatch(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
-            elif not any(p.iterdir()):
+            elif STAGE_FOLDER.fullmatch(p.name) and not any(p.iterdir()):
                 with contextlib.suppress(OSError):
                     p.rmdir()
                     removed.append(p)
     return removed
+
+
+FUTURE_SLACK_S = 5.0  # clocks of machines sharing a folder differ by this much without harm
+
+
+def future_files(results: Path, now: float | None = None) -> list[tuple[Path, float]]:
+    """Files under `results` dated later than now (+ slack), the farthest first, with how far (s)."""
+    now = time.time() if now is None else now
+    out = []
+    for root, dirs, files in os.walk(results):
+        for name in files:
+            with contextlib.suppress(OSError):
+                ahead = os.lstat(os.path.join(root, name)).st_mtime - now
+                if ahead > FUTURE_SLACK_S:
+                    out.append((Path(root) / name, ahead))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def refuse_future(results: Path, command: str) -> None:
+    """Snakemake decides what is stale by file dates: a file dated in the future (clock skew, a copy
+    from a machine whose clock runs ahead) looks newer than anything written now, so what depends on
+    it is never redone (an imported calibration never reached the model). Said at once, in one line."""
+    ahead = future_files(results)
+    if ahead:
+        path, s = ahead[0]
+        when = f"{s:.0f} s" if s < 300 else f"{s / 3600:.1f} h"
+        raise ValueError(f"{path}: dated {when} in the future ({len(ahead)} file(s) under {results}); "
+                         f"{command} cannot tell what is stale: fix the clock, or date them now with "
+                         f"`find {results} -newermt now -exec touch -h {{}} +`")
+
+
+def check_writable(results: Path) -> None:
+    """Refuse, before Snakemake starts, a stage folder EMO cannot write into: Snakemake fails on it
+    before a stage runs, so no stage could say which folder it was ("pipeline failed")."""
+    from emo.plan import STAGES
+
+    for p in [results, *(results / s for s in STAGES), *(results / s / "logs" for s in STAGES)]:
+        if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{p}: cannot write into this folder (permissions, or an immutable attribute); "
+                             "make it writable or choose another results=PATH")
 
 
 RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.run)

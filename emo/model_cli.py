@@ -85,6 +85,7 @@ def register(subparsers) -> None:
                    help="two benchmarks doing the same work at different occupancy (repeatable; default none)")
     f.add_argument("--overlap", choices=("roofline", "sum"), default="roofline")
     f.add_argument("--out", help="also write the per-target, per-clock predictions here (CSV or Parquet)")
+    f.add_argument("--force", action="store_true", help="let --out replace an existing file")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     f.set_defaults(func=_cmd_fit)
 
@@ -92,10 +93,17 @@ def register(subparsers) -> None:
 def _cmd_fit(args) -> int:
     from emo.model.kernels import fit_predict
 
+    if args.out:  # before anything is read: never over an input, an existing file (without --force) or a device
+        from emo.io import check_output
+
+        check_output(args.out, "--out", inputs={"--bench": args.bench, "--targets": args.targets}, force=args.force)
     tables = {}
     for option, path in (("--bench", args.bench), ("--targets", args.targets)):
         tables[option] = read_table(path, option)
         check_table(tables[option], option, path, curves=option == "--bench")
+    from emo.model.checks import check_fit_inputs  # units, shape, duplicates: the verdicts, or one line refusing
+
+    verdicts = check_fit_inputs(tables, {"--bench": args.bench, "--targets": args.targets})
     try:
         res = fit_predict(tables["--bench"], tables["--targets"], features=args.features, counters=args.counters,
                           ref_mhz=args.ref_mhz, idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap,
@@ -119,8 +127,8 @@ def _cmd_fit(args) -> int:
           f"smooth={'on' if res.form['smooth'] else 'off'}{' (by cross-validation on the benchmarks)' if res.selection else ''}")
     for name, how in res.normalisation.items():
         print(f"feature {name}: {how}")
-    for note in res.notes:
-        print(f"note: {note}")
+    for line in [*verdicts, *(f"note: {note}" for note in res.notes)]:
+        print(line)
     pred = res.predictions
     if not (~pred["anchor"] & pred.filter(like="measured_").notna().any(axis=1)).any():
         print("note: no target is measured away from its anchor clock: predictions only (--out), nothing scored")

@@ -54,15 +54,38 @@ def main(args: argparse.Namespace) -> int:
         locks.hold(sorted({Path(j.cfg["results"]) for j in sw.jobs}), "emo run " + " ".join(args.overrides))
     try:
         with held, errors.signals_raise():
+            locks.refuse_future(sw.results, "emo run")
+            locks.check_writable(sw.results)
             return run_jobs(args, jobs, sw, name)
     except KeyboardInterrupt as e:
         if not args.dry_run:
-            try:
-                sweep.finish(sw, name, args.overrides, error=errors.one_line(e), killed=True, print_results=False)
-            except (ValueError, OSError) as logging_failed:  # the store: said, but the interrupt is what ended the run
-                print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
+            log_killed(sw, name, args.overrides, errors.one_line(e))
         print(interrupted_line(e), file=sys.stderr)
         return errors.exit_status(e)
+
+
+def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
+    """Log the interrupted run (KILLED) to MLflow. The signal may have cut MLflow's import short and
+    left its modules half-initialised (an AttributeError on the next use): then they are imported
+    afresh, once. A failure is said in one line; the interrupt is what ended the run."""
+    from emo import sweep
+
+    for attempt in (0, 1):
+        try:
+            sweep.finish(sw, name, overrides, error=error, killed=True, print_results=False)
+            return
+        except KeyboardInterrupt:  # a second signal while logging: stop now
+            return
+        except (ValueError, OSError) as logging_failed:  # the store
+            print(f"emo: error: {errors.one_line(logging_failed)}", file=sys.stderr)
+            return
+        except Exception as logging_failed:
+            if attempt == 0 and isinstance(logging_failed, (AttributeError, ImportError)):
+                for m in [m for m in sys.modules if m.split(".")[0] in ("mlflow", "alembic", "sqlalchemy")]:
+                    del sys.modules[m]
+                continue
+            print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
+                  file=sys.stderr)
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -77,6 +100,8 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--report {args.report}: Snakemake writes a report as .html or .zip")
         if not report.parent.is_dir():
             raise ValueError(f"--report {args.report}: no folder {report.parent}")
+        if report.exists() and not report.is_file() or report.is_symlink():  # a device, a folder: never replaced
+            raise ValueError(f"--report {args.report}: not a regular file")
 
 
 def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:
@@ -87,11 +112,14 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
     cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
+    failed_folders.clear()
     error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
-    if not args.dry_run:
-        sweep.finish(sw, name, args.overrides, error=error)  # MLflow and the result lines, also when nothing had to run
+    if not args.dry_run:  # MLflow and the result lines, also when nothing had to run
+        sweep.finish(sw, name, args.overrides, error=error, failed=failed_folders if error else None)
+        if error is None and sweep.unreadable_results(sw):  # a cut-short result.json: said, and not a success
+            return 1
     return 0 if error is None else 1
 
 
@@ -160,8 +188,12 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         argv += ["--until", until]
     if report:
         argv += ["--report", str(report)]
-    fd, reports = tempfile.mkstemp(prefix="emo-errors-", suffix=".jsonl")
-    os.close(fd)
+    # in the results folder under EMO's mark (emo.locks.ERRORS_FILE): what a kill -9 leaves, the next run removes
+    held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
+    where = Path(planned.results) if held else Path(tempfile.gettempdir())
+    reports = str(where / f".emo-errors-{os.getpid()}.jsonl")
+    Path(reports).unlink(missing_ok=True)
+    Path(reports).touch()
     os.environ[errors.ERRORS_ENV] = reports
     os.environ[locks.RUN_ENV] = f"{socket.gethostname()}:{os.getpid()}"  # the stages watch it (locks.stop_with_parent)
     keep_handlers()
@@ -206,11 +238,15 @@ def keep_handlers() -> None:
         job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
 
 
+failed_folders: list[Path] = []  # the stage folders the last failed Snakemake run could not make (failure)
+
+
 def failure(reports: list[dict], report: str | None = None) -> str:
     """Print the one line that says what failed: the failing stages' own lines when they reported
     one, else a pointer to Snakemake's log; a stage stopped by a signal means the run was interrupted."""
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
+    failed_folders[:] = [Path(r["folder"]) for r in reports if r.get("folder")]
     what = f"--report {report}: Snakemake could not write the report" if report else "pipeline failed"
     lines = [errors.stage_line(r) for r in reports] or [f"emo: error: {what} (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):

@@ -220,12 +220,42 @@ def gpu_for_stage(cfg: dict, gpus: int, results: Path) -> Iterator[list[str]]:
 
 
 # --------------------------------------------------------------------------- when the run ends
-def result_line(job: Job) -> str:
-    """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing)."""
+def failed_job(job: Job, error: str | None, failed: list[Path] | None) -> bool:
+    """Did this run fail for `job`? Any failure counts for every job when the failing folders are
+    unknown (`failed` empty or None); else only for jobs computed from one of them. Its result.json,
+    if any, is then an earlier run's, and is not shown as this run's."""
+    if error is None:
+        return False
+    if not failed:
+        return True
+    mine = {p.dir.resolve() for p in job.plans.values()}
+    return any(Path(f).resolve() in mine for f in failed)
+
+
+def unreadable_results(sw: Sweep) -> list[str]:
+    """The jobs' result.json files that exist but cannot be read (cut short, edited): their lines."""
     from emo.compare import read_result
+
+    bad = []
+    for job in sw.jobs:
+        if Path(job.result).exists():
+            try:
+                read_result(job.result)
+            except ValueError as e:
+                bad.append(str(e))
+    return bad
+
+
+def result_line(job: Job, failed_with: str | None = None) -> str:
+    """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing);
+    `failed_with`: this run failed for the job (the error), so no earlier result is printed."""
+    from emo.compare import read_result
+    from emo.methods import PL_TOLERANCE_PCT
 
     res, policy = Path(job.result), job.plans["optimize"].out("policy.json")
     head = f"emo: {job.name}: "
+    if failed_with is not None:
+        return head + "no result: this run failed" + (" (an earlier run's result is not shown)" if res.exists() else "")
     if not res.exists():
         done = [s for s, p in job.plans.items() if (p.dir / "config.json").exists()]
         rest = [s for s in job.plans if s not in done]
@@ -233,7 +263,7 @@ def result_line(job: Job) -> str:
     try:
         r = read_result(res)
     except ValueError as e:
-        return head + str(e)
+        return "emo: error: " + head.removeprefix("emo: ") + str(e)
     cfg = job.cfg
     what = f"{cfg['optimizer']['name']} on {cfg['gpu']['name']}, budget {100 * cfg['budget']:g} %"
     if "metrics" not in r:  # validate could not measure it (a recorded trace): the prediction stands
@@ -246,21 +276,27 @@ def result_line(job: Job) -> str:
     if "time_error_pct" in m:
         err = f", prediction error {m['time_error_pct']:.2f} % time / {m.get('energy_error_pct', float('nan')):.2f} % energy"
     where = f"policy {policy}" if r.get("predicted") is not None and Path(policy).exists() else f"online {r['method']}, result {res}"
-    return head + f"{what}: ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{err}; {where}"
+    over = ""
+    if m.get("within_budget") == 0 or m["pl_pct"] > 100 * cfg["budget"] + PL_TOLERANCE_PCT:
+        over = f" OVER BUDGET (PL {m['pl_pct']:.2f} % > {100 * cfg['budget']:g} % + {PL_TOLERANCE_PCT:g} tolerance)"
+    return head + f"{what}: ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{over}{err}; {where}"
 
 
 def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_results: bool = True,
-           error: str | None = None, killed: bool = False) -> dict[str, str]:
+           error: str | None = None, killed: bool = False, failed: list[Path] | None = None) -> dict[str, str]:
     """The one writer when a Snakemake run ends (emo run, or the Snakefile's onsuccess/onerror for
     plain `snakemake`): log every job to MLflow from its stage folders (a job without its result ends
     FAILED, or KILLED when a signal stopped the run, with `error` as its emo.error tag), then print
-    its result line (also when MLflow failed: its error comes after, the results are in their folders)."""
+    its result line (also when MLflow failed: its error comes after, the results are in their folders).
+    `failed`: the stage folders this run failed to make; a job computed from one (every job, when
+    they are unknown) shows no result: its result.json is an earlier run's."""
     from emo import tracking
 
+    stale = {j.name for j in sw.jobs if failed_job(j, error, failed)}
     try:
         return tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs},
-                                  error=error, killed=killed)
+                                  error=error, killed=killed, failed=stale)
     finally:
         if print_results:
             for job in sw.jobs:
-                print(result_line(job), flush=True)
+                print(result_line(job, error if job.name in stale else None), flush=True)

@@ -61,7 +61,11 @@ def store_errors(uri: str):
     for k, v in HTTP_DEFAULTS.items():
         os.environ.setdefault(k, v)
     where = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
+    db_log = logging.getLogger("mlflow.store.db.utils")  # logs a caught database error with its whole traceback
+    level, db_log.level = db_log.level, logging.CRITICAL
     try:
+        if uri.startswith("sqlite:///"):
+            check_schema(Path(where))
         yield
     except ValueError:
         raise
@@ -72,8 +76,51 @@ def store_errors(uri: str):
     except Exception as e:  # MlflowException, sqlalchemy's DatabaseError, alembic's unknown revision, requests' ConnectionError
         if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "sqlite3"):
             raise
-        text = " ".join(str(getattr(e, "orig", None) or e).split())[:300]
+        text = " ".join(str(_root_cause(e)).split())[:300]
         raise ValueError(f"{where}: the MLflow store failed: {text}") from e
+    finally:
+        db_log.level = level
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The database's own error under MLflow's and SQLAlchemy's wrappers (a read-only file: "attempt
+    to write a readonly database", not the INSERT that met it)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "orig", None) or e.__cause__
+        if inner is None:
+            break
+        e = inner
+    return e
+
+
+def known_revisions() -> set[str]:
+    """The schema revisions the installed MLflow can read (its alembic migrations, by file name)."""
+    import mlflow
+
+    versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
+    return {p.name.split("_")[0] for p in versions.glob("*.py") if not p.name.startswith("_")}
+
+
+def check_schema(db: Path) -> None:
+    """Refuse, in one line, a SQLite store written by a newer MLflow than the installed one (an install
+    that downgraded MLflow): MLflow would fail on it in every command, and cannot migrate it back."""
+    import sqlite3
+
+    if not db.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            row = con.execute("select version_num from alembic_version").fetchone()
+    except sqlite3.Error:  # not a store yet, or not a database: MLflow's own error says which
+        return
+    if row and row[0] not in known_revisions():
+        import mlflow
+
+        raise ValueError(f"{db}: written by a newer MLflow than the one installed ({mlflow.__version__}; schema "
+                         f"{row[0]} is unknown to it): upgrade MLflow, keeping mlflow and mlflow-skinny at one version "
+                         "(pip install -U mlflow-skinny, and mlflow of the same version for `emo ui`)")
 
 
 def open_store(tracking_cfg: dict):
@@ -229,18 +276,19 @@ def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
 
 
 def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: dict[str, list[Path]] | None = None,
-              *, error: str | None = None, killed: bool = False) -> dict[str, str]:
+              *, error: str | None = None, killed: bool = False, failed: set[str] = frozenset()) -> dict[str, str]:
     """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
-    sweep), FINISHED when its result is there, else FAILED (KILLED after a signal) with `error` as its
-    emo.error tag. Returns {job name: run id}."""
+    sweep), FINISHED when its result is there (and the job is not in `failed`: its result is an
+    earlier run's), else FAILED (KILLED after a signal) with `error` as its emo.error tag. Returns
+    {job name: run id}."""
     if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
         return {}
     with store_errors(tracking_uri(jobs[0].cfg["tracking"])):
-        return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed)
+        return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed, failed=failed)
 
 
 def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[str, list[Path]] | None,
-               *, error: str | None, killed: bool) -> dict[str, str]:
+               *, error: str | None, killed: bool, failed: set[str] = frozenset()) -> dict[str, str]:
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None
@@ -260,7 +308,7 @@ def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[s
         for path in (plots or {}).get(job.name, []):
             if path.exists():
                 client.log_artifact(run_id, str(path), artifact_path="plots")
-        ok = Path(job.result).exists() or (error is None and not killed)  # --until stops before the result
+        ok = (Path(job.result).exists() and job.name not in failed) or (error is None and not killed)  # --until: no result
         ok_all &= ok
         if not ok and error:
             client.set_tag(run_id, "emo.error", error[:5000])

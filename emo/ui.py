@@ -10,6 +10,7 @@ import argparse
 import importlib.metadata
 import subprocess
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,21 @@ def server_installed() -> bool:
         return False
 
 
+def in_step() -> None:
+    """mlflow (the server) and mlflow-skinny (the client EMO logs with) of one version: an install of
+    the `ui` extra that found no mlflow of the installed skinny's version downgraded skinny to match,
+    and a store the newer one had written became unreadable. Said in one line with the fix."""
+    import importlib.metadata as md
+
+    try:
+        full, skinny = md.version("mlflow"), md.version("mlflow-skinny")
+    except md.PackageNotFoundError:
+        return
+    if full != skinny:
+        raise ValueError(f"mlflow {full} and mlflow-skinny {skinny} differ: install one version of both "
+                         f"(python3 -m pip install 'mlflow=={skinny}' 'mlflow-skinny=={skinny}')")
+
+
 def command(uri: str, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
 
@@ -40,7 +56,12 @@ def main(args: argparse.Namespace) -> int:
     if not server_installed():
         raise ValueError("emo ui needs MLflow's web server, which the default install leaves out: "
                          "python3 -m pip install -e '.[ui]'")
+    in_step()
     uri = tracking_uri(compose(args.overrides)["tracking"])
+    if uri.startswith("sqlite:///"):
+        from emo.tracking import check_schema
+
+        check_schema(Path(uri.removeprefix("sqlite:///")))
     print(f"emo ui: {uri} on http://{args.host}:{args.port}", file=sys.stderr)
     return serve(command(uri, args.host, args.port))
 

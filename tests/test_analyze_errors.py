@@ -154,6 +154,7 @@ def test_perfetto_to_read_only_folder(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(emo.io.os, "open", _failing(PermissionError(errno.EACCES, "Permission denied")))
     out = tmp_path / "ro" / "out.json"
+    out.parent.mkdir()
     code, text, err = analyze([ES1, "--perfetto", out], capsys)
     assert code == 2 and text == ""
     one_line(err, f"{out}: cannot write (Permission denied)")
@@ -267,11 +268,20 @@ def test_named_group_without_members_in_a_partial_world(tmp_path, capsys):
 
 
 def test_one_kernel_and_no_host_events(tmp_path, capsys):
-    # the smallest trace there is: its kernel is the whole critical path, nothing binds it
+    # GPU ops without the runtime calls that launched them: what bound them is not in the trace, so
+    # a critical path would be made up (issue 36: 263 us where the real one was 3154 us): refused
     t = write(tmp_path / "one.json", {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 100.0, "dur": 50.0,
+         "args": {"device": 0, "stream": 7, "correlation": 1}}]})
+    code, out, err = analyze([t, "--json"], capsys)
+    assert code == 2 and out == ""
+    one_line(err, f"{t}: 1 of 1 GPU ops have no runtime call that launched them", "record CPU and CUDA activity")
+    t = write(tmp_path / "two.json", {"traceEvents": [  # with its launch: the kernel is the path's end
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1, "ts": 90.0, "dur": 5.0,
+         "args": {"correlation": 1}},
         {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 100.0, "dur": 50.0,
          "args": {"device": 0, "stream": 7, "correlation": 1}}]})
     code, out, err = analyze([t, "--json"], capsys)
     assert code == 0, err
     s = json.loads(out)
-    assert s["critical_path_us"] == pytest.approx(50.0) and s["makespan_us"] == pytest.approx(50.0)
+    assert s["critical_path_us"] == pytest.approx(60.0) and s["gpu_ops_without_launch"] == 0

@@ -193,5 +193,59 @@ def test_a_csv_that_cannot_be_written_is_one_line(store, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"emo: error: --csv {tmp_path / 'afile' / 'runs.csv'}: cannot write (") \
         and err.count("\n") == 1, err
+    rc = cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")])
+    assert rc == 2 and not (tmp_path / "new").exists()  # a missing folder is not made (a typo is not a new tree)
+    (tmp_path / "new").mkdir()
     assert cli_main(["compare", "--uri", f"sqlite:///{store}/mlflow.db", "--csv", str(tmp_path / "new" / "runs.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "new" / "runs.csv")) == len(CELLS)
+
+
+def test_a_failed_run_prints_no_earlier_result(tmp_path, capsys, monkeypatch):
+    """Issue 36: after a failed re-run, the previous run's ES/PL and policy were printed (exit 1)."""
+    from emo import sweep
+
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    fake_job(results, ["workload.tp=2"], 10.0, 1.0)
+    fake_job(results, ["workload.tp=4"], 12.0, 1.0)
+    sw = sweep.build([["workload.tp=2", f"results={results}", "tracking.enabled=false"],
+                      ["workload.tp=4", f"results={results}", "tracking.enabled=false"]])
+    tp2 = next(j for j in sw.jobs if "workload.tp=2" in j.overrides)
+    sweep.finish(sw, "s", error="x: bad (stage fit, log l)", failed=[tp2.plans["fit"].dir])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("no result: this run failed (an earlier run's result is not shown)") and "ES" not in out[0]
+    assert "ES 12.00 %" in out[1]  # the other job did not depend on the failing folder
+    sweep.finish(sw, "s", error="pipeline failed")  # which folder failed is unknown: no job shows a result
+    assert "ES" not in capsys.readouterr().out
+
+
+def test_a_cut_short_result_is_an_error_and_an_over_budget_result_is_flagged(tmp_path):
+    from emo import sweep
+
+    results = tmp_path / "results"
+    over = fake_job(results, ["workload=pp", "budget=0.02"], 20.0, 2.8)
+    assert "PL 2.80 % OVER BUDGET (PL 2.80 % > 2 % + 0.5 tolerance)" in sweep.result_line(over)
+    ok = fake_job(results, ["workload=pp", "budget=0.05"], 20.0, 2.8)
+    assert "OVER BUDGET" not in sweep.result_line(ok)
+    Path(ok.result).write_text('{"metrics": {"es')
+    assert sweep.result_line(ok).startswith("emo: error: workload=pp budget=0.05: ")
+    sw = sweep.build([["workload=pp", "budget=0.05", f"results={results}"]])
+    assert sweep.unreadable_results(sw) and "not a complete result" in sweep.unreadable_results(sw)[0]
+
+
+def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so():
+    """Issue 36: the static curve was keyed by seed only, so a 5 % cell showed the 2 % run's static."""
+    from emo.compare import table
+
+    def curve(own_es, own_pl):  # the clocks both runs measured, and each run's own pick (sm_mhz -1)
+        return pd.DataFrame({"sm_mhz": [1005, 1200, -1], "pl_pct": [9.0, 1.5, own_pl], "es_pct": [20.0, 4.0, own_es]})
+
+    rows = [dict(gpu="a100", workload="TP4", method="static", budget=0.05, seed=0, validate_hash="s5", es_pct=10.45, pl_pct=5.03),
+            dict(gpu="a100", workload="TP4", method="static", budget=0.02, seed=0, validate_hash="s2", es_pct=4.0, pl_pct=1.5),
+            dict(gpu="a100", workload="TP4", method="emo", budget=0.02, seed=0, validate_hash="e2", es_pct=6.0, pl_pct=1.8),
+            dict(gpu="a100", workload="TP4", method="emo", budget=0.05, seed=0, validate_hash="e5", es_pct=12.0, pl_pct=4.9)]
+    runs = pd.DataFrame(rows)
+    t = table(runs, {"s2": curve(4.0, 1.5), "s5": curve(10.45, 5.03)})
+    five = t.loc[("a100", "TP4", 0.05)]
+    assert five["static"] == "10.4/5.0"  # its own run's pick (was 4.0/1.5 of the 2 % run's curve)
+    assert five["EMO ahead"].endswith("(n = 1 seed: no spread)")

@@ -105,7 +105,7 @@ def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp
         run_stage("graph", params, {}, out, str(log))
     (rec,) = [json.loads(ln) for ln in reports.read_text().splitlines()]
     assert rec == {"stage": "graph", "error": f"{out / 'nodes.parquet'}: No space left on device",
-                   "log": str(log), "killed": False}
+                   "log": str(log), "killed": False, "folder": str(out)}  # the folder: no job from it shows a result
     assert "Traceback" in log.read_text() and not list(out.parent.glob(".*.tmp"))
 
 
@@ -211,13 +211,13 @@ def test_processes_opening_a_fresh_mlflow_store_at_once_do_not_race(tmp_path):
 
 def test_unlock_removes_what_dead_runs_left(tmp_path):
     res = tmp_path / "results"
-    (res / "trace" / ".abc.x1y2.tmp").mkdir(parents=True)
-    (res / "trace" / "abc").mkdir()  # an empty stage folder of a killed run
+    (res / "trace" / ".0123456789ab.x1y2z3w4.tmp").mkdir(parents=True)
+    (res / "trace" / "0123456789ab").mkdir()  # an empty stage folder of a killed run
     (res / "graph" / "def").mkdir(parents=True)
     (res / "graph" / "def" / "config.json").write_text("{}")  # a finished one: kept
     locks = tmp_path / ".snakemake" / "locks"
     locks.mkdir(parents=True)
-    (locks / "0.output.lock").write_text(str(res / "trace" / "abc" / "events.parquet"))  # plain snakemake, killed
+    (locks / "0.output.lock").write_text(str(res / "trace" / "0123456789ab" / "events.parquet"))  # plain snakemake, killed
     r = emo("run", "--unlock", f"results={res}", cwd=tmp_path)
     assert r.returncode == 0 and "removed 3 stale item(s)" in r.stderr, r.stderr
     assert sorted(p.name for p in (res / "trace").iterdir()) == []

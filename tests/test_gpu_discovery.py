@@ -39,6 +39,9 @@ def test_discovered_config_is_what_nvml_reports():
 def test_gpu_config_command_writes_a_file_that_composes(monkeypatch, tmp_path, capsys):
     fake = nvml_fake.install(monkeypatch, gpus=1)
     out = tmp_path / "conf" / "gpu" / "mine.yaml"
+    assert main(["gpu-config", "--out", str(out)]) == 2  # into no folder: one line, nothing made
+    assert "no folder" in capsys.readouterr().err and not (tmp_path / "conf").exists()
+    out.parent.mkdir(parents=True)
     assert main(["gpu-config", "--out", str(out)]) == 0
     assert "gpu=a100_sxm4_40gb" in capsys.readouterr().out
     body = yaml.safe_load(out.read_text())

@@ -55,7 +55,8 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
     out = Path(out_dir)
     _setup_logging(log_file)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    # named with EMO's mark (emo.locks.STAGE_TMP): a later run removes it if this one is killed
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.emo-stage-", suffix=".tmp", dir=out.parent))
     log.info("%s %s: started", stage, params["hash"])
     try:
         t0 = time.perf_counter()
@@ -101,7 +102,8 @@ def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, lo
     from emo import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
-    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e))
+    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e),
+                  folder=str(out))
 
 
 def _setup_logging(log_file: str | None) -> None:

@@ -103,13 +103,53 @@ _TRACE = msgspec.json.Decoder(_Trace)
 _EVENTS = msgspec.json.Decoder(list[_Event])  # the bare-array Chrome trace form
 
 
+# A gzipped trace inflates ~8-16x (the bundled ones); past this ratio (and a floor for small files) it is
+# refused before it is held in memory: a 3 MB gzip bomb once took 6.5 GB.
+GZIP_MAX_RATIO = 50  # 3 MB of gzip -> 150 MB of JSON -> ~1 GB parsed (100 MB parse to 0.7 GB)
+GZIP_MIN_LIMIT = 64 << 20
+
+
+def inflate(path: Path, raw: bytes) -> bytes:
+    """A gzip stream (every member) inflated, refused once it passes its bound."""
+    import zlib
+
+    limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * len(raw))
+    if len(raw) * 1032 <= limit:  # deflate inflates at most ~1032x: no need to watch it
+        return _gunzip(raw)
+    parts, size, rest = [], 0, raw
+    while rest[:2] == b"\x1f\x8b":
+        d = zlib.decompressobj(31)
+        while rest:
+            chunk = d.decompress(rest, limit + 1 - size)
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _TooBig(f"{path}: inflates to more than {limit >> 20} MiB ({GZIP_MAX_RATIO}x its size; a gzip bomb?): "
+                                 "refused; if it is a real trace, gunzip it and analyse the plain .json")
+            rest = d.unconsumed_tail
+            if d.eof:
+                break
+        if not d.eof:
+            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+        rest = d.unused_data
+    return b"".join(parts)
+
+
+class _TooBig(Exception):
+    pass
+
+
 def read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
-            raw = _gunzip(raw)
-    except (OSError, EOFError, ValueError) as e:  # truncated gzip stream, unreadable file
+            raw = inflate(path, raw)
+    except _TooBig as e:
+        raise ValueError(str(e)) from None
+    except (OSError, EOFError, ValueError, zlib_error()) as e:  # truncated gzip stream, unreadable file
         raise ValueError(f"{path}: cannot read ({e})") from None
+    except Exception as e:  # ISA-L's own error type (IsalError) for a damaged deflate stream
+        raise ValueError(f"{path}: cannot read (damaged gzip stream: {e})") from None
     if not raw.strip():
         raise ValueError(f"{path}: empty file")
     return raw
@@ -141,6 +181,12 @@ def mapped_text(path: Path):
 _NON_SPACE = re.compile(rb"\S")
 
 
+def zlib_error() -> type:
+    import zlib
+
+    return zlib.error
+
+
 def decode_events(path: Path) -> tuple[list[_Event], dict]:
     """The events and distributedInfo of one trace file (typed decoding: 4x faster than dicts)."""
     with mapped_text(path) as raw:
@@ -152,6 +198,8 @@ def decode_events(path: Path) -> tuple[list[_Event], dict]:
             raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
         except msgspec.DecodeError as e:
             raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+        except RecursionError:  # msgspec recurses per level: arrays nested ~1000 deep
+            raise ValueError(f"{path}: JSON nested too deep to be a trace") from None
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     return doc.traceEvents, info
 
@@ -162,7 +210,7 @@ def load_json(path: Path) -> dict:
     try:
         with no_gc():
             doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+    except (orjson.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
     if isinstance(doc, list):  # the bare-array Chrome trace form
         doc = {"traceEvents": doc}
@@ -171,11 +219,16 @@ def load_json(path: Path) -> dict:
     return doc
 
 
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
 def _int(v, default=-1) -> int:
+    """v as an int64; `default` for anything else (text, a list, an id >= 2^63)."""
     try:
-        return int(v)
+        i = int(v)
     except (TypeError, ValueError, OverflowError):
         return default
+    return i if _INT64[0] <= i <= _INT64[1] else default
 
 
 # Categories as written (current lower-case and older capitalised ones), so no per-event .lower()
@@ -194,6 +247,7 @@ _NAME = attrgetter("name")
 _KIND_NAMES = np.array(KIND_CODES, dtype=object)
 # The largest |microseconds| whose nanoseconds fit in int64
 _MAX_US = (2 ** 63 - 1) // 1000
+MAX_RANKS = 1 << 23
 
 
 def read_kineto(path: Path, rank: int | None = None):
@@ -242,6 +296,9 @@ def _read_kineto(path: Path, rank: int | None):
     events, info = decode_events(path)
     rank = _int(info.get("rank"), rank if rank is not None else 0)
     world = _int(info.get("world_size"), -1)
+    for key, v, lo in (("rank", rank, 0), ("world_size", world, -1)):
+        if not lo <= v < MAX_RANKS:  # (the graph keys nodes by rank below 2^23)
+            raise ValueError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
     codes = _kinds(path, events)
     index = np.flatnonzero(codes)
     kept = list(map(events.__getitem__, index.tolist()))
@@ -260,9 +317,9 @@ def _read_kineto(path: Path, rank: int | None):
         dur_us = np.fromiter(map(_DUR, kept), dtype=np.float64, count=n)
         if np.isnan(ts_us).any() or np.isnan(dur_us).any():  # a missing (None) value may read as NaN
             raise TypeError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError) as e:
         _explain_bad_event(path, events, index)
-        raise
+        raise ValueError(f"{path}: an event's name, ts or dur is of the wrong type ({e})") from None
     for col, what in ((ts_us, "timestamp"), (dur_us, "duration")):
         big = np.abs(col) > _MAX_US
         if big.any():
@@ -387,6 +444,8 @@ def _ints(objs: list, field: str) -> np.ndarray:
 def _explain_bad_event(path: Path, events: list, keep) -> None:
     for i in keep.tolist():
         ev = events[i]
+        if ev.name is not None and not isinstance(ev.name, (str, int, float, bool)):
+            raise ValueError(f"{path}: event #{i} ({ev.cat}) has a name that is not text ({type(ev.name).__name__})") from None
         for field in ("ts", "dur", "name"):
             if getattr(ev, field) is None:
                 raise ValueError(f"{path}: event #{i} ({ev.cat}) lacks the field '{field}'") from None

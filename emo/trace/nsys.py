@@ -23,6 +23,7 @@ SYNC_KIND_OF_CALL = {
 }
 COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
              8: "DtoD", 9: "HtoH", 10: "PtoP"}
+NULLABLE = {"bytes", "copyKind"}
 NO_STREAM = 4294967295  # nsys writes UINT32_MAX where a sync names no stream
 
 
@@ -36,7 +37,29 @@ def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, require
     missing = [c.strip() for c in columns.split(",") if c.strip() not in have]
     if missing:
         raise ValueError(f"{path}: table {name} lacks the column {missing[0]!r} (an nsys export EMO cannot read)")
-    return pd.read_sql_query(f"select {columns} from {name}", con)
+    return _numbers(pd.read_sql_query(f"select {columns} from {name}", con), path, name)
+
+
+def _numbers(t: pd.DataFrame, path: Path, name: str) -> pd.DataFrame:
+    """Every column but StringIds' text as int64: SQLite keeps whatever a row was given (text in a
+    time column, NULL, 1e30), which is said here, naming the file, table, column and row."""
+    for c in t.columns:
+        if name == "StringIds" and c == "value":
+            t[c] = t[c].astype(str)
+            continue
+        col = t[c]
+        if col.dtype.kind in "iu":
+            continue
+        num = pd.to_numeric(col, errors="coerce")
+        if c in NULLABLE:  # not every export fills them
+            num = num.where(col.notna(), -1)
+        bad = num.isna() | (num.abs() >= 2 ** 63) | (num != num.round())
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            v = "NULL" if pd.isna(col.iat[i]) else repr(col.iat[i])
+            raise ValueError(f"{path}: table {name}, column {c}, row {i + 1} holds {v}: not an integer")
+        t[c] = num.astype(np.int64)
+    return t
 
 
 # Tables without which an export cannot be analysed, and why

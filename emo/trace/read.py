@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,9 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # named as an nsys export, read as one
 # Kineto rounds GPU timestamps to whole microseconds; allow that much overlap on one stream.
 STREAM_OVERLAP_TOLERANCE_NS = 1_000
+# A pipe or device is copied to a temporary file (it can be read once; SQLite needs a file); past this
+# it is refused, so that /dev/zero cannot fill $TMPDIR. A larger trace is read from a file.
+SPOOL_LIMIT_BYTES = 2 << 30
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
@@ -45,8 +47,9 @@ def read_trace(path: str | Path) -> pd.DataFrame:
                     raise ValueError(f"{path}: not an SQLite database (an nsys export: "
                                      "nsys export --type sqlite)")
                 events = read_nsys(local) if head == SQLITE_MAGIC else read_kineto(local)
-            except ValueError as e:  # name the user's path, not the spooled copy
-                raise ValueError(str(e).replace(str(local), str(path))) from None
+            except ValueError as e:  # name the user's path, not the spooled copy (and name it at all)
+                text = str(e).replace(str(local), str(path))
+                raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     validate_events(events, path)
     return events
 
@@ -58,10 +61,19 @@ def regular_file(path: Path):
     if path.is_file():
         yield path
         return
+    if not path.is_fifo() and not path.is_char_device():  # a socket, a block device: not a trace
+        raise ValueError(f"{path}: not a file, a folder or a pipe")
+    # removed however the command ends: `emo analyze` turns SIGTERM and SIGHUP into an exception
     with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
         local = Path(tmp) / "trace"
         with path.open("rb") as src, local.open("wb") as dst:
-            shutil.copyfileobj(src, dst)
+            copied = 0
+            while chunk := src.read(1 << 20):
+                copied += len(chunk)
+                if copied > SPOOL_LIMIT_BYTES:
+                    raise ValueError(f"{path}: more than {SPOOL_LIMIT_BYTES >> 20} MiB from a pipe or device: "
+                                     "refused; save the trace to a file and analyse that")
+                dst.write(chunk)
         yield local
 
 
@@ -125,6 +137,18 @@ def validate_events(events: pd.DataFrame, path) -> None:
         raise ValueError(f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
                          f"that launched it (correlation {corr[i]})")
     _check_unique_ops(events, path, ops, call, text_at(kind, ops, isin=("kernel",)), rank, corr)
+
+
+def unlaunched(events: pd.DataFrame) -> tuple[int, int]:
+    """(GPU ops whose launching runtime call is not in the trace, GPU ops): an op without one has no
+    known launch dependency (no correlation id, or the runtime calls were not recorded)."""
+    kind = events["kind"]
+    gpu = np.flatnonzero(text_at(kind, isin=("kernel", "memcpy", "memset")))
+    corr = events["correlation"].to_numpy(np.int64)
+    rank = events["rank"].to_numpy(np.int64)
+    calls = np.flatnonzero(text_at(kind, isin=("runtime",)) & (corr >= 0))
+    launched = np.isin(rank[gpu] * (1 << 40) + corr[gpu], rank[calls] * (1 << 40) + corr[calls]) & (corr[gpu] >= 0)
+    return int((~launched).sum()), len(gpu)
 
 
 def _check_nested(events, path, calls, first, start, end, corr) -> None:

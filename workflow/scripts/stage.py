@@ -2,9 +2,13 @@
 # wildcard its folder; a GPU-touching rule runs on the GPU(s) it holds (emo.sweep.gpu_for_stage), and
 # numba uses the threads Snakemake gave the rule; the stage stops when the run that started it dies.
 import os
+import signal
 import sys
 from pathlib import Path
 
+# Ctrl-C reaches the stage with the whole terminal: before run_script handles it, end quietly (no
+# KeyboardInterrupt traceback from an import it cut short); 130, as for Ctrl-C
+signal.signal(signal.SIGINT, lambda *_: sys.exit(128 + signal.SIGINT))
 from emo.locks import stop_with_parent
 
 stop_with_parent()
