@@ -36,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_observe import gpu_present  # noqa: E402  (one check for both modes)
 SKIPPED = 77
 
 TRAIN = textwrap.dedent("""
@@ -89,20 +91,6 @@ class Check:
         for k, v in out.items():
             print(f"    {k}: {v}")
         sys.stdout.flush()
-
-
-def gpu_present() -> str | None:
-    """None when an NVIDIA GPU answers through NVML, else why not."""
-    try:
-        import pynvml
-    except ImportError:
-        return "nvidia-ml-py (pynvml) is not installed"
-    try:
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-    except pynvml.NVMLError as e:
-        return f"NVML: {e}"
-    return None if n > 0 else "NVML reports 0 GPUs"
 
 
 # --------------------------------------------------------------------------- sections
@@ -291,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--observe", metavar="OUT", help="observe only (never change the GPU); results in folder OUT")
     args = ap.parse_args(argv)
     if args.observe:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         import gpu_observe
 
         return gpu_observe.main(args.observe, args.budget_s)

@@ -205,3 +205,23 @@ def install_owned(monkeypatch, log_path, **kw):
     yield Owned(fake, log_path)
     if clock_owner._OWNER is not None:
         clock_owner._OWNER.close()
+
+
+def for_loop_api(monkeypatch, log_path, gpus: int):
+    """install_owned plus what the training-loop API's tests share: no restore handlers inside pytest,
+    root (NVML directly), no launcher's rank variables, no policy applied yet. A fixture's body:
+    `yield from nvml_fake.for_loop_api(...)`."""
+    from emo import loop
+    from emo.device import nvml as nv
+
+    owned = install_owned(monkeypatch, log_path, gpus=gpus)
+    fake = next(owned)
+    guard = type(nv._GUARD)()
+    monkeypatch.setattr(nv, "_GUARD", guard)
+    monkeypatch.setattr(guard, "_install", lambda: setattr(guard, "_installed", True))
+    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(loop, "_ACTIVE", None)
+    yield fake
+    next(owned, None)  # closes the clock owner

@@ -6,12 +6,16 @@ import gzip
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from emo.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_analyze_errors import one_line  # noqa: E402
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "traces"
 ES1 = BUNDLED / "hta_event_sync_a100_1stream.json.gz"
@@ -21,12 +25,6 @@ def cli(argv, capsys) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def one_line(err: str, *parts: str) -> None:
-    assert err.count("\n") == 1 and err.startswith("emo: error: "), err
-    for p in parts:
-        assert p in err, (p, err)
 
 
 # --------------------------------------------------------------------------- outputs never destroy a file

@@ -19,21 +19,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    from emo.device import nvml as nv
-
-    owned = nvml_fake.install_owned(monkeypatch, tmp_path / "owner-calls.jsonl", gpus=2)
-    f = next(owned)
-    guard = type(nv._GUARD)()
-    monkeypatch.setattr(nv, "_GUARD", guard)
-    monkeypatch.setattr(guard, "_install", lambda: setattr(guard, "_installed", True))
-    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(loop, "_ACTIVE", None)
     monkeypatch.chdir(tmp_path)
     FrequencyPolicy(gpu="a100", steps={0: [Step(0.0, 900)]}, period_ms=1.0).save(tmp_path / "policy.json")
-    yield f
-    next(owned, None)  # closes the clock owner
+    yield from nvml_fake.for_loop_api(monkeypatch, tmp_path / "owner-calls.jsonl", gpus=2)
 
 
 def _locks_and_resets(fake):

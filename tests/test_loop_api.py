@@ -19,19 +19,7 @@ import nvml_fake  # noqa: E402
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    from emo.device import nvml as nv
-
-    owned = nvml_fake.install_owned(monkeypatch, tmp_path / "owner-calls.jsonl", gpus=4)
-    f = next(owned)
-    guard = type(nv._GUARD)()
-    monkeypatch.setattr(nv, "_GUARD", guard)
-    monkeypatch.setattr(guard, "_install", lambda: setattr(guard, "_installed", True))  # no handlers in pytest
-    monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(loop, "_ACTIVE", None)
-    yield f
-    next(owned, None)  # closes the clock owner
+    yield from nvml_fake.for_loop_api(monkeypatch, tmp_path / "owner-calls.jsonl", gpus=4)
 
 
 def _policy(ranks, meta=None) -> FrequencyPolicy:
