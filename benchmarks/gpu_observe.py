@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -663,6 +664,7 @@ def main(out: str, budget_s: float = 420.0, *, busy=torch_busy, names: list[str]
                      {"reason": "no microbenchmark table (section 2 did not pass)"})
     finally:
         dev.close()
+        shutil.rmtree(work, ignore_errors=True)  # the traces and the GPT script: what matters is in OUT
     s.results["observe_only"] = {"privileged_nvml_calls_refused": list(guarded.refused),
                                  "ncu_clock_control": "none"}
     (out_dir / "summary.json").write_text(json.dumps(s.results, indent=2, default=str))

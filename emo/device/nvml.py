@@ -647,9 +647,9 @@ class NvmlDevice:
         spec = capture.CaptureSpec.from_workload(workload)
         segments = [{"warmup": int(warmup), "iterations": int(n), "policy": p.to_dict() if p else None,
                      "label": _single_clock(p)} for p, n in runs]
-        out = Path(tempfile.mkdtemp(prefix="emo-runs-"))
         t0 = time.time() * 1e6
-        res = capture.run_segments(spec, out, segments)
+        with tempfile.TemporaryDirectory(prefix="emo-runs-") as out:  # the ranks' records: read, then gone
+            res = capture.run_segments(spec, Path(out), segments)
         self._last_run_us = (t0, time.time() * 1e6)
         return res
 
