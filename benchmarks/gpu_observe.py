@@ -17,10 +17,10 @@ process and in the training program it starts (`guard_nvml`), and Nsight Compute
      packs -> Nsight Compute counters of each pack signature's first occurrence (every kernel of one
      iteration, autograd's thread included) -> the model's iteration time and energy at this clock
      from the microbenchmarks of section 2 -> against NVML energy over >= 5 s of untraced iterations,
-     in which the runtime applier runs in record mode (the policy's requests timed as if issued,
-     no NVML call made).
-Each section says what it cost in seconds. Results go to OUT (7 files, flat): summary.json,
-gpu.yaml, energy_counter.csv, microbench.csv, training.json, applier.csv, log.txt.
+     in which two runtime appliers run in record mode (the policy's requests timed as if issued, no
+     NVML call made), one timed from the host's iteration marker, one from the GPU reaching it.
+Each section says what it cost in seconds. Results go to OUT (8 files, flat): summary.json,
+gpu.yaml, energy_counter.csv, microbench.csv, ncu_bench.txt, training.json, applier.csv, log.txt.
 
 Exit status: 0 every section passed; 1 one failed; 77 no NVIDIA GPU here (nothing was run).
 """
