@@ -102,7 +102,9 @@ def _apply_policy(policy: dict):
     from emo import loop
     from emo.policy import FrequencyPolicy
 
-    return loop.apply(FrequencyPolicy.from_dict(policy), strict=True)  # a measured run must run at its clocks
+    clocks = loop.apply(FrequencyPolicy.from_dict(policy), strict=True)  # a measured run must run at its clocks
+    clocks.injected = True  # it follows the segments' markers: its step() must not mark another iteration
+    return clocks
 
 
 def _rank_energy(local_rank: int) -> Callable[[], float | None]:

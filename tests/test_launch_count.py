@@ -109,6 +109,11 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
     assert "es_pct" in res
     result = json.loads((job / "validate" / "result.json").read_text())
     assert result["baseline"]["iterations"] == result["optimized"]["iterations"] == 10  # 0.02 s / 2 ms
+    # each measured iteration is a real one: the policy's run takes as long as the max clock's (CPU ranks)
+    ratio = result["optimized"]["iteration_time_s"] / result["baseline"]["iteration_time_s"]
+    assert 0.5 < ratio < 2, result
+    levels = [lv["iteration_time_s"] / base["iteration_time_s"] for lv in base["levels"]]
+    assert all(0.5 < r < 2 for r in levels), base
 
     assert counts == {"trace": 1, "profile": 2, "validate": 1}
     assert _launches(job) == ["EMO_CAPTURE_DIR", "EMO_PROFILE_ITERATION", "EMO_SEGMENTS", "EMO_SEGMENTS"]
