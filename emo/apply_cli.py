@@ -47,7 +47,9 @@ def summary(reports: list[dict]) -> list[str]:
              f"{r['failed']} failed over {r['iterations']} iterations"
              + (f" ({r['errors'][0]})" if r.get("errors") else "") for r in reports]
     landed, failed = sum(r["landed"] for r in reports), sum(r["failed"] for r in reports)
-    return lines + [f"{len(reports)} rank(s): {landed} clock requests landed, {failed} failed"]
+    unreset = sum(r.get("resets_failed", 0) for r in reports)
+    return lines + [f"{len(reports)} rank(s): {landed} clock requests landed, {failed} failed"
+                    + (f", {unreset} resets failed: run `emo reset-clocks`" if unreset else "")]
 
 
 def _cmd_apply(args) -> int:
@@ -64,9 +66,9 @@ def _cmd_apply(args) -> int:
         print(f"emo apply: {line}", file=sys.stderr)
     if rc != 0:
         print(f"emo apply: {' '.join(command)} exited with status {rc}", file=sys.stderr)
-        return rc
+        return rc if rc > 0 else 128 - rc  # killed by signal -rc: the shell's convention
     if not reports:
         print("emo apply: no rank marked an iteration (no optimizer step, emo.step() or clocks.step()): "
               "nothing was applied", file=sys.stderr)
         return 1
-    return 1 if any(r["failed"] for r in reports) else 0
+    return 1 if any(r["failed"] or r.get("resets_failed") for r in reports) else 0

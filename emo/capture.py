@@ -36,6 +36,7 @@ from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_ITERATIONS, ENV_LAUNCH
                                  ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, markers_needed,
                                  run_capture, run_result,
                                  trace_name, window_name)
+from emo.runtime import ClockRequestFailed
 
 
 # --------------------------------------------------------------------------- inside the program
@@ -214,9 +215,13 @@ def _marker() -> None:
     if fresh:
         _arm()
     _MARKERS += 1
-    for h in list(_HOOKS):
-        if not fresh or getattr(h, "starts_at_marker", False):  # windows count from the marker that opened them
-            h.step()
+    try:
+        for h in list(_HOOKS):
+            if not fresh or getattr(h, "starts_at_marker", False):  # windows count from the marker that opened them
+                h.step()
+    except (ValueError, OSError, ClockRequestFailed) as e:  # EMO's failure, not the program's: one line, exit 2
+        print(f"emo: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     _maybe_stop()
 
 

@@ -104,8 +104,9 @@ class Clocks:
     def __enter__(self) -> "Clocks":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, tb) -> None:
         self.close()
+        self.applier.__exit__(kind, value, tb)  # strict: a failed request raises here, as the applier's own block does
 
 
 def write_report(folder: Path, clocks: Clocks) -> None:

@@ -190,10 +190,13 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         argv += ["--report", str(report)]
     # in the results folder under EMO's mark (emo.locks.ERRORS_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
-    where = Path(planned.results) if held else Path(tempfile.gettempdir())
-    reports = str(where / f".emo-errors-{os.getpid()}.jsonl")
-    Path(reports).unlink(missing_ok=True)
-    Path(reports).touch()
+    if held:
+        reports = str(Path(planned.results) / f".emo-errors-{os.getpid()}.jsonl")
+        Path(reports).unlink(missing_ok=True)
+        Path(reports).touch()
+    else:  # no results folder yet (a first run, a dry run): a fresh file nobody else can have named
+        fd, reports = tempfile.mkstemp(prefix=".emo-errors-", suffix=".jsonl")
+        os.close(fd)
     os.environ[errors.ERRORS_ENV] = reports
     os.environ[locks.RUN_ENV] = f"{socket.gethostname()}:{os.getpid()}"  # the stages watch it (locks.stop_with_parent)
     keep_handlers()

@@ -116,6 +116,7 @@ class PolicyApplier:
         self._t0 = 0.0
         self.marks: list[float] = []  # t = 0 of every iteration, on `clock`
         self._pending: list[Callable[[], object]] = []  # markers waiting for the GPU (step(ready=...))
+        self.marker_errors: list[BaseException] = []
         self._aligner: threading.Thread | None = None
         self._closed = False
         self.errors: list[BaseException] = []
@@ -198,8 +199,7 @@ class PolicyApplier:
 
         `ready`: a call that returns once the GPU has reached this point of the stream (a CUDA event's
         synchronize); t = 0 is then when it returned, not when step() was called. A loop runs ahead of
-        its GPU by whatever it queued since its last host sync, so host-side markers come in bursts
-        (on an H200, 116 of 1180 planned requests were issued from them: docs/gpu.md). Markers given
+        its GPU by whatever it queued since its last host sync. Markers given
         a `ready` are taken in order by one thread that waits for each in turn."""
         if os.getpid() != self._pid:
             return
@@ -234,8 +234,8 @@ class PolicyApplier:
             try:
                 ready()  # outside the lock: it blocks until the GPU gets there
             except Exception as e:  # a broken marker must not stop the loop: take the host's time
-                self.errors.append(e)
-                if len(self.errors) == 1:
+                self.marker_errors.append(e)  # not a clock request's failure: kept apart from `errors`
+                if len(self.marker_errors) == 1:
                     print(f"emo: iteration marker failed ({e}): timing from the host's marker", file=sys.stderr)
             self._mark()
 

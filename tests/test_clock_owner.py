@@ -184,3 +184,25 @@ def test_a_clock_owner_signalled_directly_resets_at_once_and_takes_no_more_locks
     finally:
         if r.p.poll() is None:
             r.p.kill()
+
+
+def test_the_owner_does_not_run_the_sitecustomize_injected_into_the_job(monkeypatch):
+    """Under `emo trace` / `emo apply` the job's PYTHONPATH starts with emo/_site; the owner the job
+    spawns must not arm EMO's hooks (or the user's chained sitecustomize) in itself."""
+    import subprocess
+
+    from emo.device import clock_owner
+    from emo.device.launcher import SITE_DIR
+
+    seen = {}
+
+    def fake_popen(argv, **kw):
+        seen.update(kw)
+        raise OSError("not started in this test")
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SITE_DIR), "/somewhere/else"]))
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    with pytest.raises(OSError):
+        clock_owner.spawn()
+    paths = seen["env"]["PYTHONPATH"].split(os.pathsep)
+    assert str(SITE_DIR) not in paths and "/somewhere/else" in paths

@@ -477,3 +477,12 @@ def test_a_failed_rerun_of_emo_run_prints_no_earlier_result(tmp_path):
     second = run()
     assert second.returncode == 1 and "(stage optimize, log " in second.stderr
     assert "ES " not in second.stdout and "no result: this run failed (an earlier run's result is not shown)" in second.stdout
+
+
+def test_model_fit_reads_a_gzipped_csv_as_pandas_does(ncu_tables, tmp_path, capsys):
+    bench, targets = ncu_tables
+    bp, tp = tmp_path / "bench.csv.gz", tmp_path / "targets.csv"
+    bench.to_csv(bp, index=False)  # pandas compresses by the suffix
+    targets.to_csv(tp, index=False)
+    code, out, err = cli(["model", "fit", "--bench", bp, "--targets", tp], capsys)
+    assert code == 0, err

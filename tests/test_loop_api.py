@@ -119,3 +119,33 @@ def test_a_process_without_a_launcher_applies_every_schedule_on_its_gpu(fake):
     assert {(c[1], c[2]) for c in fake.calls if c[0] == "lock"} == {(0, 1410), (0, 900), (1, 1410), (1, 705)}
     with pytest.raises(ValueError, match=r"schedules for GPUs \[0, 5\] but this process sees 4"):
         emo.apply(_policy([0, 5]))
+
+
+def test_strict_clocks_raise_at_the_end_of_their_block_after_a_late_failure():
+    """A request that fails after the last step() still stops a strict job when the block ends."""
+    from emo.runtime import ClockRequestFailed, PolicyApplier
+
+    class Refusing:
+        def set_clock(self, device, mhz):
+            raise PermissionError("no permission")
+
+        def reset_clock(self, device):
+            pass
+
+    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0.0, 900)]}, period_ms=5.0)
+    clocks = loop.Clocks(PolicyApplier(pol, Refusing(), strict=True), rank=0, device=0, source="p")
+    with pytest.raises(ClockRequestFailed, match="could not lock the SM clock at 900 MHz"):
+        with clocks:
+            clocks.step()
+            deadline = time.monotonic() + 5
+            while clocks.failed == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert clocks.closed
+
+
+def test_emo_apply_says_failed_resets_and_exits_by_the_shells_convention():
+    from emo import apply_cli
+
+    reports = [{"rank": 0, "device": 0, "landed": 4, "failed": 0, "iterations": 3, "resets_failed": 1}]
+    assert apply_cli.summary(reports)[-1] == ("1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed: "
+                                              "run `emo reset-clocks`")

@@ -61,3 +61,21 @@ def test_the_window_holds_the_kernels_the_backward_thread_launches(monkeypatch, 
     first = next(i for i, e in enumerate(kernels) if e["profiled"])
     assert first == 3 * (1 + wl.wait + wl.warmup)
     assert len(kernels) == 3 * (wl.wait + wl.warmup + 2)  # EMO ended the program right after the window
+
+
+def test_an_emo_failure_at_a_later_marker_is_one_line_and_exit_2(monkeypatch, capsys):
+    """A clock EMO was asked to set that cannot be (a later segment's policy, a strict applier) ends
+    the program with EMO's one line, not a traceback from inside the user's optimizer step."""
+    from emo import capture
+    from emo.device.nvml import GpuAccessError
+
+    class Refused:
+        def step(self):
+            raise GpuAccessError("GPU 0: lock SM clock at 900 MHz: permission denied")
+
+    monkeypatch.setattr(capture, "_ARMED", True)
+    monkeypatch.setattr(capture, "_HOOKS", [Refused()])
+    with pytest.raises(SystemExit) as e:
+        capture._marker()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "emo: error: GPU 0: lock SM clock at 900 MHz: permission denied\n"

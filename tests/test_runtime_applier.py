@@ -120,6 +120,7 @@ def test_a_marker_that_fails_falls_back_to_the_host_time(capsys):
         while ap.iterations < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ap.iterations == 1 and "iteration marker failed (no CUDA context)" in capsys.readouterr().err
+    assert ap.errors == [] and len(ap.marker_errors) == 1  # not a clock request's failure
 
 
 def test_setter_errors_are_kept_not_raised_in_the_loop():

@@ -144,7 +144,10 @@ def owner() -> ClockOwner:
 def spawn() -> ClockOwner:
     ours, theirs = socket.socketpair()
     root = str(Path(__file__).resolve().parents[2])  # the owner imports the same emo as this process
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    # the owner imports the same emo, but not the sitecustomize `emo trace`/`emo apply` inject into the job
+    site = str(Path(root) / "emo" / "_site")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *paths]))
     try:
         proc = subprocess.Popen([sys.executable, "-m", "emo.device.clock_owner", str(theirs.fileno()), str(os.getpid())],
                                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

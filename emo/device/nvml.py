@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -621,7 +622,11 @@ class NvmlDevice:
             raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
                              "(synthetic workloads are for the virtual GPU)")
         spec = capture.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
-        out = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="emo-trace-"))
+        if trace_dir is None:  # a measurement only: the traces are read, then removed (trace_files: none)
+            with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
+                res = self.run(workload, iterations, warmup=warmup, trace_dir=Path(tmp))
+            return dataclasses.replace(res, trace_files=[])
+        out = Path(trace_dir)
         policy_file = None
         if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
             policy_file = out / capture.SIDECAR / "policy.json"

@@ -17,7 +17,10 @@ feature (`scale_mismatch`), where the features are known.
 """
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
+import lzma
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +49,8 @@ def _complete_rows(path: str | Path, where: str) -> None:
     path = Path(path)
     if path.suffix in (".parquet", ".pq"):
         return
-    with path.open(newline="", errors="replace") as f:
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)  # as pandas reads them
+    with opener(path, "rt", newline="", errors="replace") as f:
         rows = csv.reader(f)
         header = next(rows, [])
         for n, row in enumerate(rows, start=2):
