@@ -36,6 +36,19 @@ def rank_env() -> tuple[int, int, int]:
     return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", env.get("RANK", 0))), int(env.get("WORLD_SIZE", 1))
 
 
+def rank_gpu(visible: list[int], local: int) -> int:
+    """This rank's GPU (NVML index): visible[LOCAL_RANK], or the one GPU a rank bound to its own GPU
+    sees (SLURM's --gpu-bind, a CUDA_VISIBLE_DEVICES per task), whatever its LOCAL_RANK."""
+    from emo.device.nvml import GpuAccessError
+
+    if len(visible) == 1:
+        return visible[0]
+    if not 0 <= local < len(visible):
+        raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return visible[local]
+
+
 def policy_device(policy: FrequencyPolicy, rank: int, source: str = "policy") -> int:
     """The policy's device whose schedule `rank` follows: meta["ranks"][rank] if the policy maps ranks,
     else the rank itself. A rank it does not cover is an error, never silence."""
@@ -152,9 +165,7 @@ def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | No
         device, devices = None, {d: visible[d] for d in policy.steps}
     else:
         device = policy_device(policy, rank, source)
-        if local >= len(visible):
-            raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) {where}")
-        devices = {device: visible[local]}
+        devices = {device: rank_gpu(visible, local)}
     applier = nvml_applier(policy, devices=devices, **applier_options)
     _ACTIVE = Clocks(applier, rank=rank, device=device, source=source, report_dir=report_dir)
     return _ACTIVE
@@ -178,7 +189,7 @@ class EnergyWindow:
         if gpus is None and "LOCAL_RANK" in os.environ:  # a rank measures its own GPU
             nvml = import_pynvml()
             nvml_init(nvml)
-            gpus = [visible_nvml_indices(nvml)[rank_env()[1]]]
+            gpus = [rank_gpu(visible_nvml_indices(nvml), rank_env()[1])]
         self.counter = EnergyCounter(gpus)
         self.sync = sync
         self.result: Energy | None = None

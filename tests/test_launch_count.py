@@ -109,11 +109,13 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
     assert "es_pct" in res
     result = json.loads((job / "validate" / "result.json").read_text())
     assert result["baseline"]["iterations"] == result["optimized"]["iterations"] == 10  # 0.02 s / 2 ms
-    # each measured iteration is a real one: the policy's run takes as long as the max clock's (CPU ranks)
+    # each measured iteration is a real one: the policy's run takes about as long as the max clock's
+    # (CPU ranks, so within what machine load does to 2 ms steps; iterations that were not run, as
+    # when a segment's applier marked its own, measure about a thousandth of it)
     ratio = result["optimized"]["iteration_time_s"] / result["baseline"]["iteration_time_s"]
-    assert 0.5 < ratio < 2, result
+    assert 0.1 < ratio < 10, (ratio, result)
     levels = [lv["iteration_time_s"] / base["iteration_time_s"] for lv in base["levels"]]
-    assert all(0.5 < r < 2 for r in levels), base
+    assert all(0.1 < r < 10 for r in levels), (levels, base)
 
     assert counts == {"trace": 1, "profile": 2, "validate": 1}
     assert _launches(job) == ["EMO_CAPTURE_DIR", "EMO_PROFILE_ITERATION", "EMO_SEGMENTS", "EMO_SEGMENTS"]

@@ -149,3 +149,17 @@ def test_emo_apply_says_failed_resets_and_exits_by_the_shells_convention():
     reports = [{"rank": 0, "device": 0, "landed": 4, "failed": 0, "iterations": 3, "resets_failed": 1}]
     assert apply_cli.summary(reports)[-1] == ("1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed: "
                                               "run `emo reset-clocks`")
+
+
+def test_a_rank_bound_to_its_own_gpu_uses_the_one_it_sees(fake, monkeypatch):
+    """SLURM's --gpu-bind (a CUDA_VISIBLE_DEVICES per task): rank 3 sees one GPU, NVML's 2; it follows
+    rank 3's schedule there and measures that GPU, whatever its LOCAL_RANK says."""
+    for k, v in (("RANK", "3"), ("LOCAL_RANK", "3"), ("WORLD_SIZE", "4"), ("CUDA_VISIBLE_DEVICES", "2")):
+        monkeypatch.setenv(k, v)
+    with emo.apply(_policy(range(4)), lead_ms=0) as clocks:
+        _loop(clocks, 3)
+    locks = [c for c in fake.calls if c[0] == "lock"]
+    assert {c[1] for c in locks} == {2} and {c[2] for c in locks} == {1410, 705}  # rank 3's schedule
+    with emo.measure() as window:
+        pass
+    assert set(window.result.per_gpu_j) == {2}
