@@ -37,7 +37,7 @@ TRAIN = textwrap.dedent("""
     for i in range(int(sys.argv[-1])):  # deepspeed's launcher adds --local_rank=N before it
         loss = ((m(x) - y) ** 2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
-    print("trained", i + 1, "iterations on rank", os.environ.get("RANK", "-"))
+    sys.stdout.write(f"trained {i + 1} iterations on rank {os.environ.get('RANK', '-')}\\n")  # one write: ranks share the pipe
 """)
 
 
