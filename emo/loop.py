@@ -68,11 +68,6 @@ def _span(xs: list[int]) -> str:
     return ", ".join(map(str, xs)) or "none"
 
 
-def request_counts(applier: Any) -> tuple[int, int]:
-    """(landed, failed) clock requests of an applier so far. The one place that reads them."""
-    return applier.landed, applier.failed
-
-
 class Clocks:
     """A policy applied to this rank's GPU (device: the policy's schedule it follows; None: a process
     without a launcher applying every schedule, one per GPU). `step()` once per iteration, at its start."""
@@ -96,11 +91,11 @@ class Clocks:
 
     @property
     def landed(self) -> int:
-        return request_counts(self.applier)[0]
+        return self.applier.landed
 
     @property
     def failed(self) -> int:
-        return request_counts(self.applier)[1]
+        return self.applier.failed
 
     def close(self) -> None:
         """Reset the GPU's clocks (the applier's last request) and, under `emo apply`, report."""
@@ -123,10 +118,9 @@ class Clocks:
 
 
 def write_report(folder: Path, clocks: Clocks) -> None:
-    landed, failed = request_counts(clocks.applier)
     folder.mkdir(parents=True, exist_ok=True)
-    rec = {**clocks.applier.summary(), "rank": clocks.rank, "device": clocks.device, "iterations": clocks.iterations,
-           "landed": landed, "failed": failed, "errors": [str(e) for e in clocks.applier.errors[:5]]}
+    rec = {**clocks.applier.summary(), "rank": clocks.rank, "device": clocks.device,
+           "errors": [str(e) for e in clocks.applier.errors[:5]]}
     tmp = folder / f"rank{clocks.rank:05d}.json.tmp"
     tmp.write_text(json.dumps(rec))
     os.replace(tmp, tmp.with_suffix(""))
