@@ -199,10 +199,21 @@ class GeepafsOptions:
 
 
 @dataclass
+class PerseusOptions:
+    """Perseus's online profiling and planning (emo.baselines.perseus; its defaults are Perseus's)."""
+
+    warmup_iters: int = field(default=5, metadata=at_least(0))  # iterations before each clock's measurement
+    profile_iters: int = field(default=30, metadata=at_least(1))  # measured iterations per clock
+    stop_after_rises: int = field(default=5, metadata=at_least(1))  # the top-down sweep stops after this many consecutive energy rises
+    p_blocking_w: float = field(default=70.0, metadata=at_least(0))  # power of a GPU blocked on P2P (W), taken off the instructions' energy
+    max_pd_iterations: int = field(default=500, metadata=at_least(1))  # sets lowtime's time quantum (at most 2x this many iterations)
+
+
+@dataclass
 class OptimizerConfig:
-    name: str = "emo"  # emo | static | perseus (offline: optimize writes a policy) | zeus | geepafs (online)
+    name: str = "emo"  # emo | static (offline: optimize writes a policy) | zeus | geepafs | perseus (online) | an ablation (emo.methods.ABLATIONS)
     change_interval_ms: float = field(default=20.0, metadata=above(0))  # >= min_interval_ms
-    change_points: str = field(default="passes", metadata=one_of("passes", "grid"))  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms
+    change_points: str = field(default="passes", metadata=one_of("passes", "grid", "pass"))  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms; "pass": at every pass start (one window per pass)
     budget_step_ms: float = field(default=1.0, metadata=above(0))
     min_clock_fraction: float = field(default=0.5, metadata=between(0, 1))
     min_interval_ms: float = field(default=10.0, metadata=at_least(0))  # ε: the least time between two clock changes of a GPU
@@ -212,9 +223,10 @@ class OptimizerConfig:
     transition_percentiles: list[float] = field(default_factory=lambda: [10.0, 90.0], metadata=PERCENTILES)
     budget_solves: int = field(default=6, metadata=at_least(1))  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
     predictor_evaluations: int = field(default=400, metadata=at_least(0))  # emo: candidate policies the predictor judges in its local search
-    perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus: one clock per "pass" (as in Perseus) or per "pack"
+    perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus+emo-search: lowtime's unit, a "pass" or a "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)
+    perseus: PerseusOptions = field(default_factory=PerseusOptions)
 
 
 @dataclass

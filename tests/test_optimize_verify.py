@@ -173,7 +173,7 @@ def test_a_down_step_waits_for_the_previous_windows_packs():
         assert predict(t, policy, transition_ms=x).makespan_ns <= predict(t, None).makespan_ns + 1_000
 
 
-def test_perseus_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(monkeypatch):
+def test_perseus_emo_search_ablation_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(monkeypatch):
     """Equal search effort: both methods go through the one budget search (fit_budget, at most
     optimizer.budget_solves solves) and the one predictor polish (optimizer.predictor_evaluations)."""
     pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
@@ -194,14 +194,14 @@ def test_perseus_gets_the_budget_search_and_polish_of_emo_with_the_same_counts(m
     opt = {**compose([])["optimizer"], "change_points": "grid", "budget_solves": 3, "predictor_evaluations": 50,
            "transition_ms": [LATS[0], LATS[-1]]}  # a latency as calibrate would have measured it
     out = {}
-    for method in ("emo", "perseus"):
+    for method in ("emo", "perseus+emo-search"):
         out[method] = solve(t, {**opt, "name": method}, 0.05, gpu="a100")
-    assert seen["emo"] == seen["perseus"] == {"solves": 3, "evaluations": 50}
-    rec = out["perseus"][1]["perseus"]
+    assert seen["emo"] == seen["perseus+emo-search"] == {"solves": 3, "evaluations": 50}
+    rec = out["perseus+emo-search"][1]["perseus+emo-search"]
     assert 1 <= len(rec["budget_tries"]) <= 3 and "predictor_moves" in rec
     assert rec["polished_energy_j"] <= rec["search_energy_j"] + 1e-9  # the polish keeps only savings
     base = predict(t, None)
-    assert expected(t, out["perseus"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
+    assert expected(t, out["perseus+emo-search"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
 
 
 def test_a_late_raise_lengthens_the_slow_stretch_and_a_superseded_request_is_dropped():
@@ -314,12 +314,12 @@ def test_lead_options_change_only_how_early_raises_are_issued():
     assert lead_options(opt, flat, one) == [one]
 
 
-@pytest.mark.parametrize("method", ["emo", "perseus"])
+@pytest.mark.parametrize("method", ["emo", "perseus+emo-search"])
 def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatch, method):
     """Every offline method plans at each lead with the solves of its first (no solver call more than
     at p90 alone), judges each after a screen share of the polish, keeps the lead check.kept_lead
     picks and polishes only that one on with the rest of predictor_evaluations."""
-    if method == "perseus":
+    if method == "perseus+emo-search":
         pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
     from emo.optimize.pipeline import check
 

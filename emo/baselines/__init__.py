@@ -5,7 +5,8 @@
 
 - zeus: the `zeus` package's GlobalPowerLimitOptimizer, driving the device's power limit;
 - geepafs: GEEPAFS's loop as its paper describes it (probe, two-segment fold line, f_bound / f_eff / f_cap, hold), driving locked clocks from NVML's sampled utilisation.
-Both run against any `emo.device.Device` (the virtual GPU or NVML), through the same protocol.
+- perseus: Perseus as its code runs it (profile each pipeline instruction per clock, lowtime, one clock per instruction).
+All run against any `emo.device.Device` (the virtual GPU or NVML), through the same protocol.
 """
 from __future__ import annotations
 
@@ -30,4 +31,9 @@ def run_online(name: str, device: Any, workload: Any, devices: Sequence[int], bu
         opts = {**optimizer_cfg["geepafs"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
                 "iterations": iterations, "warmup": warmup}
         return run_geepafs(device, workload, devices, budget, opts)
+    if name == "perseus":
+        from emo.baselines.perseus import run_perseus
+
+        opts = {**optimizer_cfg["perseus"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"]}
+        return run_perseus(device, workload, devices, budget, opts, iterations=iterations, warmup=warmup)
     raise ValueError(f"optimizer.name: {name!r} is not an online baseline (expected one of {', '.join(ONLINE)})")

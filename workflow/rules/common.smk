@@ -30,7 +30,7 @@ def gpu_model(stage):
     return lambda w: SWEEP.job(stage, w.hash).cfg["gpu"]["name"]
 
 
-# validate: offline methods (emo, static, perseus) bring optimize's policy; online baselines tune while it runs
+# validate: offline methods (emo, static, the ablations) bring optimize's policy; online baselines tune while it runs
 from emo.methods import ONLINE
 
 

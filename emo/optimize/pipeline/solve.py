@@ -5,16 +5,18 @@ EMO: the DP (solvers.dp, Algorithm 2, with its local search) plans on the timing
 predictor (the same engine with clock timelines, at the configured request latencies) checks the
 pick: a budget search re-solves the DP at a smaller budget while the worst case ends late, the best
 static schedule joins as a start, windows are raised if nothing fits, and single-window moves judged
-by the predictor finish. Perseus gets the same budget search (its lowtime walk re-solved, projected
-onto the windows) and the same predictor polish, with the same counts (optimizer.budget_solves,
-optimizer.predictor_evaluations): the two methods differ only in the solver the search asks. Every
-limit is a count, so the same inputs give the same files.
+by the predictor finish. The ablation perseus+emo-search gets the same budget search (lowtime's walk
+re-solved, projected onto the windows) and the same predictor polish, with the same counts
+(optimizer.budget_solves, optimizer.predictor_evaluations): it differs from EMO only in the solver
+the search asks. The ablation emo-dp is the DP's pick alone; emo-pass and emo-grid are EMO on other
+change points (their configs). Perseus itself runs online (emo.baselines.perseus). Every limit is a
+count, so the same inputs give the same files.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from emo.methods import OFFLINE
+from emo.methods import ABLATIONS, OFFLINE
 from emo.model.predict import predict
 from emo.optimize.pipeline.check import (CURVE_MIN_GAIN, LEAD_SCREEN_SHARE, Latencies, below_curve, deadline_ns, expected,
                                          fit_to_prediction, kept_lead, lead_options, planning_latencies)
@@ -107,7 +109,8 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     name = opt["name"]
     if name not in OFFLINE:
         raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
-                         "zeus and geepafs run online in validate")
+                         "zeus, geepafs and perseus run online in validate")
+    planner = ABLATIONS.get(name, name)  # an ablation runs its method's planner on its own config
     if not 0 <= budget < 1:
         raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
     interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
@@ -163,7 +166,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         """(solution, policy, record): the method's budget search and `evaluations` of polish, raises
         issued lats.hi ahead."""
         sol, policy, checked = search(solve_at, lats)
-        if name == "emo":
+        if planner == "emo":
             dp_energy = energy(policy, lats)
             # every static schedule is an EMO schedule too: start from the best one when clock transitions
             # (which the DP does not charge) cost the windowed pick more than it saved
@@ -201,7 +204,11 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         record["single_clock_mhz"] = int(p.clocks_mhz[c])
         return ones[c], policies[c]
 
-    if name == "static":
+    if name == "emo-dp":  # the DP's pick at the planning budget as it is: what the DP alone saves
+        sol = dp_at(plan_budget)
+        record["dp_only"] = True
+        policy = build(sol, lats)
+    elif name == "static":
         sol = optimize_static(p, plan_budget, items=items)
         record["static_curve"] = sol.info.pop("static_curve")
         policy = build(sol, lats)
@@ -214,7 +221,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
 
         def first(b: float) -> Solution:
             if b not in solved:
-                solved[b] = (dp_at if name == "emo" else perseus_at)(b)
+                solved[b] = (dp_at if planner == "emo" else perseus_at)(b)
             return solved[b]
 
         def again(b: float) -> Solution:
@@ -240,7 +247,7 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         if total > screen:
             sol, policy, checked = polish(sol, policy, checked, lats, total - screen)
         record.update({**checked, "lead_tries": tries})
-        if name == "emo":
+        if planner == "emo":
             sol, policy = single_clock_unless_clear(sol, policy, lats, deadline)
     record["transition_ms"] = lats.range()  # its max: the lead the plan kept
     policy.budget = budget  # the user's budget; the planning budget is in the summary

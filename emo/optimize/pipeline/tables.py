@@ -65,15 +65,16 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
     previous change point; where no pass starts within 1.5 intervals, at the first GPU work after one
     interval. Slack opens and closes where a GPU waits on something else, so windows that start there
     hold work of one kind instead of the tail of one pass and the head of the next, and windows
-    start where work starts rather than in the middle of a pack."""
+    start where work starts rather than in the middle of a pack. "pass": at every pass start, with
+    no interval between them (one window per pass)."""
     if interval_ms <= 0:
         raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
     step, period = interval_ms * 1e6, timing.period_ns
     if align == "grid":
         nwin = max(1, int(np.ceil(period / step)))
         return np.tile(np.minimum(np.arange(nwin + 1) * step, period), (len(groups), 1))
-    if align != "passes":
-        raise ValueError(f"optimizer.change_points must be 'grid' or 'passes' (got {align!r})")
+    if align not in ("passes", "pass"):
+        raise ValueError(f"optimizer.change_points must be 'grid', 'passes' or 'pass' (got {align!r})")
     opens = np.empty(p.n, dtype=bool)
     opens[p.perm] = opens_pass(p)
     start = np.empty(p.n)
@@ -91,6 +92,9 @@ def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[li
         off, op = off[order], opens[v][keep][order]
         nxt = np.r_[off[op], np.inf]  # pass starts, ascending
         e = [0.0]
+        if align == "pass":  # one window per pass: every pass start, however close (the ablation of pass-level clocks)
+            rows.append(e + sorted({c for c in off[op].tolist() if 0 < c < period}) + [period])
+            continue
         for c, o in zip(off.tolist(), op.tolist()):
             if c <= 0 or c >= period or c - e[-1] < step:
                 continue

@@ -1,0 +1,204 @@
+"""Perseus as its own code runs it (zeus/optimizer/pipeline_frequency; docs/baselines.md), online:
+
+1. the pipeline schedule: the instructions (forward/backward of a micro-batch on a stage) of a
+   max-clock iteration, from its trace (emo.baselines.perseus_schedule);
+2. the lookup table, profiled online: every supported clock from the top down, `warmup_iters` (5)
+   then `profile_iters` (30) measured iterations at that clock on every GPU; each (stage, kind)'s
+   time from the traced instructions, its energy from the GPUs' energy counters less the blocking
+   power (`p_blocking_w`, 70 W) over the time a stage is not in an instruction, shared over the
+   instructions by time; the sweep stops after `stop_after_rises` (5) consecutive rises of the
+   instructions' energy. Its cost (device time x GPUs, energy) is reported as `explore`;
+3. lowtime's Phillips–Dessouky walk on the instruction DAG (lowtime's exponential cost model fitted
+   to each (stage, kind)'s options), cost = energy - blocking power x time,
+   down to the first schedule within (1 + budget) of the all-max DAG time (no EMO search, repair or
+   polish; when none is in exact times, lowtime's last, shortest schedule);
+4. one list of clocks per stage per iteration, the same every iteration: a step at each
+   instruction's planned start (the traced timeline with the planned times), issued at that start
+   (lead 0: Perseus asks the side process when the instruction begins), a repeat of the clock
+   before it dropped (the side process changes the clock only if it differs). The request lands
+   after the virtual GPU's measured clock-change latency.
+
+Where the trace holds no pipeline instructions (tensor parallel, offload), Perseus has nothing to
+schedule: its controller locks the max clock and keeps it (setting.note says so).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from emo.baselines.online import OnlineResult, PhaseMeter
+from emo.baselines.perseus_schedule import Schedule, dag_edges, earliest_starts, kind_times, lags, schedule, stage_of
+from emo.policy import FrequencyPolicy, Step
+
+
+def _trace(device: Any, workload: Any, iterations: int, warmup: int):
+    from emo.trace.read import read_trace
+
+    with tempfile.TemporaryDirectory(prefix="emo-perseus-") as d:
+        run = device.run(workload, iterations, warmup=warmup, trace_dir=Path(d))
+        return run, read_trace(Path(d))
+
+
+def profile(device: Any, workload: Any, devices: Sequence[int], stages: dict[int, int], clocks_desc: list[int],
+            busy_count: dict[tuple[int, str], int], opts: dict, meter: PhaseMeter) -> dict:
+    """The lookup table {(stage, kind): {clock: (time_ns, energy_j)}} and the clocks profiled."""
+    pb = float(opts["p_blocking_w"])
+    members: dict[int, list[int]] = {}
+    for r, st in stages.items():
+        members.setdefault(st, []).append(r)
+    table: dict[tuple[int, str], dict[int, tuple[float, float]]] = {k: {} for k in busy_count}
+    last, rises, done = None, 0, []
+    for f in clocks_desc:
+        device.set_policy(FrequencyPolicy.static(device.name, list(devices), f))
+        with meter.phase("profile"):
+            run = device.run(workload, int(opts["profile_iters"]), warmup=int(opts["warmup_iters"]))
+            _, events = _trace(device, workload, 1, 0)  # the instructions' times at this clock
+        times = kind_times(events, stages)
+        t_iter = run.time_s / run.iterations
+        total = 0.0
+        for st, ranks in members.items():
+            kinds = [k for k in busy_count if k[0] == st]
+            busy = sum(busy_count[k] * times.get(k, 0.0) for k in kinds) * 1e-9
+            e_stage = sum(run.energy_per_device_j.get(devices[r], 0.0) for r in ranks) / run.iterations
+            e_instr = max(e_stage - pb * len(ranks) * max(t_iter - busy, 0.0), 0.0)
+            for k in kinds:
+                t = times.get(k, 0.0)
+                table[k][f] = (t, e_instr * t * 1e-9 / busy if busy > 0 else 0.0)
+                total += busy_count[k] * table[k][f][1]
+        done.append(f)
+        rises = rises + 1 if last is not None and total > last else 0
+        last = total
+        if rises >= int(opts["stop_after_rises"]):
+            break
+    device.set_policy(None)
+    return {"table": table, "clocks": done}
+
+
+def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocking_w: float, members: dict[int, int],
+         max_iterations: int = 500) -> tuple[np.ndarray, dict]:
+    """The clock (MHz) of each instruction: lowtime on the instruction DAG (Perseus's planner)."""
+    import networkx as nx
+    from lowtime.cost_model import ExponentialModel
+    from lowtime.graph_utils import add_sink_node, add_source_node
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
+    from lowtime.solver import PhillipsDessouky
+
+    from emo.optimize.solvers.perseus import COST_SCALE, HullCost, _rust_fallback
+
+    clocks = sorted(clocks, reverse=True)
+    n = len(s)
+    dur = np.array([[table[(int(st), str(k))][f][0] for f in clocks] for st, k in zip(s.stage, s.kind)])
+    en = np.array([[table[(int(st), str(k))][f][1] for f in clocks] for st, k in zip(s.stage, s.kind)])
+    cost = en - p_blocking_w * np.array([members[int(st)] for st in s.stage])[:, None] * dur * 1e-9
+    a, b = dag_edges(s)
+    zero = np.zeros(n)
+    top = earliest_starts(dur[:, 0], a, b, zero)
+    t_fast = float(np.max(top + dur[:, 0]))
+    slow = earliest_starts(dur.max(axis=1), a, b, zero)
+    walk = max(float(np.max(slow + dur.max(axis=1))) - t_fast, 0.0)
+    # the time quantum: Perseus's 1 ms, or a tenth of the shortest instruction when that is finer (its
+    # instructions were tens of ms), coarse enough that the walk takes at most `max_iterations` steps
+    unit = max(1e4, min(1e6, float(dur[:, 0].min()) / 10), walk / max(max_iterations, 1))  # ns
+    g = nx.DiGraph()
+    specs: dict[tuple[int, str], OperationSpec] = {}  # one per (stage, kind): the lookup table's row
+    hull = 0
+    for v in range(n):
+        key = (int(s.stage[v]), str(s.kind[v]))
+        if key not in specs:
+            opts = [ExecutionOption(real_time=float(t), unit_time=unit, cost=float(c) * COST_SCALE, knob=j)
+                    for j, (t, c) in enumerate(zip(dur[v], cost[v]))]
+            cand = CandidateExecutionOptions(options=opts)
+            try:  # Perseus fits lowtime's exponential cost model to the Pareto-optimal options
+                model = ExponentialModel(cand)
+            except Exception:  # a fit that does not converge: the options' convex hull
+                model, hull = HullCost(cand), hull + 1
+            specs[key] = OperationSpec(options=cand, cost_model=model)
+        g.add_node(v, op=Operation(spec=specs[key]))
+    for x, y in zip(a.tolist(), b.tolist()):
+        g.add_edge(x, y)
+    add_source_node(g, n)
+    add_sink_node(g, n + 1)
+    g.graph["source_node"], g.graph["sink_node"] = n, n + 1
+    deadline = t_fast * (1 + budget)
+    choice = last = None
+    iters, fallbacks = 0, [0]
+    with _rust_fallback(fallbacks):
+        for _ in PhillipsDessouky(g, attr_name="op").run():
+            iters += 1
+            last = np.array([g.nodes[v]["op"].assigned_knob for v in range(n)], dtype=np.int64)
+            d = dur[np.arange(n), last]
+            if float(np.max(earliest_starts(d, a, b, zero) + d)) <= deadline + 1.0:
+                choice = last
+                break
+            if iters >= 2 * max_iterations:
+                break
+    info = {"pd_iterations": iters, "unit_time_ms": unit * 1e-6, "instructions": int(n), "dag_edges": int(len(a)),
+            "dag_time_ms": t_fast * 1e-6, "rust_panics": fallbacks[0], "hull_cost_models": hull}
+    if choice is None and last is not None:  # lowtime's shortest schedule: Perseus's pick at its least time
+        info["note"] = "no lowtime iterate met the deadline in exact times: its last (shortest) schedule"
+        choice = last
+    if choice is None:
+        info["note"] = "lowtime returned no schedule: every instruction at the max clock"
+        choice = np.zeros(n, dtype=np.int64)
+    d = dur[np.arange(n), choice]
+    info["planned_dag_time_ms"] = float(np.max(earliest_starts(d, a, b, zero) + d)) * 1e-6
+    return np.array(clocks)[choice], info
+
+
+def policy_of(s: Schedule, mhz: np.ndarray, dur_ns: np.ndarray, stages: dict[int, int], devices: Sequence[int],
+              gpu: str, budget: float) -> FrequencyPolicy:
+    """Per GPU, a step at each instruction's planned start with its clock (the stage's list on every
+    rank of the stage), issued at that start (lead 0), the same list every iteration."""
+    a, b = dag_edges(s)
+    start = earliest_starts(dur_ns, a, b, lags(s, a, b))
+    period = s.period_ns + float(np.max(start + dur_ns) - np.max(s.offset_ns + s.dur_ns))
+    steps: dict[int, list[Step]] = {}
+    for r, st in sorted(stages.items()):
+        mine = np.flatnonzero(s.stage == st)
+        order = mine[np.argsort(start[mine], kind="stable")]
+        steps[int(devices[r])] = [Step(float(start[v] * 1e-6), int(mhz[v])) for v in order]
+    return FrequencyPolicy(gpu=gpu, steps=steps, period_ms=period * 1e-6, budget=budget, lead_ms=0.0,
+                           meta={"method": "perseus", "per": "instruction"})
+
+
+def run_perseus(device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict,
+                *, iterations: int, warmup: int) -> OnlineResult:
+    devices = list(devices)
+    meter = PhaseMeter(device, devices)
+    supported = sorted(device.supported_clocks())
+    top = device.default_clock()
+    clocks = [c for c in supported if float(opts["min_clock_fraction"]) * max(supported) <= c <= top][::-1]
+    device.set_policy(FrequencyPolicy.static(device.name, devices, top))
+    with meter.phase("profile"):
+        _, events = _trace(device, workload, 1, 1)  # the pipeline schedule Perseus is given
+    ranks = sorted(int(r) for r in events["rank"].unique())
+    stages = stage_of(ranks, int(workload.get("pp", 1)) if hasattr(workload, "get") else 1)
+    sched = schedule(events, stages)
+    setting: dict = {"per": "instruction", "lead_ms": 0.0}
+    if sched is None:
+        setting["note"] = "no pipeline instructions in the trace: Perseus's controller keeps the max clock"
+        policy = FrequencyPolicy.static(device.name, devices, top, budget=budget)
+    else:
+        busy = {}
+        for st, k in zip(sched.stage, sched.kind):
+            busy[(int(st), str(k))] = busy.get((int(st), str(k)), 0) + 1
+        prof = profile(device, workload, devices, stages, clocks, busy, opts, meter)
+        members = {st: sum(1 for v in stages.values() if v == st) for st in set(stages.values())}
+        mhz, info = plan(sched, prof["table"], prof["clocks"], budget, p_blocking_w=float(opts["p_blocking_w"]),
+                         members=members, max_iterations=int(opts["max_pd_iterations"]))
+        dur = np.array([prof["table"][(int(st), str(k))][int(f)][0] for st, k, f in zip(sched.stage, sched.kind, mhz)])
+        policy = policy_of(sched, mhz, dur, stages, devices, device.name, budget)
+        setting.update({"profiled_clocks": [int(c) for c in prof["clocks"]], "lowtime": info,
+                        "instruction_clocks": {str(devices[sched.ranks[i]]): [int(x) for x in mhz[sched.stage == i]]
+                                               for i in range(len(sched.ranks))}})
+    explore = meter.totals("profile")
+    setting["profiling_gpu_s"] = explore.time_s * len(devices)
+    setting["profiling_energy_j"] = explore.energy_j
+    device.set_policy(policy)
+    steady = device.run(workload, iterations, warmup=warmup)
+    device.set_policy(None)
+    setting["policy_steps"] = {str(d): len(st) for d, st in policy.steps.items()}
+    return OnlineResult("perseus", steady, explore, setting)
