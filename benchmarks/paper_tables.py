@@ -2,11 +2,17 @@
 and performance loss (PL %) of EMO and the baselines (static, Zeus, Perseus, GEEPAFS) on the virtual
 A100 with its noise on, every cell over several seeds, beside the measured static-clock curve.
 
-    python benchmarks/paper_tables.py [--quick] [--seeds 5] [--results DIR] [--cores N] [--methods emo,static,...] [--no-run]
+    python benchmarks/paper_tables.py [--quick] [--seeds 5] [--results DIR] [--cores N] [--methods emo,static,...]
+                                      [--ablations | --no-ablations] [--no-run]
 
 Cells: tensor parallelism TP 2/4/8 at budgets 0, 2 and 5 %; pipeline parallelism PP 2/4/8 with
 uniform and parameter partitions at 0 %; CPU-offloaded MoE decode at 0 %; hybrid TP2 x PP2 x DP2 at
 0 and 2 %. --quick: TP4 at 2 %, PP4 uniform and the hybrid at 0 % (all seeds, all methods).
+
+--ablations (on by default, off by default with --quick): extra columns for the labelled ablations
+(emo.methods.ABLATIONS; docs/baselines.md): perseus+emo-search (lowtime inside EMO's search and
+polish), emo-dp (EMO's DP alone), emo-pass (one window per pass), emo-grid (the paper's 20 ms grid).
+They are scored like the methods but never count as EMO's rivals in `EMO ahead`.
 
 Every (cell, seed, method) is a job of the whole pipeline (trace, graph, pack, profile, fit,
 optimize, validate) and all of them run as one Snakemake DAG on `--cores` cores; stage folders are
@@ -44,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from emo import scoring
-from emo.methods import METHODS
+from emo.methods import ABLATIONS, METHODS
 from emo.sweep import build
 
 CURVE_POINTS = 48  # static clocks validate measures: every supported clock from half the max clock up on the A100
@@ -131,15 +137,20 @@ def main() -> int:
     ap.add_argument("--results", default=str(ROOT / "results" / "paper_tables"), help="stage folders (reused); the pipeline's log goes to paper_tables.log there")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=None,
+                    help="add the ablation columns (default: on, off with --quick)")
     ap.add_argument("--no-run", action="store_true", help="score what the results folder holds; run nothing")
     args = ap.parse_args()
     t_start = time.perf_counter()
     results = Path(args.results).resolve()
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(methods) - set(METHODS))
+    known = METHODS + tuple(ABLATIONS)
+    unknown = sorted(set(methods) - set(known))
     if unknown:
-        print(f"--methods: {', '.join(unknown)} not one of {', '.join(METHODS)}", file=sys.stderr)
+        print(f"--methods: {', '.join(unknown)} not one of {', '.join(known)}", file=sys.stderr)
         return 2
+    if args.ablations if args.ablations is not None else not args.quick:
+        methods += [m for m in ABLATIONS if m not in methods]
     if args.seeds is None:
         # a cell on the curve is "below" by chance when its mean is over one sample sd away:
         # P(t(n-1) > sqrt(n)) is 11 % at 3 seeds, 4.5 % at 5 (docs/validate.md)
@@ -165,8 +176,8 @@ def main() -> int:
     emo_job = {(c[1], c[3]): j for (c, s, m), j in zip(grid, sw.jobs) if s == seeds[0] and m == "emo"}
     got = {key: load(str(vdir / "result.json")) for key, vdir in folder.items()}
 
-    width = 22
-    print(f"{'table':<6}{'workload':<14}{'budget':>7}  " + "".join(f"{m + ' ES/PL %':>{width}}" for m in methods)
+    width = {m: max(22, len(m) + 11) for m in methods}
+    print(f"{'table':<6}{'workload':<14}{'budget':>7}  " + "".join(f"{m + ' ES/PL %':>{width[m]}}" for m in methods)
           + f"{'EMO - static curve':>20}{'slack':>8}  EMO ahead")
     n_ahead = n_above = n_below = 0
     record, bar = [], []  # bar: (static's own pick, its sweep's curve) per static run
@@ -195,14 +206,14 @@ def main() -> int:
         texts = []
         for m in methods:
             s = scores.get(m)
-            texts.append(f"{'-' if s is None else s.text(bpct):>{width}}")
+            texts.append(f"{'-' if s is None else s.text(bpct):>{width[m]}}")
         margin_txt = f"{'-':>20}"
         if emo_points:
             mg = scoring.margins(emo_points, curves)
             n_above += scoring.above(mg)
             n_below += scoring.below(mg)
             margin_txt = f"{mg.es:>+14.2f}±{mg.es_sd:.2f}"
-        ok, why = scoring.ahead(scores, bpct)
+        ok, why = scoring.ahead({m: v for m, v in scores.items() if m not in ABLATIONS}, bpct)  # rivals only
         n_ahead += ok
         print(f"{table:<6}{label:<14}{budget:>7.0%}  " + "".join(texts) + margin_txt + f"{slack_text(emo_job.get((label, budget))):>8}"
               + f"  {'yes' if ok else 'no'} {why}",

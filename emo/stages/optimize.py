@@ -2,8 +2,8 @@
 and the fitted model; its predicted time and energy (and the max-clock baseline's) come from the
 model's prediction API, with clock transitions as the hardware applies them.
 
-Offline methods only: emo (the DP), static (one clock), perseus (lowtime, pass- or pack-level).
-zeus and geepafs tune online inside validate; for them optimize writes nothing to apply.
+Offline methods only: emo (the DP), static (one clock) and the ablations (emo.methods.ABLATIONS).
+zeus, geepafs and perseus tune online inside validate; for them optimize writes nothing to apply.
 
 The clock-request latency it plans with is the calibration's measurement (calibrate's
 calibration.json, `clock_latency_ms`; check.planning_latencies), unless optimizer.transition_ms

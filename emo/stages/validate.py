@@ -5,8 +5,8 @@ the time per iteration:
 
     ES = (E_ori - E_opt) / E_ori        PL = (T_opt - T_ori) / T_ori
 
-Offline methods (emo, static, perseus) come with a policy (optimize's policy.json), applied as is;
-the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs)
+Offline methods (emo, static, the ablations) come with a policy (optimize's policy.json), applied as is;
+the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs, perseus)
 run their control loop against the device here (emo.baselines); their steady state is measured the
 same way and their search cost is reported as overhead. For optimizer=static the stage also measures
 a few static clocks: the energy-time curve `emo compare` plots the methods against; every supported

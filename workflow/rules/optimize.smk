@@ -1,4 +1,4 @@
-# optimize: the policy of an offline method (emo, static, perseus) within the budget, from the pack
+# optimize: the policy of an offline method (emo, static, an ablation) within the budget, from the pack
 # graph and the fitted model. Its hash covers optimizer + budget: a new budget re-runs only this and validate.
 rule optimize:
     input:

@@ -1,4 +1,4 @@
-# validate: max clock vs the method, measured on the device. Offline methods (emo, static, perseus)
+# validate: max clock vs the method, measured on the device. Offline methods (emo, static, the ablations)
 # bring optimize's policy; online baselines (zeus, geepafs) tune while validate runs them.
 rule validate:
     input:
