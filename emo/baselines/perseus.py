@@ -86,13 +86,13 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
     from lowtime.solver import PhillipsDessouky
 
-    from emo.optimize.solvers.perseus import COST_SCALE, HullCost, _rust_fallback
+    from emo.optimize.solvers.perseus import HullCost, _rust_fallback
 
     clocks = sorted(clocks, reverse=True)
     n = len(s)
     dur = np.array([[table[(int(st), str(k))][f][0] for f in clocks] for st, k in zip(s.stage, s.kind)])
     en = np.array([[table[(int(st), str(k))][f][1] for f in clocks] for st, k in zip(s.stage, s.kind)])
-    cost = en - p_blocking_w * np.array([members[int(st)] for st in s.stage])[:, None] * dur * 1e-9
+    pw = p_blocking_w * np.array([members[int(st)] for st in s.stage])  # the stage's GPUs blocked on P2P
     a, b = dag_edges(s)
     zero = np.zeros(n)
     top = earliest_starts(dur[:, 0], a, b, zero)
@@ -108,12 +108,15 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
     for v in range(n):
         key = (int(s.stage[v]), str(s.kind[v]))
         if key not in specs:
-            opts = [ExecutionOption(real_time=float(t), unit_time=unit, cost=float(c) * COST_SCALE, knob=j)
-                    for j, (t, c) in enumerate(zip(dur[v], cost[v]))]
+            # as Perseus's run_optimization.py: seconds, joules, cost = energy - P2P power x quantised time
+            opts = [ExecutionOption(real_time=float(t) * 1e-9, unit_time=unit * 1e-9, cost=float(e), knob=j)
+                    for j, (t, e) in enumerate(zip(dur[v], en[v]))]
+            for o in opts:
+                o.cost -= pw[v] * o.quant_time * o.unit_time
             cand = CandidateExecutionOptions(options=opts)
             try:  # Perseus fits lowtime's exponential cost model to the Pareto-optimal options
-                model = ExponentialModel(cand)
-            except Exception:  # a fit that does not converge: the options' convex hull
+                model = ExponentialModel(cand, search_strategy="best")
+            except Exception:  # no fit in lowtime's grid of initial guesses: the options' convex hull
                 model, hull = HullCost(cand), hull + 1
             specs[key] = OperationSpec(options=cand, cost_model=model)
         g.add_node(v, op=Operation(spec=specs[key]))
