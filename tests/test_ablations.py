@@ -3,13 +3,12 @@ what its name says (the DP alone; a window per pass; the grid; Perseus's walk in
 from __future__ import annotations
 
 import numpy as np
+from test_optimize_verify import LATS, _tables
 
 from emo.methods import ABLATIONS, ALL_METHODS, METHODS, OFFLINE, ONLINE
 from emo.optimize import solve
 from emo.optimize.pipeline import solve as run
 from emo.plan import compose
-
-from test_optimize_verify import LATS, _tables
 
 
 def test_every_ablation_has_its_config_and_is_no_method():
@@ -31,7 +30,7 @@ def test_emo_dp_is_the_dp_alone(monkeypatch):
     monkeypatch.setattr(run, "polish_on_predictor",
                         lambda *a, **k: calls.__setitem__("polish", calls["polish"] + 1) or pol(*a, **k))
     opt = {**compose(["optimizer=emo-dp"])["optimizer"], "change_points": "grid", "transition_ms": [LATS[0], LATS[-1]]}
-    policy, summary = solve(t, opt, 0.05, gpu="a100")
+    _, summary = solve(t, opt, 0.05, gpu="a100")
     assert calls == {"fit": 0, "polish": 0}
     rec = summary["emo-dp"]
     assert rec["dp_only"] and "predictor_moves" not in rec and "lead_tries" not in rec
@@ -40,7 +39,11 @@ def test_emo_dp_is_the_dp_alone(monkeypatch):
 
 
 def test_pass_change_points_open_a_window_at_every_pass_start():
-    from emo.optimize.pipeline.tables import baseline_timing, problem_from_tables, window_edges
+    from emo.optimize.pipeline.tables import (
+        baseline_timing,
+        problem_from_tables,
+        window_edges,
+    )
 
     t = _tables()
     p = problem_from_tables(t)

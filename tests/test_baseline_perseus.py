@@ -4,7 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from emo.baselines.perseus_schedule import dag_edges, earliest_starts, instructions, lags, schedule, stage_of
+from emo.baselines.perseus_schedule import (
+    dag_edges,
+    earliest_starts,
+    instructions,
+    lags,
+    schedule,
+    stage_of,
+)
 
 
 def _trace(order, dur, gap=120_000):
@@ -25,14 +32,14 @@ def _trace(order, dur, gap=120_000):
                 t = st + dur[(rank, kind)]
     rows, corr = [], 0
     for rank, seq in enumerate(order):
-        rows.append(dict(rank=rank, kind="annotation", name="ProfilerStep#1", start_ns=0, dur_ns=10**9, correlation=-1))
+        rows.append({"rank": rank, "kind": "annotation", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 10**9, "correlation": -1})
         for kind, m in seq:
             st, d = start[(rank, kind, m)], dur[(rank, kind)]
-            rows.append(dict(rank=rank, kind="annotation", name=f"{kind}_step", start_ns=st - 20, dur_ns=50, correlation=-1))
-            rows.append(dict(rank=rank, kind="runtime", name="cudaLaunchKernel", start_ns=st - 10, dur_ns=5, correlation=corr))
-            rows.append(dict(rank=rank, kind="kernel", name="gemm", start_ns=st, dur_ns=d, correlation=corr))
-            rows.append(dict(rank=rank, kind="kernel", name="ncclDevKernel_SendRecv", start_ns=st + d, dur_ns=7,
-                             correlation=corr + 10**6))
+            rows.append({"rank": rank, "kind": "annotation", "name": f"{kind}_step", "start_ns": st - 20, "dur_ns": 50, "correlation": -1})
+            rows.append({"rank": rank, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": st - 10, "dur_ns": 5, "correlation": corr})
+            rows.append({"rank": rank, "kind": "kernel", "name": "gemm", "start_ns": st, "dur_ns": d, "correlation": corr})
+            rows.append({"rank": rank, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "start_ns": st + d, "dur_ns": 7,
+                             "correlation": corr + 10**6})
             corr += 1
     return pd.DataFrame(rows)
 

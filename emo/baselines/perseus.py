@@ -24,13 +24,22 @@ schedule: its controller locks the max clock and keeps it (setting.note says so)
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from emo.baselines.online import OnlineResult, PhaseMeter
-from emo.baselines.perseus_schedule import Schedule, dag_edges, earliest_starts, kind_times, lags, schedule, stage_of
+from emo.baselines.perseus_schedule import (
+    Schedule,
+    dag_edges,
+    earliest_starts,
+    kind_times,
+    lags,
+    schedule,
+    stage_of,
+)
 from emo.policy import FrequencyPolicy, Step
 
 
@@ -83,7 +92,12 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
     import networkx as nx
     from lowtime.cost_model import ExponentialModel
     from lowtime.graph_utils import add_sink_node, add_source_node
-    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
+    from lowtime.operation import (
+        CandidateExecutionOptions,
+        ExecutionOption,
+        Operation,
+        OperationSpec,
+    )
     from lowtime.solver import PhillipsDessouky
 
     from emo.optimize.solvers.perseus import HullCost, _rust_fallback
@@ -116,7 +130,7 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
             cand = CandidateExecutionOptions(options=opts)
             try:  # Perseus fits lowtime's exponential cost model to the Pareto-optimal options
                 model = ExponentialModel(cand, search_strategy="best")
-            except Exception:  # no fit in lowtime's grid of initial guesses: the options' convex hull
+            except (ValueError, RuntimeError):  # no fit in lowtime's grid of initial guesses: the options' convex hull
                 model, hull = HullCost(cand), hull + 1
             specs[key] = OperationSpec(options=cand, cost_model=model)
         g.add_node(v, op=Operation(spec=specs[key]))
@@ -138,7 +152,7 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
                 break
             if iters >= 2 * max_iterations:
                 break
-    info = {"pd_iterations": iters, "unit_time_ms": unit * 1e-6, "instructions": int(n), "dag_edges": int(len(a)),
+    info = {"pd_iterations": iters, "unit_time_ms": unit * 1e-6, "instructions": int(n), "dag_edges": len(a),
             "dag_time_ms": t_fast * 1e-6, "rust_panics": fallbacks[0], "hull_cost_models": hull}
     if choice is None and last is not None:  # lowtime's shortest schedule: Perseus's pick at its least time
         info["note"] = "no lowtime iterate met the deadline in exact times: its last (shortest) schedule"
