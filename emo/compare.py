@@ -24,6 +24,7 @@ import pandas as pd
 
 from emo import scoring
 from emo.io import write_json
+from emo.methods import ABLATIONS
 from emo.methods import METHODS as METHOD_ORDER
 
 METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
@@ -126,9 +127,10 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
             mg = scoring.margins([(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
                                  [seed_curve[int(sd)] for sd in emo["seed"]])
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
-        ok, why = scoring.ahead(scores, bpct)
+        rivals = {m: v for m, v in scores.items() if m not in ABLATIONS}  # an ablation is no rival of EMO
+        ok, why = scoring.ahead(rivals, bpct)
         n = scores["emo"].n if "emo" in scores else 0
-        out["EMO ahead"] = ("- (no baseline measured)" if "emo" in scores and len(scores) == 1
+        out["EMO ahead"] = ("- (no baseline measured)" if "emo" in rivals and len(rivals) == 1
                             else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else ""))
         rows.append(out)
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
