@@ -130,7 +130,7 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
             cand = CandidateExecutionOptions(options=opts)
             try:  # Perseus fits lowtime's exponential cost model to the Pareto-optimal options
                 model = ExponentialModel(cand, search_strategy="best")
-            except (ValueError, RuntimeError):  # no fit in lowtime's grid of initial guesses: the options' convex hull
+            except (ValueError, RuntimeError, TypeError):  # no fit (lowtime's grid of guesses; < 3 options): the hull
                 model, hull = HullCost(cand), hull + 1
             specs[key] = OperationSpec(options=cand, cost_model=model)
         g.add_node(v, op=Operation(spec=specs[key]))
