@@ -134,12 +134,13 @@ class EnergyMeter:
         self.thermal = thermal
         self.static_w = float(static_w)  # leakage at the current clock (the last step of the last history)
 
-    def append(self, t: np.ndarray, e_rel: np.ndarray, static: tuple | None = None) -> None:
+    def append(self, t: np.ndarray, e_rel: np.ndarray, static: tuple | None = None, *, settled: bool = False) -> None:
         """Extend the history by breakpoints `t` (starting at t_known) and cumulative energy e_rel (J);
-        static: (times, watts) of leakage at the clock from each time on (default: unchanged)."""
+        static: (times, watts) of leakage at the clock from each time on (default: unchanged);
+        settled: e_rel already includes the leakage of a die at its steady temperature."""
         if t.size == 0:
             return
-        if self.thermal is not None:
+        if self.thermal is not None and not settled:
             st_t, st_w = static if static is not None else (np.array([t[0]]), np.array([self.static_w]))
             st_t, st_w = np.asarray(st_t, dtype=np.float64), np.asarray(st_w, dtype=np.float64)
             self.static_w = float(st_w[-1])
@@ -164,12 +165,26 @@ class EnergyMeter:
         self.e_known = float(e[-1])
 
     def idle(self, t1: float, watts: float, static_w: float | None = None) -> None:
-        if t1 > self.t_known:
-            st = None if static_w is None else (np.array([self.t_known]), np.array([static_w]))
-            # with a thermal state, breakpoints on its grid: the leakage changes as the die cools or warms
-            n = 1 if self.thermal is None else max(1, min(int((t1 - self.t_known) / self.thermal.dt), 100_000))
-            t = np.linspace(self.t_known, t1, n + 1)
-            self.append(t, watts * (t - self.t_known) * 1e-9, st)
+        if t1 <= self.t_known:
+            return
+        th = self.thermal
+        if th is None:
+            self.append(np.array([self.t_known, t1]), np.array([0.0, watts * (t1 - self.t_known) * 1e-9]))
+            return
+        leak = self.static_w if static_w is None else float(static_w)
+        steady = th.r * (watts - th.p_ref)
+        if abs(th.theta - steady) > 1e-3:
+            # the die cools or warms toward its idle temperature: breakpoints on a grid until it settles
+            t_mid = min(t1, self.t_known + 8 * th.tau)
+            n = max(1, int((t_mid - self.t_known) / max(th.dt, th.tau / 50)))
+            t = np.linspace(self.t_known, t_mid, n + 1)
+            self.append(t, watts * (t - self.t_known) * 1e-9, (t[:1], np.array([leak])))
+            if t_mid >= t1:
+                return
+            th.theta = steady  # within exp(-8) of it
+        self.static_w = leak
+        w = watts + leak * (math.exp(th.k * steady) - 1.0)
+        self.append(np.array([self.t_known, t1]), np.array([0.0, w * (t1 - self.t_known) * 1e-9]), settled=True)
 
     def true_j(self, t: float) -> float:
         i = max(bisect.bisect_right(self._chunk_t0, t) - 1, 0)
