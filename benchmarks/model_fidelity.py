@@ -116,8 +116,9 @@ def pack_errors(device, workload, packs, ranges, model, clocks: list[int]) -> di
             err_e += [100 * ((e_m[i] / e_m[i0_m]) / (e[j] / e[i0_d]) - 1) for i, j in zip(cols, at)]
             # given the true time: the model's energy with its time replaced by the simulator's
             t_g = t_m[i0_m] * d / d[i0_d]
-            e_g = lambda i, j: m.idle_power_w[i] * t_g[j] + m.dynamic_energy_j[r][i]  # noqa: E731
-            err_g += [100 * ((e_g(i, j) / e_g(i0_m, i0_d)) / (e[j] / e[i0_d]) - 1) for i, j in zip(cols, at)]
+            e_g0 = m.idle_power_w[i0_m] * t_g[i0_d] + m.dynamic_energy_j[r][i0_m]
+            err_g += [100 * (((m.idle_power_w[i] * t_g[j] + m.dynamic_energy_j[r][i]) / e_g0) / (e[j] / e[i0_d]) - 1)
+                      for i, j in zip(cols, at)]
     a_t, a_e = np.abs(err_t), np.abs(err_e)
     return {"pack_t": float(a_t.mean()) if a_t.size else float("nan"), "pack_t_max": float(a_t.max()) if a_t.size else float("nan"),
             "pack_e": float(a_e.mean()) if a_e.size else float("nan"), "pack_e_max": float(a_e.max()) if a_e.size else float("nan"),

@@ -88,7 +88,7 @@ class ThermalLeakage:
         t0, t1 = float(t[0]), float(t[-1])
         if t1 <= t0:
             return np.zeros_like(t)
-        n = max(int(math.ceil((t1 - t0) / self.dt)), 1)
+        n = max(math.ceil((t1 - t0) / self.dt), 1)
         g = np.linspace(t0, t1, n + 1)
         h = np.diff(g)
         p = np.diff(np.interp(g, t, e)) / (h * 1e-9)

@@ -208,7 +208,7 @@ class KernelTables:
     core_w: np.ndarray | None = None  # [K, C] the core's part of power_w (nominal chip, before regulator loss)
     dram_w: np.ndarray | None = None  # [K, C] the DRAM's part
 
-    def chip_power_w(self, gp: "GpuPhysics", chip: int, seed: int) -> np.ndarray:
+    def chip_power_w(self, gp: GpuPhysics, chip: int, seed: int) -> np.ndarray:
         """[K, C] power_w of one chip of the node (its voltage offset and leakage)."""
         return gp.board_w(self.core_w, self.dram_w, chip, seed)
 
