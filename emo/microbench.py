@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
-MICROBENCH_DIR = Path(__file__).resolve().parents[1] / "microbench"
+from emo.paths import ROOT
+
+MICROBENCH_DIR = ROOT / "microbench"
 REGISTRY_PATH = MICROBENCH_DIR / "registry.yaml"
 
 # The fields of emo.device.sim.program.Work, in order (a test keeps the two equal).
