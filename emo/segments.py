@@ -40,7 +40,7 @@ class SegmentWindow:
 
     def _begin(self) -> None:
         seg = self.segments[self.i]
-        self.k, self.marks, self.e0 = 0, [], None
+        self.k, self.marks, self.e0 = 0, list[float](), None
         self.clocks = self._apply(seg["policy"]) if seg.get("policy") else None
         if self.clocks is not None:
             self.clocks.step()  # this marker starts the segment's first iteration: the policy's t = 0

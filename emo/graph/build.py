@@ -549,7 +549,7 @@ def _ranges(ranks: list[int]) -> str:
 def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarray, world: int) -> list[dict]:
     """Why the collectives not matched across ranks are not: one entry per group and reason, in
     order of (key, absent, expected)."""
-    out = []
+    out: list[dict] = []
     if not len(absent):
         return out
     ac = np.unique(absent.astype(str), return_inverse=True)[1].ravel()
