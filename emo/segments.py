@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 class SegmentWindow:
     starts_at_marker = False  # opened at a marker: the first segment's first iteration starts there
+    e0: float | None  # the rank's energy counter (J) when the segment's measured iterations began
 
     def __init__(self, plan_file: str | Path, *, apply: Callable | None = None, energy: Any = None,
                  sync: Callable[[], None] | None = None):

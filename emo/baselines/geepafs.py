@@ -95,7 +95,7 @@ def _pinned_fold(f: np.ndarray, u: np.ndarray, lo: np.ndarray, xc: float) -> tup
     return float(a1), float(b1), float(a2), float(b2), float(((a @ np.array([a1, b1, a2]) - u) ** 2).sum())
 
 
-def fit_fold_line(clocks: Sequence[float], util: Sequence[float]) -> FoldLine:
+def fit_fold_line(clocks: Sequence[float] | np.ndarray, util: Sequence[float] | np.ndarray) -> FoldLine:
     """Least-squares fold line through (clock, utilisation) samples (clocks may repeat): one line
     over all, against every split of the distinct clocks into >= 2 low and >= 2 high ones, two lines
     meeting between the split's clocks (or pinned at its lower clock), the first steeper."""
