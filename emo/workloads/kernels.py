@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-from emo.device.sim.program import KernelSpec, Work
+from emo.workloads.program import KernelSpec, Work
 from emo.workloads.arch import Arch
 
 ELT = 2  # bytes per bf16/fp16 element

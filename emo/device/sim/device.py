@@ -20,7 +20,7 @@ COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permiss
 from emo.device.sim.energy import EnergyMeter, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
-from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.workloads.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
 from emo.policy import issue_plan
 
