@@ -12,14 +12,15 @@ from __future__ import annotations
 import importlib
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 VENDOR_ENV = "EMO_GPU_VENDOR"  # which control backend open_control() uses (default "nvml")
 
 # Control backends by name, "module:factory", imported on demand; plugins add theirs with the
 # entry-point group `emo.controls` or register_control().
-CONTROLS: dict[str, str | Callable[..., "GpuControl"]] = {"nvml": "emo.device.nvml_control:NvmlControl"}
+CONTROLS: dict[str, str | Callable[..., GpuControl]] = {"nvml": "emo.device.nvml_control:NvmlControl"}
 
 
 class GpuAccessError(ValueError):

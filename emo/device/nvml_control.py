@@ -19,10 +19,10 @@ class NvmlControl(GpuControl):
     """NVML, initialised once; clock and power changes through a ClockController made on first use
     (so that reading energy needs neither root nor zeusd). `nvml`: a pynvml stand-in (tests)."""
 
-    def __init__(self, nvml: Any = None):
+    def __init__(self, nvml: Any = None, *, controller: nv.ClockController | None = None):
         self.nvml = nvml or nv.import_pynvml()
         nv.nvml_init(self.nvml)
-        self._controller: nv.ClockController | None = None
+        self._controller = controller
         self._handles: dict[int, Any] = {}
 
     @property

@@ -18,15 +18,16 @@ A kind is found, in this order: registered in this process; a module `emo.worklo
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 from emo.workloads.arch import Arch, arch_for
 from emo.workloads.params import SCHEMAS, resolve
 from emo.workloads.program import Program
 
-__all__ = ["build_program", "register_workload", "workload_kind", "Program"]
+__all__ = ["Program", "build_program", "register_workload", "workload_kind"]
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,15 @@ class SimDevice:
         self.last_sim_seconds = 0.0
 
     # ------------------------------------------------------------------ protocol: clocks and control
+    @property
+    def control(self):
+        """Its GPUs behind the vendor-neutral control interface (emo.device.control.GpuControl)."""
+        from emo.device.sim.control import SimControl
+
+        if getattr(self, "_control", None) is None:
+            self._control = SimControl(self, MAX_GPUS)
+        return self._control
+
     def supported_clocks(self) -> list[int]:
         return list(self.clocks)
 
