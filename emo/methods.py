@@ -9,8 +9,8 @@ module plus conf/optimizer/<name>.yaml (`name: <name>`).
 
 Contracts (`run`):
 - offline: run(tables, opt, budget, *, gpu, clock_latency, iteration_sd_s) -> (FrequencyPolicy, summary),
-  as emo.optimize.solve; summary[name] holds at least "transition_ms" ([lo, mean, hi]) and
-  "transition_source". The built-in ones (run None) share emo.optimize.pipeline.solve's search.
+  as emo.optimize.solve; the policy carries its prediction (predicted_time_s, predicted_energy_j:
+  emo.model.predict), summary[name] holds at least "transition_ms" ([lo, mean, hi]) and "transition_source". The built-in ones (run None) share emo.optimize.pipeline.solve's search.
 - online: run(device, workload, devices, budget, optimizer_cfg, gpu_cfg, *, iterations, warmup)
   -> emo.baselines.OnlineResult.
 """

@@ -42,14 +42,18 @@ BUILTIN = ("tp", "pp", "hybrid", "offload")  # modules emo.workloads.<kind>
 
 
 def register_workload(kind: str, schema: type, build: Callable[[Any, Arch], Program]) -> WorkloadKind:
-    """Make `kind` a workload: its config schema joins the config's (emo.config.WORKLOADS: Hydra and
-    `emo run` check it) and build_program builds it."""
+    """Make `kind` a workload: its config schema joins the config's (emo.config.WORKLOADS, checked when
+    `emo run` composes; Hydra's ConfigStore as `<kind>_schema`, which conf/workload/<kind>.yaml names in
+    its defaults list) and build_program builds it."""
+    from hydra.core.config_store import ConfigStore
+
     from emo import config
 
     entry = WorkloadKind(kind, schema, build)
     _REGISTRY[kind] = entry
     SCHEMAS[kind] = schema
     config.WORKLOADS.setdefault(kind, schema)
+    ConfigStore.instance().store(group="workload", name=f"{kind}_schema", node=schema)
     return entry
 
 
