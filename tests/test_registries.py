@@ -247,3 +247,34 @@ def test_the_virtual_gpu_behind_the_control_interface():
         c.energy_j(99)
     with pytest.raises(ctl.GpuAccessError, match="not a supported clock"):
         c.lock_sm_clock(0, lo + 1)
+
+
+def test_a_method_module_named_by_convention_is_found(monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("emo.optimize.solvers.conventional")
+    mod.solve = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "emo.optimize.solvers.conventional", mod)
+    try:
+        assert "conventional" in methods.OFFLINE  # loaded by `in`, as plan.py and validate ask
+        assert methods.method("conventional").run is mod.solve
+    finally:
+        methods._REGISTRY.pop("conventional", None)
+
+
+def test_a_workload_module_named_by_convention_is_found(monkeypatch):
+    import sys
+    import types
+
+    from emo import config
+    from emo.workloads.params import SCHEMAS
+
+    mod = types.ModuleType("emo.workloads.conventional")
+    mod.SCHEMA, mod.build = ToyWorkload, build_toy
+    monkeypatch.setitem(sys.modules, "emo.workloads.conventional", mod)
+    try:
+        assert build_program({"kind": "conventional", "kernels": 2}).kernel_launches() == 2
+    finally:
+        for d in (WORKLOAD_REGISTRY, SCHEMAS, config.WORKLOADS):
+            d.pop("conventional", None)
