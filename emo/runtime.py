@@ -191,6 +191,7 @@ class PolicyApplier:
 
     def _raise_if_failed(self) -> None:
         if self.strict and (self.failed or self.resets_failed):
+            assert self.first_error is not None  # _fail counts a failure and names the first one
             raise ClockRequestFailed(f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
                                      f"{self.summary_line().removeprefix('emo: ')})")
 
