@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the analysis itself is imported when it runs: `emo --help` 
     import pandas as pd
 
     from emo.graph import Graph
-    from emo.graph.whatif import Result
+    from emo.graph.whatif import Compiled, Result
 
 
 # More GPU ops than this share without their launching call in the trace: no critical path. A window
@@ -106,7 +106,7 @@ class Trace:
     def __init__(self, path, *, rank: int | None = None, annotation: str | None = None, instance: int = 0):
         self.path = path
         self._a = analyze_trace(path, rank=rank, annotation=annotation, instance=instance)
-        self._compiled = None
+        self._compiled: Compiled | None = None
 
     @property
     def events(self) -> pd.DataFrame:
@@ -152,8 +152,7 @@ class Trace:
         from emo.graph.graph import GPU_NODE_KINDS
         from emo.graph.whatif import compile_graph, whatif
 
-        if self._compiled is None:
-            self._compiled = compile_graph(self.graph)
+        compiled = self._compiled = self._compiled or compile_graph(self.graph)
         nodes = self.graph.nodes
         dur = nodes["dur_ns"].to_numpy(np.int64).copy() if dur_ns is None else np.asarray(dur_ns, np.int64)
         if len(dur) != len(nodes):
@@ -163,7 +162,7 @@ class Trace:
         for pattern, factor in (scale or {}).items():
             hit = gpu & names.str.contains(re.compile(pattern), regex=True).to_numpy()
             dur[hit] = np.round(dur[hit] * float(factor)).astype(np.int64)
-        r = whatif(self._compiled, dur, slack=False)
+        r = whatif(compiled, dur, slack=False)
         return {"makespan_us": r.makespan_ns / 1e3, "recorded_makespan_us": self._a.result.makespan_ns / 1e3,
                 "critical_path_nodes": int(len(r.critical_path))}
 

@@ -27,15 +27,19 @@ from typing import Any
 class Method:
     name: str
     online: bool
-    run: Callable[..., Any] | str | None = None  # "module:function" is imported on first use; None: a
-    # built-in planned by emo.optimize.pipeline.solve
+    run: Callable[..., Any] | None = None  # None: a built-in planned by emo.optimize.pipeline.solve
 
 
 _REGISTRY: dict[str, Method] = {}
+_LAZY: dict[str, str] = {}  # name -> "module:function" of a method's run, imported on first use
 
 
 def register_method(name: str, *, online: bool, run: Callable[..., Any] | str | None = None) -> Method:
-    """Make `name` a value of optimizer.name (tables and plots list methods in registration order)."""
+    """Make `name` a value of optimizer.name (tables and plots list methods in registration order);
+    `run` may be "module:function", imported when the method is first asked for."""
+    _LAZY.pop(name, None)
+    if isinstance(run, str):
+        _LAZY[name], run = run, None
     _REGISTRY[name] = m = Method(name, online, run)
     return m
 
@@ -54,11 +58,10 @@ def method(name: str) -> Method:
         _discover(name)
     if name not in _REGISTRY:
         raise ValueError(f"optimizer.name: unknown method {name!r} (expected one of {', '.join(METHODS)})")
-    m = _REGISTRY[name]
-    if isinstance(m.run, str):
-        module, attr = m.run.split(":")
-        m = _REGISTRY[name] = Method(name, m.online, getattr(importlib.import_module(module), attr))
-    return m
+    if name in _LAZY:
+        module, attr = _LAZY.pop(name).split(":")
+        _REGISTRY[name] = Method(name, _REGISTRY[name].online, getattr(importlib.import_module(module), attr))
+    return _REGISTRY[name]
 
 
 def _discover(name: str) -> None:

@@ -21,6 +21,6 @@ def run_online(name: str, device: Any, workload: Any, devices: Sequence[int], bu
                optimizer_cfg: dict, gpu_cfg: dict, *, iterations: int, warmup: int) -> OnlineResult:
     """Run the online method `name` (emo.methods' registry: built-in or a plugin)."""
     m = method(name)
-    if not m.online:
+    if not m.online or m.run is None:
         raise ValueError(f"optimizer.name: {name!r} is not an online baseline (expected one of {', '.join(ONLINE)})")
     return m.run(device, workload, devices, budget, optimizer_cfg, gpu_cfg, iterations=iterations, warmup=warmup)

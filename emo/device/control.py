@@ -123,4 +123,6 @@ class RankEnergy:
         self._control, self.index = control, index
 
     def read_j(self) -> float | None:
-        return None if self._control is None else self._control.energy_j(self.index)
+        if self._control is None or self.index is None:
+            return None
+        return self._control.energy_j(self.index)
