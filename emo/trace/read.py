@@ -4,8 +4,8 @@ graph is built from it.
 A format is a name, a test on a path and its first bytes, and a reader to the normalised event table
 (emo.trace.schema). read_trace tries the registered formats in order: plugins first (register_trace_format
 or the entry-point group `emo.trace_formats`), then the per-rank folder, an Nsight Systems SQLite
-export, and Kineto JSON, which takes any other file. A new format is its reader module plus a line
-in the docs; it registers itself where it is defined.
+export, and Kineto JSON, which takes any other file. A new format is its reader module, a line in
+FORMATS and a line in docs/analyze.md; a package outside EMO registers its own.
 """
 from __future__ import annotations
 
