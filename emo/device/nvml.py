@@ -277,26 +277,6 @@ def visible_nvml_indices(nvml) -> list[int]:
     return [i for i in ids if 0 <= i < count]
 
 
-class EnergyCounter:
-    """NVML's total-energy counters (mJ since the driver loaded) of some GPUs, read in joules. Only
-    reads: needs no permission. `indices` are NVML indices (default: every visible GPU)."""
-
-    def __init__(self, indices: list[int] | None = None):
-        self.nvml = import_pynvml()
-        nvml_init(self.nvml)
-        self.indices = visible_nvml_indices(self.nvml) if indices is None else list(indices)
-        try:
-            self._handles = {i: self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices}
-        except self.nvml.NVMLError as e:
-            raise explain(self.nvml, e, f"GPUs {self.indices}") from e
-
-    def read_j(self) -> dict[int, float]:
-        try:
-            return {i: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for i, h in self._handles.items()}
-        except self.nvml.NVMLError as e:
-            raise explain(self.nvml, e, f"energy counter of GPUs {self.indices}") from e
-
-
 def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
