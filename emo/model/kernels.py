@@ -68,11 +68,8 @@ def _named(df: pd.DataFrame) -> pd.DataFrame:
     return df.rename(columns={"bench": "name"}) if "name" not in df.columns and "bench" in df.columns else df
 
 
-def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Curves:
-    """Validate a long table and pivot it (median over repeated rows). Features are read later, at
-    the reference clock; a static feature (one value per name) given on some rows only fills the
-    others."""
-    df = _named(df)
+def _check_columns(df: pd.DataFrame, where: str, features: FeatureSet) -> None:
+    """The columns a table of curves needs, and rows at all."""
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{where}: missing column {missing[0]} (want name, sm_mhz, time_s, energy_j or power_w, counters)")
@@ -85,6 +82,11 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
     absent = [c for c in features if c not in df.columns]
     if absent:
         raise ValueError(f"{where}: missing counter column {absent[0]} (the benchmarks have it)")
+
+
+def _clean_values(df: pd.DataFrame, where: str, features: FeatureSet) -> tuple[pd.DataFrame, list[str]]:
+    """Names as text, clocks as whole MHz, measured values > 0, counters numbers >= 0 (a static
+    counter given on some rows fills the others). Returns the table and its value columns."""
     df = df.assign(name=df["name"].astype(str), sm_mhz=pd.to_numeric(df["sm_mhz"], errors="coerce"))
     if df["sm_mhz"].isna().any() or (df["sm_mhz"] <= 0).any():
         raise ValueError(f"{where}: sm_mhz must be a positive number on every row")
@@ -109,6 +111,11 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
     for c in features:
         if df[c].isna().any() and is_static(df, c):
             df[c] = df[c].fillna(df.groupby("name")[c].transform("median"))
+    return df, vals
+
+
+def _pivot(df: pd.DataFrame, vals: list[str], features: FeatureSet) -> Curves:
+    """Name x clock grids (median over repeated rows), energy or power derived from the other."""
     med = df.groupby(["name", "sm_mhz"], sort=False)[vals + list(features)].median()
     names = list(dict.fromkeys(df["name"]))
     clocks = np.sort(df["sm_mhz"].unique())
@@ -121,6 +128,16 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
         e = p * t
     c = np.stack([grid(k) for k in features], axis=2) if len(features) else np.zeros((len(names), len(clocks), 0))
     return Curves(names, clocks, t, e, p, c, features)
+
+
+def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Curves:
+    """Validate a long table and pivot it (median over repeated rows). Features are read later, at
+    the reference clock; a static feature (one value per name) given on some rows only fills the
+    others."""
+    df = _named(df)
+    _check_columns(df, where, features)
+    df, vals = _clean_values(df, where, features)
+    return _pivot(df, vals, features)
 
 
 
