@@ -81,7 +81,7 @@ class GpuControl(ABC):
         training process, `devices` mapping the policy's device ids to indices."""
         raise NotImplementedError(f"{type(self).__name__} has no runtime applier")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend with nothing to release keeps it
         """Release the library (what was changed stays changed: reset it first)."""
 
 
