@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.compare import latest, static_curve
+from emo.runs import latest, static_curve
 from emo.methods import METHODS as METHOD_ORDER
 
 MARKERS = dict(zip(METHOD_ORDER, "osD^v"))

@@ -249,3 +249,16 @@ def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so()
     five = t.loc[("a100", "TP4", 0.05)]
     assert five["static"] == "10.4/5.0"  # its own run's pick (was 4.0/1.5 of the 2 % run's curve)
     assert five["EMO ahead"].endswith("(n = 1 seed: no spread)")
+
+
+def test_compare_and_plots_do_not_import_each_other_both_ways():
+    """emo.compare draws with emo.plots; emo.plots reads runs and stage folders through emo.runs, never
+    through emo.compare (the two used to import each other)."""
+    import ast
+
+    import emo.plots
+
+    src = ast.parse(Path(emo.plots.__file__).read_text())
+    imported = {n.module for n in ast.walk(src) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(src) if isinstance(n, ast.Import) for a in n.names}
+    assert "emo.compare" not in imported and "emo.runs" in imported
