@@ -222,9 +222,9 @@ def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Late
 
 def expected(tables, policy: FrequencyPolicy, lats):
     """The prediction of `policy` in expectation over the clock-request latencies (Latencies.of
-    `lats`): time, energy and makespan are the quadrature's weighted means; the node times (start_ns,
-    finish_ns, for the critical path) are those of its slowest node. What the stage reports, and the
-    one on-time test of the budget search, the polish and the repair."""
+    `lats`): time, energy, makespan and the per-GPU energies are the quadrature's weighted means; the
+    node times (start_ns, finish_ns, for the critical path) are those of its slowest node. What the
+    stage reports, and the one on-time test of the budget search, the polish and the repair."""
     q = Latencies.of(lats)
     runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]
     w = np.asarray(q.weights) / np.sum(q.weights)
@@ -233,8 +233,9 @@ def expected(tables, policy: FrequencyPolicy, lats):
         return float(np.clip(np.dot(w, x), x.min(), x.max()))
 
     slow = max(runs, key=lambda r: r.makespan_ns)
+    per_gpu = {k: np.tensordot(w, [getattr(r, k) for r in runs], axes=1) for k in ("idle_per_device_j", "dynamic_per_device_j")}
     return dataclasses.replace(slow, time_s=mean("time_s"), energy_j=mean("energy_j"), makespan_ns=mean("makespan_ns"),
-                               idle_energy_j=mean("idle_energy_j"), dynamic_energy_j=mean("dynamic_energy_j"))
+                               idle_energy_j=mean("idle_energy_j"), dynamic_energy_j=mean("dynamic_energy_j"), **per_gpu)
 
 
 def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
