@@ -130,6 +130,9 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
                     "transition_ms": lats.range(), "transition_source": source,
                     "latency_quadrature": {"nodes_ms": [round(x, 4) for x in lats.nodes],
                                            "weights": [round(x, 6) for x in lats.weights]}}
+    if lats.own_nodes is not None:  # the energy's: each GPU's own raise
+        record["latency_quadrature"].update({"own_nodes_ms": [round(x, 4) for x in lats.own_nodes],
+                                             "own_weights": [round(x, 6) for x in lats.own_weights]})
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
