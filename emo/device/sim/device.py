@@ -308,7 +308,9 @@ class SimDevice:
         self._idle_until(u0 + 1.0)
         e0 = [self.energy_j(g) for g in range(program.ranks)]
         res = self.simulate(program, iterations, policy=self.policy)
-        u1 = m0.next_update(res.t_end)
+        # from where the device is now: a clock request that lands after the run moved it past t_end,
+        # and a counter update before that would leave idle time in the window the tail misses
+        u1 = m0.next_update(self.now)
         self._idle_until(u1 + 1.0)
         e1 = [self.energy_j(g) for g in range(program.ranks)]
         u2 = m0.next_update(u1 + 1.0)
