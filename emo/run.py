@@ -109,6 +109,9 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
 
     if len(jobs) > 1:
         print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
+        if args.dry_run:  # what the sweep expanded to, one line a job
+            for j in sw.jobs:
+                print(f"emo: job {j.name}", file=sys.stderr)
     cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)

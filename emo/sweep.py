@@ -22,18 +22,41 @@ from pathlib import Path
 from emo.plan import StagePlan, compose, plan
 
 
-def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The jobs of a run: one without -m; the cartesian product of the sweep values with it."""
+def expand(overrides: list[str], multirun: bool, config_dir: Path | None = None) -> list[list[str]]:
+    """The jobs of a run: one without -m; with it, what Hydra's basic sweeper makes of the overrides
+    (its grammar: `a,b`, `choice(...)`, `range(start,stop,step)`, `glob(pattern)` over a config
+    group): the cartesian product of each key's values, a key given twice taking the last."""
     if not multirun:
         return [list(overrides)]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
-    choices = []
-    for o in OverridesParser.create().parse_overrides(overrides):
+    from emo.plan import ROOT, _parse
+
+    parsed = _parse(list(overrides))
+    if any(o.value_type == ValueType.GLOB_CHOICE_SWEEP for o in parsed):  # glob lists a group: Hydra's loader knows them
+        parsed = _parse(list(overrides), config_dir=Path(config_dir or ROOT / "conf"))
+    choices: dict[str, list[str]] = {}
+    for o in parsed:
         key = o.get_key_element()
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        choices.append([f"{key}={v}" for v in values])
-    return [list(combo) for combo in itertools.product(*choices)]
+        choices[key] = [f"{key}={v}" for v in _values(o)]
+    return [list(combo) for combo in itertools.product(*choices.values())]
+
+
+def _values(o) -> list[str]:
+    """One override's values, as strings the override grammar reads back."""
+    if not o.is_sweep_override():
+        return [o.get_value_element_as_str()]
+    if not o.is_discrete_sweep():
+        raise ValueError(f"{o.input_line}: an interval is not a list of values (a sampling sweeper such as "
+                         "Optuna's draws from it); give them with choice(...) or range(start,stop,step)")
+    from hydra.core.override_parser.types import ValueType
+
+    values = list(o.sweep_string_iterator())
+    if o.value_type == ValueType.GLOB_CHOICE_SWEEP:  # the typed-config schemas conf/ names in its defaults lists are not choices
+        values = [v for v in values if not v.endswith("_schema")]
+    if not values:
+        raise ValueError(f"{o.input_line}: matches no value")
+    return values
 
 
 @dataclass(frozen=True)
