@@ -32,6 +32,33 @@ def test_a_sweep_plans_every_job_and_shares_stage_folders(tmp_path):
     assert sw.upstream("fit", j.plans["fit"].hash, "calibrate", "bench.parquet") == j.plans["calibrate"].out("bench.parquet")
 
 
+def test_hydras_sweep_grammar_expands_as_its_basic_sweeper_does():
+    assert sweep.expand(["budget=range(0,0.06,0.02)"], True) == [["budget=0.0"], ["budget=0.02"], ["budget=0.04"]]
+    assert sweep.expand(["optimizer=choice(emo,zeus)", "workload.tp=2"], True) == [
+        ["optimizer=emo", "workload.tp=2"], ["optimizer=zeus", "workload.tp=2"]]
+    assert sweep.expand(["budget=0.01,0.02", "budget=0.05"], True) == [["budget=0.05"]]  # a key twice: the last
+    # glob lists the group's configs in conf/, not the typed-config schemas registered beside them
+    assert sweep.expand(["gpu=glob(*,exclude=[nvml,rtx*])"], True) == [["gpu=a100"], ["gpu=h100"], ["gpu=v100"]]
+
+
+@pytest.mark.parametrize("override, line", [
+    ("budget=interval(0,0.1)", r"^budget=interval\(0,0.1\): an interval is not a list of values"),
+    ("optimizer=glob(nosuch*)", r"^optimizer=glob\(nosuch\*\): matches no value$"),
+    ("budget=range(0,", r"^bad configuration: budget=range\(0,: Hydra cannot parse this override"),
+])
+def test_a_sweep_hydra_cannot_enumerate_is_one_line(override, line):
+    with pytest.raises(ValueError, match=line):
+        sweep.expand([override], True)
+
+
+def test_emo_run_dry_run_lists_a_glob_sweeps_jobs(tmp_path, capsys):
+    assert cli_main(["run", "-n", "-m", "optimizer=glob(*)", f"results={tmp_path}"]) == 0
+    err = capsys.readouterr().err
+    listed = re.findall(r"^emo: job (.+)$", err, re.M)
+    assert listed == [f"optimizer={m}" for m in sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob("*.yaml"))]
+    assert "Traceback" not in err
+
+
 def test_a_sweep_writes_into_one_results_folder(tmp_path):
     with pytest.raises(ValueError, match="results: a sweep writes into one results folder"):
         sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
