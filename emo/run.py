@@ -4,10 +4,11 @@ With -m (multirun), comma lists sweep: `emo run -m budget=0.02,0.05 workload.tp=
 combination's targets into one Snakemake run (emo.sweep), so independent jobs run at once (`-j N`) and
 stage folders the jobs share run once; MLflow gets one parent run and a child per job when it ends.
 
-A run holds its results folder's lock (emo.locks) and runs Snakemake without Snakemake's own lock,
-which lives in the working directory and outlives a killed run. A failure ends with one line
+A run holds its results folder's lock (emo.locks) and runs the `snakemake` command without Snakemake's
+own lock, which lives in the working directory and outlives a killed run. A failure ends with one line
 (`emo: error: FILE: problem (stage S, log L)`), the traceback only in the stage log or with
---verbose; Ctrl-C, SIGTERM and SIGHUP stop the jobs and end with one line, exit 128 + the signal.
+--verbose; Ctrl-C, SIGTERM and SIGHUP are passed on to Snakemake and its jobs, which stop, and the
+run ends with one line, exit 128 + the signal.
 """
 from __future__ import annotations
 
@@ -154,8 +155,9 @@ PROFILES = ROOT / "profiles"
 def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
               gpus: int | None = 1, report: str | None = None, profile: str | None = None,
               verbose: bool = False, planned=None) -> str | None:
-    """Run the Snakefile on every job's targets at once (one DAG), as the `snakemake` command line
-    would (so a workflow profile, its executor plugin and its settings apply unchanged); None when it
+    """Run the Snakefile on every job's targets at once (one DAG) with the `snakemake` command line,
+    in a process of its own (so a workflow profile, its executor plugin and its settings apply
+    unchanged, and its signal handlers are its own); None when it
     succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
     GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
     folder of profiles/ or a path; `planned`: the emo.sweep.Sweep of `jobs` when the caller built it
@@ -163,13 +165,11 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
     import socket
-    import tempfile
-
-    from snakemake.cli import args_to_api, parse_args
+    import subprocess
 
     from emo import sweep
 
-    argv = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
+    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
             "--config", f"jobs={json.dumps([list(j) for j in jobs])}",
             # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
             "--no-hooks", "--rerun-incomplete", "--nolock"]
@@ -191,57 +191,72 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         argv += ["--until", until]
     if report:
         argv += ["--report", str(report)]
-    # in the results folder under EMO's mark (emo.locks.ERRORS_FILE): what a kill -9 leaves, the next run removes
+    # in the results folder under EMO's mark (emo.locks.RUN_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
     if held:
-        reports = str(Path(planned.results) / f".emo-errors-{os.getpid()}.jsonl")
-        Path(reports).unlink(missing_ok=True)
-        Path(reports).touch()
-    else:  # no results folder yet (a first run, a dry run): a fresh file nobody else can have named
-        fd, reports = tempfile.mkstemp(prefix=".emo-errors-", suffix=".jsonl")
-        os.close(fd)
-    os.environ[errors.ERRORS_ENV] = reports
-    os.environ[locks.RUN_ENV] = f"{socket.gethostname()}:{os.getpid()}"  # the stages watch it (locks.stop_with_parent)
-    keep_handlers()
+        reports, plan_file = run_file(Path(planned.results), "errors"), run_file(Path(planned.results), "plan")
+    else:  # a first run, a dry run: fresh files nobody else can have named
+        reports, plan_file = fresh_file(".jsonl"), fresh_file(".pickle")
+    if planned is not None:  # the Snakefile takes the sweep planned here instead of composing every job again
+        sweep.save_planned(planned, plan_file)
+        argv.insert(argv.index("--config") + 2, f"planned={plan_file}")
+    env = {**os.environ, errors.ERRORS_ENV: str(reports),
+           locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}"}  # the stages watch it (locks.stop_with_parent)
     try:
-        parser, args = quiet_profile_line(parse_args, argv, verbose)
-        with sweep.planned(planned):
-            ok = bool(args_to_api(args, parser))
-        if ok:
+        proc = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # errors.signals_raise passed the signal on to Snakemake and its jobs
+            stop(proc)
+            raise
+        if code == 0:
             if report:
                 print(f"emo: report {report}", file=sys.stderr)
             return None
-        return failure(errors.read_reports(Path(reports)), report)
+        return failure(errors.read_reports(reports), report)
     finally:
-        os.environ.pop(errors.ERRORS_ENV, None)
-        os.environ.pop(locks.RUN_ENV, None)
-        Path(reports).unlink(missing_ok=True)
+        reports.unlink(missing_ok=True)
+        plan_file.unlink(missing_ok=True)
 
 
-def quiet_profile_line(parse_args, argv: list[str], verbose: bool):
-    """Snakemake's parse_args, without its "Using workflow specific profile ..." line on every run
-    (kept with --verbose); anything else it prints (a profile's error) still shows."""
-    import io
+def run_file(results: Path, kind: str) -> Path:
+    """`<results>/.emo-<kind>-<pid>.<suffix>`, empty: what this run hands its Snakemake (locks.RUN_FILE)."""
+    path = results / f".emo-{kind}-{os.getpid()}.{'jsonl' if kind == 'errors' else 'pickle'}"
+    path.unlink(missing_ok=True)
+    path.touch()
+    return path
 
-    buf = io.StringIO()
+
+def fresh_file(suffix: str) -> Path:
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".emo-run-", suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def die_with_parent() -> None:
+    """In the Snakemake process, before it starts: killed with emo run (a kill -9 too), so that its
+    jobs, which die with it (locks.stop_with_parent), do not run on beside the next run."""
+    import ctypes
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+STOP_S = 60  # how long Snakemake may take to stop its jobs after a signal, before it is killed
+
+
+def stop(proc) -> None:
+    """Wait for Snakemake to stop its jobs (they have the signal too); a second signal, or STOP_S,
+    kills it (its jobs then get SIGTERM as it dies)."""
+    import subprocess
+
     try:
-        with contextlib.redirect_stderr(buf):
-            return parse_args(argv)
-    finally:
-        lines = buf.getvalue().splitlines(keepends=True)
-        sys.stderr.write("".join(ln for ln in lines if verbose or not ln.startswith("Using ")))
-
-
-def keep_handlers() -> None:
-    """Snakemake's scheduler makes SIGTERM "graceful" (wait for the running jobs, however long): a
-    scheduler's grace period would end in SIGKILL mid-job. Keep emo's handler (errors.signals_raise:
-    stop the jobs now, as Ctrl-C does) by giving the scheduler a `signal` module that leaves SIGTERM be."""
-    import types
-
-    from snakemake.scheduling import job_scheduler
-
-    if isinstance(job_scheduler.signal, types.ModuleType):
-        job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
+        proc.wait(timeout=STOP_S)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
 
 
 failed_folders: list[Path] = []  # the stage folders the last failed Snakemake run could not make (failure)

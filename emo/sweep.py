@@ -133,29 +133,37 @@ def build(job_overrides: list[list[str]]) -> Sweep:
     return Sweep(jobs, roots.pop(), by_stage)
 
 
-_planned: list[Sweep] = []  # the sweep `emo run` planned, while its Snakemake runs in this process
+def save_planned(sw: Sweep, path: Path) -> None:
+    """The sweep `emo run` composed and planned, for its Snakemake process to take instead of
+    composing every job again (seconds per sweep, before any job starts)."""
+    import pickle
 
-
-@contextlib.contextmanager
-def planned(sw: Sweep | None) -> Iterator[None]:
-    """While `emo run` runs Snakemake in its own process, the Snakefile takes the sweep it already
-    composed and planned instead of composing every job again (seconds per sweep, before any job starts)."""
-    _planned[:] = [sw] if sw is not None else []
-    try:
-        yield
-    finally:
-        _planned.clear()
+    Path(path).write_bytes(pickle.dumps(sw, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def from_snakemake_config(config: dict) -> Sweep:
     """The Snakefile's sweep: `--config 'jobs=[["budget=0.02"],["budget=0.05"]]'` (what `emo run -m`
-    passes), or one job from `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
+    passes, with `planned=FILE`: the sweep it planned, see save_planned), or one job from
+    `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
     if config.get("jobs"):
         jobs = [[str(o) for o in job] for job in config["jobs"]]
-        if _planned and [list(j.overrides) for j in _planned[0].jobs] == jobs:
-            return _planned[0]
+        planned = _load_planned(config.get("planned"))
+        if planned is not None and [list(j.overrides) for j in planned.jobs] == jobs:
+            return planned
         return build(jobs)
     return build([[str(o) for o in config.get("overrides", [])]])
+
+
+def _load_planned(path) -> Sweep | None:
+    import pickle
+
+    if not path:
+        return None
+    try:
+        sw = pickle.loads(Path(path).read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # gone, cut short, older code
+        return None
+    return sw if isinstance(sw, Sweep) else None
 
 
 def gpus_needed(cfg: dict) -> int:

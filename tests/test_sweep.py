@@ -71,15 +71,23 @@ def test_a_folder_the_sweep_does_not_plan_is_named_in_one_line(tmp_path):
         sw.job("fit", "0123456789ab")
 
 
-def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path):
+def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path, monkeypatch):
     jobs = sweep.expand([f"results={tmp_path}", "budget=0.02,0.05"], True)
     sw = sweep.build(jobs)
-    with sweep.planned(sw):
-        assert sweep.from_snakemake_config({"jobs": jobs}) is sw
-        other = sweep.from_snakemake_config({"jobs": jobs[:1]})  # not the planned jobs: composed here
-        assert other is not sw and [list(j.overrides) for j in other.jobs] == jobs[:1]
-    assert sweep.from_snakemake_config({"jobs": jobs}) is not sw  # only while that run lasts
+    sweep.save_planned(sw, tmp_path / "plan.pickle")
+    build = sweep.build
 
+    def no_composing(job_overrides):
+        raise AssertionError("composed again")
+
+    monkeypatch.setattr(sweep, "build", no_composing)
+    taken = sweep.from_snakemake_config({"jobs": jobs, "planned": str(tmp_path / "plan.pickle")})
+    assert taken == sw and taken.by_stage == sw.by_stage
+    monkeypatch.setattr(sweep, "build", build)
+    other = sweep.from_snakemake_config({"jobs": jobs[:1], "planned": str(tmp_path / "plan.pickle")})
+    assert [list(j.overrides) for j in other.jobs] == jobs[:1]  # not the planned jobs: composed here
+    (tmp_path / "cut.pickle").write_bytes((tmp_path / "plan.pickle").read_bytes()[:100])
+    assert sweep.from_snakemake_config({"jobs": jobs, "planned": str(tmp_path / "cut.pickle")}) == sw  # composed afresh
 
 def test_a_fresh_mlflow_store_is_made_by_mlflow_itself(tmp_path, monkeypatch):
     """MLflow creates and migrates each new store (its public client only), with its Default
