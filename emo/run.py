@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -203,12 +204,13 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     env = {**os.environ, errors.ERRORS_ENV: str(reports),
            locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}"}  # the stages watch it (locks.stop_with_parent)
     try:
-        proc = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:  # errors.signals_raise passed the signal on to Snakemake and its jobs
-            stop(proc)
-            raise
+        with stderr_without_profile_line(keep=verbose) as stderr:  # all of it copied before emo's own lines
+            proc = subprocess.Popen(argv, env=env, stderr=stderr, preexec_fn=die_with_parent)
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:  # errors.signals_raise passed the signal on to Snakemake and its jobs
+                stop(proc)
+                raise
         if code == 0:
             if report:
                 print(f"emo: report {report}", file=sys.stderr)
@@ -217,6 +219,76 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     finally:
         reports.unlink(missing_ok=True)
         plan_file.unlink(missing_ok=True)
+
+
+PROFILE_LINE = re.compile(rb"Using .*profile.* for setting default command line arguments\.\r?\n")
+
+
+@contextlib.contextmanager
+def stderr_without_profile_line(keep: bool = False):
+    """The stderr to start Snakemake with: ours, less the "Using workflow specific profile ..." line
+    its command line prints on every run (kept with `keep`, for --verbose). A terminal stays a
+    terminal (a pseudo-terminal of its size, so the stages' progress bars show). A thread copies it
+    until every process holding it has ended (the caller waits for Snakemake inside)."""
+    import pty
+    import threading
+
+    if keep:
+        yield None
+        return
+    if os.isatty(2):
+        ours, theirs = pty.openpty()
+        with contextlib.suppress(OSError):
+            import fcntl
+            import termios
+
+            fcntl.ioctl(theirs, termios.TIOCSWINSZ, fcntl.ioctl(2, termios.TIOCGWINSZ, b"\0" * 8))
+    else:
+        ours, theirs = os.pipe()
+    copy = threading.Thread(target=_copy_stderr, args=(ours,), daemon=True)
+    copy.start()
+    try:
+        yield theirs
+    finally:
+        os.close(theirs)  # the child held its own copy: the copy ends when the child's processes have
+        copy.join(timeout=COPY_WAIT_S)
+
+
+COPY_WAIT_S = 10  # for what a stage still writes as it stops, once Snakemake has ended
+
+
+def _copy_stderr(fd: int) -> None:
+    """Copy `fd` to our stderr as it comes, the first line only once whole (it may be the profile line)."""
+    first = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            if first is not None:
+                first += chunk
+                if b"\n" not in first:
+                    continue
+                line, _, rest = first.partition(b"\n")
+                chunk = rest if PROFILE_LINE.fullmatch(line + b"\n") else first
+                first = None
+            _write_stderr(chunk)
+    except OSError:  # a pseudo-terminal whose last writer closed it (EIO), or our stderr gone
+        pass
+    finally:
+        if first:
+            with contextlib.suppress(OSError, ValueError):
+                _write_stderr(first)
+        os.close(fd)
+
+
+def _write_stderr(data: bytes) -> None:
+    """To sys.stderr, as Snakemake run in this process wrote (what a caller captures sees it too)."""
+    out = getattr(sys.stderr, "buffer", None)
+    if out is None:
+        sys.stderr.write(data.decode(errors="replace"))
+    else:
+        sys.stderr.flush()
+        out.write(data)
+        out.flush()
+    sys.stderr.flush()
 
 
 def run_file(results: Path, kind: str) -> Path:
