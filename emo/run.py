@@ -320,13 +320,13 @@ STOP_S = 60  # how long Snakemake may take to stop its jobs after a signal, befo
 
 
 def stop(proc) -> None:
-    """Wait for Snakemake to stop its jobs (they have the signal too); a second signal, or STOP_S,
-    kills it (its jobs then get SIGTERM as it dies)."""
+    """Wait for Snakemake to stop its jobs (they have the signal too); after STOP_S it is killed
+    (its jobs then get SIGTERM as it dies)."""
     import subprocess
 
     try:
         proc.wait(timeout=STOP_S)
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
 
