@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -118,7 +119,10 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
     failed_folders.clear()
-    error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
+    from emo import tracking
+
+    store = None if args.dry_run else functools.partial(tracking.create_while_running, sw.jobs[0].cfg["tracking"])
+    error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, started=store, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
     if not args.dry_run:  # MLflow and the result lines, also when nothing had to run
@@ -155,14 +159,15 @@ PROFILES = ROOT / "profiles"
 
 def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
               gpus: int | None = 1, report: str | None = None, profile: str | None = None,
-              verbose: bool = False, planned=None) -> str | None:
+              verbose: bool = False, planned=None, started=None) -> str | None:
     """Run the Snakefile on every job's targets at once (one DAG) with the `snakemake` command line,
     in a process of its own (so a workflow profile, its executor plugin and its settings apply
     unchanged, and its signal handlers are its own); None when it
     succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
     GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
     folder of profiles/ or a path; `planned`: the emo.sweep.Sweep of `jobs` when the caller built it
-    (the Snakefile then does not plan them again). Snakemake's own lock is off: emo.locks guards the results folder,
+    (the Snakefile then does not plan them again); `started`: called once Snakemake has started.
+    Snakemake's own lock is off: emo.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
     import socket
@@ -205,8 +210,10 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
            locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}"}  # the stages watch it (locks.stop_with_parent)
     try:
         with stderr_without_profile_line(keep=verbose) as stderr:  # all of it copied before emo's own lines
-            proc = subprocess.Popen(argv, env=env, stderr=stderr, preexec_fn=die_with_parent)
+            proc = subprocess.Popen(argv, env=env, stderr=stderr, preexec_fn=die_with_parent())
             try:
+                if started is not None:
+                    started()
                 code = proc.wait()
             except KeyboardInterrupt:  # errors.signals_raise passed the signal on to Snakemake and its jobs
                 stop(proc)
@@ -307,13 +314,15 @@ def fresh_file(suffix: str) -> Path:
     return Path(name)
 
 
-def die_with_parent() -> None:
-    """In the Snakemake process, before it starts: killed with emo run (a kill -9 too), so that its
-    jobs, which die with it (locks.stop_with_parent), do not run on beside the next run."""
+def die_with_parent():
+    """What the Snakemake process runs before it starts: be killed with emo run (a kill -9 too), so
+    that its jobs, which die with it (locks.stop_with_parent), do not run on beside the next run.
+    Resolved here, so that the forked child only makes the call."""
     import ctypes
 
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if not sys.platform.startswith("linux"):
+        return None
+    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, 1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 STOP_S = 60  # how long Snakemake may take to stop its jobs after a signal, before it is killed

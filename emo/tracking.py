@@ -147,6 +147,27 @@ def open_store(tracking_cfg: dict):
     return c, exp.experiment_id
 
 
+def create_while_running(tracking_cfg: dict):
+    """Have MLflow create a new SQLite store in a thread while the pipeline runs: it builds one by
+    running every schema migration it has (about a second, several on a loaded machine), which the
+    logging at the end of a run into a fresh results folder would otherwise wait for. Not a daemon
+    thread: a half-migrated store is never left behind; the logging waits for it (the store's lock).
+    A failure is left to that logging, which says it in one line. Returns the thread, or None."""
+    import threading
+
+    uri = tracking_uri(tracking_cfg)
+    if not tracking_cfg["enabled"] or not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    t = threading.Thread(target=_open_quietly, args=(tracking_cfg,), name="emo-mlflow-store")
+    t.start()
+    return t
+
+
+def _open_quietly(tracking_cfg: dict) -> None:
+    with contextlib.suppress(Exception):
+        open_store(tracking_cfg)
+
+
 def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":
     """Every run of the experiment, newest first, as mlflow.search_runs frames them (run_id, status,
     params.*, metrics.*, tags.*), without touching MLflow's global tracking URI."""
