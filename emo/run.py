@@ -75,6 +75,7 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
 
     for attempt in (0, 1):
         try:
+            store_ready()
             sweep.finish(sw, name, overrides, error=error, killed=True, print_results=False)
             return
         except KeyboardInterrupt:  # a second signal while logging: stop now
@@ -89,6 +90,22 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
                 continue
             print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
                   file=sys.stderr)
+
+
+_store: list = []  # the thread creating a fresh MLflow store while the pipeline runs (store_while_running)
+
+
+def store_while_running(tracking_cfg: dict) -> None:
+    from emo import tracking
+
+    _store[:] = [t for t in [tracking.create_while_running(tracking_cfg)] if t is not None]
+
+
+def store_ready() -> None:
+    """Wait for the store's creation to end before this thread touches MLflow (one importer at a time)."""
+    while _store:
+        _store[0].join()
+        _store.clear()
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -119,13 +136,12 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
     failed_folders.clear()
-    from emo import tracking
-
-    store = None if args.dry_run else functools.partial(tracking.create_while_running, sw.jobs[0].cfg["tracking"])
+    store = None if args.dry_run else functools.partial(store_while_running, sw.jobs[0].cfg["tracking"])
     error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, started=store, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
     if not args.dry_run:  # MLflow and the result lines, also when nothing had to run
+        store_ready()
         sweep.finish(sw, name, args.overrides, error=error, failed=failed_folders if error else None)
         if error is None and sweep.unreadable_results(sw):  # a cut-short result.json: said, and not a success
             return 1
