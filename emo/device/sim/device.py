@@ -20,7 +20,7 @@ COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permiss
 from emo.device.sim.energy import EnergyMeter, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
-from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.workloads.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
 from emo.policy import issue_plan
 
@@ -100,6 +100,15 @@ class SimDevice:
         self.last_sim_seconds = 0.0
 
     # ------------------------------------------------------------------ protocol: clocks and control
+    @property
+    def control(self):
+        """Its GPUs behind the vendor-neutral control interface (emo.device.control.GpuControl)."""
+        from emo.device.sim.control import SimControl
+
+        if getattr(self, "_control", None) is None:
+            self._control = SimControl(self, MAX_GPUS)
+        return self._control
+
     def supported_clocks(self) -> list[int]:
         return list(self.clocks)
 

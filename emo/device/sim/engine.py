@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emo.device.sim import hostplan
-from emo.device.sim.program import Program
+from emo.workloads.program import Program
 
 # item kinds queued on a stream
 K_KERNEL, K_COLL, K_COPY, K_RECORD, K_WAIT = 0, 1, 2, 3, 4

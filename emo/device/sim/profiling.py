@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from emo.device import KernelRange, ProfileResult
-from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.workloads.program import KernelSpec, Op, Program, Work
 
 
 def as_specs(kernels: list[Any]) -> list[KernelSpec]:
