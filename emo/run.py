@@ -282,7 +282,7 @@ COPY_WAIT_S = 10  # for what a stage still writes as it stops, once Snakemake ha
 
 def _copy_stderr(fd: int) -> None:
     """Copy `fd` to our stderr as it comes, the first line only once whole (it may be the profile line)."""
-    first = b""
+    first: bytes | None = b""
     try:
         while chunk := os.read(fd, 65536):
             if first is not None:
