@@ -65,11 +65,14 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     return out
 
 
-def _parse(overrides: list[str]) -> list:
-    """Hydra's parse of the overrides; a value its grammar cannot read is named, with what to do."""
+def _parse(overrides: list[str], config_dir: Path | None = None) -> list:
+    """Hydra's parse of the overrides; a value its grammar cannot read is named, with what to do.
+    `config_dir`: the config tree a `glob(...)` sweep lists its group's options from."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    if config_dir is not None:
+        return _parse_with_loader(overrides, config_dir)
     parser = OverridesParser.create()
     try:
         return parser.parse_overrides(overrides)
@@ -78,6 +81,19 @@ def _parse(overrides: list[str]) -> list:
         hint = ("; give the full path, or leave the ~ outside quotes for the shell to expand" if "=~" in line
                 else "; quote the value, e.g. 'key=\"a value\"'")
         raise ValueError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
+
+
+def _parse_with_loader(overrides: list[str], config_dir: Path) -> list:
+    """The parse with Hydra's config loader of `config_dir` attached (what a glob sweep enumerates)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from emo.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(overrides)
 
 
 def _parses(parser, line: str) -> bool:
@@ -146,10 +162,18 @@ def _expand_home(cfg) -> None:
 
 
 def _apply_values(values, cfg) -> None:
-    """Set plain values as Hydra does after composing (struct mode: an unknown key is an error)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    """Set plain values as Hydra's compose does once the defaults are merged: OmegaConf.update on the
+    struct-mode tree (an unknown key is an error), failures worded as Hydra words them."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    for o in values:
+        try:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except (ConfigAttributeError, ConfigKeyError) as e:
+            raise ConfigCompositionException(f"Could not override '{o.key_or_group}'.") from e
+        except OmegaConfBaseException as e:
+            raise ConfigCompositionException(f"Error merging override {o.input_line}") from e
 
 
 def _one_line(e: Exception) -> str:
