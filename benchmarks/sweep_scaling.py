@@ -5,8 +5,8 @@ record: metrics.json, optimize's solve_s, gzip's header time). Both stop after v
 validate`: the sweep's summary plots are not compared) and both end by logging every job to MLflow.
 Last line: `sweep speedup: X` (sequential wall time / one-DAG wall time).
 
-Both runners find MLflow's empty store already made (emo.tracking copies it into each fresh results
-folder; it is made once per MLflow version, here before either run is timed), so neither pays for it.
+Each runner logs into its fresh results folder's MLflow store, which MLflow creates and migrates
+(about a second, in both).
 
     python benchmarks/sweep_scaling.py [--jobs 2] [--keep DIR]
 """
@@ -35,14 +35,6 @@ for job in jobs:  # one Snakemake run per job, one after another (each may use e
     assert run.snakemake([job], cores, gpus=cores, until="validate") is None, job  # None: it succeeded
 sweep.finish(sw, "sweep " + " ".join(sys.argv[2:]), sys.argv[2:], print_results=False)
 """
-
-# makes MLflow's empty store (once per MLflow version) by opening a throwaway one
-WARM_STORE = """
-import sys
-from emo import tracking
-tracking.open_store({"uri": "sqlite:///" + sys.argv[1], "experiment": "warm"})
-"""
-
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.perf_counter()
@@ -88,7 +80,6 @@ def main() -> int:
         if any(d.iterdir()):
             sys.exit(f"sweep_scaling: {d} is not empty")
     py = sys.executable
-    subprocess.run([py, "-c", WARM_STORE, str(work / "warm" / "mlflow.db")], check=True)
     t_seq = timed([py, "-c", SEQUENTIAL, str(args.jobs), f"results={seq / 'results'}", *SWEEP], seq, seq / "log.txt")
     t_dag = timed([py, "-m", "emo.cli", "run", "-m", "-j", str(args.jobs), "--until", "validate",
                    f"results={dag / 'results'}", *SWEEP],

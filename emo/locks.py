@@ -88,21 +88,22 @@ def busy_message(results: Path, owner: dict) -> str:
 # What EMO makes in a stage's folder, by name (the mark: `results=` may point into a tree that holds
 # the user's own hidden `.tmp` and empty folders, which are never touched): a stage folder is a
 # 12-digit hash, a stage's hidden folder `.<hash>.emo-stage-<random>.tmp` (emo.stages.run_stage; before
-# the mark, `.<hash>.<8 random>.tmp`), the errors file of a run `.emo-errors-<pid>.jsonl` (emo.run).
+# the mark, `.<hash>.<8 random>.tmp`), the files a run hands its Snakemake, `.emo-errors-<pid>.jsonl` and
+# `.emo-plan-<pid>.pickle` (emo.run).
 STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
 STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
-ERRORS_FILE = re.compile(r"\.emo-errors-\d+\.jsonl")
+RUN_FILE = re.compile(r"\.emo-(errors-\d+\.jsonl|plan-\d+\.pickle)")
 
 
 def cleanup(results: Path) -> list[Path]:
     """Remove what belongs to no live run (call with the lock held): the hidden folders killed stages
-    left, empty stage folders and errors files of killed runs; only what EMO made, by its marks
-    (STAGE_TMP, STAGE_FOLDER, ERRORS_FILE). Returns what it removed."""
+    left, empty stage folders and the files of killed runs; only what EMO made, by its marks
+    (STAGE_TMP, STAGE_FOLDER, RUN_FILE). Returns what it removed."""
     from emo.plan import STAGES
 
     removed: list[Path] = []
-    for p in results.glob(".emo-errors-*.jsonl"):
-        if ERRORS_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+    for p in results.glob(".emo-*"):
+        if RUN_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink():
             with contextlib.suppress(OSError):
                 p.unlink()
                 removed.append(p)

@@ -20,9 +20,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from emo.methods import ONLINE
+from emo.paths import PACKAGE_PARENT, ROOT  # the pipeline's files; where the package's sources are
 from emo.stages import STAGES  # what each stage reads and what it follows: the stages own it
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository (conf/, microbench/, Snakefile)
 
 # Files a stage reads beyond its inputs (relative to ROOT): the microbenchmarks' sources and registry.
 STAGE_FILES: dict[str, tuple[str, ...]] = {"calibrate": ("microbench",)}
@@ -66,11 +65,14 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     return out
 
 
-def _parse(overrides: list[str]) -> list:
-    """Hydra's parse of the overrides; a value its grammar cannot read is named, with what to do."""
+def _parse(overrides: list[str], config_dir: Path | None = None) -> list:
+    """Hydra's parse of the overrides; a value its grammar cannot read is named, with what to do.
+    `config_dir`: the config tree a `glob(...)` sweep lists its group's options from."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    if config_dir is not None:
+        return _parse_with_loader(overrides, config_dir)
     parser = OverridesParser.create()
     try:
         return parser.parse_overrides(overrides)
@@ -79,6 +81,19 @@ def _parse(overrides: list[str]) -> list:
         hint = ("; give the full path, or leave the ~ outside quotes for the shell to expand" if "=~" in line
                 else "; quote the value, e.g. 'key=\"a value\"'")
         raise ValueError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
+
+
+def _parse_with_loader(overrides: list[str], config_dir: Path) -> list:
+    """The parse with Hydra's config loader of `config_dir` attached (what a glob sweep enumerates)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from emo.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(overrides)
 
 
 def _parses(parser, line: str) -> bool:
@@ -124,7 +139,8 @@ def _plain_value(o, conf: Path) -> bool:
 @functools.lru_cache(maxsize=64)
 def _merged(conf: str, groups: tuple[str, ...]):
     """Hydra's composition of the group choices, before any plain value is set."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from emo.config import register
 
@@ -146,10 +162,18 @@ def _expand_home(cfg) -> None:
 
 
 def _apply_values(values, cfg) -> None:
-    """Set plain values as Hydra does after composing (struct mode: an unknown key is an error)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    """Set plain values as Hydra's compose does once the defaults are merged: OmegaConf.update on the
+    struct-mode tree (an unknown key is an error), failures worded as Hydra words them."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    for o in values:
+        try:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except (ConfigAttributeError, ConfigKeyError) as e:
+            raise ConfigCompositionException(f"Could not override '{o.key_or_group}'.") from e
+        except OmegaConfBaseException as e:
+            raise ConfigCompositionException(f"Error merging override {o.input_line}") from e
 
 
 def _one_line(e: Exception) -> str:
@@ -172,8 +196,8 @@ def _one_line(e: Exception) -> str:
 
 
 def module_file(name: str) -> Path | None:
-    """The source file of module `name` under ROOT (a package's __init__.py), None if there is none."""
-    base = ROOT.joinpath(*name.split("."))
+    """The source file of module `name` (a package's __init__.py), None if there is none."""
+    base = PACKAGE_PARENT.joinpath(*name.split("."))
     for f in (base.with_suffix(".py"), base / "__init__.py"):
         if f.is_file():
             return f
@@ -230,9 +254,11 @@ def code_digest(stage: str) -> str:
         p = ROOT / rel
         files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES) if p.is_dir() else [p]
     h = hashlib.sha256()
-    for f in sorted(set(files)):
-        h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
+    # each file named as in a checkout (emo/..., microbench/...), wherever emo is installed
+    named = {str(f.relative_to(ROOT if f.is_relative_to(ROOT) else PACKAGE_PARENT)): f for f in files}
+    for name in sorted(named):
+        h.update(name.encode())
+        h.update(named[name].read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -4,16 +4,19 @@ With -m (multirun), comma lists sweep: `emo run -m budget=0.02,0.05 workload.tp=
 combination's targets into one Snakemake run (emo.sweep), so independent jobs run at once (`-j N`) and
 stage folders the jobs share run once; MLflow gets one parent run and a child per job when it ends.
 
-A run holds its results folder's lock (emo.locks) and runs Snakemake without Snakemake's own lock,
-which lives in the working directory and outlives a killed run. A failure ends with one line
+A run holds its results folder's lock (emo.locks) and runs the `snakemake` command without Snakemake's
+own lock, which lives in the working directory and outlives a killed run. A failure ends with one line
 (`emo: error: FILE: problem (stage S, log L)`), the traceback only in the stage log or with
---verbose; Ctrl-C, SIGTERM and SIGHUP stop the jobs and end with one line, exit 128 + the signal.
+--verbose; Ctrl-C, SIGTERM and SIGHUP are passed on to Snakemake and its jobs, which stop, and the
+run ends with one line, exit 128 + the signal.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -72,6 +75,7 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
 
     for attempt in (0, 1):
         try:
+            store_ready()
             sweep.finish(sw, name, overrides, error=error, killed=True, print_results=False)
             return
         except KeyboardInterrupt:  # a second signal while logging: stop now
@@ -86,6 +90,22 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
                 continue
             print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
                   file=sys.stderr)
+
+
+_store: list = []  # the thread creating a fresh MLflow store while the pipeline runs (store_while_running)
+
+
+def store_while_running(tracking_cfg: dict) -> None:
+    from emo import tracking
+
+    _store[:] = [t for t in [tracking.create_while_running(tracking_cfg)] if t is not None]
+
+
+def store_ready() -> None:
+    """Wait for the store's creation to end before this thread touches MLflow (one importer at a time)."""
+    while _store:
+        _store[0].join()
+        _store.clear()
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -109,14 +129,19 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
 
     if len(jobs) > 1:
         print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
+        if args.dry_run:  # what the sweep expanded to, one line a job
+            for j in sw.jobs:
+                print(f"emo: job {j.name}", file=sys.stderr)
     cores = args.cores if args.cores or args.profile else os.cpu_count() or 1
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
     failed_folders.clear()
-    error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, **run)
+    store = None if args.dry_run else functools.partial(store_while_running, sw.jobs[0].cfg["tracking"])
+    error = snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, started=store, **run)
     if error is None and args.report and not args.dry_run:
         error = snakemake(jobs, cores, report=args.report, **run)
     if not args.dry_run:  # MLflow and the result lines, also when nothing had to run
+        store_ready()
         sweep.finish(sw, name, args.overrides, error=error, failed=failed_folders if error else None)
         if error is None and sweep.unreadable_results(sw):  # a cut-short result.json: said, and not a success
             return 1
@@ -150,23 +175,23 @@ PROFILES = ROOT / "profiles"
 
 def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
               gpus: int | None = 1, report: str | None = None, profile: str | None = None,
-              verbose: bool = False, planned=None) -> str | None:
-    """Run the Snakefile on every job's targets at once (one DAG), as the `snakemake` command line
-    would (so a workflow profile, its executor plugin and its settings apply unchanged); None when it
+              verbose: bool = False, planned=None, started=None) -> str | None:
+    """Run the Snakefile on every job's targets at once (one DAG) with the `snakemake` command line,
+    in a process of its own (so a workflow profile, its executor plugin and its settings apply
+    unchanged, and its signal handlers are its own); None when it
     succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
     GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
     folder of profiles/ or a path; `planned`: the emo.sweep.Sweep of `jobs` when the caller built it
-    (the Snakefile then does not plan them again). Snakemake's own lock is off: emo.locks guards the results folder,
+    (the Snakefile then does not plan them again); `started`: called once Snakemake has started.
+    Snakemake's own lock is off: emo.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
     import socket
-    import tempfile
-
-    from snakemake.cli import args_to_api, parse_args
+    import subprocess
 
     from emo import sweep
 
-    argv = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
+    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
             "--config", f"jobs={json.dumps([list(j) for j in jobs])}",
             # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
             "--no-hooks", "--rerun-incomplete", "--nolock"]
@@ -188,57 +213,147 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         argv += ["--until", until]
     if report:
         argv += ["--report", str(report)]
-    # in the results folder under EMO's mark (emo.locks.ERRORS_FILE): what a kill -9 leaves, the next run removes
+    # in the results folder under EMO's mark (emo.locks.RUN_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
     if held:
-        reports = str(Path(planned.results) / f".emo-errors-{os.getpid()}.jsonl")
-        Path(reports).unlink(missing_ok=True)
-        Path(reports).touch()
-    else:  # no results folder yet (a first run, a dry run): a fresh file nobody else can have named
-        fd, reports = tempfile.mkstemp(prefix=".emo-errors-", suffix=".jsonl")
-        os.close(fd)
-    os.environ[errors.ERRORS_ENV] = reports
-    os.environ[locks.RUN_ENV] = f"{socket.gethostname()}:{os.getpid()}"  # the stages watch it (locks.stop_with_parent)
-    keep_handlers()
+        reports, plan_file = run_file(Path(planned.results), "errors"), run_file(Path(planned.results), "plan")
+    else:  # a first run, a dry run: fresh files nobody else can have named
+        reports, plan_file = fresh_file(".jsonl"), fresh_file(".pickle")
+    if planned is not None:  # the Snakefile takes the sweep planned here instead of composing every job again
+        sweep.save_planned(planned, plan_file)
+        argv.insert(argv.index("--config") + 2, f"planned={plan_file}")
+    env = {**os.environ, errors.ERRORS_ENV: str(reports),
+           locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}"}  # the stages watch it (locks.stop_with_parent)
     try:
-        parser, args = quiet_profile_line(parse_args, argv, verbose)
-        with sweep.planned(planned):
-            ok = bool(args_to_api(args, parser))
-        if ok:
+        with stderr_without_profile_line(keep=verbose) as stderr:  # all of it copied before emo's own lines
+            proc = subprocess.Popen(argv, env=env, stderr=stderr, preexec_fn=die_with_parent())
+            try:
+                if started is not None:
+                    started()
+                code = proc.wait()
+            except KeyboardInterrupt:  # errors.signals_raise passed the signal on to Snakemake and its jobs
+                stop(proc)
+                raise
+        if code == 0:
             if report:
                 print(f"emo: report {report}", file=sys.stderr)
             return None
-        return failure(errors.read_reports(Path(reports)), report)
+        return failure(errors.read_reports(reports), report)
     finally:
-        os.environ.pop(errors.ERRORS_ENV, None)
-        os.environ.pop(locks.RUN_ENV, None)
-        Path(reports).unlink(missing_ok=True)
+        reports.unlink(missing_ok=True)
+        plan_file.unlink(missing_ok=True)
 
 
-def quiet_profile_line(parse_args, argv: list[str], verbose: bool):
-    """Snakemake's parse_args, without its "Using workflow specific profile ..." line on every run
-    (kept with --verbose); anything else it prints (a profile's error) still shows."""
-    import io
+PROFILE_LINE = re.compile(rb"Using .*profile.* for setting default command line arguments\.\r?\n")
 
-    buf = io.StringIO()
+
+@contextlib.contextmanager
+def stderr_without_profile_line(keep: bool = False):
+    """The stderr to start Snakemake with: ours, less the "Using workflow specific profile ..." line
+    its command line prints on every run (kept with `keep`, for --verbose). A terminal stays a
+    terminal (a pseudo-terminal of its size, so the stages' progress bars show). A thread copies it
+    until every process holding it has ended (the caller waits for Snakemake inside)."""
+    import pty
+    import threading
+
+    if keep:
+        yield None
+        return
+    if os.isatty(2):
+        ours, theirs = pty.openpty()
+        with contextlib.suppress(OSError):
+            import fcntl
+            import termios
+
+            fcntl.ioctl(theirs, termios.TIOCSWINSZ, fcntl.ioctl(2, termios.TIOCGWINSZ, b"\0" * 8))
+    else:
+        ours, theirs = os.pipe()
+    copy = threading.Thread(target=_copy_stderr, args=(ours,), daemon=True)
+    copy.start()
     try:
-        with contextlib.redirect_stderr(buf):
-            return parse_args(argv)
+        yield theirs
     finally:
-        lines = buf.getvalue().splitlines(keepends=True)
-        sys.stderr.write("".join(ln for ln in lines if verbose or not ln.startswith("Using ")))
+        os.close(theirs)  # the child held its own copy: the copy ends when the child's processes have
+        copy.join(timeout=COPY_WAIT_S)
 
 
-def keep_handlers() -> None:
-    """Snakemake's scheduler makes SIGTERM "graceful" (wait for the running jobs, however long): a
-    scheduler's grace period would end in SIGKILL mid-job. Keep emo's handler (errors.signals_raise:
-    stop the jobs now, as Ctrl-C does) by giving the scheduler a `signal` module that leaves SIGTERM be."""
-    import types
+COPY_WAIT_S = 10  # for what a stage still writes as it stops, once Snakemake has ended
 
-    from snakemake.scheduling import job_scheduler
 
-    if isinstance(job_scheduler.signal, types.ModuleType):
-        job_scheduler.signal = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=lambda *a: None)
+def _copy_stderr(fd: int) -> None:
+    """Copy `fd` to our stderr as it comes, the first line only once whole (it may be the profile line)."""
+    first: bytes | None = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            if first is not None:
+                first += chunk
+                if b"\n" not in first:
+                    continue
+                line, _, rest = first.partition(b"\n")
+                chunk = rest if PROFILE_LINE.fullmatch(line + b"\n") else first
+                first = None
+            _write_stderr(chunk)
+    except OSError:  # a pseudo-terminal whose last writer closed it (EIO), or our stderr gone
+        pass
+    finally:
+        if first:
+            with contextlib.suppress(OSError, ValueError):
+                _write_stderr(first)
+        os.close(fd)
+
+
+def _write_stderr(data: bytes) -> None:
+    """To sys.stderr, as Snakemake run in this process wrote (what a caller captures sees it too)."""
+    out = getattr(sys.stderr, "buffer", None)
+    if out is None:
+        sys.stderr.write(data.decode(errors="replace"))
+    else:
+        sys.stderr.flush()
+        out.write(data)
+        out.flush()
+    sys.stderr.flush()
+
+
+def run_file(results: Path, kind: str) -> Path:
+    """`<results>/.emo-<kind>-<pid>.<suffix>`, empty: what this run hands its Snakemake (locks.RUN_FILE)."""
+    path = results / f".emo-{kind}-{os.getpid()}.{'jsonl' if kind == 'errors' else 'pickle'}"
+    path.unlink(missing_ok=True)
+    path.touch()
+    return path
+
+
+def fresh_file(suffix: str) -> Path:
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".emo-run-", suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def die_with_parent():
+    """What the Snakemake process runs before it starts: be killed with emo run (a kill -9 too), so
+    that its jobs, which die with it (locks.stop_with_parent), do not run on beside the next run.
+    Resolved here, so that the forked child only makes the call."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return None
+    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, 1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+STOP_S = 60  # how long Snakemake may take to stop its jobs after a signal, before it is killed
+
+
+def stop(proc) -> None:
+    """Wait for Snakemake to stop its jobs (they have the signal too); after STOP_S it is killed
+    (its jobs then get SIGTERM as it dies)."""
+    import subprocess
+
+    try:
+        proc.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 failed_folders: list[Path] = []  # the stage folders the last failed Snakemake run could not make (failure)

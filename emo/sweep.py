@@ -22,18 +22,41 @@ from pathlib import Path
 from emo.plan import StagePlan, compose, plan
 
 
-def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The jobs of a run: one without -m; the cartesian product of the sweep values with it."""
+def expand(overrides: list[str], multirun: bool, config_dir: Path | None = None) -> list[list[str]]:
+    """The jobs of a run: one without -m; with it, what Hydra's basic sweeper makes of the overrides
+    (its grammar: `a,b`, `choice(...)`, `range(start,stop,step)`, `glob(pattern)` over a config
+    group): the cartesian product of each key's values, a key given twice taking the last."""
     if not multirun:
         return [list(overrides)]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
-    choices = []
-    for o in OverridesParser.create().parse_overrides(overrides):
+    from emo.plan import ROOT, _parse
+
+    parsed = _parse(list(overrides))
+    if any(o.value_type == ValueType.GLOB_CHOICE_SWEEP for o in parsed):  # glob lists a group: Hydra's loader knows them
+        parsed = _parse(list(overrides), config_dir=Path(config_dir or ROOT / "conf"))
+    choices: dict[str, list[str]] = {}
+    for o in parsed:
         key = o.get_key_element()
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        choices.append([f"{key}={v}" for v in values])
-    return [list(combo) for combo in itertools.product(*choices)]
+        choices[key] = [f"{key}={v}" for v in _values(o)]
+    return [list(combo) for combo in itertools.product(*choices.values())]
+
+
+def _values(o) -> list[str]:
+    """One override's values, as strings the override grammar reads back."""
+    if not o.is_sweep_override():
+        return [o.get_value_element_as_str()]
+    if not o.is_discrete_sweep():
+        raise ValueError(f"{o.input_line}: an interval is not a list of values (a sampling sweeper such as "
+                         "Optuna's draws from it); give them with choice(...) or range(start,stop,step)")
+    from hydra.core.override_parser.types import ValueType
+
+    values = list(o.sweep_string_iterator())
+    if o.value_type == ValueType.GLOB_CHOICE_SWEEP:  # the typed-config schemas conf/ names in its defaults lists are not choices
+        values = [v for v in values if not v.endswith("_schema")]
+    if not values:
+        raise ValueError(f"{o.input_line}: matches no value")
+    return values
 
 
 @dataclass(frozen=True)
@@ -110,29 +133,37 @@ def build(job_overrides: list[list[str]]) -> Sweep:
     return Sweep(jobs, roots.pop(), by_stage)
 
 
-_planned: list[Sweep] = []  # the sweep `emo run` planned, while its Snakemake runs in this process
+def save_planned(sw: Sweep, path: Path) -> None:
+    """The sweep `emo run` composed and planned, for its Snakemake process to take instead of
+    composing every job again (seconds per sweep, before any job starts)."""
+    import pickle
 
-
-@contextlib.contextmanager
-def planned(sw: Sweep | None) -> Iterator[None]:
-    """While `emo run` runs Snakemake in its own process, the Snakefile takes the sweep it already
-    composed and planned instead of composing every job again (seconds per sweep, before any job starts)."""
-    _planned[:] = [sw] if sw is not None else []
-    try:
-        yield
-    finally:
-        _planned.clear()
+    Path(path).write_bytes(pickle.dumps(sw, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def from_snakemake_config(config: dict) -> Sweep:
     """The Snakefile's sweep: `--config 'jobs=[["budget=0.02"],["budget=0.05"]]'` (what `emo run -m`
-    passes), or one job from `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
+    passes, with `planned=FILE`: the sweep it planned, see save_planned), or one job from
+    `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
     if config.get("jobs"):
         jobs = [[str(o) for o in job] for job in config["jobs"]]
-        if _planned and [list(j.overrides) for j in _planned[0].jobs] == jobs:
-            return _planned[0]
+        planned = _load_planned(config.get("planned"))
+        if planned is not None and [list(j.overrides) for j in planned.jobs] == jobs:
+            return planned
         return build(jobs)
     return build([[str(o) for o in config.get("overrides", [])]])
+
+
+def _load_planned(path) -> Sweep | None:
+    import pickle
+
+    if not path:
+        return None
+    try:
+        sw = pickle.loads(Path(path).read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # gone, cut short, older code
+        return None
+    return sw if isinstance(sw, Sweep) else None
 
 
 def gpus_needed(cfg: dict) -> int:
@@ -160,13 +191,13 @@ def visible_gpus() -> list[str]:
     if env is not None and env.strip():
         return [x.strip() for x in env.split(",") if x.strip()]
     try:
-        import pynvml
+        from emo.device.control import open_control
 
-        pynvml.nvmlInit()
+        control = open_control()
         try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            return [str(i) for i in range(control.count())]
         finally:
-            pynvml.nvmlShutdown()
+            control.close()
     except Exception:  # no driver: no GPU to hand out
         return []
 

@@ -108,6 +108,8 @@ def check_schema(db: Path) -> None:
     that downgraded MLflow): MLflow would fail on it in every command, and cannot migrate it back."""
     import sqlite3
 
+    if db.exists() and not db.is_file():  # MLflow would retry opening it for minutes
+        raise ValueError(f"{db}: not a file (an MLflow SQLite store is one file)")
     if not db.is_file():
         return
     try:
@@ -135,10 +137,7 @@ def open_store(tracking_cfg: dict):
     if store:
         store.mkdir(parents=True, exist_ok=True)
     with _store_lock(store), store_errors(uri):  # the first access creates MLflow's tables: one process at a time
-        db = Path(uri.removeprefix("sqlite:///")) if store else None
-        if db is not None and not db.exists():
-            _copy_empty_store(db)
-        c = MlflowClient(tracking_uri=uri)
+        c = MlflowClient(tracking_uri=uri)  # a new SQLite store is created and migrated by MLflow itself
         exp = c.get_experiment_by_name(name)
         if exp is None:
             # artifacts beside the database, not in ./mlruns of whatever folder the user is in
@@ -148,39 +147,25 @@ def open_store(tracking_cfg: dict):
     return c, exp.experiment_id
 
 
-def _copy_empty_store(db: Path) -> None:
-    """A new SQLite store as a copy of an empty one made once per MLflow version: MLflow builds a new
-    database by running every schema migration it has ever had (seconds, at the end of every run into
-    a fresh results folder). The empty store holds no experiment, so MLflow adds its Default one when
-    it first opens the copy, as it does on a database it made itself."""
-    import shutil
-    import sqlite3
+def create_while_running(tracking_cfg: dict):
+    """Have MLflow create a new SQLite store in a thread while the pipeline runs: it builds one by
+    running every schema migration it has (about a second, several on a loaded machine), which the
+    logging at the end of a run into a fresh results folder would otherwise wait for. Not a daemon
+    thread: a half-migrated store is never left behind; the logging waits for it (the store's lock).
+    A failure is left to that logging, which says it in one line. Returns the thread, or None."""
+    import threading
 
-    import mlflow
-    from mlflow.tracking import MlflowClient
+    uri = tracking_uri(tracking_cfg)
+    if not tracking_cfg["enabled"] or not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    t = threading.Thread(target=_open_quietly, args=(tracking_cfg,), name="emo-mlflow-store")
+    t.start()
+    return t
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "emo"
-    empty = cache / f"mlflow-{mlflow.__version__}-empty.db"
-    tmp = cache / f".{empty.name}.{os.getpid()}.tmp"
-    try:
-        if not empty.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp.unlink(missing_ok=True)
-            MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()  # creates and migrates it
-            with contextlib.closing(sqlite3.connect(tmp)) as con, con:
-                con.execute("DELETE FROM experiments")
-            os.replace(tmp, empty)  # whole or not at all: processes making it at once each write their own
-    except Exception:  # no room or no right in the cache: MLflow makes the store itself, slower
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        return
-    part = db.with_name(f".{db.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(empty, part)
-        os.replace(part, db)
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(db)) from e
+
+def _open_quietly(tracking_cfg: dict) -> None:
+    with contextlib.suppress(Exception):
+        open_store(tracking_cfg)
 
 
 def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":

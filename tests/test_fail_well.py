@@ -309,7 +309,7 @@ def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_run_with_one_line_and_128_plus_signal(tmp_path, sig):
     res = tmp_path / "results"
     p = spawn("run", "--until", "calibrate", f"results={res}", "-c", "1", cwd=tmp_path)

@@ -119,12 +119,12 @@ def test_cleanup_removes_only_what_emo_made(tmp_path):
 
     res = tmp_path / "results"
     mine = [res / "trace" / ".0123456789ab.emo-stage-k2j4_x9q.tmp", res / "trace" / ".0123456789ab.x1y2z3w4.tmp",
-            res / "graph" / "0123456789ab", res / ".emo-errors-4242.jsonl"]
+            res / "graph" / "0123456789ab", res / ".emo-errors-4242.jsonl", res / ".emo-plan-4242.pickle"]
     theirs = [res / "trace" / ".vscode.tmp" / "settings.json", res / "trace" / "notes", res / "trace" / ".cache.tmp",
-              res / "graph" / "0123456789abX", res / "emo-errors-1.jsonl"]
+              res / "graph" / "0123456789abX", res / "emo-errors-1.jsonl", res / ".emo-plan-x.pickle"]
     for p in mine[:3] + theirs[1:4]:
         p.mkdir(parents=True)
-    for p in [mine[3], theirs[0], theirs[4]]:
+    for p in [mine[3], mine[4], theirs[0], theirs[4], theirs[5]]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")
     assert sorted(cleanup(res)) == sorted(mine)

@@ -32,6 +32,33 @@ def test_a_sweep_plans_every_job_and_shares_stage_folders(tmp_path):
     assert sw.upstream("fit", j.plans["fit"].hash, "calibrate", "bench.parquet") == j.plans["calibrate"].out("bench.parquet")
 
 
+def test_hydras_sweep_grammar_expands_as_its_basic_sweeper_does():
+    assert sweep.expand(["budget=range(0,0.06,0.02)"], True) == [["budget=0.0"], ["budget=0.02"], ["budget=0.04"]]
+    assert sweep.expand(["optimizer=choice(emo,zeus)", "workload.tp=2"], True) == [
+        ["optimizer=emo", "workload.tp=2"], ["optimizer=zeus", "workload.tp=2"]]
+    assert sweep.expand(["budget=0.01,0.02", "budget=0.05"], True) == [["budget=0.05"]]  # a key twice: the last
+    # glob lists the group's configs in conf/, not the typed-config schemas registered beside them
+    assert sweep.expand(["gpu=glob(*,exclude=[nvml,rtx*])"], True) == [["gpu=a100"], ["gpu=h100"], ["gpu=v100"]]
+
+
+@pytest.mark.parametrize("override, line", [
+    ("budget=interval(0,0.1)", r"^budget=interval\(0,0.1\): an interval is not a list of values"),
+    ("optimizer=glob(nosuch*)", r"^optimizer=glob\(nosuch\*\): matches no value$"),
+    ("budget=range(0,", r"^bad configuration: budget=range\(0,: Hydra cannot parse this override"),
+])
+def test_a_sweep_hydra_cannot_enumerate_is_one_line(override, line):
+    with pytest.raises(ValueError, match=line):
+        sweep.expand([override], True)
+
+
+def test_emo_run_dry_run_lists_a_glob_sweeps_jobs(tmp_path, capsys):
+    assert cli_main(["run", "-n", "-m", "optimizer=glob(*)", f"results={tmp_path}"]) == 0
+    err = capsys.readouterr().err
+    listed = re.findall(r"^emo: job (.+)$", err, re.M)
+    assert listed == [f"optimizer={m}" for m in sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob("*.yaml"))]
+    assert "Traceback" not in err
+
+
 def test_a_sweep_writes_into_one_results_folder(tmp_path):
     with pytest.raises(ValueError, match="results: a sweep writes into one results folder"):
         sweep.build(sweep.expand([f"results={tmp_path}/a,{tmp_path}/b"], True))
@@ -44,26 +71,32 @@ def test_a_folder_the_sweep_does_not_plan_is_named_in_one_line(tmp_path):
         sw.job("fit", "0123456789ab")
 
 
-def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path):
+def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwise(tmp_path, monkeypatch):
     jobs = sweep.expand([f"results={tmp_path}", "budget=0.02,0.05"], True)
     sw = sweep.build(jobs)
-    with sweep.planned(sw):
-        assert sweep.from_snakemake_config({"jobs": jobs}) is sw
-        other = sweep.from_snakemake_config({"jobs": jobs[:1]})  # not the planned jobs: composed here
-        assert other is not sw and [list(j.overrides) for j in other.jobs] == jobs[:1]
-    assert sweep.from_snakemake_config({"jobs": jobs}) is not sw  # only while that run lasts
+    sweep.save_planned(sw, tmp_path / "plan.pickle")
+    build = sweep.build
 
+    def no_composing(job_overrides):
+        raise AssertionError("composed again")
 
-def test_a_fresh_mlflow_store_is_a_copy_of_one_empty_store(tmp_path, monkeypatch):
-    """MLflow's migrations run once per MLflow version (into the cache); each new store is a copy, and
-    MLflow still adds its Default experiment and ours, as on a store it made itself."""
-    import mlflow
+    monkeypatch.setattr(sweep, "build", no_composing)
+    taken = sweep.from_snakemake_config({"jobs": jobs, "planned": str(tmp_path / "plan.pickle")})
+    assert taken == sw and taken.by_stage == sw.by_stage
+    monkeypatch.setattr(sweep, "build", build)
+    other = sweep.from_snakemake_config({"jobs": jobs[:1], "planned": str(tmp_path / "plan.pickle")})
+    assert [list(j.overrides) for j in other.jobs] == jobs[:1]  # not the planned jobs: composed here
+    (tmp_path / "cut.pickle").write_bytes((tmp_path / "plan.pickle").read_bytes()[:100])
+    assert sweep.from_snakemake_config({"jobs": jobs, "planned": str(tmp_path / "cut.pickle")}) == sw  # composed afresh
+
+def test_a_fresh_mlflow_store_is_made_by_mlflow_itself(tmp_path, monkeypatch):
+    """MLflow creates and migrates each new store (its public client only), with its Default
+    experiment and ours; stores side by side stay apart."""
+    import sqlite3
 
     from emo import tracking
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    empty = tmp_path / "cache" / "emo" / f"mlflow-{mlflow.__version__}-empty.db"
     stores = []
     for name in ("a", "b"):
         client, exp = tracking.open_store({"uri": f"sqlite:///{tmp_path / name / 'mlflow.db'}", "experiment": "emo"})
@@ -71,23 +104,19 @@ def test_a_fresh_mlflow_store_is_a_copy_of_one_empty_store(tmp_path, monkeypatch
         client.log_metric(run, "x", 1.0)
         client.set_terminated(run)
         stores.append(client)
-        assert empty.exists()
-    import sqlite3
-
-    assert sqlite3.connect(empty).execute("SELECT count(*) FROM experiments").fetchone() == (0,)
     for name, client in zip("ab", stores):
         assert sorted(e.name for e in client.search_experiments()) == ["Default", "emo"]
         runs = client.search_runs([client.get_experiment_by_name("emo").experiment_id])
         assert [(r.info.run_name, r.data.metrics) for r in runs] == [(name, {"x": 1.0})]
+        revision = sqlite3.connect(tmp_path / name / "mlflow.db").execute("select version_num from alembic_version")
+        assert revision.fetchone()[0] in tracking.known_revisions()  # migrated to the installed MLflow's head
+    assert not (tmp_path / "mlruns").exists()  # artifacts beside the database
 
 
 def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
     """A URI no store answers to, before anything runs; a file that is not a database, a server that
-    does not answer (a counted number of tries), a full disk while the store is made: one line each,
-    nothing left half-written."""
+    does not answer (a counted number of tries), a folder where the database would be: one line each."""
     import contextlib
-    import errno
-    import shutil
     import sqlite3
 
     from emo import tracking
@@ -120,23 +149,10 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
         tracking.search("http://127.0.0.1:9", "emo")  # port 9 (discard): refused at once
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == tracking.HTTP_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    real = shutil.copyfile
-
-    def full(src, dst):
-        real(src, dst)
-        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
-
-    monkeypatch.setattr(shutil, "copyfile", full)
-    db = tmp_path / "full" / "mlflow.db"
-    with pytest.raises(OSError, match="No space left") as e:
+    db = tmp_path / "folder" / "mlflow.db"
+    db.mkdir(parents=True)  # a folder where the database would be: said at once (MLflow retries for minutes)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(db))}: not a file \(an MLflow SQLite store is one file\)$"):
         tracking.open_store({"uri": f"sqlite:///{db}", "experiment": "emo"})
-    assert e.value.filename == str(db) and sorted(p.name for p in db.parent.iterdir()) == [".mlflow.lock"]
-    monkeypatch.undo()
-    (tmp_path / "nocache").write_text("")  # a file where the cache folder would be: no cache, MLflow makes the store
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "nocache"))
-    client, exp = tracking.open_store({"uri": f"sqlite:///{db}", "experiment": "emo"})
-    assert client.get_experiment(exp).name == "emo"
 
 
 def job_stats(out: str) -> dict[str, int]:

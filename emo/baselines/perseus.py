@@ -219,3 +219,10 @@ def run_perseus(device: Any, workload: Any, devices: Sequence[int], budget: floa
     device.set_policy(None)
     setting["policy_steps"] = {str(d): len(st) for d, st in policy.steps.items()}
     return OnlineResult("perseus", steady, explore, setting)
+
+
+def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict, gpu_cfg: dict,
+               *, iterations: int, warmup: int) -> OnlineResult:
+    """emo.methods' online contract: optimizer.perseus.* and the clock floor, then run_perseus."""
+    opts = {**optimizer_cfg["perseus"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"]}
+    return run_perseus(device, workload, devices, budget, opts, iterations=iterations, warmup=warmup)
