@@ -36,6 +36,10 @@ from emo.progress import Progress
 log = logging.getLogger("emo")
 
 BENCH_COLUMNS = ("bench", "sm_mhz", "repeat", "time_s", "energy_j", *COUNTERS)
+from emo.stages import Stage
+
+STAGE = Stage(reads=("gpu", "model"), outputs=("bench.parquet", "calibration.json"), code=("microbench",))
+
 
 
 def calibrated_clocks(clocks: list[int], default_mhz: int, stride: int) -> list[int]:

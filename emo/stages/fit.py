@@ -30,6 +30,15 @@ from emo.model.calibration import counter_features
 from emo.model.predict import pack_tables, predict
 from emo.graph import Graph
 from emo.policy import FrequencyPolicy, policy_device_ids
+from emo.stages import Stage
+
+STAGE = Stage(reads=("gpu",),
+              inputs={"bench": ("calibrate", "bench.parquet"), "metrics": ("profile", "metrics.parquet"),
+                      "baseline": ("profile", "baseline.json"), "packs": ("pack", "packs.parquet"),
+                      "pack_nodes": ("pack", "nodes.parquet"), "pack_edges": ("pack", "edges.parquet"),
+                      "iterations": ("pack", "iterations.parquet")},
+              outputs=("model.parquet", "check.json"))
+
 
 
 def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int | None,

@@ -7,6 +7,10 @@ import pandas as pd
 
 from emo.graph import build_graph, summary
 from emo.io import write_json
+from emo.stages import Stage
+
+STAGE = Stage(inputs={"events": ("trace", "events.parquet")}, outputs=("nodes.parquet", "edges.parquet", "summary.json"))
+
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:

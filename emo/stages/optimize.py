@@ -20,6 +20,16 @@ from emo.optimize import solve
 from emo.optimize.pipeline.check import planning_latencies
 
 log = logging.getLogger("emo")
+from emo.stages import Stage
+
+STAGE = Stage(reads=("gpu", "optimizer", "budget"),
+              inputs={"packs": ("pack", "packs.parquet"), "nodes": ("pack", "nodes.parquet"),
+                      "edges": ("pack", "edges.parquet"), "iterations": ("pack", "iterations.parquet"),
+                      "model": ("fit", "model.parquet"),
+                      "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
+                      "calibration": ("calibrate", "calibration.json")},  # the measured clock-request latency
+              outputs=("policy.json", "summary.json"))
+
 
 
 def _read(path: Path | None) -> dict:

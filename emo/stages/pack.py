@@ -11,6 +11,13 @@ from emo.graph import Graph
 from emo.io import write_parquet
 from emo.pack import members_of, pack
 from emo.pack.iterations import iteration_anchors
+from emo.stages import Stage
+
+STAGE = Stage(reads=("packing",),
+              inputs={"nodes": ("graph", "nodes.parquet"), "edges": ("graph", "edges.parquet"),
+                      "events": ("trace", "events.parquet")},
+              outputs=("packs.parquet", "nodes.parquet", "edges.parquet", "node_map.parquet", "iterations.parquet"))
+
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:

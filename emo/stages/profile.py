@@ -35,6 +35,28 @@ from emo.io import write_json, write_parquet
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 
 log = logging.getLogger("emo")
+from emo.stages import Stage
+
+def sidecar_paths(src: Path) -> dict[str, Path]:
+    """What recorded trace `src` (a file or a folder) brings beside it (the module docstring): its
+    per-kernel counters, a metrics.parquet, its window records; those that exist."""
+    folder = src if src.is_dir() else src.parent
+    found = {"counters": folder / "counters", "metrics": folder / "metrics.parquet", "windows": folder / "emo-capture"}
+    return {k: p for k, p in found.items() if p.exists()}
+
+
+def sidecars(cfg: dict) -> dict[str, Path]:
+    """The outside files the stage reads: a recorded trace's sidecars."""
+    wl = cfg["workload"]
+    return sidecar_paths(Path(wl["path"])) if wl["kind"] == "recorded" else {}
+
+
+STAGE = Stage(reads=("gpu", "workload", "trace", "model"),
+              inputs={"packs": ("pack", "packs.parquet"), "events": ("trace", "events.parquet"),
+                      "measured": ("trace", "measured.json"), "graph_nodes": ("graph", "nodes.parquet"),
+                      "graph_edges": ("graph", "edges.parquet")},
+              outputs=("metrics.parquet", "baseline.json"), outside=sidecars)
+
 
 
 def first_ranges(packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame):
@@ -160,18 +182,18 @@ def trace_counters(folder: Path) -> dict[int, list]:
 
 
 def recorded_metrics(src: Path, packs, events, nodes) -> pd.DataFrame:
-    """Counters of a recorded trace's packs: per-kernel counters in src/counters/, a metrics.parquet
-    from a profile run on that GPU model in src/, or none."""
+    """Counters of recorded trace `src`'s packs from its sidecars (sidecar_paths): per-kernel
+    counters in its counters/ folder, a metrics.parquet from a profile run on that GPU model, or none."""
     from emo.pack.counters import range_counters
 
+    side, folder = sidecar_paths(src), src if src.is_dir() else src.parent
     first, ranges, names, _ = first_ranges(packs, events, nodes)
-    folder = src if src.is_dir() else src.parent
-    per_kernel = trace_counters(folder / "counters")
+    per_kernel = trace_counters(side["counters"]) if "counters" in side else {}
     if per_kernel:
         vecs = range_counters(per_kernel, ranges, names)
         return metrics_table(first, ranges, vecs, [0] * len(ranges), [0.0] * len(ranges), "trace")
-    given = folder / "metrics.parquet"
-    if given.is_file():
+    given = side.get("metrics")
+    if given is not None and given.is_file():
         m = pd.read_parquet(given).drop_duplicates("signature").set_index("signature")
         missing = [s for s in first["signature"] if s not in m.index]
         if missing:
@@ -183,10 +205,11 @@ def recorded_metrics(src: Path, packs, events, nodes) -> pd.DataFrame:
 
 
 def recorded_baseline(src: Path, events: pd.DataFrame) -> dict:
-    """The baseline iteration of a recorded trace: its window records (emo trace writes them: wall
-    time and NVML energy of the active iterations), else its iteration time from ProfilerStep marks."""
-    folder = src if src.is_dir() else src.parent
-    wins = [json.loads(p.read_text()) for p in sorted((folder / "emo-capture").glob("rank*.window.json"))]
+    """The baseline iteration of recorded trace `src`: its window records (sidecar "windows": emo
+    trace writes them: wall time and NVML energy of the active iterations), else its iteration time
+    from ProfilerStep marks."""
+    windows = sidecar_paths(src).get("windows")
+    wins = [json.loads(p.read_text()) for p in sorted(windows.glob("rank*.window.json"))] if windows else []
     if wins:
         n = int(wins[0]["iterations"])
         t = max(float(w["time_s"]) for w in wins)

@@ -18,6 +18,11 @@ from emo.trace import read_trace
 from emo.trace.read import TRACE_SUFFIXES
 
 log = logging.getLogger("emo")
+from emo.stages import Stage
+
+STAGE = Stage(reads=("gpu", "workload", "trace"), outputs=("events.parquet", "measured.json"),
+              outside=lambda cfg: {"workload.path": cfg["workload"]["path"]} if cfg["workload"]["kind"] == "recorded" else {})
+
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:

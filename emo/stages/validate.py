@@ -35,6 +35,13 @@ from emo.progress import progress
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")
+from emo.stages import Stage
+
+STAGE = Stage(reads=("gpu", "workload", "optimizer", "budget", "validate"),
+              # offline methods bring optimize's policy; online ones tune while validate runs them
+              inputs=lambda cfg: {} if cfg["optimizer"]["name"] in ONLINE else {"policy": ("optimize", "policy.json")},
+              outputs=("result.json",))
+
 
 
 def per_iteration(run: RunResult) -> tuple[float, float]:
