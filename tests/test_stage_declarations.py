@@ -75,7 +75,7 @@ def test_a_stage_reading_an_undeclared_input_fails(tmp_path, monkeypatch):
         return json.loads((inputs["events"].parent / "measured.json").read_text())
 
     monkeypatch.setattr(graph_stage, "run", beside)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(PermissionError, match=f"{trace / 'measured.json'}: stage graph did not declare it"):
         run_in_place("graph", compose([]), {"events": trace / "events.parquet"}, tmp_path / "graph")
     assert seen["events"] == b"events"
 

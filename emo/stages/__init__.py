@@ -35,6 +35,7 @@ from emo.io import write_json
 
 log = logging.getLogger("emo")
 
+
 @dataclass(frozen=True)
 class Stage:
     """What a stage reads and writes.
@@ -113,13 +114,30 @@ def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(target)
             handed[name] = link
-        shown = {str(view / up): str(folder) for up, folder in folders.items()}
         try:
             with guard.only(stage, folders.values(), decl.outside_for(cfg).values(), out):
                 return importlib.import_module(f"emo.stages.{stage}").run(decl.seen(cfg), handed, out) or {}
-        except BaseException as e:
-            e.emo_paths = shown  # run_stage's one line names the upstream files, not their links
+        except BaseException as e:  # its message names the upstream files, not their links
+            _rename(e, {str(view / up): str(folder) for up, folder in folders.items()})
+            if isinstance(e, FileNotFoundError) and e.filename and Path(e.filename).exists():
+                raise guard.undeclared(stage, e.filename) from e  # there, but not declared: not in the view
             raise
+
+
+def _rename(e: BaseException, paths: dict[str, str]) -> None:
+    """Replace `paths` (old -> new) in the strings an exception shows."""
+    def new(text):
+        if not isinstance(text, str):
+            return text
+        for old, real in paths.items():
+            text = text.replace(old, real)
+        return text
+
+    e.args = tuple(new(a) for a in e.args)
+    if isinstance(e, OSError) and e.filename is not None:  # setting None would change what it shows
+        e.filename = new(e.filename)
+    if isinstance(e, OSError) and e.filename2 is not None:
+        e.filename2 = new(e.filename2)
 
 
 def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> dict:
@@ -174,7 +192,7 @@ def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, lo
     from emo import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
-    errors.report(stage, errors.one_line(e, {**getattr(e, "emo_paths", {}), str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e),
+    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e),
                   folder=str(out))
 
 
