@@ -4,8 +4,8 @@ writes) and `run(cfg, inputs, out) -> metrics`.
 The declaration is the stage's contract, written once: the folder hash (emo.plan), the Snakemake
 rules' inputs and outputs (workflow/rules/common.smk) and the in-process chaining (run_in_place) are
 derived from it, and run_in_place holds the stage to it: the stage is handed its config sections
-only, its inputs as links in a folder that holds nothing else, and an open of an undeclared file
-beside its upstream folders or its outside files fails (an audit hook, emo.stages.guard).
+only, its inputs as links in a folder that holds nothing else, and reading an undeclared file in an
+upstream folder or beside a declared outside file fails (an audit hook, emo.stages.guard).
 
 `run_stage` is what every workflow script calls: it builds the stage folder in a hidden temporary
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
