@@ -4,7 +4,11 @@
 # `--config 'jobs=[[...], [...]]'` and runs as this one DAG. Every stage writes results/<stage>/<hash>/,
 # the hash covering the configuration it depends on, its inputs and its code (emo/plan.py); the rules
 # are generic over that hash, and SWEEP says which job planned each folder (emo/sweep.py).
+from snakemake.utils import min_version
+
 from emo import sweep
+
+min_version("8.20")
 
 SWEEP = sweep.from_snakemake_config(config)
 # what each stage reads (workflow/scripts/stage.py): the configuration of the job that planned the folder

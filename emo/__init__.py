@@ -1,6 +1,11 @@
 """EMO: energy-minimising SM-clock schedules for GPU AI workloads."""
 import os as _os
 from pathlib import Path as _Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the annotations of apply and measure, without importing them
+    import emo.loop
+    import emo.policy
 
 __version__ = "0.1.0"
 

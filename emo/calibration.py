@@ -19,6 +19,7 @@ import json
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"
 BENCH = "bench.parquet"
@@ -61,7 +62,7 @@ def export_calibration(folder: Path, out: Path) -> dict:
     bench, info = folder / BENCH, folder / "calibration.json"
     if not bench.is_file():
         raise FileNotFoundError(f"{bench}: no calibration here (run the calibrate stage first: emo run)")
-    meta = json.loads(info.read_text()) if info.is_file() else {"gpu": "unknown", "gpu_model": "unknown", "driver": "unknown"}
+    meta: dict[str, Any] = json.loads(info.read_text()) if info.is_file() else {"gpu": "unknown", "gpu_model": "unknown", "driver": "unknown"}
     data = bench.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
     manifest = {**meta, "bench_sha256": sha,

@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
-MICROBENCH_DIR = Path(__file__).resolve().parents[1] / "microbench"
+from emo.paths import ROOT
+
+MICROBENCH_DIR = ROOT / "microbench"
 REGISTRY_PATH = MICROBENCH_DIR / "registry.yaml"
 
 # The fields of emo.device.sim.program.Work, in order (a test keeps the two equal).
@@ -64,7 +66,7 @@ def _dim3(value: Any, where: str) -> tuple[int, int, int]:
     if (not isinstance(value, list) or len(value) != 3
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
         raise ValueError(f"{where}: want a list of 3 positive integers, got {value!r}")
-    return tuple(value)  # type: ignore[return-value]
+    return (value[0], value[1], value[2])
 
 
 def _check_args(args: Any, where: str) -> dict[str, Any]:

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from emo.paths import PACKAGE_PARENT, ROOT  # the pipeline's files; where the package's sources are
 from emo.stages import STAGES, declaration  # what each stage reads and writes: the stages own it
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository (conf/, microbench/, Snakefile)
 
 SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".yaml"}
 MODULE_NAME = re.compile(r"emo(\.[A-Za-z_]\w*)+(:\w+)?")  # "emo.device.sim:SimDevice"
@@ -121,7 +120,8 @@ def _plain_value(o, conf: Path) -> bool:
 @functools.lru_cache(maxsize=64)
 def _merged(conf: str, groups: tuple[str, ...]):
     """Hydra's composition of the group choices, before any plain value is set."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from emo.config import register
 
@@ -169,8 +169,8 @@ def _one_line(e: Exception) -> str:
 
 
 def module_file(name: str) -> Path | None:
-    """The source file of module `name` under ROOT (a package's __init__.py), None if there is none."""
-    base = ROOT.joinpath(*name.split("."))
+    """The source file of module `name` (a package's __init__.py), None if there is none."""
+    base = PACKAGE_PARENT.joinpath(*name.split("."))
     for f in (base.with_suffix(".py"), base / "__init__.py"):
         if f.is_file():
             return f
@@ -227,9 +227,11 @@ def code_digest(stage: str) -> str:
         p = ROOT / rel
         files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES) if p.is_dir() else [p]
     h = hashlib.sha256()
-    for f in sorted(set(files)):
-        h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
+    # each file named as in a checkout (emo/..., microbench/...), wherever emo is installed
+    named = {str(f.relative_to(ROOT if f.is_relative_to(ROOT) else PACKAGE_PARENT)): f for f in files}
+    for name in sorted(named):
+        h.update(name.encode())
+        h.update(named[name].read_bytes())
     return h.hexdigest()[:16]
 
 

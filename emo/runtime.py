@@ -165,13 +165,14 @@ class PolicyApplier:
 
     def _fail(self, e: BaseException, what: str, counter: str) -> None:
         with self._counts:
-            setattr(self, counter, getattr(self, counter) + 1)
             self.errors.append(e)
-            if self.first_error is not None:
-                return
-            reason = getattr(e, "reason", None) or str(e) or type(e).__name__
-            self.first_error = f"emo: {what}: {reason}"
-        print(self.first_error, file=sys.stderr, flush=True)
+            first = self.first_error is None
+            if first:  # named before it is counted: a reader that sees the count sees its line
+                reason = getattr(e, "reason", None) or str(e) or type(e).__name__
+                self.first_error = f"emo: {what}: {reason}"
+            setattr(self, counter, getattr(self, counter) + 1)
+        if first:
+            print(self.first_error, file=sys.stderr, flush=True)
 
     def summary(self) -> dict:
         """What happened: requests landed / failed / dropped (the setter was resetting), failed resets,
@@ -191,6 +192,7 @@ class PolicyApplier:
 
     def _raise_if_failed(self) -> None:
         if self.strict and (self.failed or self.resets_failed):
+            assert self.first_error is not None  # _fail counts a failure and names the first one
             raise ClockRequestFailed(f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
                                      f"{self.summary_line().removeprefix('emo: ')})")
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 class SegmentWindow:
     starts_at_marker = False  # opened at a marker: the first segment's first iteration starts there
+    e0: float | None  # the rank's energy counter (J) when the segment's measured iterations began
 
     def __init__(self, plan_file: str | Path, *, apply: Callable | None = None, energy: Any = None,
                  sync: Callable[[], None] | None = None):
@@ -40,7 +41,7 @@ class SegmentWindow:
 
     def _begin(self) -> None:
         seg = self.segments[self.i]
-        self.k, self.marks, self.e0 = 0, [], None
+        self.k, self.marks, self.e0 = 0, list[float](), None
         self.clocks = self._apply(seg["policy"]) if seg.get("policy") else None
         if self.clocks is not None:
             self.clocks.step()  # this marker starts the segment's first iteration: the policy's t = 0

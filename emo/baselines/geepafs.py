@@ -95,7 +95,7 @@ def _pinned_fold(f: np.ndarray, u: np.ndarray, lo: np.ndarray, xc: float) -> tup
     return float(a1), float(b1), float(a2), float(b2), float(((a @ np.array([a1, b1, a2]) - u) ** 2).sum())
 
 
-def fit_fold_line(clocks: Sequence[float], util: Sequence[float]) -> FoldLine:
+def fit_fold_line(clocks: Sequence[float] | np.ndarray, util: Sequence[float] | np.ndarray) -> FoldLine:
     """Least-squares fold line through (clock, utilisation) samples (clocks may repeat): one line
     over all, against every split of the distinct clocks into >= 2 low and >= 2 high ones, two lines
     meeting between the split's clocks (or pinned at its lower clock), the first steeper."""
@@ -226,7 +226,7 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
     chosen: dict[int, int] = {}
 
     def period(index: int, probe: _Tally, hold: _Tally) -> None:
-        samples = {d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices}
+        samples: dict[int, dict[str, list[float]]] = {d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices}
         for f in schedule:
             device.set_policy(_policy(name, {d: f for d in devices}))
             run = probe.add(device.run(workload, k_sample, warmup=0))
@@ -238,11 +238,11 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
                 s["power_w"].append(run.energy_per_device_j.get(d, 0.0) / max(run.time_s, 1e-12))
         record: dict = {"period": index}
         for d in devices:
-            s = {k: np.asarray(v, float) for k, v in samples[d].items()}
-            mean = {k: [float(s[k][s["mhz"] == f].mean()) for f in probes] for k in ("power_w", "gpu", "memory")}
+            arr = {k: np.asarray(v, float) for k, v in samples[d].items()}
+            mean = {k: [float(arr[k][arr["mhz"] == f].mean()) for f in probes] for k in ("power_w", "gpu", "memory")}
             line = None
-            if s["memory"].mean() >= float(options["min_memory_utilization"]):
-                line = fit_fold_line(s["mhz"], s["memory"])
+            if arr["memory"].mean() >= float(options["min_memory_utilization"]):
+                line = fit_fold_line(arr["mhz"], arr["memory"])
                 if line.rms > float(options["max_fit_error"]):
                     line = None
             chosen[d], parts = choose_clock(line, budget, supported, floor, probes, mean["power_w"], mean["gpu"])

@@ -32,7 +32,7 @@ try:  # the optional extra `baselines`
     ZEUS_VERSION: str | None = getattr(zeus, "__version__", "unknown")
 except ImportError:  # pragma: no cover - exercised only where zeus is not installed
     ZEUS_VERSION = None
-    GPU = GPUs = object  # type: ignore[misc,assignment]
+    GPU = GPUs = object
 
 
 def _require_zeus() -> None:

@@ -240,10 +240,14 @@ class _Builder:
 
         srows = np.flatnonzero(self.kind_is("sync"))
         if len(srows):  # the sync rows with their call (of the same rank and correlation)
-            at = np.minimum(np.searchsorted(ckeys, key[srows]), len(ckeys) - 1) if len(ckeys) else None
-            found = (ckeys[at] == key[srows]) if len(ckeys) else np.zeros(len(srows), bool)
-            srows = srows[found]
-            call_row = calls[cpos[at[found]]] if len(ckeys) else np.zeros(0, np.int64)
+            if len(ckeys):
+                at = np.minimum(np.searchsorted(ckeys, key[srows]), len(ckeys) - 1)
+                found = ckeys[at] == key[srows]
+                srows = srows[found]
+                call_row = calls[cpos[at[found]]]
+            else:
+                srows = srows[np.zeros(len(srows), bool)]
+                call_row = np.zeros(0, np.int64)
             s = {"rank": rank[srows], "device": device[srows], "stream": stream[srows], "call_row": call_row,
                  "call_t": start[call_row], "wait_event_corr": self.col("wait_event_corr")[srows].astype(np.int64),
                  "wait_stream": self.col("wait_stream")[srows].astype(np.int64)}
@@ -549,7 +553,7 @@ def _ranges(ranks: list[int]) -> str:
 def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarray, world: int) -> list[dict]:
     """Why the collectives not matched across ranks are not: one entry per group and reason, in
     order of (key, absent, expected)."""
-    out = []
+    out: list[dict] = []
     if not len(absent):
         return out
     ac = np.unique(absent.astype(str), return_inverse=True)[1].ravel()

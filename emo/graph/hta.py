@@ -180,7 +180,7 @@ def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instanc
     step = by_key[np.searchsorted(key[by_key], path[:-1] * max(n, 1) + path[1:], side="right") - 1]
     types, weights = t[step], w[step]
     first = {k: int(np.argmax(types == k)) for k in range(len(EDGE_TYPES)) if (types == k).any()}
-    on_path = {EDGE_TYPES[k]: int(weights[types == k].sum()) for k in sorted(first, key=first.get)}  # in path order
+    on_path = {EDGE_TYPES[k]: int(weights[types == k].sum()) for k in sorted(first, key=first.__getitem__)}  # in path order
     return HtaPath(cp_us=int(length), path_nodes=len(path), graph_nodes=len(_distinct(np.r_[s, d])),
                    graph_edges=len(_distinct(key)), breakdown_us=on_path, window_us=(lo, hi),
                    path_points=tuple(zip(pt_ev[path].tolist(), pt_start[path].tolist(), node_ts[path].tolist())))

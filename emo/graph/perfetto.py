@@ -56,7 +56,8 @@ def original_events(source: Path, events: pd.DataFrame) -> tuple[list[dict], dic
     files = sorted(p for p in source.iterdir() if p.name.endswith((".json", ".json.gz"))) if source.is_dir() \
         else [source]
     if all(p.name.endswith((".json", ".json.gz")) for p in files) and files:
-        out, meta = [], {}
+        out: list[dict] = []
+        meta: dict = {}
         for p in files:
             doc = load_json(p)
             out.extend(doc["traceEvents"])

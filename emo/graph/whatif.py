@@ -329,7 +329,8 @@ def _monotone_key(indptr, src, key):
     return out
 
 
-def reorder_by_start(indptr, src, from_start, lag, offset, start):
+def reorder_by_start(indptr, src, from_start, lag, offset, start) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                           np.ndarray, np.ndarray]:
     """The same graph in a topological order sorted by `start` (per node, current order): returns
     (order, indptr, src, from_start, lag, offset) with order[new] = old. The optimizer wants each
     time window's nodes contiguous (local_delays' spans)."""
@@ -342,7 +343,8 @@ def reorder_by_start(indptr, src, from_start, lag, offset, start):
     return (order, *csr_in_edges(n, pos[src], pos[dst], from_start, lag), np.asarray(offset)[order])
 
 
-def csr_in_edges(n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarray, lag: np.ndarray):
+def csr_in_edges(n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarray,
+                 lag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CSR of in-edges (indptr [n+1], src, from_start, lag), rows by dst, each row's edges by src."""
     o = np.lexsort((src, dst))
     indptr = np.zeros(n + 1, np.int64)

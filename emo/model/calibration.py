@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -115,7 +116,6 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     (a calibration at a clock subset then predicts every clock in its range). `smooth`: when
     repeats of a measurement differ, each benchmark's time and power as smoothing splines over the
     clocks (smooth_curves)."""
-    clocks_all = clocks
     features = counter_features(bench.columns)
     missing = [c for c in BENCH_COLUMNS if c not in bench.columns] or ([] if len(features) else list(COUNTERS))
     if missing:
@@ -130,14 +130,14 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
                          f"energy_j={r['energy_j']} (both must be > 0)")
     med = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]].median()
     names = tuple(dict.fromkeys(df["bench"]))
-    clocks = np.sort(df["sm_mhz"].unique())
-    full = pd.MultiIndex.from_product([names, clocks], names=["bench", "sm_mhz"])
+    mhz = np.sort(df["sm_mhz"].unique())
+    full = pd.MultiIndex.from_product([names, mhz], names=["bench", "sm_mhz"])
     med = med.reindex(full)
     if med.isna().any().any():
         b, f = med[med.isna().any(axis=1)].index[0]
         raise ValueError(f"{where}: no measurement of {b} at {f} MHz (every benchmark needs every clock)")
-    f0 = int(clocks[-1]) if default_mhz is None else int(default_mhz)
-    if f0 not in set(clocks.tolist()):
+    f0 = int(mhz[-1]) if default_mhz is None else int(default_mhz)
+    if f0 not in set(mhz.tolist()):
         raise ValueError(f"{where}: default clock {f0} MHz was not calibrated")
     at0 = df[df["sm_mhz"] == f0].groupby("bench", sort=False)[list(features)].median().reindex(list(names))
     if at0.isna().any().any() and not at0.isna().all().all():  # all NaN: calibrated without counters
@@ -146,20 +146,20 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     counters = at0.to_numpy(np.float64)
     if (counters[np.isfinite(counters)] < 0).any():
         raise ValueError(f"{where}: negative counter values")
-    shape = (len(names), len(clocks))
+    shape = (len(names), len(mhz))
     t = med["time_s"].to_numpy(np.float64).reshape(shape)
     e = med["energy_j"].to_numpy(np.float64).reshape(shape)
     if smooth and repeats_differ(df):  # the curves carry noise (a noise-free table is the truth)
-        t_s = smooth_curves(clocks, t, True)
-        e, t = t_s * smooth_curves(clocks, e / t, False), t_s
-    if clocks_all is not None:
-        want = np.asarray(sorted(set(int(c) for c in clocks_all)), dtype=np.int64)
-        want = np.union1d(want[(want >= clocks[0]) & (want <= clocks[-1])], clocks)
-        if len(want) > len(clocks):
-            t_new = interp_curves(clocks, t, want, True)
-            e = t_new * interp_curves(clocks, e / t, want, False)
-            t, clocks = t_new, want
-    return BenchTables(names, clocks, int(np.searchsorted(clocks, f0)), t, e, counters, features)
+        t_s = smooth_curves(mhz, t, True)
+        e, t = t_s * smooth_curves(mhz, e / t, False), t_s
+    if clocks is not None:
+        want = np.asarray(sorted(set(int(c) for c in clocks)), dtype=np.int64)
+        want = np.union1d(want[(want >= mhz[0]) & (want <= mhz[-1])], mhz)
+        if len(want) > len(mhz):
+            t_new = interp_curves(mhz, t, want, True)
+            e = t_new * interp_curves(mhz, e / t, want, False)
+            t, mhz = t_new, want
+    return BenchTables(names, mhz, int(np.searchsorted(mhz, f0)), t, e, counters, features)
 
 
 def idle_power_w(tables: BenchTables, idle_bench: str = IDLE_BENCH) -> np.ndarray:
@@ -185,7 +185,7 @@ def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str
 
     reg = load_registry()
     if all(n in reg for n in tables.names):
-        key = {}
+        key: dict[tuple[Any, str], list[int]] = {}
         for j, n in enumerate(tables.names):
             if n not in exclude:
                 e = reg[n]

@@ -21,7 +21,9 @@ import bz2
 import csv
 import gzip
 import lzma
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pandas as pd
@@ -49,7 +51,8 @@ def _complete_rows(path: str | Path, where: str) -> None:
     path = Path(path)
     if path.suffix in (".parquet", ".pq"):
         return
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)  # as pandas reads them
+    openers: dict[str, Callable[..., IO[str]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+    opener = openers.get(path.suffix, open)  # as pandas reads them
     with opener(path, "rt", newline="", errors="replace") as f:
         rows = csv.reader(f)
         header = next(rows, [])

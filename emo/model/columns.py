@@ -13,6 +13,7 @@ name has one value at all its clocks (static analysis, instruction mixes), per-c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -23,10 +24,12 @@ COLLINEAR_R = 0.999  # |correlation| over the benchmarks above which two feature
 SCALE_FACTOR = 10.0  # targets' peak beyond this factor of the benchmarks' (either way): another unit?
 
 
-def parse_features(spec: str | Sequence[str] | None) -> list[tuple[str, str | None]] | str | None:
+def parse_features(spec: str | Sequence[str] | None) -> list[tuple[str, str | None]] | Literal["all"] | None:
     """"all", None, or [(column, form or None)] from "a,b:total" or a list of such names."""
-    if spec is None or spec == "all":
-        return spec
+    if spec is None:
+        return None
+    if spec == "all":
+        return "all"
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     out = []
     for it in items:
@@ -61,7 +64,7 @@ def choose_features(bench: pd.DataFrame, targets: pd.DataFrame, features, counte
     cand = candidate_columns(bench, reserved)
     if spec is None or spec == "all":
         known, said = resolve_columns(cand, counters)
-        wanted = [(c, None) for c in known]
+        wanted: list[tuple[str, str | None]] = [(c, None) for c in known]
     else:
         for name, _ in spec:
             if name not in bench.columns:
@@ -144,7 +147,7 @@ def collinear_pairs(names: Sequence[str], values: np.ndarray) -> list[tuple[str,
         for j in idx[i_ + 1:]:
             r = float(v[:, i] @ v[:, j] / (norm[i] * norm[j]))
             if abs(r) >= COLLINEAR_R:
-                out.append((names[i], names[j], r))
+                out.append((names[int(i)], names[j], r))
     return out
 
 

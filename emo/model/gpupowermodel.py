@@ -56,7 +56,7 @@ def read_power_curves(path: str | Path) -> PowerCurves:
         raise ValueError(f"{path}: rows have {df.shape[1]} fields, want name, power, core MHz, memory MHz "
                          f"and {len(components)} utilisations")
     pair = list(zip(df[2].astype(int), df[3].astype(int)))
-    cfg, seen, ids = -1, set(), []
+    cfg, seen, ids = -1, set[tuple[int, int]](), list[int]()
     prev = None
     for name, p in zip(df[0].astype(str), pair):
         if name != prev or p in seen:

@@ -143,9 +143,11 @@ def predict(form: Form, basis: Basis, anchors: Anchors) -> tuple[dict[str, np.nd
         p = powers(x, basis.power_w[rows], basis.p_idle, anchors.power_w, r)
         p[~mixed] = anchors.power_w[~mixed, None] * mean["power_w"][None, :]
         return {"power_w": p}, mixed
-    tb, eb = basis.time_s[rows], basis.energy_j[rows]
-    t = times(x, tb, [basis.resource[j] for j in rows], anchors.time_s, r, form.overlap, basis.p_max)
-    t[~mixed] = anchors.time_s[~mixed, None] * mean["time_s"][None, :]
-    e = energies(x, t, tb, eb, basis.p_run, anchors.energy_j, r, form.anchor)
-    e[~mixed] = anchors.energy_j[~mixed, None] * mean["energy_j"][None, :]
+    eb_all, ts_ref, es_ref = basis.energy_j, anchors.time_s, anchors.energy_j
+    assert eb_all is not None and ts_ref is not None and es_ref is not None  # time on the basis: on the targets too
+    tb, eb = basis.time_s[rows], eb_all[rows]
+    t = times(x, tb, [basis.resource[j] for j in rows], ts_ref, r, form.overlap, basis.p_max)
+    t[~mixed] = ts_ref[~mixed, None] * mean["time_s"][None, :]
+    e = energies(x, t, tb, eb, basis.p_run, es_ref, r, form.anchor)
+    e[~mixed] = es_ref[~mixed, None] * mean["energy_j"][None, :]
     return {"time_s": t, "energy_j": e, "power_w": e / t}, mixed

@@ -48,7 +48,7 @@ class Problem:
         self.base_start, self.base_finish, self.makespan0_ns, _ = engine.forward(*self.graph, self.dur_ns[:, self.ref].copy())
 
     @property
-    def graph(self) -> tuple:
+    def graph(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The arguments every engine pass takes first."""
         return self.indptr, self.src, self.from_start, self.lag_ns, self.offset_ns
 
@@ -141,9 +141,9 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
     g = engine.csr_in_edges(n, rank[src], rank[dst], fs, lag)
     s0 = engine.forward(*g, offset[topo], dur[topo, ref].copy())[0]
     # re-sorted by baseline start (still topological) so that a window's nodes are contiguous
-    order, *g = engine.reorder_by_start(*g, offset[topo], s0)
-    perm = topo[order]
-    return Problem(*g, device[perm], dur[perm], en[perm], idle, clocks, ref, perm)
+    reordered = engine.reorder_by_start(*g, offset[topo], s0)  # (order, *graph)
+    perm = topo[reordered[0]]
+    return Problem(*reordered[1:], device[perm], dur[perm], en[perm], idle, clocks, ref, perm)
 
 
 # --------------------------------------------------------------------------- items
@@ -163,14 +163,15 @@ class Items:
     hi: np.ndarray  # int64[K]: last internal node of the item
     ext_power_w: float  # idle power of all GPUs at the default clock: the DP's price of a longer iteration
     interval_ns: float
-    idle_energy: np.ndarray = None  # float64[K, C]: the idle part of `energy`
-    edges_ns: np.ndarray = None  # float64[G, W + 1]: change points of each group (iteration_items)
+    idle_energy: np.ndarray | None = None  # float64[K, C]: the idle part of `energy`
+    edges_ns: np.ndarray | None = None  # float64[G, W + 1]: change points of each group (iteration_items)
 
     def total(self, choice: np.ndarray, makespan_ns: float, makespan0_ns: float) -> float:
         """Energy of a choice whose iteration takes makespan_ns: every window stretches with the
         iteration, paying idle power at its own clock for the extra time."""
         rows = np.arange(self.k)
         stretch = max(0.0, makespan_ns / makespan0_ns - 1.0) if makespan0_ns > 0 else 0.0
+        assert self.idle_energy is not None  # iteration_items sets it
         return float(self.energy[rows, choice].sum() + stretch * self.idle_energy[rows, choice].sum())
 
     @property
@@ -202,7 +203,7 @@ def symmetric_groups(p: Problem, tol: float = 0.25, bin_ms: float = 5.0) -> list
     prof = np.zeros((p.devices, 4, nb))
     gpu = p.device >= 0
     for j, col in enumerate((p.dur_ns[:, p.ref], p.dur_ns[:, 0], p.energy_j[:, p.ref], p.energy_j[:, 0])):
-        np.add.at(prof, (p.device[gpu], j, b[gpu]), col[gpu])
+        np.add.at(prof, (p.device[gpu], j, b[gpu]), col[gpu])  # type: ignore[arg-type]  # numpy stub: ufunc.at rejects a tuple index
     groups: list[list[int]] = []
     for d in range(p.devices):
         for g in groups:

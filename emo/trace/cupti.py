@@ -124,7 +124,7 @@ class CuptiTracer:
         self.rows: list[dict] = []
         self.steps_ns: list[int] = []
         self.trace: dict | None = None
-        self._cupti = None
+        self._cupti: Any = None  # the cupti module (an optional dependency), imported on __enter__
         self._kinds: list[Any] = []
 
     # CUPTI hands finished buffers to this callback on its own thread: normalise at once, so no

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,15 @@ COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7
              8: "DtoD", 9: "HtoH", 10: "PtoP"}
 NULLABLE = {"bytes", "copyKind"}
 NO_STREAM = 4294967295  # nsys writes UINT32_MAX where a sync names no stream
+
+
+@overload
+def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, required: Literal[True]) -> pd.DataFrame: ...
+
+
+@overload
+def _table(con: sqlite3.Connection, path: Path, name: str, columns: str,
+           required: bool = False) -> pd.DataFrame | None: ...
 
 
 def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, required: bool = False) -> pd.DataFrame | None:

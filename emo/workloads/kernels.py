@@ -77,7 +77,7 @@ def gemm(arch: Arch, dtype: str, m: int, n: int, k: int, layout: str = "tn", op:
     flops = 2.0 * m * n * k
     # Each A tile is re-read once per column of tiles and each B tile once per row of tiles, through
     # L2; DRAM sees the unique operands plus re-fetches once they stop fitting in L2.
-    l2 = a * math.ceil(n / tn) + b * math.ceil(m / tm) + c
+    l2: float = a * math.ceil(n / tn) + b * math.ceil(m / tm) + c
     if arch.family == "hopper" and m >= 64:
         # the 2x1x1 thread-block cluster: TMA multicasts each A tile to both CTAs of a cluster
         # (they share its rows), so L2 serves the A re-reads half as often

@@ -191,8 +191,8 @@ def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, .
     for p, ph in enumerate(phases):
         for c in range(chunks):
             if prev is not None:
-                if pending[c] is not None:
-                    em.wait(COMPUTE, pending[c])
+                if (ev := pending[c]) is not None:
+                    em.wait(COMPUTE, ev)
                     pending[c] = None
                 prev.post(em, c)
             ph.pre(em, c)
@@ -204,8 +204,8 @@ def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, .
         prev = ph
     if prev is not None:
         for c in range(chunks):
-            if pending[c] is not None:
-                em.wait(COMPUTE, pending[c])
+            if (ev := pending[c]) is not None:
+                em.wait(COMPUTE, ev)
             prev.post(em, c)
 
 

@@ -237,12 +237,12 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
             break
         movers = movers[np.argsort(-gain[movers])]
         # a batch of moves whose spans do not overlap; verified as a whole, halved until it holds
-        batch, last_hi = [], -1
+        picked, last_hi = [], -1
         for k in movers[np.argsort(items.lo[movers], kind="stable")]:
             if items.lo[k] < 0 or items.lo[k] > last_hi:
-                batch.append(k)
+                picked.append(k)
                 last_hi = max(last_hi, items.hi[k])
-        batch = np.array(sorted(batch, key=lambda k: -gain[k]), dtype=np.int64)
+        batch = np.array(sorted(picked, key=lambda k: -gain[k]), dtype=np.int64)
         base_e = items.total(choice, mk, p.makespan0_ns)
         while len(batch):
             trial = choice.copy()

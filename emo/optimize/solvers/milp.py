@@ -52,6 +52,7 @@ def formulation(p: Problem, items: Items, deadline_ns: float, cols: np.ndarray |
     A = csr_matrix((np.concatenate(v), (np.concatenate(r), np.concatenate(j))), shape=(K + m + len(sinks), iT + 1))
     c = np.zeros(iT + 1)
     c[:nx] = energy.ravel()
+    assert items.idle_energy is not None  # iteration_items sets it
     c[iT] = items.idle_energy[:, p.ref].sum() / (p.makespan0_ns * 1e-6)  # Items.total's stretch, linearised
     lb = np.r_[np.zeros(nx), p.offset_ns * 1e-6, p.makespan0_ns * 1e-6]
     ub = np.r_[np.ones(nx), np.full(n, np.inf), deadline_ns * 1e-6]
