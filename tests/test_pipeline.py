@@ -65,6 +65,7 @@ def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
     (pkg / "lib" / "named.py").write_text("x = 1\n")
     (pkg / "other" / "tracking.py").write_text("x = 1\n")
     monkeypatch.setattr(planmod, "ROOT", tmp_path)
+    monkeypatch.setattr(planmod, "PACKAGE_PARENT", tmp_path)  # where module sources are found
     assert planmod.imported_modules("emo.stages.demo") == [
         "emo", "emo.lib", "emo.lib.deep", "emo.lib.named", "emo.lib.shallow", "emo.stages", "emo.stages.demo"]
 
