@@ -12,6 +12,12 @@ work energy only; the same as the default without an idle row). --step: clocks t
 apart from the top (6: 10 clocks down to ~600 MHz on the A100; 8: down to 330 MHz); --by-clock:
 also the energy MAPE per clock of both anchors and the mean curve; --pairs: give the fit the suite's
 same-work pairs (each kernel's _low and _high occupancy, `emo model fit --pair`).
+
+`E given true T` is EMO's energy error given the true time: its energy prediction with its own predicted time
+replaced by the measured one, E + P_run (T_measured - T_predicted) (the default form's energy is
+running power over the time plus the mix's work energy, and with an idle row and no pairs P_run is
+the idle row's power). It isolates the power law from the time model: a simulator whose power were
+exactly running power x time + linear work energy would give ~0 here. Rows without an idle row: n/a.
 """
 from __future__ import annotations
 
@@ -34,6 +40,15 @@ def cell(s: dict) -> str:
     return f"{s['mape_time_pct']:.2f} / {s['mape_energy_pct']:.2f}"
 
 
+def energy_given_time(res, bench) -> float:
+    """MAPE % of EMO's energy with the measured time substituted (see the module docstring)."""
+    idle = bench[bench["name"] == "idle"].set_index("sm_mhz")["power_w"]
+    p = res.predictions[~res.predictions["anchor"]].dropna(subset=["measured_energy_j"])
+    p_run = p["sm_mhz"].map(idle)
+    e = p["emo_energy_j"] + p_run * (p["measured_time_s"] - p["emo_time_s"])
+    return float(((e / p["measured_energy_j"] - 1).abs() * 100).mean())
+
+
 def by_clock(res, label: str) -> dict:
     p = res.predictions[~res.predictions["anchor"]]
     err = (p[f"{label}_energy_j"] / p["measured_energy_j"] - 1).abs() * 100
@@ -47,8 +62,8 @@ def main() -> None:
     ap.add_argument("--by-clock", action="store_true")
     ap.add_argument("--pairs", action="store_true")
     args = ap.parse_args()
-    print("| GPU, counters | EMO | EMO --select | EMO, whole-curve anchor | mean curve | plain anchored NNLS |\n"
-          "|---|---|---|---|---|---|")
+    print("| GPU, counters | EMO | EMO --select | EMO, whole-curve anchor | mean curve | plain anchored NNLS | EMO E given true T |\n"
+          "|---|---|---|---|---|---|---|")
     for gpu in args.gpus.split(","):
         for form in ("dcgm", "ncu"):
             bench, targets = sim_tables(gpu=gpu, form=form, step=args.step)
@@ -61,9 +76,10 @@ def main() -> None:
                 r = res.scores
                 chosen = fit_predict(b, targets, counters=form, pairs=pairs, select=True).scores["emo"]
                 whole = fit_predict(b, targets, counters=form, pairs=pairs, form=Form(anchor="curve"))
+                gt = f"{energy_given_time(res, b):.2f}" if idle else "n/a"
                 label = f"{NAMES[gpu]}, {'DCGM' if form == 'dcgm' else 'ncu'} form" + ("" if idle else ", no idle row")
                 print(f"| {label} | {cell(r['emo'])} | {cell(chosen)} | {cell(whole.scores['emo'])} | "
-                      f"{cell(r['mean_curve'])} | {cell(r['nnls'])} |", flush=True)
+                      f"{cell(r['mean_curve'])} | {cell(r['nnls'])} | {gt} |", flush=True)
                 if args.by_clock:
                     print(f"  energy MAPE % by clock: emo {by_clock(res, 'emo')}\n  whole-curve {by_clock(whole, 'emo')}\n"
                           f"  mean curve {by_clock(res, 'mean_curve')}", flush=True)

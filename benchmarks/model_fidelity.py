@@ -17,6 +17,8 @@ anchor at f0 cancels) against the virtual GPU's own kernels of that pack run alo
 clock (the simulator's physics tables: no noise, no contention), MAPE and max over signatures x
 clocks (`pack T%`, `pack E%`). A per-pack error near 0 would mean the model mirrors
 the simulator; microbenchmark-mix models err by ~5-10 % per kernel across clocks on hardware.
+`given the true time`: the same per-pack energy error with the model's time replaced by the virtual
+GPU's (idle power x true time + the model's dynamic energy): the power law's error alone.
 
     python benchmarks/model_fidelity.py [--quick] [--gpus a100,h100] [--jobs 2]
                                         [--counters ncu|dcgm] [--clocks-stride N]
@@ -25,7 +27,19 @@ the simulator; microbenchmark-mix models err by ~5-10 % per kernel across clocks
 SM active, occupancy, tensor/FP64/FP32/FP16 pipes, DRAM) instead of ncu totals; --clocks-stride N:
 calibrate every N-th clock only, the fit interpolating the rest (model.clocks_stride).
 
-Last lines: `per-pack MAPE %: T (time) E (energy)` and `worst MAPE %: X`.
+The shipped optimizer's own plans (`--budgets`, default 0 and 0.02: optimizer=emo, the optimize
+stage in-process on the same fit): each plan's predicted ES / PL (its policy's prediction, in
+expectation over the measured clock-request latencies, against the predicted max-clock baseline)
+against the measured ones (the max clock and the plan, each over the same iterations, exact
+energy). Static and random policies cannot show a bias the optimizer selects for: a plan is chosen
+for its low predicted energy, so it sits where the model errs in its favour, if anywhere. Over every
+clock-changing plan (one that runs some GPU below the max clock): the mean |predicted - measured
+ES| and the mean signed error (its bias, positive = the saving was predicted too large), and the
+worst plan.
+
+Last lines: `per-pack MAPE %: T (time) E (energy); max T / E` (the worst single pack x clock beside
+the means), `worst MAPE %: X` and `optimized plans: mean |dES| X points, bias Y points over N
+clock-changing plans`.
 """
 from __future__ import annotations
 
@@ -95,7 +109,7 @@ def pack_errors(device, workload, packs, ranges, model, clocks: list[int]) -> di
     at = [device.clocks.index(int(m.clocks[i])) for i in cols]
     i0_m, i0_d = int(np.searchsorted(m.clocks, f0)), device.clocks.index(f0)
     first = packs["first_occurrence"].to_numpy()
-    err_t, err_e = [], []
+    err_t, err_e, err_g = [], [], []
     for sig, rng_, is_first in zip(packs["signature"].astype(str), ranges, first):
         if not is_first or sig not in m.signatures:
             continue
@@ -112,10 +126,17 @@ def pack_errors(device, workload, packs, ranges, model, clocks: list[int]) -> di
         err_t += [100 * ((t_m[i] / t_m[i0_m]) / (d[j] / d[i0_d]) - 1) for i, j in zip(cols, at)]
         if e_m[i0_m] > 0 and e[i0_d] > 0:
             err_e += [100 * ((e_m[i] / e_m[i0_m]) / (e[j] / e[i0_d]) - 1) for i, j in zip(cols, at)]
+            # given the true time: the model's energy with its time replaced by the simulator's
+            t_g = t_m[i0_m] * d / d[i0_d]
+            e_g0 = m.idle_power_w[i0_m] * t_g[i0_d] + m.dynamic_energy_j[r][i0_m]
+            err_g += [100 * (((m.idle_power_w[i] * t_g[j] + m.dynamic_energy_j[r][i]) / e_g0) / (e[j] / e[i0_d]) - 1)
+                      for i, j in zip(cols, at)]
     a_t, a_e = np.abs(err_t), np.abs(err_e)
     return {"pack_t": float(a_t.mean()) if a_t.size else float("nan"), "pack_t_max": float(a_t.max()) if a_t.size else float("nan"),
             "pack_e": float(a_e.mean()) if a_e.size else float("nan"), "pack_e_max": float(a_e.max()) if a_e.size else float("nan"),
-            "pack_points": int(a_t.size)}
+            "pack_points": int(a_t.size),
+            "pack_e_given_t": float(np.abs(err_g).mean()) if err_g else float("nan"),
+            "pack_e_given_t_max": float(np.abs(err_g).max()) if err_g else float("nan")}
 
 
 def measured_transition_ms(device, clocks: list[int], rng) -> float:
@@ -129,8 +150,33 @@ def measured_transition_ms(device, clocks: list[int], rng) -> float:
     return float(np.median(device.clock_step_latencies_ms(pairs, 1.0)))
 
 
+def optimized_rows(cfg: dict, d: Path, bench: Path, device, tables, budgets, iters: int) -> list[tuple]:
+    """(budget, clock-changing, pred ES, meas ES, pred PL, meas PL, pred t, meas t, pred E, meas E)
+    per budget: optimizer=emo's plan on this fit, predicted as the optimize stage reports it and
+    measured against the max clock over the same iterations."""
+    from emo.policy import FrequencyPolicy
+
+    mt0, me0 = measure(device, cfg["workload"], None, iters)
+    rows = []
+    for b in budgets:
+        c = {**cfg, "optimizer": {**cfg["optimizer"], "name": "emo"}, "budget": float(b)}
+        inputs = {"packs": d / "pack/packs.parquet", "model": d / "fit/model.parquet",
+                  "calibration": bench.parent / "calibration.json"}
+        if (d / "fit/check.json").exists():
+            inputs["check"] = d / "fit/check.json"
+        stage("optimize", c, inputs, d / f"optimize-{b:g}")
+        pol = FrequencyPolicy.load(d / f"optimize-{b:g}/policy.json")
+        pt0, pe0 = pol.meta["baseline_time_s"], pol.meta["baseline_energy_j"]
+        mt, me = measure(device, cfg["workload"], pol, iters)
+        changing = any(s.sm_mhz != tables.default_mhz for st in pol.steps.values() for s in st)
+        rows.append((float(b), changing, 100 * (1 - pol.predicted_energy_j / pe0), 100 * (1 - me / me0),
+                     100 * (pol.predicted_time_s / pt0 - 1), 100 * (mt / mt0 - 1), pol.predicted_time_s, mt,
+                     pol.predicted_energy_j, me))
+    return rows
+
+
 def case(args) -> dict:
-    gpu, wl, bench, quick, root, extra = args
+    gpu, wl, bench, quick, root, extra, budgets = args
     from emo.device import KernelRange
     from emo.device.backends import open_device
     from emo.model.predict import load_pack_tables, predict
@@ -174,6 +220,9 @@ def case(args) -> dict:
         p = predict(tables, pol, transition_ms=lat_ms)
         mt, me = measure(device, cfg["workload"], pol, iters)
         rows.append(("random", i, p.time_s, mt, p.energy_j, me))
+    opt = pd.DataFrame(optimized_rows(cfg, d, Path(bench), device, tables, budgets, iters),
+                       columns=["budget", "changing", "es_pred", "es_meas", "pl_pred", "pl_meas", "pred_t", "meas_t",
+                                "pred_e", "meas_e"])
     device.close()
     r = pd.DataFrame(rows, columns=["set", "which", "pred_t", "meas_t", "pred_e", "meas_e"])
     r["err_t"] = 100 * (r["pred_t"] / r["meas_t"] - 1)
@@ -203,7 +252,7 @@ def case(args) -> dict:
     per_pack = pack_errors(open_device(cfg["gpu"]), cfg["workload"], packs, every, model, static)
     out = {"gpu": gpu, "workload": wl, "kernels": pk["kernels"], "packs": pk["packs"], "signatures": pk["signatures"],
            "iterations_traced": tables.iterations, **{f"cost_{k}_s": v for k, v in costs.items()},
-           "rows": r, "wall_s": time.perf_counter() - t_start, **per_pack}
+           "rows": r, "optimized": opt, "wall_s": time.perf_counter() - t_start, **per_pack}
     for s in ("static", "random"):
         q = r[r["set"] == s]
         out[f"{s}_t"] = float(q["err_t"].abs().mean())
@@ -222,7 +271,12 @@ def main(argv=None) -> float:
     ap.add_argument("--counters", choices=("ncu", "dcgm", "none"), default="ncu",
                     help="the virtual GPU's counter form (none: no profiling permission)")
     ap.add_argument("--clocks-stride", type=int, default=1, help="calibrate every N-th clock (interpolated)")
+    ap.add_argument("--budgets", default="0,0.02", help="budgets of optimizer=emo's plans to score ('' for none)")
     a = ap.parse_args(argv)
+    try:
+        budgets = [float(x) for x in a.budgets.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--budgets {a.budgets!r}: not a comma-separated list of fractions")
     extra = (f"gpu.counters={a.counters}", f"model.clocks_stride={a.clocks_stride}")
     print(f"counters {a.counters}, calibration clock stride {a.clocks_stride}", flush=True)
     gpus = a.gpus.split(",") if a.gpus else (["a100"] if a.quick else list(GPUS))
@@ -233,7 +287,7 @@ def main(argv=None) -> float:
         benches = dict(zip(gpus, ex.map(calibrate, gpus, [root] * len(gpus), [a.quick] * len(gpus),
                                         [extra] * len(gpus))))
         print(f"calibrated {', '.join(gpus)} in {time.perf_counter() - t0:.0f} s", flush=True)
-        jobs = [(g, w, benches[g], a.quick, str(root), extra) for g in gpus for w in wls]
+        jobs = [(g, w, benches[g], a.quick, str(root), extra, budgets) for g in gpus for w in wls]
         results = []
         print(f"{'gpu':10} {'workload':8} {'static T%':>9} {'static E%':>9} {'random T%':>9} {'random E%':>9}"
               f" {'max T%':>7} {'max E%':>7} {'pack T%':>7} {'max':>6} {'pack E%':>7} {'max':>6}"
@@ -259,8 +313,39 @@ def main(argv=None) -> float:
     pe = np.nanmean([r["pack_e"] for r in results])
     print(f"per-pack MAPE %: {pt:.2f} (time) {pe:.2f} (energy); max {np.nanmax([r['pack_t_max'] for r in results]):.1f}"
           f" / {np.nanmax([r['pack_e_max'] for r in results]):.1f}")
+    print(f"per-pack energy MAPE % given the true time: {np.nanmean([r['pack_e_given_t'] for r in results]):.2f}"
+          f" (max {np.nanmax([r['pack_e_given_t_max'] for r in results]):.1f}; "
+          + ", ".join(f"{r['workload']} {r['pack_e_given_t']:.2f}" for r in results) + ")")
     print(f"worst MAPE %: {worst:.2f}")
+    optimized_summary(results)  # its last line: the bias over the optimizer's own plans
     return worst
+
+
+def optimized_summary(results: list[dict]) -> dict | None:
+    """Print every optimized plan's predicted vs measured ES/PL and the bias line; the numbers."""
+    import pandas as pd
+
+    frames = [r["optimized"].assign(gpu=r["gpu"], workload=r["workload"]) for r in results if len(r["optimized"])]
+    if not frames:
+        return None
+    o = pd.concat(frames, ignore_index=True)
+    o["d_es"] = o["es_pred"] - o["es_meas"]
+    o["err_t"] = 100 * (o["pred_t"] / o["meas_t"] - 1)
+    o["err_e"] = 100 * (o["pred_e"] / o["meas_e"] - 1)
+    print("optimizer=emo's plans (ES, PL %: predicted / measured; dES = predicted - measured, points):")
+    cols = ["gpu", "workload", "budget", "changing", "es_pred", "es_meas", "d_es", "pl_pred", "pl_meas", "err_t", "err_e"]
+    print(o[cols].round(3).to_string(index=False))
+    c = o[o["changing"]]
+    if not len(c):
+        print("optimized plans: none changes a clock")
+        return {"plans": 0}
+    w = c.loc[c["d_es"].abs().idxmax()]
+    out = {"plans": int(len(c)), "mean_abs_des": float(c["d_es"].abs().mean()), "bias_des": float(c["d_es"].mean()),
+           "positive": int((c["d_es"] > 0).sum())}
+    print(f"worst plan: {w['gpu']} {w['workload']} at {w['budget']:g}: dES {w['d_es']:+.2f} points")
+    print(f"optimized plans: mean |dES| {out['mean_abs_des']:.2f} points, bias {out['bias_des']:+.2f} points over "
+          f"{out['plans']} clock-changing plans ({out['positive']} predicted too large)")
+    return out
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ def register(subparsers) -> None:
 
 def preflight(policy: Path) -> None:
     """One line, before the job starts, for what would fail in every rank: no file, not a policy, no GPU."""
-    from emo.device.nvml import import_pynvml, nvml_init
+    from emo.device.control import open_control
     from emo.policy import FrequencyPolicy
 
     if not policy.is_file():
         raise FileNotFoundError(f"{policy}: no such policy file")
     FrequencyPolicy.load(policy)
-    nvml_init(import_pynvml())  # GpuAccessError: "cannot initialise NVML (...): no NVIDIA driver or GPU"
+    open_control().close()  # GpuAccessError: e.g. "cannot initialise NVML (...): no NVIDIA driver or GPU"
 
 
 def read_reports(folder: Path) -> list[dict]:

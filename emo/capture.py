@@ -44,29 +44,6 @@ def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
 
-class _Energy:
-    """The NVML energy counter of this rank's GPU, or nothing on a machine without one."""
-
-    def __init__(self, local_rank: int):
-        self.handle = None
-        self.index = None
-        try:
-            from emo.device.nvml import import_pynvml, visible_nvml_indices
-
-            nvml = import_pynvml()
-            nvml.nvmlInit()
-            self.index = visible_nvml_indices(nvml)[local_rank]
-            self.handle = nvml.nvmlDeviceGetHandleByIndex(self.index)
-            self.nvml = nvml
-        except Exception:
-            self.handle = None
-
-    def read_j(self) -> float | None:
-        if self.handle is None:
-            return None
-        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0
-
-
 class ProfilerWindow:
     """torch.profiler over schedule(wait, warmup, active), stepped by iteration markers, with the
     wall time and energy of the active iterations. Writes into out_dir when the window closes."""
@@ -88,7 +65,9 @@ class ProfilerWindow:
             on_trace_ready=self._export,
             experimental_config=torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True),
         )
-        self.energy = _Energy(self.local_rank)
+        from emo.device.control import RankEnergy
+
+        self.energy = RankEnergy(self.local_rank)
         self.steps = 0
         self.done = False
         self._marks: list[float] = []

@@ -13,28 +13,23 @@ import sys
 
 def reset_clocks(gpus: list[int] | None = None, *, power: bool = False) -> list[int]:
     """Reset locked SM clocks (and, with power=True, power limits) of `gpus` (default: all).
-    Returns the NVML indices reset."""
-    from emo.device.nvml import ClockController, GpuAccessError, import_pynvml, nvml_init
+    Returns the indices reset (NVML's on NVIDIA GPUs)."""
+    from emo.device.control import GpuAccessError, open_control
 
-    nvml = import_pynvml()
-    nvml_init(nvml)
+    control = open_control()
     try:
-        count = nvml.nvmlDeviceGetCount()
+        count = control.count()
         targets = list(range(count)) if not gpus else gpus
         bad = [g for g in targets if not 0 <= g < count]
         if bad:
             raise GpuAccessError(f"no GPU {bad[0]} (this machine has {count}: 0-{count - 1})")
-        ctl = ClockController.auto(nvml)
         for g in targets:
-            ctl.reset_clock(g)
+            control.reset_sm_clock(g)
             if power:
-                ctl.reset_power_limit(g)
+                control.reset_power_limit(g)
         return targets
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+        control.close()
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:

@@ -25,6 +25,7 @@ import pandas as pd
 from emo import scoring
 from emo.io import write_json
 from emo.methods import METHODS as METHOD_ORDER
+from emo.runs import latest, stage_dir, static_curve, upstream  # noqa: F401  (also emo.compare's names)
 
 METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
            "explore_time_s", "explore_energy_j")
@@ -84,13 +85,6 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
             row[m] = float(v) if v is not None and not pd.isna(v) else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def latest(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (gpu, workload, method, budget, seed): the newest (runs come newest first)."""
-    if "seed" not in runs:
-        runs = runs.assign(seed=0)
-    return runs.drop_duplicates(["gpu", "workload", "method", "budget", "seed"], keep="first").reset_index(drop=True)
 
 
 def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
@@ -175,42 +169,6 @@ def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
                **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()}}
         frames.append(row)
     return runs_table(pd.DataFrame(frames))
-
-
-# --------------------------------------------------------------------------- stage folders
-def stage_dir(results: Path, stage: str, stage_hash: str) -> Path:
-    return results / stage / stage_hash
-
-
-def upstream(results: Path, stage: str, stage_hash: str, want: str) -> Path | None:
-    """The folder of stage `want` that the given stage folder was computed from (following the
-    `covers.inputs` hashes of each folder's config.json), or None when it is not in the chain."""
-    if stage == want:
-        return stage_dir(results, stage, stage_hash)
-    cfg = stage_dir(results, stage, stage_hash) / "config.json"
-    if not cfg.exists():
-        return None
-    for up, h in json.loads(cfg.read_text())["covers"]["inputs"].items():
-        found = upstream(results, up, h, want)
-        if found is not None:
-            return found
-    return None
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def static_curve(results: Path, validate_hashes: list[str]) -> pd.DataFrame | None:
-    """The static clocks' measured curve for these jobs' GPU x workload: validate measures it for
-    optimizer=static; when the sweep had none, any static validate folder of the same trace (and so
-    the same GPU and workload) in the results folder serves."""
-    traces = {upstream(results, "validate", h, "trace") for h in validate_hashes if h} - {None}
-    candidates = [stage_dir(results, "validate", h) for h in validate_hashes if h]
-    candidates += sorted(p.parent for p in results.glob("validate/*/pareto.parquet"))
-    for vdir in candidates:
-        if (vdir / "pareto.parquet").exists() and upstream(results, "validate", vdir.name, "trace") in traces:
-            return pd.read_parquet(vdir / "pareto.parquet").sort_values("sm_mhz")
-    return None
 
 
 # --------------------------------------------------------------------------- the pipeline's summary

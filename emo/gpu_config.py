@@ -20,11 +20,16 @@ def register(subparsers) -> None:
 
 
 def _cmd(args) -> int:
-    from emo.device.nvml import discover_gpu_config, gpu_config_yaml
+    from emo.device.control import open_control
+    from emo.device.nvml import gpu_config_yaml  # formatting only: no NVML call
     from emo.io import atomic_path, check_output
     from emo.plan import ROOT
 
-    cfg = discover_gpu_config(index=args.index)
+    control = open_control()
+    try:
+        cfg = control.describe(args.index)
+    finally:
+        control.close()
     out = Path(args.out) if args.out else ROOT / "conf" / "gpu" / f"{cfg['name']}.yaml"
     check_output(out, "--out", force=args.force)  # not over a file without --force, nor a device or into no folder
     with atomic_path(out) as tmp:

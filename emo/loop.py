@@ -13,7 +13,8 @@ Ranks come from the launcher's RANK / LOCAL_RANK (torchrun, deepspeed, accelerat
 torchrun): rank r applies the policy's schedule for device r on its own GPU (LOCAL_RANK among the
 visible ones); a policy may map several ranks to one schedule with meta["ranks"] = {rank: device}
 (the ranks of one TP group or pipeline stage). A rank the policy does not cover is an error.
-Clock control is emo.device.nvml.nvml_applier (NVML as root, else zeusd).
+Clock control is the GPU control backend's runtime applier (emo.device.control; on NVIDIA GPUs NVML
+as root, else zeusd).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def rank_env() -> tuple[int, int, int]:
 def rank_gpu(visible: list[int], local: int) -> int:
     """This rank's GPU (NVML index): visible[LOCAL_RANK], or the one GPU a rank bound to its own GPU
     sees (SLURM's --gpu-bind, a CUDA_VISIBLE_DEVICES per task), whatever its LOCAL_RANK."""
-    from emo.device.nvml import GpuAccessError
+    from emo.device.control import GpuAccessError
 
     if len(visible) == 1:
         return visible[0]
@@ -134,9 +135,10 @@ def active() -> "Clocks | None":
 def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | None = None,
           **applier_options: Any) -> Clocks:
     """Apply a frequency policy (a policy.json path or a FrequencyPolicy) to this rank's GPU until
-    close() / the end of the `with` block. Extra keyword arguments go to nvml_applier (e.g. lead_ms)."""
+    close() / the end of the `with` block. Extra keyword arguments go to the backend's runtime applier
+    (GpuControl.policy_applier, e.g. lead_ms)."""
     global _ACTIVE
-    from emo.device.nvml import GpuAccessError, import_pynvml, nvml_applier, nvml_init, visible_nvml_indices
+    from emo.device.control import GpuAccessError, open_control
 
     source = "policy" if isinstance(policy, FrequencyPolicy) else str(policy)
     if not isinstance(policy, FrequencyPolicy):
@@ -147,9 +149,8 @@ def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | No
         raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
     rank, local, _ = rank_env()
     launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
-    nvml = import_pynvml()
-    nvml_init(nvml)
-    visible = visible_nvml_indices(nvml)
+    control = open_control()
+    visible = control.visible()
     where = f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
     if not launched and len(policy.steps) > 1 and not policy.meta.get("ranks"):
         # one process driving several GPUs (no launcher): schedule d on visible GPU d
@@ -160,7 +161,7 @@ def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | No
     else:
         device = policy_device(policy, rank, source)
         devices = {device: rank_gpu(visible, local)}
-    applier = nvml_applier(policy, devices=devices, **applier_options)
+    applier = control.policy_applier(policy, devices=devices, **applier_options)
     _ACTIVE = Clocks(applier, rank=rank, device=device, source=source, report_dir=report_dir)
     return _ACTIVE
 
@@ -178,17 +179,20 @@ class EnergyWindow:
     """Time and NVML energy between begin() and end() (or over a `with` block: `.result`)."""
 
     def __init__(self, gpus: list[int] | None = None, sync: bool = True):
-        from emo.device.nvml import EnergyCounter, import_pynvml, nvml_init, visible_nvml_indices
+        from emo.device.control import open_control
 
+        self.control = open_control()
         if gpus is None and "LOCAL_RANK" in os.environ:  # a rank measures its own GPU
-            nvml = import_pynvml()
-            nvml_init(nvml)
-            gpus = [rank_gpu(visible_nvml_indices(nvml), rank_env()[1])]
-        self.counter = EnergyCounter(gpus)
+            gpus = [rank_gpu(self.control.visible(), rank_env()[1])]
+        self.gpus = self.control.visible() if gpus is None else list(gpus)
+        self.read_j()  # a GPU it cannot read is said now, not at end()
         self.sync = sync
         self.result: Energy | None = None
         self._t0: float | None = None
         self._e0: dict[int, float] = {}
+
+    def read_j(self) -> dict[int, float]:
+        return {g: self.control.energy_j(g) for g in self.gpus}
 
     def _synchronize(self) -> None:
         torch = sys.modules.get("torch")  # only if the program uses torch: never imported here
@@ -197,13 +201,13 @@ class EnergyWindow:
 
     def begin(self) -> None:
         self._synchronize()
-        self._e0, self._t0 = self.counter.read_j(), time.perf_counter()
+        self._e0, self._t0 = self.read_j(), time.perf_counter()
 
     def end(self) -> Energy:
         if self._t0 is None:
             raise ValueError("emo.measure: end() before begin()")
         self._synchronize()
-        t1, e1 = time.perf_counter(), self.counter.read_j()
+        t1, e1 = time.perf_counter(), self.read_j()
         per = {i: e1[i] - self._e0[i] for i in e1}
         self.result = Energy(time_s=t1 - self._t0, energy_j=sum(per.values()), per_gpu_j=per)
         self._t0 = None

@@ -9,17 +9,39 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.compare import latest, static_curve
 from emo.methods import METHODS as METHOD_ORDER
+from emo.runs import latest, static_curve
 
 MARKERS = dict(zip(METHOD_ORDER, "osD^v"))
 COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
 
 
+def seed_points(group: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, budget): the seeds' mean and sample standard deviation (0 for one seed) of the
+    measured time (ms) and energy, and of ES and PL; how many seeds."""
+    g = group.assign(t_ms=group["t_opt_s"] * 1e3)
+    agg = g.groupby(["method", "budget"]).agg(
+        t_ms=("t_ms", "mean"), t_sd=("t_ms", "std"), e_j=("e_opt_j", "mean"), e_sd=("e_opt_j", "std"),
+        es=("es_pct", "mean"), es_sd=("es_pct", "std"), pl=("pl_pct", "mean"), pl_sd=("pl_pct", "std"),
+        seeds=("t_ms", "size"))
+    return agg.fillna(0.0).reset_index()
+
+
+def point_label(row) -> str:
+    """A method's legend entry: its budget and measured ES / PL, ± the seeds' spread when there are several."""
+    def pm(v: float, sd: float) -> str:
+        return f"{v:.1f}" + (f"±{sd:.1f}" if row["seeds"] > 1 else "")
+
+    return (f"{row['method']}, budget {row['budget']:.0%}: ES {pm(row['es'], row['es_sd'])} %, "
+            f"PL {pm(row['pl'], row['pl_sd'])} %" + (f" ({int(row['seeds'])} seeds)" if row["seeds"] > 1 else ""))
+
+
 def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]:
-    """Per GPU x workload: the static clocks' measured energy-time curve, the max clock, each
-    method's measured point labelled with its ES/PL, the budgets as time limits, and a zoom on the
-    region where the methods sit."""
+    """Per GPU x workload: the static clocks' measured curve, the max clock, each method's measured
+    point (the mean over the seeds, with their standard deviation as error bars in time and energy),
+    the budgets as time limits, and a zoom on the region where the methods sit. What each point
+    measured (ES / PL, ± the spread) is in the legend, not written beside the point, where labels
+    overlap when methods land close together."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,15 +50,14 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
     written = []
     r = latest(runs)
     for (gpu, wl), group in r.groupby(["gpu", "workload"]):
-        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
         curve = static_curve(results, list(group["validate_hash"].dropna()))
-        base = group.iloc[0]
-        t0, e0 = base["t_ori_s"] * 1e3, base["e_ori_j"]
+        t0, e0 = group["t_ori_s"].mean() * 1e3, group["e_ori_j"].mean()
         for a in (ax, zoom):
             if curve is not None:
                 a.plot(curve["time_s"] * 1e3, curve["energy_j"], "-o", color="0.6", ms=3, lw=1,
-                       label="static clocks (measured)", zorder=1)
-            a.plot(t0, e0, "k*", ms=12, label="max clock", zorder=3)
+                       label="static clocks (measured, one seed)", zorder=1)
+            a.plot(t0, e0, "k*", ms=12, label="max clock (mean over the runs)", zorder=3)
             for b in sorted(group["budget"].unique()):
                 a.axvline(t0 * (1 + b), color="0.3", ls="--", lw=0.8, zorder=0)
             a.grid(alpha=0.3)
@@ -44,18 +65,19 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
             for _, pt in curve.iloc[[0, len(curve) // 2, -1]].iterrows():
                 ax.annotate(f"{int(pt['sm_mhz'])} MHz", (pt["time_s"] * 1e3, pt["energy_j"]), fontsize=7,
                             color="0.4", xytext=(4, 4), textcoords="offset points")
-        for (method, budget), g in group.groupby(["method", "budget"]):
-            row = g.iloc[0]
-            x, y = row["t_opt_s"] * 1e3, row["e_opt_j"]
+        pts = seed_points(group)
+        order = {m: i for i, m in enumerate(METHOD_ORDER)}  # the legend in the table's order of methods
+        pts = pts.sort_values(["method", "budget"], key=lambda c: c.map(order).fillna(len(order)) if c.name == "method" else c)
+        low = group["budget"].min()
+        for _, row in pts.iterrows():
+            color = COLORS.get(row["method"], "k")
             for a in (ax, zoom):
-                a.plot(x, y, MARKERS.get(method, "x"), color=COLORS.get(method, "k"), ms=8, zorder=4,
-                       mfc="white" if budget != group["budget"].min() else COLORS.get(method, "k"),
-                       label=f"{method}, budget {budget:.0%}")
-            zoom.annotate(f"ES {row['es_pct']:.1f} %\nPL {row['pl_pct']:.1f} %", (x, y), fontsize=7,
-                          xytext=(5, -12), textcoords="offset points", color=COLORS.get(method, "k"))
-        # the zoom: the methods and the budgets, with a margin
-        xs = [t0, *(group["t_opt_s"] * 1e3), *(t0 * (1 + group["budget"]))]
-        ys = [e0, *group["e_opt_j"]]
+                a.errorbar(row["t_ms"], row["e_j"], xerr=row["t_sd"], yerr=row["e_sd"], fmt=MARKERS.get(row["method"], "x"),
+                           color=color, ms=8, capsize=3, zorder=4, mfc="white" if row["budget"] != low else color,
+                           label=point_label(row) if a is zoom else None)
+        # the zoom: the methods with their spread and the budgets, with a margin
+        xs = [t0, *(pts["t_ms"] - pts["t_sd"]), *(pts["t_ms"] + pts["t_sd"]), *(t0 * (1 + group["budget"]))]
+        ys = [e0, *(pts["e_j"] - pts["e_sd"]), *(pts["e_j"] + pts["e_sd"])]
         dx, dy = (max(xs) - min(xs)) or t0 * 0.01, (max(ys) - min(ys)) or e0 * 0.01
         zoom.set_xlim(min(xs) - 0.15 * dx, max(xs) + 0.15 * dx)
         zoom.set_ylim(min(ys) - 0.2 * dy, max(ys) + 0.15 * dy)
@@ -63,14 +85,15 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
             zoom.text(t0 * (1 + b), zoom.get_ylim()[1], f" {b:.0%} budget", fontsize=7, va="top", color="0.3")
         ax.set_title("all static clocks" if curve is not None else "static clocks not measured (add optimizer=static)",
                      fontsize=9)
-        zoom.set_title("zoom: the methods (dashed: the budgets' time limits)", fontsize=9)
+        zoom.set_title("zoom: the methods, ± the seeds' spread (dashed: the budgets' time limits)", fontsize=9)
         for a in (ax, zoom):
             a.set_xlabel("iteration time (ms)")
         ax.set_ylabel("energy per iteration (J, all GPUs)")
         handles, labels = zoom.get_legend_handles_labels()
-        fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+        fig.legend(handles, labels, loc="lower center", fontsize=8, frameon=False, ncol=2)
         fig.suptitle(f"{wl} on {gpu.upper()}: energy vs time per iteration, measured by validate")
-        fig.tight_layout(rect=(0, 0, 0.83, 1))
+        rows = (len(labels) + 1) // 2
+        fig.tight_layout(rect=(0, min(0.055 * rows + 0.02, 0.5), 1, 1))
         path = out / f"energy_time_{slug(gpu)}_{slug(wl)}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
@@ -148,6 +171,11 @@ class Timeline:
     iteration: int  # which traced iteration [t0, t1) is
     time_s: float  # predicted time per iteration
     transition_ms: float | None  # the clock-request latency it was timed with (None: no clock changes)
+    clock_range: tuple[float, float] = (0.0, 0.0)  # the GPU model's calibrated clocks, lowest and highest
+
+    def single_clock(self) -> bool:
+        """Whether every GPU runs one and the same clock all iteration (a figure with nothing to show)."""
+        return len({float(c) for _, cs in self.clocks.values() for c in cs}) <= 1
 
 
 def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, transition_ms: float | None) -> Timeline:
@@ -209,7 +237,8 @@ def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, t
     is_host = pnodes["kind"].isin(("cpu", "runtime")).to_numpy() & window
     host = pd.DataFrame({"rank": pnodes.loc[is_host, "rank"].to_numpy(), "start": start[is_host],
                          "dur": finish[is_host] - start[is_host]})
-    return Timeline(work, host, clocks, t0, t1, k, pred.time_s, transition_ms)
+    return Timeline(work, host, clocks, t0, t1, k, pred.time_s, transition_ms,
+                    (float(tables.clocks_mhz.min()), float(tables.clocks_mhz.max())))
 
 
 def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str) -> Path | None:
@@ -217,7 +246,9 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     named stream, at the times EMO's predictor gives them under the method's clocks (the policy of an
     offline method, the clocks an online method settled at), each kernel coloured by the SM clock it
     starts at; below, on the same time axis, every GPU's SM clock as the requests land. A method that
-    settled on no clock (zeus: a power limit) is drawn at the max clock and says so."""
+    settled on no clock (zeus: a power limit) is drawn at the max clock and says so. None (no figure)
+    where every GPU runs one clock all iteration: a static clock's figure shows nothing a table does not.
+    The colour scale is the GPU model's calibrated clock range, the same in every figure of that GPU."""
     result = validate_dir / "result.json"
     if graph_dir is None or not (graph_dir / "nodes.parquet").exists() or not result.exists():
         return None
@@ -234,6 +265,8 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
 
     policy = method_policy(res_json, opt_dir)
     tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy, planned_latency_ms(opt_dir, opt_cfg))
+    if tl.single_clock():
+        return None
     drawn, host, t0, k = tl.work, tl.host, tl.t0, tl.iteration
     ranks = sorted(drawn["rank"].unique())
     names_per = {r: stream_names(drawn[drawn["rank"] == r]) for r in ranks}
@@ -241,10 +274,9 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     fig, axes = plt.subplots(len(ranks) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.8), sharex=True,
                              gridspec_kw={"height_ratios": heights})
     ms = lambda v: (np.asarray(v, float) - t0) / 1e6
-    # one colour scale and one clock axis for every GPU: the clocks used in this iteration (at least 100 MHz wide)
-    lo, hi = min(float(c.min()) for _, c in tl.clocks.values()), max(float(c.max()) for _, c in tl.clocks.values())
-    pad = max(100 - (hi - lo), 0) / 2
-    lo, hi = lo - pad, hi + pad
+    # one colour scale and one clock axis for every GPU and every figure of this GPU model: its calibrated
+    # clock range (a scale fitted to each figure's own clocks gave the same colour to different clocks)
+    lo, hi = tl.clock_range
     cmap = plt.get_cmap("viridis")
     for ax, rank in zip(axes[:-1], ranks):
         streams = names_per[rank]

@@ -109,10 +109,9 @@ def _apply_policy(policy: dict):
 
 
 def _rank_energy(local_rank: int) -> Callable[[], float | None]:
-    from emo.capture import _Energy
+    from emo.device.control import RankEnergy
 
-    e = _Energy(local_rank)
-    return e.read_j
+    return RankEnergy(local_rank).read_j
 
 
 def _cuda_sync() -> None:

@@ -160,13 +160,13 @@ def visible_gpus() -> list[str]:
     if env is not None and env.strip():
         return [x.strip() for x in env.split(",") if x.strip()]
     try:
-        import pynvml
+        from emo.device.control import open_control
 
-        pynvml.nvmlInit()
+        control = open_control()
         try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            return [str(i) for i in range(control.count())]
         finally:
-            pynvml.nvmlShutdown()
+            control.close()
     except Exception:  # no driver: no GPU to hand out
         return []
 

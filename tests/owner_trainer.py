@@ -41,7 +41,7 @@ def dying() -> None:
         f.write(json.dumps(["dying", time.monotonic()]) + "\n")
 
 from emo.device import clock_owner  # noqa: E402
-from emo.device.nvml import nvml_applier  # noqa: E402
+from emo.device.nvml_control import nvml_applier  # noqa: E402
 from emo.policy import FrequencyPolicy, Step  # noqa: E402
 
 CLOCKS = [1410, 1395, 1380, 900, 705]

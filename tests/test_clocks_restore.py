@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
     import nvml_fake
     sys.modules["pynvml"] = nvml_fake.FakeNVML(gpus=2, log_path=sys.argv[1])
     from emo.policy import FrequencyPolicy, Step
-    from emo.device.nvml import nvml_applier
+    from emo.device.nvml_control import nvml_applier
     clocks = [1410, 1395, 1380, 900, 705]
     steps = [Step(t, clocks[t % len(clocks)]) for t in range(0, 10)]  # a change every 1 ms
     ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={{0: steps, 1: steps[::-1]}}, period_ms=10), lead_ms=0)
@@ -174,7 +174,9 @@ def test_restore_guard_stops_the_appliers_before_resetting(monkeypatch, tmp_path
     monkeypatch.setattr(nv, "_GUARD", guard)
     monkeypatch.setattr(guard, "_install", lambda: setattr(guard, "_installed", True))  # no handlers in pytest
     steps = [Step(t, 900 if t % 2 else 1410) for t in range(10)]
-    ap = nv.nvml_applier(FrequencyPolicy(gpu="a100", steps={0: steps, 1: steps}, period_ms=10), lead_ms=0)
+    from emo.device.nvml_control import nvml_applier
+
+    ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={0: steps, 1: steps}, period_ms=10), lead_ms=0)
     for _ in range(10):
         ap.step()
         time.sleep(0.003)

@@ -249,3 +249,43 @@ def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so()
     five = t.loc[("a100", "TP4", 0.05)]
     assert five["static"] == "10.4/5.0"  # its own run's pick (was 4.0/1.5 of the 2 % run's curve)
     assert five["EMO ahead"].endswith("(n = 1 seed: no spread)")
+
+
+def test_compare_and_plots_do_not_import_each_other_both_ways():
+    """emo.compare draws with emo.plots; emo.plots reads runs and stage folders through emo.runs, never
+    through emo.compare (the two used to import each other)."""
+    import ast
+
+    import emo.plots
+
+    src = ast.parse(Path(emo.plots.__file__).read_text())
+    imported = {n.module for n in ast.walk(src) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(src) if isinstance(n, ast.Import) for a in n.names}
+    assert "emo.compare" not in imported and "emo.runs" in imported
+
+
+def test_energy_time_points_are_seed_means_with_their_spread():
+    from emo.plots import point_label, seed_points
+
+    runs = pd.DataFrame({"method": ["emo"] * 3 + ["static"], "budget": [0.02] * 4,
+                         "t_opt_s": [0.100, 0.102, 0.104, 0.101], "e_opt_j": [10.0, 12.0, 14.0, 11.0],
+                         "es_pct": [20.0, 18.0, 16.0, 19.0], "pl_pct": [1.0, 2.0, 3.0, 1.5]})
+    pts = seed_points(runs).set_index("method")
+    assert pts.loc["emo", "seeds"] == 3 and pts.loc["emo", "e_j"] == pytest.approx(12.0)
+    assert pts.loc["emo", "e_sd"] == pytest.approx(2.0) and pts.loc["emo", "t_sd"] == pytest.approx(2.0)  # ms
+    assert pts.loc["static", "e_sd"] == 0.0  # one seed: no spread, no bar
+    assert point_label(pts.reset_index().iloc[0]) == "emo, budget 2%: ES 18.0±2.0 %, PL 2.0±1.0 % (3 seeds)"
+    assert point_label(pts.reset_index().iloc[1]) == "static, budget 2%: ES 19.0 %, PL 1.5 %"
+
+
+def test_a_timeline_of_one_clock_is_not_drawn():
+    import numpy as np
+
+    from emo.plots import Timeline
+
+    def tl(clocks):
+        return Timeline(pd.DataFrame(), pd.DataFrame(), clocks, 0.0, 1.0, 0, 0.1, None, (705.0, 1410.0))
+
+    assert tl({0: (np.r_[0.0, 1.0], np.r_[1410, 1410]), 1: (np.r_[0.0, 1.0], np.r_[1410, 1410])}).single_clock()
+    assert not tl({0: (np.r_[0.0, 1.0], np.r_[1410, 1410]), 1: (np.r_[0.0, 1.0], np.r_[1005, 1005])}).single_clock()
+    assert not tl({0: (np.r_[0.0, 0.5, 1.0], np.r_[1410, 990, 990])}).single_clock()

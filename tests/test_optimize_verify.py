@@ -418,3 +418,22 @@ def test_emo_keeps_one_clock_unless_its_plan_clears_the_single_clock_curve(monke
     assert rec["curve_gain"] == pytest.approx(gain) and rec["single_clock_mhz"] == plan.steps[0][0].sm_mhz
     assert all(len(s) == 1 for s in one.steps.values()) and one.steps == plan.steps
     assert one.predicted_energy_j == pytest.approx(plan.predicted_energy_j)
+
+
+def test_peers_time_waits_for_the_latest_raise_and_each_gpus_energy_follows_its_own():
+    """With own_nodes (peers sharing a schedule), the expected time is the latest-of-peers quadrature's
+    and the energy the GPUs' own latencies' plus the wait for the latest at default-clock idle power:
+    giving every GPU the latest peer's latency kept each one slow as long as the slowest (optimistic)."""
+    import dataclasses
+
+    from emo.optimize.pipeline.check import Latencies
+
+    t, p, timing, items, build, base = _setup()
+    policy = build(Solution(p, items, np.array([0, 2, 2]), "emo", 0.05))
+    latest = Latencies(10.0, 95.0, 95.0, (95.0,), (1.0,))  # the stalled raise lands after the slow window's lowering
+    own = dataclasses.replace(latest, own_nodes=(10.0,), own_weights=(1.0,))
+    at_latest, at_own, both = expected(t, policy, latest), expected(t, policy, Latencies.of([10.0, 10.0])), expected(t, policy, own)
+    assert both.makespan_ns == at_latest.makespan_ns and both.time_s == at_latest.time_s
+    wait_s = (at_latest.makespan_ns - at_own.makespan_ns) * 1e-9  # 0 here: the collective bounds the time
+    assert at_latest.energy_j < at_own.energy_j - 0.1  # the stalled raise: the GPU predicted slow far longer
+    assert both.energy_j == pytest.approx(at_own.energy_j + wait_s * float(t.idle_power_w[:, t.default_index].sum()))

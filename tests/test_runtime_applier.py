@@ -201,7 +201,7 @@ def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path
         import nvml_fake
         sys.modules["pynvml"] = nvml_fake.FakeNVML(log_path={str(log)!r})
         from emo.policy import FrequencyPolicy, Step
-        from emo.device.nvml import nvml_applier
+        from emo.device.nvml_control import nvml_applier
         pol = FrequencyPolicy(gpu="a100", steps={{0: [Step(0, 1410), Step(5, 900)]}}, period_ms=50)
         ap = nvml_applier(pol)
         ap.step()

@@ -233,7 +233,8 @@ def test_profile_range_reports_table_ii_counters_and_costs_time() -> None:
     t0 = dev.time_s()
     res = dev.profile_range([GEMM, ADD])
     assert tuple(res.counters) == COUNTERS
-    assert res.counters["tensor_inst"] > 0 and res.counters["dram_read_bytes"] == pytest.approx(9e8)
+    # instruction counts are exact; bytes carry their replay pass's error (noise_counter_ncu, 1 %)
+    assert res.counters["tensor_inst"] > 0 and res.counters["dram_read_bytes"] == pytest.approx(9e8, rel=0.03)
     assert res.passes > 1 and res.cost_s > 0 and dev.time_s() == pytest.approx(t0 + res.cost_s)
 
 

@@ -177,3 +177,34 @@ def test_a_slowdown_within_the_measurement_noise_sets_no_time_level():
     assert resolved({"iteration_time_s": 0.102, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)
     assert not resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)  # 2.1 se
     assert resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": None, "iterations": 25}, base)  # no spread given
+
+
+def test_energy_levels_are_fitted_per_gpu_and_recover_the_levels_that_made_the_measurements(chain):
+    """Measurements made by the model at known levels (a, k) give those levels back: one equation per
+    GPU and measured clock when every measurement names each GPU's energy, one per clock otherwise."""
+    from emo.model.predict import pack_tables
+    from emo.policy import policy_device_ids
+    from emo.model.levels import energy_levels, with_levels
+
+    cfg, d, _ = chain
+    graph, packs = Graph.load(d / "pack"), pd.read_parquet(d / "pack/packs.parquet")
+    anchors = pd.read_parquet(d / "pack/iterations.parquet")
+    m1 = with_levels(pd.read_parquet(d / "fit/model.parquet"), 1.0, 1.0)
+    a, k = 0.6, 0.9
+    t = pack_tables(graph, packs, with_levels(m1, a, k), anchors)
+    ids = policy_device_ids(t.device_keys)
+
+    def measured(mhz):
+        p = predict(t, None if mhz is None else FrequencyPolicy.static(cfg["gpu"]["name"], ids, mhz))
+        per = (p.idle_per_device_j + p.dynamic_per_device_j) / p.iterations
+        return {"sm_mhz": mhz, "iteration_energy_j": float(per.sum()), "iterations": 1,
+                "energy_per_device_j": {str(i): float(e) for i, e in zip(ids, per)}}
+
+    clocks = sorted(m1["sm_mhz"].unique())
+    baseline = {**measured(None), "levels": [measured(int(c)) for c in clocks[-4:-1]]}
+    a_fit, k_fit, how = energy_levels(m1, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    assert how.endswith("(per GPU)") and (a_fit, k_fit) == pytest.approx((a, k), rel=1e-6)
+    for m in [baseline, *baseline["levels"]]:
+        m.pop("energy_per_device_j")
+    a_sum, k_sum, how = energy_levels(m1, graph, packs, anchors, baseline, cfg["gpu"]["name"])
+    assert "per GPU" not in how and (a_sum, k_sum) == pytest.approx((a, k), rel=1e-6)

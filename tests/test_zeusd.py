@@ -181,7 +181,7 @@ TRAINER = textwrap.dedent("""
     import nvml_fake
     sys.modules["pynvml"] = nvml_fake.FakeNVML(gpus=2, permission=False)  # not root: only zeusd may change clocks
     from emo.policy import FrequencyPolicy, Step
-    from emo.device.nvml import nvml_applier
+    from emo.device.nvml_control import nvml_applier
     steps = [Step(0, 1410), Step(2, 900)]
     ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={{0: steps, 1: steps}}, period_ms=5), lead_ms=0,
                       strict={strict})

@@ -12,22 +12,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from emo.baselines.online import OnlineResult
-from emo.methods import ONLINE
+from emo.methods import ONLINE, method
 
 __all__ = ["ONLINE", "OnlineResult", "run_online"]
 
 
 def run_online(name: str, device: Any, workload: Any, devices: Sequence[int], budget: float,
                optimizer_cfg: dict, gpu_cfg: dict, *, iterations: int, warmup: int) -> OnlineResult:
-    if name == "zeus":
-        from emo.baselines.zeus import run_zeus
-
-        opts = {**optimizer_cfg["zeus"], "iterations": iterations, "warmup": warmup}
-        return run_zeus(device, workload, devices, budget, opts, gpu_cfg)
-    if name == "geepafs":
-        from emo.baselines.geepafs import run_geepafs
-
-        opts = {**optimizer_cfg["geepafs"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
-                "iterations": iterations, "warmup": warmup}
-        return run_geepafs(device, workload, devices, budget, opts)
-    raise ValueError(f"optimizer.name: {name!r} is not an online baseline (expected one of {', '.join(ONLINE)})")
+    """Run the online method `name` (emo.methods' registry: built-in or a plugin)."""
+    m = method(name)
+    if not m.online or m.run is None:
+        raise ValueError(f"optimizer.name: {name!r} is not an online baseline (expected one of {', '.join(ONLINE)})")
+    return m.run(device, workload, devices, budget, optimizer_cfg, gpu_cfg, iterations=iterations, warmup=warmup)

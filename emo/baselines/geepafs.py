@@ -272,3 +272,11 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
                                  "measured_periods": i - 1,
                                  "probe_time_fraction": probe.time_s / max(steady.time_s, 1e-12),
                                  "probe_energy_fraction": probe.energy_j / max(steady.energy_j, 1e-12)})
+
+
+def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict,
+               gpu_cfg: dict, *, iterations: int, warmup: int):
+    """optimizer.name=geepafs (emo.methods): its options are the optimizer's `geepafs` section."""
+    opts = {**optimizer_cfg["geepafs"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
+            "iterations": iterations, "warmup": warmup}
+    return run_geepafs(device, workload, devices, budget, opts)

@@ -240,3 +240,10 @@ def run_zeus(device: Any, workload: Any, devices: Sequence[int], budget: float, 
     return OnlineResult(method="zeus", steady=steady, explore=meter.totals("explore"),
                         setting={"power_limit_w": chosen_w, "profile": profile, "explore_steps": steps,
                                  "zeus_version": ZEUS_VERSION})
+
+
+def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict,
+               gpu_cfg: dict, *, iterations: int, warmup: int):
+    """optimizer.name=zeus (emo.methods): its options are the optimizer's `zeus` section."""
+    opts = {**optimizer_cfg["zeus"], "iterations": iterations, "warmup": warmup}
+    return run_zeus(device, workload, devices, budget, opts, gpu_cfg)

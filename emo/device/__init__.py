@@ -1,8 +1,13 @@
 """The device protocol: everything the models learn about a GPU goes through it (or through traces).
 
-Two implementations: `emo.device.sim` (the virtual GPU) and `emo.device.nvml` (real NVIDIA GPUs).
-Measurement follows Zeus's split: read the energy counter and the time around a window; control is
-a frequency policy (locked SM clocks) or a power limit, always restored by `close()`.
+Two parts, as in Zeus:
+- control (emo.device.control.GpuControl): clocks, power limit and the energy counter of GPUs by
+  index, vendor-neutral; NVML behind it on NVIDIA GPUs (emo.device.nvml_control), the virtual GPU's
+  own (SimDevice.control). Code that only changes or reads a GPU's state uses it and nothing else.
+- execution (`Execution` below): running a workload or a microbenchmark and profiling it, which
+  the stages need; `Device` is an execution backend together with the per-run control the stages
+  use (a frequency policy or a power limit for the next run, the energy counter, restore on close()).
+Backends by name: emo.device.backends (devices), emo.device.control.CONTROLS (control).
 """
 from __future__ import annotations
 
@@ -63,32 +68,11 @@ class RunResult:
 
 
 @runtime_checkable
-class Device(Protocol):
-    name: str  # GPU model key, e.g. "a100"
-
-    def supported_clocks(self) -> list[int]:
-        """Supported SM clocks in MHz, ascending."""
-
-    def default_clock(self) -> int:
-        """The SM clock the GPU runs at when not locked (the max-clock baseline)."""
-
-    def set_policy(self, policy: FrequencyPolicy | None) -> None:
-        """Apply a frequency policy from the next iteration on; None restores default clocks."""
-
-    def set_power_limit(self, watts: float | None) -> None:
-        """Cap board power (None: back to TDP); the GPU throttles its clock to stay under it."""
-
-    def energy_j(self, device: int = 0) -> float:
-        """Cumulative energy counter of one GPU, in joules (updates only as often as the hardware's)."""
+class Execution(Protocol):
+    """Running workloads and profiling them on a GPU (or the virtual one)."""
 
     def time_s(self) -> float:
         """The device's notion of now, in seconds."""
-
-    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
-        """How long clock requests take to land, one number per (from, to) pair of supported SM clocks:
-        lock `from` and wait until it has landed, then lock `to`; the milliseconds from that request
-        until a clock read, taken every `poll_ms`, first shows `to` (resolved to `poll_ms`). The GPU
-        is left locked at the last `to`; close() restores it."""
 
     def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
         """Run a named microbenchmark (microbench/registry) at a locked clock, long enough for the
@@ -114,6 +98,34 @@ class Device(Protocol):
             trace_dir: Path | None = None) -> RunResult:
         """Run `workload` (a workload config) for warmup + iterations under the current policy;
         measure the last `iterations`, and write one Kineto trace per rank into trace_dir if given."""
+
+
+@runtime_checkable
+class Device(Execution, Protocol):
+    """An execution backend and the control its runs are made under."""
+
+    name: str  # GPU model key, e.g. "a100"
+
+    def supported_clocks(self) -> list[int]:
+        """Supported SM clocks in MHz, ascending."""
+
+    def default_clock(self) -> int:
+        """The SM clock the GPU runs at when not locked (the max-clock baseline)."""
+
+    def set_policy(self, policy: FrequencyPolicy | None) -> None:
+        """Apply a frequency policy from the next iteration on; None restores default clocks."""
+
+    def set_power_limit(self, watts: float | None) -> None:
+        """Cap board power (None: back to TDP); the GPU throttles its clock to stay under it."""
+
+    def energy_j(self, device: int = 0) -> float:
+        """Cumulative energy counter of one GPU, in joules (updates only as often as the hardware's)."""
+
+    def clock_step_latencies_ms(self, pairs: list[tuple[int, int]], poll_ms: float) -> list[float]:
+        """How long clock requests take to land, one number per (from, to) pair of supported SM clocks:
+        lock `from` and wait until it has landed, then lock `to`; the milliseconds from that request
+        until a clock read, taken every `poll_ms`, first shows `to` (resolved to `poll_ms`). The GPU
+        is left locked at the last `to`; close() restores it."""
 
     def close(self) -> None:
         """Restore default clocks and power limits."""

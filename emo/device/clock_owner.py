@@ -33,7 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
-from emo.device.nvml import GpuAccessError
+from emo.device.control import GpuAccessError
 from emo.runtime import RequestDropped
 
 RESET_BOUND_S = 1.0  # stated bound: the trainer's death to the last GPU reset (measured: milliseconds)

@@ -4,7 +4,7 @@ Measurement follows Zeus: the energy counter (mJ, `nvmlDeviceGetTotalEnergyConsu
 clock around a window. Control is locked SM clocks (`nvmlDeviceSetGpuLockedClocks`) or a power limit,
 set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not (ClockController).
 
-Who owns the clocks: a training job's clocks (nvml_applier) are set by a clock owner, a small side
+Who owns the clocks: a training job's clocks (emo.device.nvml_control.nvml_applier) are set by a clock owner, a small side
 process (emo.device.clock_owner) that resets every GPU it touched when the trainer dies in any way.
 EMO's own stages (calibrate) set clocks in-process through ClockController; whatever they changed is
 put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP (atexit plus signal handlers
@@ -36,18 +36,10 @@ from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
 from emo.device import ProfilingUnavailable as NoCounters
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device import zeusd as _zeusd
+from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part of this module's API
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier
-
-
-class GpuAccessError(ValueError):
-    """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line.
-    `cause`: one of emo.device.zeusd.CAUSES when known; `reason`: the message without what was asked."""
-
-    def __init__(self, message: str, *, cause: str | None = None, reason: str | None = None):
-        super().__init__(message)
-        self.cause, self.reason = cause, reason if reason is not None else message
 
 
 class ProfilingUnavailable(GpuAccessError, NoCounters):
@@ -271,36 +263,6 @@ _GUARD = _RestoreGuard()
 os.register_at_fork(after_in_child=lambda: _GUARD.forget())  # late lookup: tests swap _GUARD
 
 
-def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None, strict: bool = False) -> PolicyApplier:
-    """The runtime applier (emo.runtime.PolicyApplier) driving real GPUs through this process's clock
-    owner (emo.device.clock_owner: NVML as root, else zeusd), which resets every GPU it locked however
-    this process dies. `devices` maps policy device ids to NVML indices; by default rank r of a
-    torchrun job drives its own GPU (LOCAL_RANK). A failed request prints one line at once; the
-    summary (`.summary()`, `.landed`, `.failed`) is printed on close. strict=True: the owner must be
-    able to control clocks now (else GpuAccessError here), and a failed request makes the next
-    step() raise emo.runtime.ClockRequestFailed. Its threads are stopped before any restore on a
-    signal or at exit, so a graceful end resets from here; a violent one, from the owner."""
-    from emo.device import clock_owner
-
-    nvml = import_pynvml()
-    nvml_init(nvml)
-    if devices is None:
-        visible = visible_nvml_indices(nvml)
-        if "LOCAL_RANK" in os.environ:
-            rank, local = int(os.environ.get("RANK", 0)), int(os.environ["LOCAL_RANK"])
-            devices = {rank: visible[local]}
-        else:
-            devices = {d: visible[d] for d in policy.steps if d < len(visible)}
-    owner = clock_owner.owner()
-    if strict and owner.error is not None:
-        raise GpuAccessError(f"cannot control GPU clocks: {owner.error}", cause=owner.error.cause)
-    _GUARD.arm()  # the clock threads are not the main thread: install the signal handlers here
-    applier = PolicyApplier(policy, owner, devices=devices, lead_ms=lead_ms, strict=strict)
-    _GUARD.track(applier)
-    return applier
-
-
 def visible_nvml_indices(nvml) -> list[int]:
     """NVML indices of the GPUs this process may use, in CUDA order (CUDA_VISIBLE_DEVICES if numeric)."""
     count = nvml.nvmlDeviceGetCount()
@@ -313,26 +275,6 @@ def visible_nvml_indices(nvml) -> list[int]:
         uuids = {_str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))): i for i in range(count)}
         ids = [uuids[u.strip()] for u in env.split(",") if u.strip() in uuids]
     return [i for i in ids if 0 <= i < count]
-
-
-class EnergyCounter:
-    """NVML's total-energy counters (mJ since the driver loaded) of some GPUs, read in joules. Only
-    reads: needs no permission. `indices` are NVML indices (default: every visible GPU)."""
-
-    def __init__(self, indices: list[int] | None = None):
-        self.nvml = import_pynvml()
-        nvml_init(self.nvml)
-        self.indices = visible_nvml_indices(self.nvml) if indices is None else list(indices)
-        try:
-            self._handles = {i: self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices}
-        except self.nvml.NVMLError as e:
-            raise explain(self.nvml, e, f"GPUs {self.indices}") from e
-
-    def read_j(self) -> dict[int, float]:
-        try:
-            return {i: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for i, h in self._handles.items()}
-        except self.nvml.NVMLError as e:
-            raise explain(self.nvml, e, f"energy counter of GPUs {self.indices}") from e
 
 
 def _str(v) -> str:

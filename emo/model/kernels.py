@@ -68,11 +68,8 @@ def _named(df: pd.DataFrame) -> pd.DataFrame:
     return df.rename(columns={"bench": "name"}) if "name" not in df.columns and "bench" in df.columns else df
 
 
-def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Curves:
-    """Validate a long table and pivot it (median over repeated rows). Features are read later, at
-    the reference clock; a static feature (one value per name) given on some rows only fills the
-    others."""
-    df = _named(df)
+def _check_columns(df: pd.DataFrame, where: str, features: FeatureSet) -> None:
+    """The columns a table of curves needs, and rows at all."""
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{where}: missing column {missing[0]} (want name, sm_mhz, time_s, energy_j or power_w, counters)")
@@ -85,6 +82,11 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
     absent = [c for c in features if c not in df.columns]
     if absent:
         raise ValueError(f"{where}: missing counter column {absent[0]} (the benchmarks have it)")
+
+
+def _clean_values(df: pd.DataFrame, where: str, features: FeatureSet) -> tuple[pd.DataFrame, list[str]]:
+    """Names as text, clocks as whole MHz, measured values > 0, counters numbers >= 0 (a static
+    counter given on some rows fills the others). Returns the table and its value columns."""
     df = df.assign(name=df["name"].astype(str), sm_mhz=pd.to_numeric(df["sm_mhz"], errors="coerce"))
     if df["sm_mhz"].isna().any() or (df["sm_mhz"] <= 0).any():
         raise ValueError(f"{where}: sm_mhz must be a positive number on every row")
@@ -109,6 +111,11 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
     for c in features:
         if df[c].isna().any() and is_static(df, c):
             df[c] = df[c].fillna(df.groupby("name")[c].transform("median"))
+    return df, vals
+
+
+def _pivot(df: pd.DataFrame, vals: list[str], features: FeatureSet) -> Curves:
+    """Name x clock grids (median over repeated rows), energy or power derived from the other."""
     med = df.groupby(["name", "sm_mhz"], sort=False)[vals + list(features)].median()
     names = list(dict.fromkeys(df["name"]))
     clocks = np.sort(df["sm_mhz"].unique())
@@ -121,6 +128,16 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
         e = p * t
     c = np.stack([grid(k) for k in features], axis=2) if len(features) else np.zeros((len(names), len(clocks), 0))
     return Curves(names, clocks, t, e, p, c, features)
+
+
+def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Curves:
+    """Validate a long table and pivot it (median over repeated rows). Features are read later, at
+    the reference clock; a static feature (one value per name) given on some rows only fills the
+    others."""
+    df = _named(df)
+    _check_columns(df, where, features)
+    df, vals = _clean_values(df, where, features)
+    return _pivot(df, vals, features)
 
 
 
@@ -338,27 +355,34 @@ def default_form(power_measured: bool, has_time: bool = True, overlap: str = "ro
     return Form(anchor="dynamic" if power_measured or not has_time else "curve", overlap=overlap)
 
 
-def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
-                counters: str | None = None, ref_mhz: int | None = None, idle: str | None = None,
-                pairs: Sequence[tuple[str, str]] | None = None, overlap: str = "roofline",
-                p_max: float = P_MAX, scale_idle: bool = True, form: Form | None = None,
-                select: bool = False) -> Result:
-    """Fit on `bench`, predict every target at its measured clocks and the benchmarks' clocks.
+@dataclass(frozen=True)
+class _Data:
+    """The benchmarks and the targets as the fit reads them: curves, counters at the reference clock
+    and the model's inputs."""
 
-    features: None (every numeric column, known counter names by `counters`), "all" (every numeric
-    column, unknown ones as the form their values show) or a list of column names, each optionally
-    `name:form` (emo.model.columns); counters: "dcgm", "ncu", "emo", "gpupowermodel" to read only
-    that source's known names; ref_mhz: the anchor clock (default the highest benchmark clock);
-    idle: the name of the idle row (default a row named "idle", else estimated); pairs: same-work
-    benchmark pairs (none: P_run = P_idle); overlap: "roofline" or "sum" (the default form's);
-    form: the model form (emo.model.shapes.Form); select: choose the form by cross-validation on
-    the benchmarks instead (the targets are never used for it).
-    """
-    if overlap not in OVERLAPS:
-        raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
-    pinned = form
+    fs: FeatureSet
+    b: Curves
+    s: Curves
+    f_ref: int
+    ib: int  # the reference clock's column in b ...
+    is_: int  # ... and in s
+    has_t: bool
+    ts_ref: np.ndarray | None
+    smoothed: dict
+    wi_b: Inputs
+    wi_s: Inputs
+    cb: np.ndarray
+    cs: np.ndarray
+    warns: list
+    norm: dict
+
+
+def _read_inputs(bench: pd.DataFrame, targets: pd.DataFrame, features, counters, ref_mhz, notes: list[str]) -> _Data:
+    """Step 1: the feature set, both tables as curves on their clocks, the reference clock and the
+    model's inputs (benchmark times denoised, so that one noisy run moves no peak rate)."""
     bench, targets = _named(bench), _named(targets)
-    fs, notes = choose_features(bench, targets, features, counters, RESERVED)
+    fs, found = choose_features(bench, targets, features, counters, RESERVED)
+    notes.extend(found)
     b = curves_from_table(bench, "bench", fs)
     absent = [c for c in fs if c not in targets.columns]
     if absent:
@@ -377,16 +401,22 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
     norm = normalisation(fs, bench, cb, tb_ref)
     smoothed = {True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
                 False: (b.time_s, b.power_w)}
-    # busy seconds from the benchmarks' denoised time at the reference: one noisy run moves no peak rate
     wi_b, wi_s = model_inputs(cb, smoothed[True][0][:, ib] if has_t else None, cs, ts_ref, fs)
+    return _Data(fs, b, s, f_ref, ib, is_, has_t, ts_ref, smoothed, wi_b, wi_s, cb, cs, warns, norm)
 
+
+def _bench_model(d: _Data, idle, pairs, overlap: str, p_max: float, scale_idle: bool, pinned: Form | None,
+                 select: bool, notes: list[str]):
+    """Step 2: the benchmarks' idle and running power, and the model form (pinned, the default, or
+    chosen by cross-validation on the benchmarks). Returns (bench, form, p_idle, p_run, selection, idle row)."""
+    b = d.b
     p_idle_b, j_idle = _idle(b, idle)
     rows = [j for j in range(len(b.names)) if j != j_idle]
-    res = [_resource(fs, wi_b.work_columns[int(np.argmax(wi_b.work[j]))]) if wi_b.work.shape[1] else "sm"
+    res = [_resource(d.fs, d.wi_b.work_columns[int(np.argmax(d.wi_b.work[j]))]) if d.wi_b.work.shape[1] else "sm"
            for j in range(len(b.names))]
-    bn = _Bench(b, smoothed, wi_b, cb, res, rows, ib, p_max)
+    bn = _Bench(b, d.smoothed, d.wi_b, d.cb, res, rows, d.ib, p_max)
     measured = j_idle is not None or bool(pairs)  # the board's running power, not an estimate
-    form = pinned or default_form(measured, has_t, overlap)
+    form = pinned or default_form(measured, d.has_t, overlap)
     if p_idle_b is None:
         p_idle_b = _estimate_idle(bn, form, pairs, notes) if scale_idle else np.nanmin(b.power_w[rows], axis=0)
     p_run_b = _running_power(b, pairs, p_idle_b)
@@ -395,45 +425,85 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
         default = form
         cv = {sm: _basis(bn, b.clocks, sm, p_idle_b, p_run_b) for sm in (True, False)}
         # an idle estimate was fitted to these benchmarks, so they cannot also judge how to anchor on it
-        cands = forms(has_t, ANCHORS if measured else (default.anchor,))
+        cands = forms(d.has_t, ANCHORS if measured else (default.anchor,))
         form, selection = choose_form(cv, _truth(b), [default, *(f for f in cands if f != default)])
         notes.append(f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
                      f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)")
+    return bn, form, p_idle_b, p_run_b, selection, j_idle
 
-    clocks = np.union1d(b.clocks, s.clocks)  # where every curve is evaluated
+
+def _predictions(d: _Data, bn: _Bench, form: Form, p_idle_b, p_run_b, notes: list[str]):
+    """Step 3: every target's curves on the union of both tables' clocks, by the model (`emo`) and
+    by the two references (`mean_curve`, `nnls`). Returns (clocks, the reference clock's column, pred)."""
+    s, is_, ts_ref = d.s, d.is_, d.ts_ref
+    clocks = np.union1d(d.b.clocks, s.clocks)  # where every curve is evaluated
     basis = _basis(bn, clocks, form.smooth, p_idle_b, p_run_b)
     ref = basis if form.smooth else _basis(bn, clocks, True, p_idle_b, p_run_b)  # references: denoised curves
-    es_ref = s.energy_j[:, is_] if has_t else None
-    anchors = Anchors(wi_s, cs, ts_ref, es_ref, s.power_w[:, is_])
+    es_ref = s.energy_j[:, is_] if d.has_t else None
+    anchors = Anchors(d.wi_s, d.cs, ts_ref, es_ref, s.power_w[:, is_])
     pred: dict[str, dict[str, np.ndarray]] = {}
     pred["emo"], mixed = predict(form, basis, anchors)
     mean = mean_shapes(ref)
     pred["mean_curve"] = {q: anchors_q[:, None] * mean[q][None, :] for q, anchors_q in
                           (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_])) if q in mean}
-    if has_t:
+    if d.has_t:
         pred["mean_curve"]["power_w"] = pred["mean_curve"]["energy_j"] / pred["mean_curve"]["time_s"]
     pred["nnls"] = _plain_reference(ref, anchors, mean)
     if (~mixed).any():
         notes.append(f"{int((~mixed).sum())} target(s) have no work any benchmark does: mean curve for them")
+    return clocks, basis.r, pred
 
-    # Measured values on the same grid, and the scores (every measured row but the anchor).
-    n_s, n_c, r = len(s.names), len(clocks), basis.r
+
+def _measured_grid(s: Curves, clocks: np.ndarray) -> dict[str, np.ndarray]:
+    """The targets' measured values on the prediction grid (NaN where a target was not measured)."""
     idx = np.searchsorted(clocks, s.clocks)
     measured = {}
     for q in QUANTITIES:
-        grid = np.full((n_s, n_c), np.nan)
+        grid = np.full((len(s.names), len(clocks)), np.nan)
         if _truth(s).get(q) is not None:
             grid[:, idx] = _truth(s)[q]
         measured[q] = grid
-    score_mask = np.ones((n_s, n_c), dtype=bool)
+    return measured
+
+
+def _scores(pred: dict, measured: dict, r: int) -> dict:
+    """MAPE per method and quantity over every measured point but the anchor clock's column `r`."""
+    score_mask = np.ones(next(iter(measured.values())).shape, dtype=bool)
     score_mask[:, r] = False
-    scores = {m: {f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
-                  for q in QUANTITIES} for m, v in pred.items()}
-    used = [c for c in wi_b.work_columns if c != UNATTRIBUTED] + list(wi_b.presence_columns)
-    unused = [c for c in fs if c not in used]
+    return {m: {f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
+                for q in QUANTITIES} for m, v in pred.items()}
+
+
+def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
+                counters: str | None = None, ref_mhz: int | None = None, idle: str | None = None,
+                pairs: Sequence[tuple[str, str]] | None = None, overlap: str = "roofline",
+                p_max: float = P_MAX, scale_idle: bool = True, form: Form | None = None,
+                select: bool = False) -> Result:
+    """Fit on `bench`, predict every target at its measured clocks and the benchmarks' clocks.
+
+    features: None (every numeric column, known counter names by `counters`), "all" (every numeric
+    column, unknown ones as the form their values show) or a list of column names, each optionally
+    `name:form` (emo.model.columns); counters: "dcgm", "ncu", "emo", "gpupowermodel" to read only
+    that source's known names; ref_mhz: the anchor clock (default the highest benchmark clock);
+    idle: the name of the idle row (default a row named "idle", else estimated); pairs: same-work
+    benchmark pairs (none: P_run = P_idle); overlap: "roofline" or "sum" (the default form's);
+    form: the model form (emo.model.shapes.Form); select: choose the form by cross-validation on
+    the benchmarks instead (the targets are never used for it).
+    """
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
+    notes: list[str] = []
+    d = _read_inputs(bench, targets, features, counters, ref_mhz, notes)
+    bn, form, p_idle_b, p_run_b, selection, j_idle = _bench_model(d, idle, pairs, overlap, p_max, scale_idle, form,
+                                                                   select, notes)
+    clocks, r, pred = _predictions(d, bn, form, p_idle_b, p_run_b, notes)
+    measured = _measured_grid(d.s, clocks)
+    scores = _scores(pred, measured, r)
+    used = [c for c in d.wi_b.work_columns if c != UNATTRIBUTED] + list(d.wi_b.presence_columns)
+    unused = [c for c in d.fs if c not in used]
     if unused:
         notes.append(f"counter columns no benchmark exercises (zero everywhere): {', '.join(unused)}")
     if j_idle is not None:
-        notes.append(f"idle power from the row {b.names[j_idle]!r}")
-    return Result(_table(s, clocks, f_ref, measured, pred), scores, f_ref, used, notes, warns,
-                  {c: norm[c] for c in used if c in norm}, form.to_json(), selection)
+        notes.append(f"idle power from the row {d.b.names[j_idle]!r}")
+    return Result(_table(d.s, clocks, d.f_ref, measured, pred), scores, d.f_ref, used, notes, d.warns,
+                  {c: d.norm[c] for c in used if c in d.norm}, form.to_json(), selection)

@@ -9,7 +9,8 @@ its power P_b(f) bounds a truly idle GPU's from above. With the model at level 1
 costs I + Y: I = P_b integrated over every GPU's makespan, Y = the packs' dynamic energy above P_b;
 B = the part of I spent while packs run. If the gaps draw a P_b and the packs' dynamic energy is
 k Y, an iteration costs  E = a (I - B) + B + k Y.  The measured iterations, at the default clock
-and at the static clocks of `model.level_fractions` (stage profile), give a and k by least squares, applied to the model table: idle_power_w
+and at the static clocks of `model.level_fractions` (stage profile), give a and k by least squares
+(one equation per GPU and clock where the device reports each GPU's energy: energy_levels), applied to the model table: idle_power_w
 = a P_b (column idle_level = a), dynamic_energy_j = k x dynamic + (1 - a) P_b x time (so a pack's
 total is unchanged by a; column energy_level = k). a must lie in (0, 1]: when the points cannot
 separate the levels (a GPU busy all the time has I ~ B), a = 1 and k is fitted to them all; if
@@ -122,26 +123,51 @@ def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> 
     return out
 
 
+def per_device_shares(meas: dict, ids: list[int]) -> np.ndarray | None:
+    """Each GPU's share of a measured iteration's energy (policy device ids `ids`), None when the
+    measurement does not name every one of them."""
+    per = meas.get("energy_per_device_j") or {}
+    if not all(str(i) in per for i in ids):
+        return None
+    e = np.array([float(per[str(i)]) for i in ids])
+    return e / e.sum() if e.sum() > 0 else None
+
+
 def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
                   baseline: dict, gpu: str) -> tuple[float, float, str]:
-    """(idle level a, dynamic level k, how) from the measured iterations (module docstring)."""
+    """(idle level a, dynamic level k, how) from the measured iterations (module docstring), one
+    equation per GPU and measured clock where every measurement names each GPU's energy, else one per
+    measured clock. The GPUs of one workload differ in how much of the iteration they wait (pipeline
+    stages, a host-bound GPU), so their energies tell the power between kernels from the kernels'
+    own, which at static clocks move together in the whole iteration's sum: on PP4 the sums left a
+    and k unresolved (condition number ~58, a > 1, so a = 1 by the fallback), and the optimizer,
+    which lowers clocks where GPUs wait, was predicted 2-3 points more saving than it measured."""
     t = pack_tables(graph, packs, model, anchors)
     busy = t.energy_j.copy()
     busy[t.is_pack] = t.idle_power_w[0][None, :] * t.dur_ns[t.is_pack] * 1e-9  # idle-benchmark power while packs run
     tb = dataclasses.replace(t, energy_j=busy)
     points = [(None, baseline)] + [(m["sm_mhz"], m) for m in baseline.get("levels", [])]
+    ids = policy_device_ids(t.device_keys)
+    shares = [per_device_shares(meas, ids) for _, meas in points]
+    per_gpu = all(s is not None for s in shares)
     rows, rhs = [], []
-    for mhz, meas in points:
-        pol = None if mhz is None else FrequencyPolicy.static(gpu, policy_device_ids(t.device_keys), mhz)
+    for (mhz, meas), share in zip(points, shares):
+        pol = None if mhz is None else FrequencyPolicy.static(gpu, ids, mhz)
         p, b = predict(t, pol), predict(tb, pol)
-        i, y, bb = (p.idle_energy_j / p.iterations, p.dynamic_energy_j / p.iterations, b.dynamic_energy_j / b.iterations)
-        rows.append([i - bb, y])
-        rhs.append(float(meas["iteration_energy_j"]) - bb)
+        i, y, bb = (p.idle_per_device_j / p.iterations, p.dynamic_per_device_j / p.iterations,
+                    b.dynamic_per_device_j / b.iterations)
+        e = float(meas["iteration_energy_j"])
+        if per_gpu:
+            rows += np.c_[i - bb, y].tolist()
+            rhs += (e * share - bb).tolist()
+        else:
+            rows.append([i.sum() - bb.sum(), y.sum()])
+            rhs.append(e - bb.sum())
     rows, rhs = np.array(rows), np.array(rhs)
     if len(rows) >= 2 and np.linalg.matrix_rank(rows / np.abs(rows).max(), tol=1e-9) == 2:
         (a, k), *_ = np.linalg.lstsq(rows, rhs, rcond=None)  # least squares over every measured point
         if 0 < a <= 1 and k > 0:
-            return float(a), float(k), f"{len(rows)}-point"
+            return float(a), float(k), f"{len(rows)}-point" + (" (per GPU)" if per_gpu else "")
     # a GPU between kernels draws at most the idle benchmark's power (it holds a kernel): when the
     # points cannot separate the levels (a GPU busy all the time), keep a = 1 and fit k to them all
     y, r = rows[:, 1], rhs - rows[:, 0]

@@ -188,6 +188,9 @@ class Prediction:
     iterations: int
     start_ns: np.ndarray = field(repr=False)
     finish_ns: np.ndarray = field(repr=False)
+    # per GPU (dense index) of the whole graph: what idle_energy_j and dynamic_energy_j total
+    idle_per_device_j: np.ndarray | None = field(default=None, repr=False)
+    dynamic_per_device_j: np.ndarray | None = field(default=None, repr=False)
 
 
 def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
@@ -264,12 +267,15 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
             break
         marks = new
     t0, t1 = float(start.min()), float(finish.max())
-    idle = 0.0
+    d = len(t.device_keys)
+    idle_g = np.zeros(d)
     ptr, ts, cis = tl
-    for g in range(len(t.device_keys)):
+    for g in range(d):
         tt = np.clip(np.r_[ts[ptr[g]:ptr[g + 1]], np.inf], t0, t1)
-        idle += float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g]:ptr[g + 1]]])) * 1e-9
-    dyn = float(used.sum())
+        idle_g[g] = float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g]:ptr[g + 1]]])) * 1e-9
+    on_gpu = dev >= 0  # host nodes and rendezvous add no energy above idle
+    dyn_g = np.bincount(dev[on_gpu], weights=used[on_gpu], minlength=d)
+    idle, dyn = float(idle_g.sum()), float(used.sum())
     k = max(t.iterations, 1)
     return Prediction((t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k,
-                      by_id_start, finish[c.pos])
+                      by_id_start, finish[c.pos], idle_g, dyn_g)

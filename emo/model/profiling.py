@@ -30,6 +30,7 @@ import pandas as pd
 
 from emo.device import COUNTERS, ProfilingUnavailable
 from emo.pack.ranges import kernel_ordinals, pack_ranges
+from emo.trace import load_kineto_document, trace_files
 
 log = logging.getLogger("emo")
 
@@ -141,22 +142,15 @@ def measure_baselines(device, workload, iteration_s: float, min_seconds: float, 
     return {**points[0], "levels": points[1:]}
 
 
-def _load_kineto(path: Path) -> dict:
-    import gzip
-
-    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    return json.loads(data)
-
-
 def trace_counters(folder: Path) -> dict[int, list]:
     """Per-kernel counters per rank from the Kineto files in `folder` (emo.pack.counters); ranks
     from distributedInfo, else file order. Empty when the folder holds none."""
     from emo.pack.counters import profiler_range_kernels
 
     out: dict[int, list] = {}
-    files = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz"))) if folder.is_dir() else []
+    files = trace_files(folder) if folder.is_dir() else []
     for i, f in enumerate(files):
-        doc = _load_kineto(f)
+        doc = load_kineto_document(f)  # the trace reader's own parsing (emo.trace)
         kern = profiler_range_kernels(doc.get("traceEvents", []))
         if kern:
             rank = (doc.get("distributedInfo") or {}).get("rank", i)

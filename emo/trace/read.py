@@ -1,8 +1,19 @@
-"""Format dispatch and the checks every trace must pass before a graph is built from it."""
+"""Format dispatch (a registry of trace formats) and the checks every trace must pass before a
+graph is built from it.
+
+A format is a name, a test on a path and its first bytes, and a reader to the normalised event table
+(emo.trace.schema). read_trace tries the registered formats in order: plugins first (register_trace_format
+or the entry-point group `emo.trace_formats`), then the per-rank folder, an Nsight Systems SQLite
+export, and Kineto JSON, which takes any other file. A new format is its reader module, a line in
+FORMATS and a line in docs/analyze.md; a package outside EMO registers its own.
+"""
 from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import numpy as np
@@ -22,31 +33,77 @@ STREAM_OVERLAP_TOLERANCE_NS = 1_000
 SPOOL_LIMIT_BYTES = 2 << 30
 
 
+@dataclass(frozen=True)
+class TraceFormat:
+    name: str
+    matches: Callable[[Path, bytes], bool]  # (a folder or a regular file, its first 16 bytes; b"" for a folder)
+    read: Callable[[Path], pd.DataFrame]  # -> the event table (emo.trace.schema); ValueError for bad content
+
+
+def trace_files(folder: Path) -> list[Path]:
+    """The Kineto files of a per-rank folder, in name order."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+
+
+def read_rank_folder(path: Path) -> pd.DataFrame:
+    files = trace_files(path)
+    if not files:
+        raise ValueError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
+    parts = read_ranks(files)
+    ranks = [int(p["rank"].iloc[0]) for p in parts if len(p)]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
+    check_one_run(files, parts)
+    events = pd.concat(parts, ignore_index=True)
+    return events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def _sqlite(path: Path, head: bytes) -> bool:
+    if head != SQLITE_MAGIC and path.suffix in SQLITE_SUFFIXES:
+        raise ValueError(f"{path}: not an SQLite database (an nsys export: nsys export --type sqlite)")
+    return head == SQLITE_MAGIC
+
+
+FORMATS: list[TraceFormat] = [
+    TraceFormat("kineto-folder", lambda p, head: p.is_dir(), read_rank_folder),
+    TraceFormat("nsys-sqlite", _sqlite, read_nsys),
+    TraceFormat("kineto", lambda p, head: not p.is_dir(), read_kineto),
+]
+_plugins_loaded = False
+
+
+def register_trace_format(fmt: TraceFormat) -> None:
+    """Add a format; it is tried before the built-in ones (a plugin may claim a file Kineto would)."""
+    FORMATS[:] = [f for f in FORMATS if f.name != fmt.name]
+    FORMATS.insert(0, fmt)
+
+
+def trace_format(path: Path, head: bytes) -> TraceFormat:
+    """The first registered format that takes `path` (plugins of `emo.trace_formats` loaded on first use)."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for ep in entry_points(group="emo.trace_formats"):
+            ep.load()  # the plugin's module calls register_trace_format
+    for fmt in FORMATS:
+        if fmt.matches(path, head):
+            return fmt
+    raise ValueError(f"{path}: not a trace format EMO reads ({', '.join(f.name for f in FORMATS)})")
+
+
 def read_trace(path: str | Path) -> pd.DataFrame:
     """Read a trace file or a folder of per-rank Kineto files into the normalised event table."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-        if not files:
-            raise ValueError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
-        parts = read_ranks(files)
-        ranks = [int(p["rank"].iloc[0]) for p in parts if len(p)]
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
-        check_one_run(files, parts)
-        events = pd.concat(parts, ignore_index=True)
-        events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+        events = trace_format(path, b"").read(path)
     else:
         with regular_file(path) as local:
             try:
                 with local.open("rb") as f:
                     head = f.read(16)
-                if head != SQLITE_MAGIC and path.suffix in SQLITE_SUFFIXES:
-                    raise ValueError(f"{path}: not an SQLite database (an nsys export: "
-                                     "nsys export --type sqlite)")
-                events = read_nsys(local) if head == SQLITE_MAGIC else read_kineto(local)
+                events = trace_format(path, head).read(local)  # matched on the name the user gave
             except ValueError as e:  # name the user's path, not the spooled copy (and name it at all)
                 text = str(e).replace(str(local), str(path))
                 raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from contextlib import contextmanager
 
-from emo.device.sim.program import CollectiveSpec, KernelSpec, Op, Program
+from emo.workloads.program import CollectiveSpec, KernelSpec, Op, Program
 
 COMPUTE = 7  # PyTorch's default stream id in Kineto traces
 NCCL = 20  # the process group's NCCL stream

@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 from emo.config import HybridWorkload, check_workload
-from emo.device.sim.program import Program
 from emo.workloads.arch import Arch
 from emo.workloads.pp import Grid, pipeline
+from emo.workloads.program import Program
+
+SCHEMA = HybridWorkload  # the config of workload.kind=hybrid (emo.workloads finds SCHEMA and build here)
 
 
 def validate(w: HybridWorkload) -> None:

@@ -13,8 +13,8 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-from emo.device.sim.program import KernelSpec, Work
 from emo.workloads.arch import Arch
+from emo.workloads.program import KernelSpec, Work
 
 ELT = 2  # bytes per bf16/fp16 element
 

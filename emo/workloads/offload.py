@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 from emo.config import OffloadWorkload, check_workload
-from emo.device.sim.program import Program
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, Builder
+from emo.workloads.program import Program
+
+SCHEMA = OffloadWorkload  # the config of workload.kind=offload (emo.workloads finds SCHEMA and build here)
 
 
 def validate(w: OffloadWorkload) -> None:

@@ -8,13 +8,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from emo.config import HybridWorkload, OffloadWorkload, PPWorkload, TPWorkload
 
+# the synthetic kinds' config schemas; emo.workloads.register_workload adds to it
 SCHEMAS = {"tp": TPWorkload, "pp": PPWorkload, "hybrid": HybridWorkload, "offload": OffloadWorkload}
 
 
 def resolve(cfg: Any):
     """A TPWorkload / PPWorkload / HybridWorkload / OffloadWorkload from a config node, a dict or a dataclass; unknown
     keys and wrong types are errors (the same schema Hydra checks)."""
-    if isinstance(cfg, (TPWorkload, PPWorkload, HybridWorkload, OffloadWorkload)):
+    if isinstance(cfg, tuple(SCHEMAS.values())):
         node = OmegaConf.structured(cfg)
     else:
         node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))

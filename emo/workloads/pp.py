@@ -13,11 +13,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from emo.config import PPWorkload, check_workload
-from emo.device.sim.program import CollectiveSpec, Program
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
+from emo.workloads.program import CollectiveSpec, Program
 from emo.workloads.transformer import Dims, Phase, backward_phases, data_loader, forward_phases, issue, optimizer_step
+
+SCHEMA = PPWorkload  # the config of workload.kind=pp (emo.workloads finds SCHEMA and build here)
 
 P2P_PREV = 24  # stream of the link to the previous stage
 P2P_NEXT = 28  # stream of the link to the next stage

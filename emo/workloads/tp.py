@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 
 from emo.config import TPWorkload, check_workload
-from emo.device.sim.program import Program
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
+from emo.workloads.program import Program
 from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
+
+SCHEMA = TPWorkload  # the config of workload.kind=tp (emo.workloads finds SCHEMA and build here)
 
 
 def validate(w: TPWorkload) -> None:

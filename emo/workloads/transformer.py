@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from emo.device.sim.program import CollectiveSpec
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, RankEmitter
+from emo.workloads.program import CollectiveSpec
 
 
 @dataclass(frozen=True)

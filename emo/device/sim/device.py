@@ -17,10 +17,10 @@ import numpy as np
 from emo.device import COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
 
 COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
-from emo.device.sim.energy import EnergyMeter, power_steps
+from emo.device.sim.energy import EnergyMeter, ThermalLeakage, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
-from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.workloads.program import KernelSpec, Op, Program, Work
 from emo.policy import FrequencyPolicy
 from emo.policy import issue_plan
 
@@ -84,14 +84,25 @@ class SimDevice:
         self.policy: FrequencyPolicy | None = None
         self._applier_started: set[int] = set()
         self.now = 0.0  # virtual ns
-        self.idle_w = self.gp.idle_power_w()
+        self.idle_w = self.gp.idle_power_w()  # nominal chip (the power controller's estimate)
+        self.idle_w_g = [self.gp.idle_power_w(g, self.seed) for g in range(MAX_GPUS)]  # each chip's own
+        self.static_w_g = [self.gp.static_w(g, self.seed) for g in range(MAX_GPUS)]
         self._runs = 0
+        self._profiles = 0  # profile_range calls: each replay draws its own counter errors
         self._ci = [self.default_ci] * MAX_GPUS  # requested clock per GPU
         self._last_issue = [-math.inf] * MAX_GPUS
         ph, k = self.phys, self.noise
+        d0 = self.default_ci
+
+        def thermal(g: int) -> ThermalLeakage | None:
+            if ph.thermal_r_k_per_w <= 0 or ph.leak_temp_coeff == 0:
+                return None  # the die starts at its idle temperature at the default clock
+            return ThermalLeakage(ph.thermal_r_k_per_w, ph.thermal_tau_s, ph.leak_temp_coeff, float(self.idle_w_g[g][d0]))
+
         self.meters = [EnergyMeter(ph.counter_period_ms, ph.sensor_window_ms, self.seed, g,
                                    counter_noise=k * ph.noise_energy, counter_gain=k * ph.noise_energy_gain,
-                                   sensor_noise=k * ph.noise_power, sensor_gain=k * ph.noise_power_gain)
+                                   sensor_noise=k * ph.noise_power, sensor_gain=k * ph.noise_power_gain,
+                                   thermal=thermal(g), static_w=float(self.static_w_g[g][d0]))
                        for g in range(MAX_GPUS)]
         top = len(clocks) - 1
         self._cap_ci = [top] * MAX_GPUS  # the power controller's clock ceiling per GPU ...
@@ -100,6 +111,15 @@ class SimDevice:
         self.last_sim_seconds = 0.0
 
     # ------------------------------------------------------------------ protocol: clocks and control
+    @property
+    def control(self):
+        """Its GPUs behind the vendor-neutral control interface (emo.device.control.GpuControl)."""
+        from emo.device.sim.control import SimControl
+
+        if getattr(self, "_control", None) is None:
+            self._control = SimControl(self, MAX_GPUS)
+        return self._control
+
     def supported_clocks(self) -> list[int]:
         return list(self.clocks)
 
@@ -148,8 +168,8 @@ class SimDevice:
         top = len(self.clocks) - 1
         ticks = int((t - self.now) / (self.phys.power_period_ms * 1e6))
         for g in range(MAX_GPUS):
-            idle = float(self.idle_w[self._ci[g]])
-            self.meters[g].idle(t, idle)
+            idle = float(self.idle_w_g[g][self._ci[g]])
+            self.meters[g].idle(t, idle, float(self.static_w_g[g][self._ci[g]]))
             if self._cap_ci[g] < top and ticks and idle < self.cap_w * (1 - self.phys.power_hysteresis):
                 # the power controller keeps running while the GPU idles (engine._power_tick's step up)
                 step = max(1, int(self.phys.power_gain * (1 - idle / self.cap_w) * top))
@@ -169,9 +189,10 @@ class SimDevice:
 
     def utilization(self, device: int = 0) -> dict[str, float]:
         """Utilisation of one GPU over the last run, like nvmlDeviceGetUtilizationRates over its sample
-        period (fractions 0..1): `gpu`, the share of the time a kernel was running; `memory`, the DRAM
-        bandwidth used over that time as a share of the peak (what online governors such as GEEPAFS
-        read as a throughput signal)."""
+        period (fractions 0..1): `gpu`, as NVML defines it, the share of the time one or more kernels
+        was executing, NCCL kernels included (one spinning while it waits for a peer counts, however
+        few SMs it holds); `memory`, the DRAM bandwidth used over that time as a share of the peak
+        (what online governors such as GEEPAFS read as a throughput signal)."""
         self._check_gpu(device)
         res, tab = self.last_sim, getattr(self, "last_tables", None)
         g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
@@ -179,11 +200,12 @@ class SimDevice:
         if g is None or tab is None or span <= 0:
             return {"gpu": 0.0, "memory": 0.0}
         cols = _kernel_segments(res, g)
-        busy = mem = 0.0
+        mem = 0.0
         for s0, s1, kid, eff in cols:
             dur = np.clip(s1, res.t_start, res.t_end) - np.clip(s0, res.t_start, res.t_end)
-            busy += float(dur.sum())
             mem += float((dur * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)]).sum())
+        u0, u1 = _busy_union(res, g, cols)
+        busy = float((np.clip(u1, res.t_start, res.t_end) - np.clip(u0, res.t_start, res.t_end)).sum())
         return {"gpu": min(busy / span, 1.0), "memory": min(mem / span, 1.0)}
 
     def time_s(self) -> float:
@@ -233,8 +255,16 @@ class SimDevice:
         peak = max(float(tab.power_w.max()) if tab.power_w.size else 0.0,
                    float(self.idle_w.max()) + ph.comm_spin_w + ph.comm_link_w)
         power = None
+        if self.meters[0].thermal is not None or self.phys.chip_leak_spread or self.phys.chip_volt_spread:
+            peak *= 1.15  # a warm die, a leaky chip draw more than the nominal tables say
         if self.cap_w < peak or min(self._cap_ci[:program.ranks]) < top:  # binds, or still recovering
-            power = (self.cap_w, tab.power_w.tolist(), self.idle_w.tolist())
+            gs = range(program.ranks)
+            th = None
+            if self.meters[0].thermal is not None:
+                th = ([self.static_w_g[g].tolist() for g in gs], [self.meters[g].thermal.theta for g in gs],
+                      [self.meters[g].thermal.p_ref for g in gs])
+            power = (self.cap_w, [tab.chip_power_w(self.gp, g, self.seed).tolist() for g in gs],
+                     [self.idle_w_g[g].tolist() for g in gs], th)
         else:
             self._cap_ci[:program.ranks] = [top] * program.ranks
             self._p_avg[:program.ranks] = [0.0] * program.ranks
@@ -248,15 +278,16 @@ class SimDevice:
         self.last_sim_seconds = time.perf_counter() - wall
         t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
         for g in res.gpus:
-            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w, g.segs, tab.power_w, g.xsegs,
+            pw = tab.chip_power_w(self.gp, g.idx, self.seed)  # this chip's voltage and leakage
+            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w_g[g.idx], g.segs, pw, g.xsegs,
                                res.ranks[g.idx].kernels)
-            self.meters[g.idx].append(t, e)
+            self.meters[g.idx].append(t, e, (np.asarray(g.clock_t), self.static_w_g[g.idx][np.asarray(g.clock_ci)]))
             self._ci[g.idx] = g.req_ci
             self._last_issue[g.idx] = g.last_issue
             if power is not None:
                 self._cap_ci[g.idx], self._p_avg[g.idx] = g.cap_ci, g.p_avg
         for gi in range(program.ranks, MAX_GPUS):
-            self.meters[gi].idle(t_dev, float(self.idle_w[self._ci[gi]]))
+            self.meters[gi].idle(t_dev, float(self.idle_w_g[gi][self._ci[gi]]), float(self.static_w_g[gi][self._ci[gi]]))
         self.now = t_dev
         self.last_sim = res
         self.last_tables = tab
@@ -277,7 +308,9 @@ class SimDevice:
         self._idle_until(u0 + 1.0)
         e0 = [self.energy_j(g) for g in range(program.ranks)]
         res = self.simulate(program, iterations, policy=self.policy)
-        u1 = m0.next_update(res.t_end)
+        # from where the device is now: a clock request that lands after the run moved it past t_end,
+        # and a counter update before that would leave idle time in the window the tail misses
+        u1 = m0.next_update(self.now)
         self._idle_until(u1 + 1.0)
         e1 = [self.energy_j(g) for g in range(program.ranks)]
         u2 = m0.next_update(u1 + 1.0)
@@ -379,10 +412,17 @@ class SimDevice:
         }
         assert tuple(c) == COUNTERS
         passes = 4  # 11 metrics from several hardware units: CUPTI needs a few replay passes
+        rng = np.random.default_rng([self.seed, 97, self._profiles])
+        self._profiles += 1
         if self.counter_form == "dcgm":  # what DCGM's profiling fields would average over the range
-            from emo.device.sim.profiling import dcgm_fields
+            from emo.device.sim.profiling import dcgm_fields, dcgm_noise
 
             c, passes = dcgm_fields(w, d, f_hz, self.phys), 1  # sampled while it runs, no replay
+            c = dcgm_noise(c, self.noise * self.phys.noise_counter_dcgm, rng)
+        else:
+            from emo.device.sim.profiling import replay_noise
+
+            c = replay_noise(c, self.noise * self.phys.noise_counter_ncu, rng)
         busy = float(d.sum()) + 3000.0 * len(specs)
         cost_ns = 5e7 + passes * (busy + 2e6)  # session set-up + per pass (save/restore memory)
         self._profile_busy(tab, cost_ns)
@@ -396,9 +436,9 @@ class SimDevice:
 
     def _profile_busy(self, tab: KernelTables, cost_ns: float) -> None:
         # the GPU replays the range at the default clock; count it as mean-kernel power
-        p = float(np.mean(tab.power_w[:, self.default_ci]))
+        p = float(np.mean(tab.chip_power_w(self.gp, 0, self.seed)[:, self.default_ci]))
         t1 = self.now + cost_ns
-        self.meters[0].idle(t1, p)
+        self.meters[0].idle(t1, p, float(self.static_w_g[0][self.default_ci]))
         self._idle_until(t1)
 
     def __repr__(self) -> str:
@@ -420,11 +460,12 @@ class SimDevice:
         cols = _kernel_segments(res, g)
         edges = res.t_start + period * np.arange(n + 1)
         busy, mem = np.zeros(n), np.zeros(n)
+        overlap = lambda s0, s1: np.clip(np.minimum(s1[:, None], edges[None, 1:])  # noqa: E731
+                                         - np.maximum(s0[:, None], edges[None, :-1]), 0, None)
         for s0, s1, kid, eff in cols:
             # each segment's overlap with each sample period
-            ov = np.clip(np.minimum(s1[:, None], edges[None, 1:]) - np.maximum(s0[:, None], edges[None, :-1]), 0, None)
-            busy += ov.sum(axis=0)
-            mem += (ov * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)][:, None]).sum(axis=0)
+            mem += (overlap(s0, s1) * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)][:, None]).sum(axis=0)
+        busy += overlap(*_busy_union(res, g, cols)).sum(axis=0)  # any kernel, NCCL ones included
         t = [float(x) * 1e-9 for x in edges[1:]]
         pct = lambda x: [float(v) for v in np.floor(np.minimum(x / period, 1.0) * 100.0) / 100.0]  # noqa: E731
         return {"gpu": list(zip(t, pct(busy))), "memory": list(zip(t, pct(mem)))}
@@ -457,6 +498,28 @@ class SimDevice:
             self._idle_until(self.now - land + reads * poll_ms * 1e6)
             out.append(reads * poll_ms)
         return out
+
+
+def _busy_union(res, g, cols) -> tuple[np.ndarray, np.ndarray]:
+    """When one or more kernels was executing on GPU g (NVML's definition of utilisation): the union
+    of its compute-kernel segments and its NCCL kernels, from their start (spinning for the peers)
+    to their end, as sorted disjoint (start, end) arrays."""
+    starts = [c[0] for c in cols]
+    ends = [c[1] for c in cols]
+    colls = res.ranks[g.idx].colls
+    if colls:
+        c = np.asarray(colls, dtype=np.float64)
+        starts.append(c[:, 3])
+        ends.append(c[:, 4])
+    if not starts:
+        return np.zeros(0), np.zeros(0)
+    s0, s1 = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(s0, kind="stable")
+    s0, s1 = s0[order], np.maximum.accumulate(s1[order])
+    new = np.concatenate([[True], s0[1:] > s1[:-1]])  # an interval starting after all before it ended
+    first = np.flatnonzero(new)
+    last = np.concatenate([first[1:] - 1, [len(s0) - 1]])
+    return s0[first], s1[last]
 
 
 def _kernel_segments(res, g) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:

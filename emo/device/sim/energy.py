@@ -8,6 +8,10 @@ ending at the last update. Noise, as on hardware: a constant per-GPU calibration
 counter and on the sensor, and multiplicative noise on each update's increment (so the counter stays
 monotonic) and on each sensor sample; drawn from generators seeded by (seed, GPU), so readings are
 deterministic for a seed.
+
+Temperature-dependent leakage (`ThermalLeakage`): the die's temperature follows the board power with
+a first-order lag, and leakage grows exponentially with it; the meter adds that extra energy to the
+history it is given, so every readout (and the true integral) includes it.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import itertools
 import math
 
 import numpy as np
+from scipy.signal import lfilter
 
 
 def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int], base_w: np.ndarray,
@@ -67,6 +72,37 @@ def _table(rows: list[tuple], width: int) -> np.ndarray:
     return flat.reshape(len(rows), width)
 
 
+class ThermalLeakage:
+    """A GPU's thermal state and the leakage it adds: theta (K above the idle temperature) follows
+    r (P - P_idle) with time constant tau; leakage at the current clock, S(t), is scaled by
+    exp(k theta). Evaluated on a grid of `dt_ns` (far below tau), each cell's power its mean; the
+    extra leakage's own heating is left out (second order)."""
+
+    def __init__(self, r_k_per_w: float, tau_s: float, coeff: float, p_idle_w: float, dt_ns: float = 10e6):
+        self.r, self.tau, self.k, self.p_ref, self.dt = float(r_k_per_w), float(tau_s) * 1e9, float(coeff), float(p_idle_w), dt_ns
+        self.theta = 0.0
+
+    def extra_j(self, t: np.ndarray, e: np.ndarray, st_t: np.ndarray, st_w: np.ndarray) -> np.ndarray:
+        """Cumulative extra leakage energy (J) at the breakpoints t of a history with cumulative energy
+        e (J); leakage S is the step function st_w from times st_t."""
+        t0, t1 = float(t[0]), float(t[-1])
+        if t1 <= t0:
+            return np.zeros_like(t)
+        n = max(math.ceil((t1 - t0) / self.dt), 1)
+        g = np.linspace(t0, t1, n + 1)
+        h = np.diff(g)
+        p = np.diff(np.interp(g, t, e)) / (h * 1e-9)
+        a = np.exp(-h / self.tau)
+        # theta_i = a theta_{i-1} + (1 - a)(r (P_i - P_idle)); cells are equal but for rounding
+        a0 = float(a[0])
+        theta = lfilter([1 - a0], [1, -a0], self.r * (p - self.p_ref), zi=[a0 * self.theta])[0]
+        prev = np.concatenate([[self.theta], theta[:-1]])
+        self.theta = float(theta[-1])
+        s = st_w[np.clip(np.searchsorted(st_t, g[:-1], side="right") - 1, 0, len(st_w) - 1)]
+        extra = s * (np.exp(self.k * 0.5 * (theta + prev)) - 1.0) * h * 1e-9
+        return np.interp(t, g, np.concatenate([[0.0], np.cumsum(extra)]))
+
+
 class EnergyMeter:
     """Cumulative energy of one GPU over virtual time (ns) and its NVML-like readouts.
 
@@ -76,7 +112,8 @@ class EnergyMeter:
     """
 
     def __init__(self, period_ms: float, window_ms: float, seed: int, gpu: int, *, counter_noise: float = 0.0,
-                 counter_gain: float = 0.0, sensor_noise: float = 0.0, sensor_gain: float = 0.0):
+                 counter_gain: float = 0.0, sensor_noise: float = 0.0, sensor_gain: float = 0.0,
+                 thermal: ThermalLeakage | None = None, static_w: float = 0.0):
         self.period = period_ms * 1e6
         self.window = window_ms * 1e6
         self.noise = float(counter_noise)
@@ -94,11 +131,20 @@ class EnergyMeter:
         self._tick_counter: list[float] = []  # counter value (J, noisy, unquantised) at each update
         self._tick_noise: list[float] = []  # the power sensor's noise factor at each update
         self._last_true = 0.0
+        self.thermal = thermal
+        self.static_w = float(static_w)  # leakage at the current clock (the last step of the last history)
 
-    def append(self, t: np.ndarray, e_rel: np.ndarray) -> None:
-        """Extend the history by breakpoints `t` (starting at t_known) and cumulative energy e_rel (J)."""
+    def append(self, t: np.ndarray, e_rel: np.ndarray, static: tuple | None = None, *, settled: bool = False) -> None:
+        """Extend the history by breakpoints `t` (starting at t_known) and cumulative energy e_rel (J);
+        static: (times, watts) of leakage at the clock from each time on (default: unchanged);
+        settled: e_rel already includes the leakage of a die at its steady temperature."""
         if t.size == 0:
             return
+        if self.thermal is not None and not settled:
+            st_t, st_w = static if static is not None else (np.array([t[0]]), np.array([self.static_w]))
+            st_t, st_w = np.asarray(st_t, dtype=np.float64), np.asarray(st_w, dtype=np.float64)
+            self.static_w = float(st_w[-1])
+            e_rel = e_rel + self.thermal.extra_j(t, e_rel, st_t, st_w)
         e = self.e_known + e_rel
         self._chunk_t0.append(float(t[0]))
         self._chunks.append((t, e))
@@ -118,9 +164,27 @@ class EnergyMeter:
         self.t_known = float(t[-1])
         self.e_known = float(e[-1])
 
-    def idle(self, t1: float, watts: float) -> None:
-        if t1 > self.t_known:
+    def idle(self, t1: float, watts: float, static_w: float | None = None) -> None:
+        if t1 <= self.t_known:
+            return
+        th = self.thermal
+        if th is None:
             self.append(np.array([self.t_known, t1]), np.array([0.0, watts * (t1 - self.t_known) * 1e-9]))
+            return
+        leak = self.static_w if static_w is None else float(static_w)
+        steady = th.r * (watts - th.p_ref)
+        if abs(th.theta - steady) > 1e-3:
+            # the die cools or warms toward its idle temperature: breakpoints on a grid until it settles
+            t_mid = min(t1, self.t_known + 8 * th.tau)
+            n = max(1, int((t_mid - self.t_known) / max(th.dt, th.tau / 50)))
+            t = np.linspace(self.t_known, t_mid, n + 1)
+            self.append(t, watts * (t - self.t_known) * 1e-9, (t[:1], np.array([leak])))
+            if t_mid >= t1:
+                return
+            th.theta = steady  # within exp(-8) of it
+        self.static_w = leak
+        w = watts + leak * (math.exp(th.k * steady) - 1.0)
+        self.append(np.array([self.t_known, t1]), np.array([0.0, w * (t1 - self.t_known) * 1e-9]), settled=True)
 
     def true_j(self, t: float) -> float:
         i = max(bisect.bisect_right(self._chunk_t0, t) - 1, 0)

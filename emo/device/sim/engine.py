@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from emo.device.sim import hostplan
-from emo.device.sim.program import Program
+from emo.workloads.program import Program
 
 # item kinds queued on a stream
 K_KERNEL, K_COLL, K_COPY, K_RECORD, K_WAIT = 0, 1, 2, 3, 4
@@ -139,8 +140,10 @@ class Engine:
                  power: tuple | None = None, cap_ci: list[int] | None = None, p_avg: list[float] | None = None):
         """dur[kid][ci]: kernel time alone; slow/cslow[kid][ci]: the factor by which a kernel is slowed
         by a transfer in flight / slows one; noise: the multiplier of the physics' noise sizes;
-        power: None (no cap binds) or (cap_w, kernel power [kid][ci], idle power [ci]) for the power
-        controller, whose state (clock ceiling, averaged power) cap_ci/p_avg carry across runs."""
+        power: None (no cap binds) or (cap_w, kernel power [gpu][kid][ci], idle power [gpu][ci], thermal)
+        for the power controller, whose state (clock ceiling, averaged power) cap_ci/p_avg carry across
+        runs; thermal: None or (leakage [gpu][ci], die temperature above idle [gpu] at the start): the
+        controller reads board power as the sensor does, leakage rising with temperature included."""
         self.prog = program
         self.dur, self.slow, self.cslow = dur, slow, cslow
         self.noise = noise
@@ -495,7 +498,7 @@ class Engine:
     # ------------------------------------------------------------------ power controller
     def _power_acc(self, g: _Gpu, run, t: float, req: int | None = None) -> None:
         """Add the running segment's energy above idle since the controller's last tick."""
-        cap_w, kpow, idle = self.power
+        kpow, idle = self.power[1][g.idx], self.power[2][g.idx]
         s0 = run[2] if run[2] > g.p_t else g.p_t
         if t > s0:
             g.p_acc += (kpow[run[1]][run[4]] - idle[g.req_ci if req is None else req]) * (t - s0)
@@ -505,11 +508,16 @@ class Engine:
         the clock ceiling down in proportion to the excess over the limit, or up in proportion to the
         headroom once under it by more than the hysteresis."""
         ph = self.phys
-        cap_w, kpow, idle = self.power
+        cap_w, idle, thermal = self.power[0], self.power[2][g.idx], self.power[3]
         period = ph.power_period_ms * 1e6
         if g.run is not None:
             self._power_acc(g, g.run, t)
         p = idle[g.req_ci] + g.p_acc / max(t - g.p_t, 1.0)
+        if thermal is not None:  # the die warms (lagging) and its leakage with it (energy.ThermalLeakage)
+            static, theta = thermal[0][g.idx], thermal[1]
+            a = math.exp(-(t - g.p_t) / (ph.thermal_tau_s * 1e9))
+            theta[g.idx] = a * theta[g.idx] + (1 - a) * ph.thermal_r_k_per_w * (p - thermal[2][g.idx])
+            p += static[g.req_ci] * (math.exp(ph.leak_temp_coeff * theta[g.idx]) - 1.0)
         g.p_acc, g.p_t = 0.0, t
         alpha = min(1.0, ph.power_period_ms / ph.power_window_ms)
         g.p_avg = g.p_avg + alpha * (p - g.p_avg) if g.p_avg > 0 else p

@@ -18,9 +18,14 @@ resource mix; the counters report only the kernel's totals, as hardware does. Wi
     a/(a + a_half) at occupancy a; plus a pipeline fill of `phase_fill_cycles` (clock-bound) and
     `phase_fill_ns` (DRAM latency, clock-free) per phase; the kernel is floored at `min_ns`.
 Power (board, W), per phase, averaged over the kernel by time:
-  V(f) flat at volt_min below knee_mhz, then linear to volt_max at the max clock; with v = V/Vmax and
-  phi = f/fmax: P = static_w*v + (idle_dyn_w [+ active_dyn_w while a kernel runs]
-  + sum_u util_u*unit_w_u)*v^2*phi + dram_w*dram_util.
+  V(f) flat at volt_min below knee_mhz, then rising to volt_max at the max clock (a smooth knee of
+  `volt_knee_mhz` width); with v = V/Vmax and phi = f/fmax the core draws
+  static_w*v + (idle_dyn_w [+ active_dyn_w while a kernel runs] + sum_u util_u*unit_w_u
+  + unit_w_issue*g(sum of the SM pipes' utilisations))*v^2*phi, g saturating (the shared issue and
+  register-file power is paid once however many pipes use it: sub-additive); the board adds the
+  regulators' conduction loss, quadratic in the core current (super-additive), and
+  dram_w*dram_util. Per chip (`chip_power`): a voltage offset and a leakage factor drawn per GPU.
+  Temperature-dependent leakage is added over time by the energy meter (energy.ThermalLeakage).
 """
 from __future__ import annotations
 
@@ -99,6 +104,17 @@ class SimPhysics:
     unit_w_shared: float = 90.0
     unit_w_l2: float = 90.0
     dram_w: float = 70.0  # DRAM + memory controller at full bandwidth (clock independent)
+    volt_knee_mhz: float = 0.0  # width of the V-f curve's knee (0: a sharp corner)
+    unit_w_issue: float = 0.0  # shared issue / register-file power at saturation (V^2 f), sub-additive over pipes
+    issue_half: float = 0.3  # summed pipe utilisation at which half of unit_w_issue is drawn
+    vrm_loss_at_tdp: float = 0.0  # regulators' conduction loss at TDP core power and max V, as a share of TDP
+    chip_volt_spread: float = 0.0  # per chip: V x (1 + this x N(0,1)) (voltage binning)
+    chip_leak_spread: float = 0.0  # per chip: leakage x (1 + this x N(0,1)) (process variation)
+    thermal_r_k_per_w: float = 0.0  # die temperature rise per W above idle (K/W); 0: no thermal state
+    thermal_tau_s: float = 5.0  # its time constant
+    leak_temp_coeff: float = 0.0  # leakage x exp(this x (T - T_idle)) (per K)
+    noise_counter_ncu: float = 0.0  # per replay pass: relative error of its counters (ncu)
+    noise_counter_dcgm: float = 0.0  # per field: relative error of a sampled activity ratio (DCGM)
     # communication (NCCL)
     link_gbps: float = 230.0  # NCCL bus bandwidth per GPU
     link_latency_us: float = 3.0  # per ring step
@@ -189,6 +205,12 @@ class KernelTables:
     dur_ns: np.ndarray  # [K, C]
     power_w: np.ndarray  # [K, C] whole-board power while the kernel runs
     util: dict[str, np.ndarray] = field(default_factory=dict)  # [K, C] per unit
+    core_w: np.ndarray | None = None  # [K, C] the core's part of power_w (nominal chip, before regulator loss)
+    dram_w: np.ndarray | None = None  # [K, C] the DRAM's part
+
+    def chip_power_w(self, gp: GpuPhysics, chip: int, seed: int) -> np.ndarray:
+        """[K, C] power_w of one chip of the node (its voltage offset and leakage)."""
+        return gp.board_w(self.core_w, self.dram_w, chip, seed)
 
 
 class GpuPhysics:
@@ -211,13 +233,45 @@ class GpuPhysics:
         p = self.p
         f = np.asarray(mhz, dtype=np.float64)
         span = max(self.fmax - p.knee_mhz, 1e-9)
-        x = np.clip((f - p.knee_mhz) / span, 0.0, None)
+        if p.volt_knee_mhz > 0:  # a smooth knee: a parabola over knee +- w joins flat and linear
+            w = p.volt_knee_mhz
+            ramp = lambda z: np.where(z <= -w, 0.0, np.where(z >= w, z, (z + w) ** 2 / (4 * w)))  # noqa: E731
+            x = ramp(f - p.knee_mhz) / max(float(ramp(np.float64(self.fmax - p.knee_mhz))), 1e-9)
+        else:
+            x = np.clip((f - p.knee_mhz) / span, 0.0, None)
         return (p.volt_min + (p.volt_max - p.volt_min) * x) / p.volt_max
 
-    def idle_power_w(self) -> np.ndarray:
-        """[C] board power with no kernel running."""
+    def idle_power_w(self, chip: int | None = None, seed: int = 0) -> np.ndarray:
+        """[C] board power with no kernel running (of GPU `chip` of a node seeded `seed`; None: nominal)."""
         p = self.p
-        return p.static_w * self.v + p.idle_dyn_w * self.v2f
+        core = p.static_w * self.v + p.idle_dyn_w * self.v2f
+        return self.board_w(core[None, :], 0.0, chip, seed)[0]
+
+    def static_w(self, chip: int | None = None, seed: int = 0) -> np.ndarray:
+        """[C] leakage power at the idle temperature (what temperature scales: energy.ThermalLeakage)."""
+        dv, leak = self.chip_factors(chip, seed)
+        return self.p.static_w * self.v * (1 + dv) * leak
+
+    def chip_factors(self, chip: int | None, seed: int) -> tuple[float, float]:
+        """(relative voltage offset, leakage factor) of one chip: fixed per (seed, GPU index)."""
+        p = self.p
+        if chip is None or (p.chip_volt_spread == 0 and p.chip_leak_spread == 0):
+            return 0.0, 1.0
+        z = np.random.default_rng([int(seed), int(chip), 7]).standard_normal(2)
+        return float(p.chip_volt_spread * z[0]), float(max(0.2, 1.0 + p.chip_leak_spread * z[1]))
+
+    def board_w(self, core: np.ndarray, dram: np.ndarray | float, chip: int | None = None, seed: int = 0) -> np.ndarray:
+        """[K, C] board power from the core's nominal power (static + dynamic, [K, C]) and the DRAM's:
+        the chip's voltage offset scales the static part by V and the dynamic part by V^2, its leakage
+        factor the static part; the regulators lose r I^2 (I = core power / V) on top."""
+        p = self.p
+        dv, leak = self.chip_factors(chip, seed)
+        static = p.static_w * self.v[None, :]
+        v = self.v[None, :] * (1 + dv)
+        c = static * (1 + dv) * leak + (core - static) * (1 + dv) ** 2
+        if p.vrm_loss_at_tdp > 0:
+            c = c + p.vrm_loss_at_tdp * self.tdp_w * (c / (self.tdp_w * v)) ** 2
+        return c + dram
 
     # ------------------------------------------------------------------ kernels
     def kernel_tables(self, works: list[Work]) -> KernelTables:
@@ -225,7 +279,8 @@ class GpuPhysics:
         w = work_matrix(works)
         f_hz = self.clocks[None, :] * 1e6  # [1, C]
         dur = np.zeros((len(works), self.clocks.size))
-        energy = np.zeros_like(dur)  # dynamic energy above idle, W*ns
+        energy = np.zeros_like(dur)  # core dynamic energy above idle, W*ns
+        e_dram = np.zeros_like(dur)  # DRAM energy, W*ns
         peak_tot: dict[str, np.ndarray] = {}
         factors = shape_factors(w, p)
         toggle = factors[2]
@@ -235,6 +290,7 @@ class GpuPhysics:
             safe = np.where(t > 0, t, 1.0)
             util = {k: np.minimum(v / safe, 1.0) for k, v in peak.items()}
             energy += t * self._dynamic_w(util, toggle)
+            e_dram += t * p.dram_w * util["dram"]
             for k, v in peak.items():
                 peak_tot[k] = peak_tot.get(k, 0.0) + v
         floor = np.maximum(w["min_ns"][:, None], 1.0)
@@ -242,8 +298,9 @@ class GpuPhysics:
         energy += pad * p.active_dyn_w * self.v2f[None, :]
         dur = dur + pad
         util = {k: np.minimum(v / dur, 1.0) for k, v in peak_tot.items()}
-        power = self.idle_power_w()[None, :] + energy / dur
-        return KernelTables(self.clocks, dur, power, util)
+        core = (p.static_w * self.v + p.idle_dyn_w * self.v2f)[None, :] + energy / dur
+        dram = e_dram / dur
+        return KernelTables(self.clocks, dur, self.board_w(core, dram), util, core, dram)
 
     def _phase(self, w: dict, share: dict, occ: np.ndarray, f_hz: np.ndarray, factors: tuple | None = None):
         """Time [K, C] of one phase doing share[field] of each kernel's work at occupancy occ, and the
@@ -285,14 +342,21 @@ class GpuPhysics:
         return t, peak
 
     def _dynamic_w(self, util: dict, toggle: np.ndarray | float = 1.0) -> np.ndarray:
-        """[K, C] power above idle while a phase runs at these utilisations; `toggle` [K, 1] scales
-        the units' switching power (how often the kernel's operands flip bits)."""
+        """[K, C] core power above idle while a phase runs at these utilisations (DRAM's is apart);
+        `toggle` [K, 1] scales the units' switching power (how often the kernel's operands flip bits).
+        The shared issue / register-file power saturates in the pipes' summed utilisation s:
+        unit_w_issue (1 + h) s / (s + h), so two half-busy pipes draw less of it than two busy ones."""
         p = self.p
         units = np.zeros_like(util["dram"])
+        pipes = np.zeros_like(units)
         for wf, _, wt in COMPUTE_UNITS:
             units = units + getattr(p, wt) * util[wf]
+            pipes = pipes + util[wf]
         units = units + p.unit_w_shared * util["shared"] + p.unit_w_l2 * util["l2"]
-        return (p.active_dyn_w + units * toggle) * self.v2f[None, :] + p.dram_w * util["dram"]
+        if p.unit_w_issue > 0:
+            s = pipes + util["shared"]
+            units = units + p.unit_w_issue * (1 + p.issue_half) * s / (s + p.issue_half)
+        return (p.active_dyn_w + units * toggle) * self.v2f[None, :]
 
     def contention(self, tab: KernelTables) -> tuple[np.ndarray, np.ndarray]:
         """[K, C] slow-downs while a collective transfers on the same GPU: of the compute kernel (it

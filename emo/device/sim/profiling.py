@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from emo.device import KernelRange, ProfileResult
-from emo.device.sim.program import KernelSpec, Op, Program, Work
+from emo.workloads.program import KernelSpec, Op, Program, Work
 
 
 def as_specs(kernels: list[Any]) -> list[KernelSpec]:
@@ -92,3 +92,33 @@ def dcgm_fields(works: list[Work], dur_ns: np.ndarray, f_hz: float, phys) -> dic
         "DCGM_FI_PROF_DRAM_ACTIVE": float(min(1.0, (get("dram_read_bytes").sum() + get("dram_write_bytes").sum())
                                              / (phys.dram_gbps * span))),
     }
+
+
+# ncu's replay passes (Kernel Profiling Guide, "Kernel Replay"): counters from different hardware
+# units are collected in different passes of the same range; instruction counts are exact, while what
+# a pass measures in cycles or bytes varies with its clock ramp and cache/DRAM state after the restore
+REPLAY_PASSES = (("sm_active_cycles", "active_warps"), ("dram_read_bytes", "dram_write_bytes"),
+                 ("l1_bytes", "l2_bytes"))
+
+
+def replay_noise(c: dict[str, float], sigma: float, rng: np.random.Generator) -> dict[str, float]:
+    """The counters with one relative error per replay pass (lognormal, `sigma`) on the passes that
+    measure cycles or bytes; instruction counters as they are."""
+    if sigma <= 0:
+        return c
+    out = dict(c)
+    eps = rng.standard_normal(len(REPLAY_PASSES))
+    for names, e in zip(REPLAY_PASSES, eps):
+        for n in names:
+            out[n] = c[n] * float(np.exp(sigma * e - 0.5 * sigma * sigma))
+    return out
+
+
+def dcgm_noise(c: dict[str, float], sigma: float, rng: np.random.Generator) -> dict[str, float]:
+    """DCGM's profiling fields are sampled activity ratios, multiplexed by metric group over time
+    windows (dcgmProfGetSupportedMetricGroups: groups that share hardware are not watched together):
+    each field sees its own share of the range, so each gets its own relative error, kept in [0, 1]."""
+    if sigma <= 0:
+        return c
+    eps = rng.standard_normal(len(c))
+    return {k: float(min(1.0, max(0.0, v * (1.0 + sigma * e)))) for (k, v), e in zip(c.items(), eps)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emo.methods import OFFLINE
+from emo.methods import OFFLINE, ONLINE, method
 from emo.model.predict import predict
 from emo.optimize.pipeline.check import (CURVE_MIN_GAIN, LEAD_SCREEN_SHARE, Latencies, below_curve, deadline_ns, expected,
                                          fit_to_prediction, kept_lead, lead_options, planning_latencies)
@@ -105,9 +105,12 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     iteration's measured spread (tables.time_tolerance_ns). The policy carries its prediction, in
     expectation over the latencies it was planned with (check.expected)."""
     name = opt["name"]
-    if name not in OFFLINE:
+    m = method(name)
+    if m.online:
         raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
-                         "zeus and geepafs run online in validate")
+                         f"{', '.join(ONLINE)} run online in validate")
+    if m.run is not None:  # a registered solver (emo.methods) plans by itself
+        return m.run(tables, opt, budget, gpu=gpu, clock_latency=clock_latency, iteration_sd_s=iteration_sd_s)
     if not 0 <= budget < 1:
         raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
     interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
@@ -127,6 +130,9 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
                     "transition_ms": lats.range(), "transition_source": source,
                     "latency_quadrature": {"nodes_ms": [round(x, 4) for x in lats.nodes],
                                            "weights": [round(x, 6) for x in lats.weights]}}
+    if lats.own_nodes is not None:  # the energy's: each GPU's own raise
+        record["latency_quadrature"].update({"own_nodes_ms": [round(x, 4) for x in lats.own_nodes],
+                                             "own_weights": [round(x, 6) for x in lats.own_weights]})
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
