@@ -247,7 +247,7 @@ def measure_bench(dev, bench, min_seconds: float) -> dict:
 
 
 def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple[dict, "object"]:
-    """(section result, calibration table at this clock: emo.stages.calibrate's BENCH_COLUMNS)."""
+    """(section result, calibration table at this clock: emo.model.bench.BENCH_COLUMNS)."""
     import pandas as pd
 
     from emo.device import COUNTERS, cuda_launch
@@ -479,8 +479,8 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     from emo.graph import Graph
     from emo.model.predict import pack_tables, predict
     from emo.stages import graph as graph_stage, pack as pack_stage
-    from emo.stages.fit import fit_time
-    from emo.stages.profile import profile_first_occurrences
+    from emo.model.levels import fit_time
+    from emo.model.profiling import profile_first_occurrences
     from emo.trace import read_trace
 
     cost = {}

@@ -19,12 +19,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from emo.methods import ONLINE
 from emo.paths import PACKAGE_PARENT, ROOT  # the pipeline's files; where the package's sources are
-from emo.stages import STAGES  # what each stage reads and what it follows: the stages own it
+from emo.stages import STAGES, declaration  # what each stage reads and writes: the stages own it
 
-# Files a stage reads beyond its inputs (relative to ROOT): the microbenchmarks' sources and registry.
-STAGE_FILES: dict[str, tuple[str, ...]] = {"calibrate": ("microbench",)}
 SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".yaml"}
 MODULE_NAME = re.compile(r"emo(\.[A-Za-z_]\w*)+(:\w+)?")  # "emo.device.sim:SimDevice"
 # The stage runner (emo/stages/__init__.py) is hashed but its imports (tracking, logging) are not
@@ -248,9 +245,9 @@ def imported_modules(root: str) -> list[str]:
 @functools.cache
 def code_digest(stage: str) -> str:
     """Digest of the code of `stage`: the source of every module emo.stages.<stage> imports and the
-    files it reads (STAGE_FILES), so a code change re-runs exactly the stages that run that code."""
+    repository files it declares (Stage.code), so a code change re-runs exactly the stages that run that code."""
     files = [module_file(m) for m in imported_modules(f"emo.stages.{stage}")]
-    for rel in STAGE_FILES.get(stage, ()):
+    for rel in declaration(stage).code if stage in STAGES else ():
         p = ROOT / rel
         files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES) if p.is_dir() else [p]
     h = hashlib.sha256()
@@ -278,14 +275,6 @@ def content_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def read_files(stage: str, cfg: dict) -> dict[str, str]:
-    """Files outside results/ that `stage` reads, by config key: the recorded trace of workload.path."""
-    wl = cfg.get("workload", {})
-    if stage == "trace" and wl.get("kind") == "recorded":
-        return {"workload.path": str(wl["path"])}
-    return {}
-
-
 @dataclass(frozen=True)
 class StagePlan:
     stage: str
@@ -307,18 +296,19 @@ class StagePlan:
 
 
 def plan(cfg: dict) -> dict[str, StagePlan]:
-    """The folder of every stage for this configuration."""
+    """The folder of every stage for this configuration: each stage's hash covers what its
+    declaration (emo.stages.Stage) names: its config sections, its upstream stages' hashes, its
+    code, and the content of the outside files it reads."""
     results = Path(cfg["results"])
     plans: dict[str, StagePlan] = {}
-    for stage, (keys, upstream) in STAGES.items():
-        if stage == "validate" and cfg["optimizer"]["name"] in ONLINE:
-            upstream = ()  # an online method brings no policy: optimize's code and inputs are not its own
+    for stage in STAGES:
+        decl = declaration(stage)
         covers = {
-            "config": {k: cfg[k] for k in keys},
-            "inputs": {u: plans[u].hash for u in upstream},
+            "config": decl.seen(cfg),
+            "inputs": {u: plans[u].hash for u in decl.upstream(cfg)},
             "code": code_digest(stage),
         }
-        files = read_files(stage, cfg)
+        files = decl.outside_for(cfg)
         if files:
             covers["files"] = {key: content_digest(path) for key, path in files.items()}
         digest = hashlib.sha256(json.dumps(covers, sort_keys=True).encode()).hexdigest()[:12]

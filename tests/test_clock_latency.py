@@ -85,7 +85,7 @@ def test_nvml_rejects_unsupported_clock_and_bad_poll(nvml_device):
 # --------------------------------------------------------------------------- calibrate
 from emo.model.calibration import latency_summary  # noqa: E402
 from emo.plan import compose, plan  # noqa: E402
-from emo.stages import calibrate as cal  # noqa: E402
+from emo.model import bench as cal  # noqa: E402
 from emo.stages import optimize as opt_stage  # noqa: E402
 from emo.stages import run_in_place  # noqa: E402
 
@@ -148,7 +148,7 @@ def _fake_calibrate(monkeypatch, dev):
     bench = pd.DataFrame({"bench": ["idle"], "sm_mhz": [1410], "repeat": [0], "time_s": [1.0], "energy_j": [1.0]})
     monkeypatch.setattr(cal, "calibrate", lambda *a: (bench, {"benchmarks": 1, "gpu": "a100", "gpu_model": "fake",
                                                               "driver": "x"}))
-    monkeypatch.setattr(cal, "open_device", lambda gpu: dev)
+    monkeypatch.setattr("emo.device.backends.open_device", lambda gpu: dev)
 
 
 def test_calibrate_stores_the_measured_distribution(monkeypatch, tmp_path, caplog):
@@ -201,7 +201,7 @@ def _calibration(tmp_path, monkeypatch, up_ms, down_ms, name):
 def _optimize(tmp_path, monkeypatch, calibration, overrides=(), name="opt"):
     import json
 
-    monkeypatch.setattr(opt_stage, "load_pack_tables", lambda *a: _tables())
+    monkeypatch.setattr("emo.model.predict.load_pack_tables", lambda *a: _tables())
     cfg = compose(["optimizer.change_points=grid", "budget=0", *overrides])
     inputs = {"packs": tmp_path / "packs.parquet", "model": tmp_path / "model.parquet"}
     if calibration is not None:

@@ -103,7 +103,7 @@ class _Dev:
 
 
 def test_calibrate_states_its_cost_and_reports_progress(caplog):
-    from emo.stages.calibrate import calibrate
+    from emo.model.bench import calibrate
 
     with caplog.at_level(logging.INFO, logger="emo"):
         bench, m = calibrate(_Dev, ["a", "b"], 0.3, 2, 2)

@@ -73,7 +73,8 @@ def _launches(tmp: Path) -> list[str]:
 
 def test_one_launch_per_gpu_stage(job, monkeypatch):
     from emo.device.backends import open_device
-    from emo.stages import profile, run_in_place
+    from emo.model import profiling as profile
+    from emo.stages import run_in_place
 
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     wl = {**vars(CommandWorkload(command=[torchrun, "--nproc-per-node", "2", str(job / "train.py")],

@@ -11,7 +11,7 @@ import pytest
 
 from emo import plan as planmod
 from emo.plan import compose, plan
-from emo.stages import run_in_place, run_stage
+from emo.stages import declaration, run_in_place, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,7 @@ def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
     (pkg / "lib" / "named.py").write_text("x = 1\n")
     (pkg / "other" / "tracking.py").write_text("x = 1\n")
     monkeypatch.setattr(planmod, "ROOT", tmp_path)
+    monkeypatch.setattr(planmod, "PACKAGE_PARENT", tmp_path)  # where module sources are found
     assert planmod.imported_modules("emo.stages.demo") == [
         "emo", "emo.lib", "emo.lib.deep", "emo.lib.named", "emo.lib.shallow", "emo.stages", "emo.stages.demo"]
 
@@ -100,7 +101,7 @@ def test_a_stage_sees_only_the_config_its_hash_covers(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(pack_stage, "run", lambda cfg, inputs, out: seen.update(cfg) or {})
     run_in_place("pack", compose([]), {}, tmp_path)
-    assert set(seen) == set(planmod.STAGES["pack"][0]) == {"packing"}
+    assert set(seen) == set(declaration("pack").reads) == {"packing"}
 
 
 def test_a_recorded_trace_is_hashed_by_content(tmp_path):

@@ -100,7 +100,7 @@ def test_per_kernel_counters_in_a_trace_need_no_rerun(recorded, run_stage, tmp_p
     import gzip
 
     from emo.graph import Graph
-    from emo.stages.profile import first_ranges, recorded_metrics
+    from emo.model.profiling import first_ranges, recorded_metrics
 
     d, src = recorded
     o, _ = _pipeline(run_stage, d, src, "for_counters")
@@ -135,7 +135,7 @@ def test_per_kernel_counters_in_a_trace_need_no_rerun(recorded, run_stage, tmp_p
 def test_no_permission_states_the_cost_then_goes_on_without_counters(recorded, caplog):
     from emo.device import ProfilingUnavailable
     from emo.graph import Graph
-    from emo.stages.profile import profile_first_occurrences
+    from emo.model.profiling import profile_first_occurrences
 
     d, _ = recorded
 

@@ -15,7 +15,7 @@ from emo.graph.whatif import whatif
 from emo.model.predict import load_pack_tables, predict
 from emo.plan import compose, plan
 from emo.policy import FrequencyPolicy, Step
-from emo.stages import calibrate as calibrate_stage
+from emo.model import bench as calibrate_stage
 
 SMALL = ["workload.model.layers=1", "workload.model.seq=1024", "tracking.enabled=false"]
 
@@ -110,7 +110,7 @@ def test_fit_reproduces_the_measured_iterations(chain):
 
 
 def test_time_level_scales_each_slowdown_from_the_default_clock(chain):
-    from emo.stages.fit import with_time_level
+    from emo.model.levels import with_time_level
 
     _, d, _ = chain
     model = pd.read_parquet(d / "fit/model.parquet")
@@ -171,7 +171,7 @@ def test_hashes_calibrate_per_gpu_pack_per_delta():
 
 
 def test_a_slowdown_within_the_measurement_noise_sets_no_time_level():
-    from emo.stages.fit import resolved
+    from emo.model.levels import resolved
 
     base = {"iteration_time_s": 0.100, "iteration_time_sd_s": 0.0005, "iterations": 25}  # standard error 0.1 ms
     assert resolved({"iteration_time_s": 0.102, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)
@@ -184,7 +184,7 @@ def test_energy_levels_are_fitted_per_gpu_and_recover_the_levels_that_made_the_m
     GPU and measured clock when every measurement names each GPU's energy, one per clock otherwise."""
     from emo.model.predict import pack_tables
     from emo.policy import policy_device_ids
-    from emo.stages.fit import energy_levels, with_levels
+    from emo.model.levels import energy_levels, with_levels
 
     cfg, d, _ = chain
     graph, packs = Graph.load(d / "pack"), pd.read_parquet(d / "pack/packs.parquet")

@@ -8,7 +8,7 @@ import pytest
 from emo.plan import compose
 from emo.policy import FrequencyPolicy
 from emo.stages import validate
-from emo.stages.validate import pareto_clocks, prediction_errors, savings
+from emo.validate import pareto_clocks, prediction_errors, savings
 
 SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "tracking.enabled=false"]
 
@@ -73,7 +73,7 @@ def test_static_is_the_best_measured_clock_within_budget_plus_tolerance(tmp_path
 def test_best_measured_clock_and_the_budget_edge():
     import pandas as pd
 
-    from emo.stages.validate import bracket_clocks, best_measured_clock
+    from emo.validate import bracket_clocks, best_measured_clock
 
     curve = pd.DataFrame({"sm_mhz": [900, 1200, 1410], "time_s": [1.5, 1.1, 1.0], "energy_j": [60.0, 70.0, 90.0]})
     assert bracket_clocks(list(range(705, 1411, 15)), curve, 1.12, 705) == list(range(915, 1200, 15))

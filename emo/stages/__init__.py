@@ -1,4 +1,11 @@
-"""Pipeline stages: one module per Snakemake rule, each with `run(cfg, inputs, out) -> metrics`.
+"""Pipeline stages: one module per Snakemake rule, each with `STAGE = Stage(...)` (what it reads and
+writes) and `run(cfg, inputs, out) -> metrics`.
+
+The declaration is the stage's contract, written once: the folder hash (emo.plan), the Snakemake
+rules' inputs and outputs (workflow/rules/common.smk) and the in-process chaining (run_in_place) are
+derived from it, and run_in_place holds the stage to it: the stage is handed its config sections
+only, its inputs as links in a folder that holds nothing else, and reading an undeclared file in an
+upstream folder or beside a declared outside file fails (an audit hook, emo.stages.guard).
 
 `run_stage` is what every workflow script calls: it builds the stage folder in a hidden temporary
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
@@ -12,6 +19,7 @@ signal stopped it) with the line as a tag.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -19,35 +27,117 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from emo.io import write_json
 
 log = logging.getLogger("emo")
 
-# stage -> (config sections it reads, upstream stages). A stage is handed exactly these sections
-# (run_in_place), so it cannot read a key its hash does not cover; its code is whatever
-# emo.stages.<stage> imports (emo.plan.code_digest), and the files it reads are hashed by content (emo.plan.read_files).
-STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "trace": (("gpu", "workload", "trace"), ()),
-    "graph": ((), ("trace",)),
-    "calibrate": (("gpu", "model"), ()),
-    "pack": (("packing",), ("trace", "graph")),
-    "profile": (("gpu", "workload", "trace", "model"), ("trace", "pack")),
-    "fit": (("gpu",), ("calibrate", "trace", "pack", "profile")),
-    "optimize": (("gpu", "optimizer", "budget"), ("pack", "fit", "calibrate")),  # calibrate: the clock latency
-    "validate": (("gpu", "workload", "optimizer", "budget", "validate"), ("optimize",)),
-}
+
+@dataclass(frozen=True)
+class Stage:
+    """What a stage reads and writes.
+
+    reads    the config sections it is handed (its hash covers them);
+    inputs   name -> (upstream stage, file in its folder), or a function of the config sections
+             giving that (validate: an online method brings no policy);
+    outputs  the files it always writes into its folder (config.json and metrics.json come with
+             every stage); a name ending in "/" is a folder;
+    outside  a function of the config sections: name -> a path outside results/ it reads (a
+             recorded trace and its sidecars), hashed by content (emo.plan.content_digest);
+    code     paths under the repository its code reads (the microbenchmarks' sources), hashed
+             with its code (emo.plan.code_digest).
+    """
+    reads: tuple[str, ...] = ()
+    inputs: Mapping[str, tuple[str, str]] | Callable[[dict], Mapping[str, tuple[str, str]]] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    outside: Callable[[dict], Mapping[str, str]] | None = None
+    code: tuple[str, ...] = ()
+
+    def seen(self, cfg: dict) -> dict:
+        """The config sections this stage reads (all it is handed; all the functions below see)."""
+        return {k: cfg[k] for k in self.reads}
+
+    def inputs_for(self, cfg: dict) -> dict[str, tuple[str, str]]:
+        return dict(self.inputs(self.seen(cfg)) if callable(self.inputs) else self.inputs)
+
+    def outside_for(self, cfg: dict) -> dict[str, str]:
+        return {k: str(v) for k, v in self.outside(self.seen(cfg)).items()} if self.outside else {}
+
+    def upstream(self, cfg: dict) -> tuple[str, ...]:
+        """The stages whose folders it reads, in the order its inputs name them."""
+        return tuple(dict.fromkeys(up for up, _ in self.inputs_for(cfg).values()))
+
+
+# the pipeline's stages in an order where each follows those it reads (emo.stages.<name>.STAGE)
+STAGES: tuple[str, ...] = ("trace", "graph", "calibrate", "pack", "profile", "fit", "optimize", "validate")
+
+
+@functools.cache
+def declaration(stage: str) -> Stage:
+    """emo.stages.<stage>.STAGE (a stage module imports its libraries inside run(): declarations are cheap)."""
+    if stage not in STAGES:
+        raise ValueError(f"{stage}: not a stage (one of {', '.join(STAGES)})")
+    return importlib.import_module(f"emo.stages.{stage}").STAGE
 
 
 def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
     """`stage`'s computation alone, writing straight into `out` (no temporary folder, config.json,
-    metrics or tracking): for tests and benchmarks that chain stages in-process. The stage is handed
-    only the config sections its hash covers (STAGES), so it cannot depend on another."""
+    metrics or tracking): what run_stage runs, and what tests and benchmarks chain in-process.
+
+    The stage is handed only the config sections its hash covers, and its declared inputs as links
+    in a folder of their own: a declared input left out of `inputs` is found beside a given one of
+    the same upstream stage; an undeclared one is an error. While it runs, opening an undeclared
+    file in an upstream folder or beside a declared outside file fails (emo.stages.guard)."""
+    from emo.stages import guard
+
+    decl = declaration(stage)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    seen = {k: cfg[k] for k in STAGES[stage][0]}
-    return importlib.import_module(f"emo.stages.{stage}").run(seen, {k: Path(v) for k, v in inputs.items()}, out) or {}
+    wanted = decl.inputs_for(cfg)
+    extra = sorted(set(inputs) - set(wanted))
+    if extra:
+        raise ValueError(f"{stage}: {', '.join(extra)}: not an input emo.stages.{stage}.STAGE declares "
+                         f"({', '.join(wanted) or 'none'})")
+    given = {k: Path(v).absolute() for k, v in inputs.items()}
+    folders = {wanted[k][0]: p.parent for k, p in given.items()}  # each upstream stage's folder
+    with tempfile.TemporaryDirectory(prefix=f"emo-{stage}-inputs-") as tmp:
+        view = Path(tmp)
+        handed = {}
+        for name, (up, file) in wanted.items():
+            target = given.get(name, folders[up] / file if up in folders else None)
+            if target is None:
+                continue
+            link = view / up / file
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target)
+            handed[name] = link
+        try:
+            with guard.only(stage, folders.values(), decl.outside_for(cfg).values(), out):
+                return importlib.import_module(f"emo.stages.{stage}").run(decl.seen(cfg), handed, out) or {}
+        except BaseException as e:  # its message names the upstream files, not their links
+            _rename(e, {str(view / up): str(folder) for up, folder in folders.items()})
+            if isinstance(e, FileNotFoundError) and e.filename and Path(e.filename).exists():
+                raise guard.undeclared(stage, e.filename) from e  # there, but not declared: not in the view
+            raise
+
+
+def _rename(e: BaseException, paths: dict[str, str]) -> None:
+    """Replace `paths` (old -> new) in the strings an exception shows."""
+    def new(text):
+        if not isinstance(text, str):
+            return text
+        for old, real in paths.items():
+            text = text.replace(old, real)
+        return text
+
+    e.args = tuple(new(a) for a in e.args)
+    if isinstance(e, OSError) and e.filename is not None:  # setting None would change what it shows
+        e.filename = new(e.filename)
+    if isinstance(e, OSError) and e.filename2 is not None:
+        e.filename2 = new(e.filename2)
 
 
 def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> dict:

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
+from emo.stages import Stage
 
-from emo.graph import build_graph, summary
-from emo.io import write_json
+STAGE = Stage(inputs={"events": ("trace", "events.parquet")}, outputs=("nodes.parquet", "edges.parquet", "summary.json"))
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
+    import pandas as pd
+
+    from emo.graph import build_graph, summary
+    from emo.io import write_json
+
     graph = build_graph(pd.read_parquet(inputs["events"]))
     graph.save(out)
     s = summary(graph)

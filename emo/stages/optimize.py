@@ -14,12 +14,18 @@ import json
 import logging
 from pathlib import Path
 
-from emo.io import write_json
-from emo.model.predict import load_pack_tables, predict
-from emo.optimize import solve
-from emo.optimize.pipeline.check import planning_latencies
+from emo.stages import Stage
 
 log = logging.getLogger("emo")
+
+STAGE = Stage(reads=("gpu", "optimizer", "budget"),
+              inputs={"packs": ("pack", "packs.parquet"), "nodes": ("pack", "nodes.parquet"),
+                      "edges": ("pack", "edges.parquet"), "iterations": ("pack", "iterations.parquet"),
+                      "model": ("fit", "model.parquet"),
+                      "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
+                      "calibration": ("calibrate", "calibration.json")},  # the measured clock-request latency
+              outputs=("policy.json", "summary.json"))
+
 
 
 def _read(path: Path | None) -> dict:
@@ -45,6 +51,11 @@ def iteration_sd(path: Path | None) -> float | None:
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
+    from emo.io import write_json
+    from emo.model.predict import load_pack_tables, predict
+    from emo.optimize import solve
+    from emo.optimize.pipeline.check import planning_latencies
+
     opt = cfg["optimizer"]
     where = inputs.get("calibration", "calibration")
     measured = clock_latency(inputs.get("calibration"))

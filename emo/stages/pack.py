@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from emo.stages import Stage
 
-from emo.graph import Graph
-from emo.io import write_parquet
-from emo.pack import members_of, pack
-from emo.pack.iterations import iteration_anchors
+STAGE = Stage(reads=("packing",),
+              inputs={"nodes": ("graph", "nodes.parquet"), "edges": ("graph", "edges.parquet"),
+                      "events": ("trace", "events.parquet")},
+              outputs=("packs.parquet", "nodes.parquet", "edges.parquet", "node_map.parquet", "iterations.parquet"))
+
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
+    import numpy as np
+    import pandas as pd
+
+    from emo.graph import Graph
+    from emo.io import write_parquet
+    from emo.pack import members_of, pack
+    from emo.pack.iterations import iteration_anchors
+
     graph = Graph.load(inputs["nodes"].parent)
     events = pd.read_parquet(inputs["events"])
     pg = pack(graph, float(cfg["packing"]["delta_max_ms"]))
@@ -36,5 +44,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
 
 
 def _node_map(pg):
+    import numpy as np
+    import pandas as pd
+
     return pd.DataFrame({"node": np.arange(len(pg.node_map), dtype=np.int64), "pack_node": pg.node_map,
                          "pack": pg.pack_of})

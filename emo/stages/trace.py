@@ -12,15 +12,20 @@ import logging
 import shutil
 from pathlib import Path
 
-from emo.device.backends import open_device
-from emo.io import write_json, write_parquet
-from emo.trace import read_trace
-from emo.trace.read import TRACE_SUFFIXES
+from emo.stages import Stage
 
 log = logging.getLogger("emo")
 
+STAGE = Stage(reads=("gpu", "workload", "trace"), outputs=("events.parquet", "measured.json"),
+              outside=lambda cfg: {"workload.path": cfg["workload"]["path"]} if cfg["workload"]["kind"] == "recorded" else {})
+
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
+    from emo.device.backends import open_device
+    from emo.io import write_json, write_parquet
+    from emo.trace import read_trace
+    from emo.trace.read import TRACE_SUFFIXES
+
     wl = cfg["workload"]
     kineto = out / "kineto"
     kineto.mkdir()
@@ -66,6 +71,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
 def recorded_files(src: Path) -> list[Path]:
     """The trace files a recorded `workload.path` names: the file itself, or the folder's regular
     *.json / *.json.gz files whose real path stays inside the folder."""
+    from emo.trace.read import TRACE_SUFFIXES
+
     if not src.is_dir():
         return [src]
     root = src.resolve()

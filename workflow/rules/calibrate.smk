@@ -1,10 +1,11 @@
 rule calibrate:
     # a sweep's long pole (every fit waits on it): start it before the jobs that do not need it
     priority: 10
+    input:
+        unpack(stage_inputs("calibrate")),
+        outside_files("calibrate"),
     output:
-        bench=out("calibrate", "bench.parquet"),
-        calibration=out("calibrate", "calibration.json"),
-        config=out("calibrate", "config.json"),
+        **stage_outputs("calibrate"),
     params:
         emo=params("calibrate"),
     log:

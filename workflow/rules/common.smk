@@ -7,11 +7,6 @@ def out(stage, name):
     return str(SWEEP.results / stage / "{hash}" / name)
 
 
-def up(stage, upstream, name):
-    """Input function: file `name` of the `upstream` folder that this `stage` folder is computed from."""
-    return lambda w: SWEEP.upstream(stage, w.hash, upstream, name)
-
-
 def params(stage):
     return lambda w: SWEEP.plan(stage, w.hash).params
 
@@ -30,21 +25,34 @@ def gpu_model(stage):
     return lambda w: SWEEP.job(stage, w.hash).cfg["gpu"]["name"]
 
 
-# validate: offline methods (emo, static, the ablations) bring optimize's policy; online baselines tune while it runs
-from emo.methods import ONLINE
+# Each rule's inputs and outputs come from its stage's declaration (emo/stages/<stage>.py: STAGE),
+# as its folder's hash and the in-process chaining do: a stage's contract is written once.
+from emo.stages import declaration
 
 
-def validate_inputs(w):
-    job = SWEEP.job("validate", w.hash)
-    return {} if job.cfg["optimizer"]["name"] in ONLINE else {"policy": job.plans["optimize"].out("policy.json")}
+def stage_inputs(stage):
+    """Input function: the upstream files `stage` declares (Stage.inputs), named as the stage reads
+    them, in the folders the job that planned this {hash} computed them in."""
+
+    def inputs(w):
+        job = SWEEP.job(stage, w.hash)
+        return {name: job.plans[up].out(file) for name, (up, file) in declaration(stage).inputs_for(job.cfg).items()}
+
+    return inputs
 
 
-def read_files(stage):
-    """Input function: the files outside results/ that `stage` reads (emo.plan.read_files: a recorded
-    workload.path), declared so Snakemake sees them too; their content is in the stage's hash."""
-    from emo.plan import read_files as files
+def outside_files(stage):
+    """Input function: the files outside results/ `stage` declares (Stage.outside: a recorded trace,
+    its sidecars), so Snakemake sees them too; their content is in the stage's hash."""
+    return lambda w: list(declaration(stage).outside_for(SWEEP.job(stage, w.hash).cfg).values())
 
-    return lambda w: {key.replace(".", "_"): path for key, path in files(stage, SWEEP.job(stage, w.hash).cfg).items()}
+
+def stage_outputs(stage):
+    """The files `stage` declares it writes (Stage.outputs, a folder as directory()), named by their
+    stem, and config.json, written last, which a later run trusts the folder by."""
+    files = {f.rstrip("/").split(".")[0]: (directory(out(stage, f.rstrip("/"))) if f.endswith("/") else out(stage, f))
+             for f in declaration(stage).outputs}
+    return {**files, "config": out(stage, "config.json")}
 
 
 def share_of_cores(wildcards):

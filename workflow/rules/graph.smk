@@ -1,11 +1,9 @@
 rule graph:
     input:
-        events=up("graph", "trace", "events.parquet"),
+        unpack(stage_inputs("graph")),
+        outside_files("graph"),
     output:
-        nodes=out("graph", "nodes.parquet"),
-        edges=out("graph", "edges.parquet"),
-        summary=out("graph", "summary.json"),
-        config=out("graph", "config.json"),
+        **stage_outputs("graph"),
     params:
         emo=params("graph"),
     log:

@@ -1,14 +1,9 @@
 rule pack:
     input:
-        nodes=up("pack", "graph", "nodes.parquet"),
-        edges=up("pack", "graph", "edges.parquet"),
-        events=up("pack", "trace", "events.parquet"),
+        unpack(stage_inputs("pack")),
+        outside_files("pack"),
     output:
-        packs=out("pack", "packs.parquet"),
-        nodes=out("pack", "nodes.parquet"),
-        edges=out("pack", "edges.parquet"),
-        iterations=out("pack", "iterations.parquet"),
-        config=out("pack", "config.json"),
+        **stage_outputs("pack"),
     params:
         emo=params("pack"),
     log:

@@ -1,13 +1,9 @@
 rule profile:
     input:
-        packs=up("profile", "pack", "packs.parquet"),
-        events=up("profile", "trace", "events.parquet"),
-        measured=up("profile", "trace", "measured.json"),
-        graph_nodes=up("profile", "graph", "nodes.parquet"),
+        unpack(stage_inputs("profile")),
+        outside_files("profile"),
     output:
-        metrics=out("profile", "metrics.parquet"),
-        baseline=out("profile", "baseline.json"),
-        config=out("profile", "config.json"),
+        **stage_outputs("profile"),
     params:
         emo=params("profile"),
     log:

@@ -1,10 +1,9 @@
 rule trace:
     input:
-        unpack(read_files("trace")),  # a recorded workload.path
+        unpack(stage_inputs("trace")),
+        outside_files("trace"),
     output:
-        events=out("trace", "events.parquet"),
-        measured=out("trace", "measured.json"),
-        config=out("trace", "config.json"),
+        **stage_outputs("trace"),
     params:
         emo=params("trace"),
     log:

@@ -2,10 +2,10 @@
 # bring optimize's policy; online baselines (zeus, geepafs) tune while validate runs them.
 rule validate:
     input:
-        unpack(validate_inputs),
+        unpack(stage_inputs("validate")),
+        outside_files("validate"),
     output:
-        result=out("validate", "result.json"),
-        config=out("validate", "config.json"),
+        **stage_outputs("validate"),
     params:
         emo=params("validate"),
     log:

@@ -1,0 +1,210 @@
+"""The validation protocol: measure what a method saves. Run the workload at the max clock and under the method on
+the device, both for `validate.iterations` (>= 5) iterations after warm-up (more when needed to span
+`validate.min_seconds`, so the energy counter resolves the run), and compare the energy counter and
+the time per iteration:
+
+    ES = (E_ori - E_opt) / E_ori        PL = (T_opt - T_ori) / T_ori
+
+Offline methods (emo, static, perseus) come with a policy (optimize's policy.json), applied as is;
+the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs)
+run their control loop against the device here (emo.baselines); their steady state is measured the
+same way and their search cost is reported as overhead. For optimizer=static the stage also measures
+a few static clocks: the energy-time curve `emo compare` plots the methods against; every supported
+clock between the lowest point that keeps the budget (PL <= budget + PL_TOLERANCE_PCT, the table's
+rule) and the next one down is measured too, and static's result is a fresh run at the clock of the
+least measured energy that keeps it (the model's pick is one candidate): the best measured single
+clock, not the model's.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from emo.baselines import ONLINE, run_online
+from emo.device import RunResult, run_segments
+from emo.methods import PL_TOLERANCE_PCT
+from emo.policy import FrequencyPolicy
+from emo.progress import progress
+
+MIN_ITERATIONS = 5
+log = logging.getLogger("emo")
+
+
+def per_iteration(run: RunResult) -> tuple[float, float]:
+    """(time_s, energy_j) of one iteration, energy summed over the job's GPUs."""
+    if run.iterations <= 0 or run.time_s <= 0:
+        raise ValueError(f"validate: a run measured no time ({run.iterations} iterations, {run.time_s} s)")
+    return run.time_s / run.iterations, run.energy_j / run.iterations
+
+
+def savings(t_ori: float, e_ori: float, t_opt: float, e_opt: float) -> dict[str, float]:
+    """ES and PL in percent."""
+    return {"es_pct": 100.0 * (e_ori - e_opt) / e_ori, "pl_pct": 100.0 * (t_opt - t_ori) / t_ori}
+
+
+def prediction_errors(policy: FrequencyPolicy, t_opt: float, e_opt: float, t_ori: float, e_ori: float) -> dict[str, float]:
+    """Absolute percentage error of the policy's predicted iteration time and energy, and the ES/PL
+    it predicted, when the policy carries its predicted max-clock baseline (meta)."""
+    out: dict[str, float] = {}
+    if policy.predicted_time_s:
+        out["time_error_pct"] = 100.0 * abs(policy.predicted_time_s - t_opt) / t_opt
+    if policy.predicted_energy_j:
+        out["energy_error_pct"] = 100.0 * abs(policy.predicted_energy_j - e_opt) / e_opt
+    bt, be = policy.meta.get("baseline_time_s"), policy.meta.get("baseline_energy_j")
+    if bt and be and policy.predicted_time_s and policy.predicted_energy_j:
+        pred = savings(bt, be, policy.predicted_time_s, policy.predicted_energy_j)
+        out["es_pred_pct"], out["pl_pred_pct"] = pred["es_pct"], pred["pl_pct"]
+        out["baseline_time_error_pct"] = 100.0 * abs(bt - t_ori) / t_ori
+        out["baseline_energy_error_pct"] = 100.0 * abs(be - e_ori) / e_ori
+    return out
+
+
+def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> list[int]:
+    """`points` supported clocks spread evenly from min_fraction * max to the max."""
+    clocks = np.asarray(sorted(supported))
+    lo = clocks[clocks >= min_fraction * clocks[-1]]
+    idx = np.unique(np.round(np.linspace(0, len(lo) - 1, max(points, 2))).astype(int))
+    return [int(c) for c in lo[idx]]
+
+
+def measure_static_curve(device: Any, workload: Any, devices: list[int], clocks: list[int],
+                         iterations: int, warmup: int) -> pd.DataFrame:
+    """Time and energy per iteration at each static clock, all in one launch of the program."""
+    runs = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
+    with progress(1, f"validate: {len(clocks)} static clocks") as bar:
+        results = run_segments(device, workload, runs, warmup=warmup)
+        bar.update()
+    rows = [{"sm_mhz": f, "time_s": per_iteration(r)[0], "energy_j": per_iteration(r)[1]} for f, r in zip(clocks, results)]
+    return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
+
+
+def bracket_clocks(supported: list[int], curve: pd.DataFrame, limit_s: float, floor_mhz: float) -> list[int]:
+    """The supported clocks (>= floor) not yet on the curve between its lowest clock that keeps
+    `limit_s` and the next measured clock below it (or the floor): where the budget's edge lies."""
+    fit = curve.loc[curve["time_s"] <= limit_s, "sm_mhz"]
+    if fit.empty:
+        return []
+    top = int(fit.min())
+    below = curve.loc[curve["sm_mhz"] < top, "sm_mhz"]
+    bottom = int(below.max()) if len(below) else floor_mhz - 1
+    return [int(c) for c in sorted(supported) if bottom < c < top and c >= floor_mhz and c not in set(curve["sm_mhz"])]
+
+
+def best_measured_clock(curve: pd.DataFrame, limit_s: float) -> int | None:
+    """The clock of the least measured energy among those whose measured time keeps `limit_s`."""
+    fit = curve[curve["time_s"] <= limit_s]
+    return None if fit.empty else int(fit.sort_values(["energy_j", "sm_mhz"]).iloc[0]["sm_mhz"])
+
+
+def iteration_estimate_s(policy: FrequencyPolicy | None) -> float | None:
+    """The max-clock iteration time a policy was planned on (its predicted baseline, else its period)."""
+    if policy is None:
+        return None
+    t = policy.meta.get("baseline_time_s") or (policy.period_ms / 1000.0 if policy.period_ms else None)
+    return float(t) if t else None
+
+
+def _run_dict(run: RunResult) -> dict:
+    t, e = per_iteration(run)
+    return {"iterations": run.iterations, "time_s": run.time_s, "energy_j": run.energy_j,
+            "iteration_time_s": t, "iteration_energy_j": e,
+            "energy_per_device_j": {str(k): v for k, v in run.energy_per_device_j.items()}}
+
+
+def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -> tuple[dict, dict, pd.DataFrame | None]:
+    """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
+    measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
+    wl, vcfg, ocfg = cfg["workload"], cfg["validate"], cfg["optimizer"]
+    if wl["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
+        why = "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
+        logging.getLogger("emo").warning(why)
+        pred = {}
+        if policy_path is not None:
+            meta = FrequencyPolicy.load(policy_path)
+            base_t, base_e = meta.meta.get("baseline_time_s"), meta.meta.get("baseline_energy_j")
+            if base_t and base_e and meta.predicted_time_s and meta.predicted_energy_j:
+                pred = {"predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
+                        "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1)}
+        return {"skipped": why, "method": ocfg["name"], **pred}, {"skipped": 1, **pred}, None
+    n, warmup, method = int(vcfg["iterations"]), int(vcfg["warmup"]), ocfg["name"]
+    if n < MIN_ITERATIONS:
+        raise ValueError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")
+    policy = None
+    if method not in ONLINE:
+        if policy_path is None:
+            raise ValueError(f"validate: optimizer {method!r} needs optimize's policy.json")
+        policy = FrequencyPolicy.load(policy_path)
+    device = open_dev()
+    try:
+        device.set_policy(None)
+        # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run: from
+        # the policy's own max-clock iteration time, else (online methods) a one-iteration probe
+        est = iteration_estimate_s(policy)
+        if est is None:
+            est = device.run(wl, 1, warmup=warmup).time_s
+        n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
+        log.info("validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
+                 "about %.1f minutes plus its start-up", method, n, warmup, 2 * (n + warmup) * est / 60)
+        with progress(2, f"validate: max clock, then {method}") as bar:
+            explore = None
+            setting: dict = {}
+            if policy is not None:  # both runs in one launch of the program (emo.device.run_segments)
+                base, opt = run_segments(device, wl, [(None, n), (policy, n)], warmup=warmup)
+                bar.update()
+                devices = sorted(base.energy_per_device_j) or [0]
+                setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
+            else:
+                base = device.run(wl, n, warmup=warmup)
+                bar.update()
+                devices = sorted(base.energy_per_device_j) or [0]
+                res = run_online(method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"],
+                                 iterations=n, warmup=warmup)
+                opt, explore, setting = res.steady, res.explore, res.setting
+            bar.update()
+        curve = None
+        if method == "static" and vcfg["pareto_points"] > 0:
+            supported = device.supported_clocks()
+            clocks = pareto_clocks(supported, vcfg["pareto_points"], ocfg["min_clock_fraction"])
+            curve = measure_static_curve(device, wl, devices, clocks, n, warmup)
+            limit_s = per_iteration(base)[0] * (1 + float(cfg["budget"]) + PL_TOLERANCE_PCT / 100)
+            edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
+            if edge:
+                curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup)])
+            model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
+            candidates = curve
+            if len(model_mhz) == 1:  # the model's pick, measured above, is a candidate too
+                t_m, e_m = per_iteration(opt)
+                candidates = pd.concat([curve, pd.DataFrame([{"sm_mhz": model_mhz[0], "time_s": t_m, "energy_j": e_m}])])
+            pick = best_measured_clock(candidates, limit_s)
+            curve = curve.sort_values("sm_mhz").drop_duplicates("sm_mhz").reset_index(drop=True)
+            if pick is not None:
+                # a fresh run at the pick: its own measurement, not the least of several noisy ones
+                device.set_policy(FrequencyPolicy.static(device.name, devices, pick))
+                opt = device.run(wl, n, warmup=warmup)
+                device.set_policy(None)
+                setting.update({"static_pick": "measured", "sm_mhz": pick, "model_mhz": model_mhz,
+                                "measured_clocks": int(len(curve))})
+    finally:
+        device.close()
+
+    t_ori, e_ori = per_iteration(base)
+    t_opt, e_opt = per_iteration(opt)
+    metrics = {**savings(t_ori, e_ori, t_opt, e_opt), "t_ori_s": t_ori, "e_ori_j": e_ori, "t_opt_s": t_opt, "e_opt_j": e_opt,
+               "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg["budget"]) + PL_TOLERANCE_PCT)}
+    if policy is not None and setting.get("static_pick") != "measured":  # the model predicted its own pick only
+        metrics.update(prediction_errors(policy, t_opt, e_opt, t_ori, e_ori))
+    if explore is not None:
+        metrics.update({"explore_time_s": explore.time_s, "explore_energy_j": explore.energy_j})
+    result = {
+        "method": method, "budget": float(cfg["budget"]), "workload": wl, "gpu": cfg["gpu"]["name"],
+        "baseline": _run_dict(base), "optimized": _run_dict(opt), "metrics": metrics, "setting": setting,
+        "predicted": None if policy is None else {"time_s": policy.predicted_time_s, "energy_j": policy.predicted_energy_j,
+                                                  "baseline_time_s": policy.meta.get("baseline_time_s"),
+                                                  "baseline_energy_j": policy.meta.get("baseline_energy_j")},
+    }
+    return result, metrics, curve
