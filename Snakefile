@@ -2,11 +2,11 @@
 # Configuration is composed from conf/ with Hydra: `snakemake -c 2 --config 'overrides=["workload=pp"]'`
 # or, more simply, `emo run workload=pp`. A sweep (`emo run -m ...`) passes every job's overrides as
 # `--config 'jobs=[[...], [...]]'` and runs as this one DAG. Every stage writes results/<stage>/<hash>/,
-# the hash covering the configuration it depends on, its inputs and its code (emo/plan.py); the rules
-# are generic over that hash, and SWEEP says which job planned each folder (emo/sweep.py).
+# the hash covering the configuration it depends on, its inputs and its code (emo/workflow/plan.py); the rules
+# are generic over that hash, and SWEEP says which job planned each folder (emo/workflow/sweep.py).
 from snakemake.utils import min_version
 
-from emo import sweep
+from emo.workflow import sweep
 
 min_version("8.20")
 

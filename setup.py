@@ -2,6 +2,7 @@
 its rules and scripts, the Hydra configuration, the workflow profiles and the microbenchmarks'
 sources, which live at the top of the repository (DESIGN.md §1). They are copied into
 emo/_project at build time (emo.paths finds them there); an editable install reads them in place."""
+
 import shutil
 from pathlib import Path
 
@@ -21,8 +22,12 @@ class BuildWithProject(build_py):
         for name in PROJECT_FILES:
             src = Path(name)
             if src.is_dir():
-                shutil.copytree(src, dest / name, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake"))
+                shutil.copytree(
+                    src,
+                    dest / name,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake"),
+                )
             else:
                 shutil.copy2(src, dest / name)
 

@@ -9,6 +9,7 @@ virtual GPU (emo run ... --until fit). Budgets 0, 2 %, 5 %.
 
 Last line: `worst gap %: X` (goal <= 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from emo.optimize import make_items, optimize, solve_exact
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
 from optimize_instances import perseus_profile, pipeline_problem, random_problem
 
@@ -73,11 +75,25 @@ def virtual_instances():
 
     res = Path(tempfile.mkdtemp(prefix="emo_dp_gap_"))
     for wl in (["workload=tp", "workload.tp=2", "workload.model.layers=2"],):
-        cmd = ["emo", "run", f"results={res}", *wl, "model.clocks_stride=8", "model.min_seconds=0.2",
-               "model.repeats=1", "tracking.enabled=false", "--until", "fit", "-c", "2"]
+        cmd = [
+            "emo",
+            "run",
+            f"results={res}",
+            *wl,
+            "model.clocks_stride=8",
+            "model.min_seconds=0.2",
+            "model.repeats=1",
+            "tracking.enabled=false",
+            "--until",
+            "fit",
+            "-c",
+            "2",
+        ]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
-            print(f"(virtual instance skipped: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})")
+            print(
+                f"(virtual instance skipped: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})"
+            )
             return
         pack = Path(glob.glob(str(res / "pack" / "*" / "packs.parquet"))[0]).parent
         fit = Path(glob.glob(str(res / "fit" / "*" / "model.parquet"))[0]).parent
@@ -94,8 +110,10 @@ def main() -> int:
     ap.add_argument("--large-limit-s", type=float, default=60.0, help="HiGHS time limit on the large instances")
     a = ap.parse_args()
     budgets = [float(b) for b in a.budgets.split(",")]
-    print(f"{'instance':34s} {'nodes':>6s} {'items':>5s} {'budget':>6s} {'E_dp J':>10s} {'E_exact J':>10s} "
-          f"{'gap %':>7s} {'t_dp s':>7s} {'t_milp s':>8s}")
+    print(
+        f"{'instance':34s} {'nodes':>6s} {'items':>5s} {'budget':>6s} {'E_dp J':>10s} {'E_exact J':>10s} "
+        f"{'gap %':>7s} {'t_dp s':>7s} {'t_milp s':>8s}"
+    )
     gaps = []
     for name, p, items in instances(a.seeds, a.virtual):
         for b in budgets:
@@ -113,8 +131,10 @@ def main() -> int:
                 continue
             gap = 100.0 * (dp.energy_j - ex.energy_j) / ex.energy_j
             gaps.append(gap)
-            print(f"{name:34s} {p.n:6d} {items.k:5d} {b:6.2f} {dp.energy_j:10.3f} {ex.energy_j:10.3f} "
-                  f"{gap:7.3f} {t1 - t0:7.2f} {t2 - t1:8.2f}")
+            print(
+                f"{name:34s} {p.n:6d} {items.k:5d} {b:6.2f} {dp.energy_j:10.3f} {ex.energy_j:10.3f} "
+                f"{gap:7.3f} {t1 - t0:7.2f} {t2 - t1:8.2f}"
+            )
     bound_gaps = []
     print(f"\nlarge instances (HiGHS limited to {a.large_limit_s:.0f} s): gap to its best and to its lower bound")
     for name, p, items in large_instances():
@@ -132,8 +152,10 @@ def main() -> int:
             to_bound = 100.0 * (mine - bound) / bound
             to_best = 100.0 * (mine - ex.info["milp_objective_j"]) / ex.info["milp_objective_j"]
             bound_gaps.append(to_bound)
-            print(f"{name:34s} {p.n:6d} {items.k:5d} {b:6.2f} gap to MILP best {to_best:7.3f} %, to its bound "
-                  f"{to_bound:7.3f} % (MILP gap {100 * ex.info['milp_gap']:.3f} %)  t_dp {t1 - t0:.2f} s, t_milp {t2 - t1:.1f} s")
+            print(
+                f"{name:34s} {p.n:6d} {items.k:5d} {b:6.2f} gap to MILP best {to_best:7.3f} %, to its bound "
+                f"{to_bound:7.3f} % (MILP gap {100 * ex.info['milp_gap']:.3f} %)  t_dp {t1 - t0:.2f} s, t_milp {t2 - t1:.1f} s"
+            )
     g = np.array(gaps)
     print(f"instances x budgets: {len(g)}; mean gap {g.mean():.3f} %, gaps > 1 %: {int((g > 1).sum())}")
     if bound_gaps:

@@ -19,6 +19,7 @@ Sections (each PASS / FAIL / SKIP with its numbers):
 Exit status: 0 all checks that ran passed; 1 a check failed; 77 no NVIDIA GPU or driver here (nothing
 was checked; 77 is the conventional "skipped" status of test harnesses).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_observe import gpu_present  # noqa: E402  (one check for both modes)
+
 SKIPPED = 77
 
 TRAIN = textwrap.dedent("""
@@ -79,8 +80,13 @@ class Check:
             out = fn() or {}
             status = out.pop("_status", "PASS")
         except Exception as e:  # report and go on: one broken part must not hide the others
-            out, status = {"error": f"{type(e).__name__}: {e}",
-                           "where": traceback.format_exc(limit=-2).strip().splitlines()[-3:]}, "FAIL"
+            out, status = (
+                {
+                    "error": f"{type(e).__name__}: {e}",
+                    "where": traceback.format_exc(limit=-2).strip().splitlines()[-3:],
+                },
+                "FAIL",
+            )
         out["seconds"] = round(time.monotonic() - t, 1)
         self._record(name, status, out)
         return out if status == "PASS" else None
@@ -103,13 +109,16 @@ def nvml_reads(dev) -> dict:
     e0, t0 = dev.energy_j(0), time.perf_counter()
     time.sleep(1.0)
     e1, t1 = dev.energy_j(0), time.perf_counter()
-    return {"model": dev.model, "gpus": dev.device_count,
-            "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "sm_clocks_mhz": f"{len(clocks)} clocks, {clocks[0]}-{clocks[-1]}",
-            "sm_clock_now_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "power_limit_w": f"min {lo:g}, default {default:g}, max {hi:g}",
-            "idle_power_w": round((e1 - e0) / (t1 - t0), 1),
-            "energy_counter_j": round(e1, 1)}
+    return {
+        "model": dev.model,
+        "gpus": dev.device_count,
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "sm_clocks_mhz": f"{len(clocks)} clocks, {clocks[0]}-{clocks[-1]}",
+        "sm_clock_now_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        "power_limit_w": f"min {lo:g}, default {default:g}, max {hi:g}",
+        "idle_power_w": round((e1 - e0) / (t1 - t0), 1),
+        "energy_counter_j": round(e1, 1),
+    }
 
 
 def locked_clocks(dev) -> dict:
@@ -123,9 +132,13 @@ def locked_clocks(dev) -> dict:
     dev.set_policy(None)
     time.sleep(0.2)
     after = pynvml.nvmlDeviceGetClockInfo(dev._handles[0], pynvml.NVML_CLOCK_SM)
-    return {"via": dev.controller.via, "locked_mhz": target, "sm_clock_while_locked": seen,
-            "sm_clock_after_reset": after,
-            "_status": "PASS" if abs(seen - target) <= 30 else "FAIL"}
+    return {
+        "via": dev.controller.via,
+        "locked_mhz": target,
+        "sm_clock_while_locked": seen,
+        "sm_clock_after_reset": after,
+        "_status": "PASS" if abs(seen - target) <= 30 else "FAIL",
+    }
 
 
 def three_clocks(dev) -> list[int]:
@@ -138,8 +151,9 @@ def microbenchmarks(dev, names: list[str]) -> dict:
     for name in names:
         for mhz in three_clocks(dev):
             m = dev.run_microbenchmark(name, mhz, min_seconds=1.0)
-            out[f"{name}@{mhz}"] = (f"{m.time_s * 1e3:.3f} ms, {m.energy_j:.4f} J, "
-                                    f"{m.energy_j / m.time_s:.0f} W per launch")
+            out[f"{name}@{mhz}"] = (
+                f"{m.time_s * 1e3:.3f} ms, {m.energy_j:.4f} J, {m.energy_j / m.time_s:.0f} W per launch"
+            )
     dev.set_policy(None)
     return out
 
@@ -186,10 +200,16 @@ def traced_training_loop(dev, workdir: Path) -> dict:
     res = dev.run(wl, 3, warmup=2, trace_dir=workdir / "capture")
     ev = read_trace(workdir / "capture")
     sync = int(ev["kind"].astype(str).str.contains("sync").sum()) if "kind" in ev else 0
-    return {"trace_files": [p.name for p in res.trace_files], "iterations": res.iterations,
-            "iteration_ms": [round(t * 1e3, 2) for t in res.iteration_times_s],
-            "energy_j": round(res.energy_j, 2), "power_w": round(res.energy_j / res.time_s, 1),
-            "events": len(ev), "kernels": int((ev["kind"] == "kernel").sum()), "sync_events": sync}
+    return {
+        "trace_files": [p.name for p in res.trace_files],
+        "iterations": res.iterations,
+        "iteration_ms": [round(t * 1e3, 2) for t in res.iteration_times_s],
+        "energy_j": round(res.energy_j, 2),
+        "power_w": round(res.energy_j / res.time_s, 1),
+        "events": len(ev),
+        "kernels": int((ev["kind"] == "kernel").sum()),
+        "sync_events": sync,
+    }
 
 
 def _gpu_overrides(dev, script: Path, results: Path) -> list[str]:
@@ -197,16 +217,29 @@ def _gpu_overrides(dev, script: Path, results: Path) -> list[str]:
     stride = max(1, math.ceil(len(clocks) / 6))  # calibrate ~6 clocks: the check must fit its budget
     _, default_w, _ = dev.power_limits_w(0)
     wl = "command" if (ROOT / "conf/workload/command.yaml").exists() else "command_schema"
-    return ["gpu=h100", "gpu.backend=nvml", f"gpu.name={dev.model.split()[-1].lower()}",
-            f"gpu.clocks_mhz=[{','.join(map(str, clocks))}]", f"gpu.default_mhz={clocks[-1]}",
-            f"gpu.tdp_w={default_w:g}", f"workload={wl}",
-            f"workload.command=[{sys.executable},{script}]", "workload.wait=5", "workload.warmup=2",
-            "workload.active=3", f"model.clocks_stride={stride}", "model.min_seconds=1.0", "model.repeats=1",
-            f"results={results}", "tracking.enabled=false"]
+    return [
+        "gpu=h100",
+        "gpu.backend=nvml",
+        f"gpu.name={dev.model.split()[-1].lower()}",
+        f"gpu.clocks_mhz=[{','.join(map(str, clocks))}]",
+        f"gpu.default_mhz={clocks[-1]}",
+        f"gpu.tdp_w={default_w:g}",
+        f"workload={wl}",
+        f"workload.command=[{sys.executable},{script}]",
+        "workload.wait=5",
+        "workload.warmup=2",
+        "workload.active=3",
+        f"model.clocks_stride={stride}",
+        "model.min_seconds=1.0",
+        "model.repeats=1",
+        f"results={results}",
+        "tracking.enabled=false",
+    ]
 
 
 def pipeline(dev, workdir: Path, check: Check) -> dict:
-    from emo import plan, run as emo_run
+    from emo.workflow import plan
+    from emo.workflow import run as emo_run
 
     order = ["trace", "graph", "pack", "profile", "fit", "optimize", "validate"]
     have = [s for s in order if s in plan.STAGES]
@@ -248,8 +281,9 @@ def measure_policies(dev, policies: list[Path], script: Path, check: Check) -> d
     out = {}
     dev.set_policy(None)
     base = dev.run(wl, 5, warmup=2)
-    out["measured[max clock]"] = f"{base.time_s / base.iterations * 1e3:.2f} ms/iter, " \
-                                 f"{base.energy_j / base.iterations:.2f} J/iter"
+    out["measured[max clock]"] = (
+        f"{base.time_s / base.iterations * 1e3:.2f} ms/iter, {base.energy_j / base.iterations:.2f} J/iter"
+    )
     for p in policies:
         if check.left() < 40:
             out[f"measured[{p.parent.name}]"] = "skipped: time budget"
@@ -264,10 +298,13 @@ def measure_policies(dev, policies: list[Path], script: Path, check: Check) -> d
         pe = pol.predicted_energy_j
         out[f"measured[{name}]"] = (
             f"{t_it * 1e3:.2f} ms/iter ({(t_it / (base.time_s / base.iterations) - 1) * 100:+.1f} % time), "
-            f"{e_it:.2f} J/iter ({(1 - e_it / (base.energy_j / base.iterations)) * 100:.1f} % energy saved)")
+            f"{e_it:.2f} J/iter ({(1 - e_it / (base.energy_j / base.iterations)) * 100:.1f} % energy saved)"
+        )
         if pt and pe:
-            out[f"predicted[{name}]"] = (f"{pt * 1e3:.2f} ms/iter (error {(pt / t_it - 1) * 100:+.1f} %), "
-                                         f"{pe:.2f} J/iter (error {(pe / e_it - 1) * 100:+.1f} %)")
+            out[f"predicted[{name}]"] = (
+                f"{pt * 1e3:.2f} ms/iter (error {(pt / t_it - 1) * 100:+.1f} %), "
+                f"{pe:.2f} J/iter (error {(pe / e_it - 1) * 100:+.1f} %)"
+            )
     return out
 
 
@@ -297,15 +334,21 @@ def main(argv: list[str] | None = None) -> int:
         check.run("1. NVML reads", lambda: nvml_reads(dev))
         can_lock = check.run("2. locked SM clocks", lambda: locked_clocks(dev)) is not None
         if can_lock:
-            check.run("3. microbenchmarks at three clocks",
-                      lambda: microbenchmarks(dev, ["fp32_fma_high", "dram_read_high"]), need_s=30)
+            check.run(
+                "3. microbenchmarks at three clocks",
+                lambda: microbenchmarks(dev, ["fp32_fma_high", "dram_read_high"]),
+                need_s=30,
+            )
         else:
             check._record("3. microbenchmarks at three clocks", "SKIP", {"reason": "clocks cannot be locked"})
         check.run("4. CUPTI tracer / ncu range replay", lambda: cupti_and_ncu(dev), need_s=20)
         check.run("5. traced PyTorch training loop", lambda: traced_training_loop(dev, workdir), need_s=40)
         if args.skip_pipeline or not can_lock:
-            check._record("6. pipeline and policies", "SKIP",
-                          {"reason": "--skip-pipeline" if args.skip_pipeline else "clocks cannot be locked"})
+            check._record(
+                "6. pipeline and policies",
+                "SKIP",
+                {"reason": "--skip-pipeline" if args.skip_pipeline else "clocks cannot be locked"},
+            )
         else:
             check.run("6. pipeline and policies", lambda: pipeline(dev, workdir, check), need_s=90)
     finally:
@@ -313,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(check.results, indent=2, default=str))
     failed = [k for k, v in check.results.items() if v["status"] == "FAIL"]
-    print(f"\ngpu_check: {len(check.results) - len(failed)} of {len(check.results)} sections passed or skipped"
-          f"{'; FAILED: ' + ', '.join(failed) if failed else ''} ({time.monotonic() - check.t0:.0f} s)")
+    print(
+        f"\ngpu_check: {len(check.results) - len(failed)} of {len(check.results)} sections passed or skipped"
+        f"{'; FAILED: ' + ', '.join(failed) if failed else ''} ({time.monotonic() - check.t0:.0f} s)"
+    )
     return 1 if failed else 0
 
 

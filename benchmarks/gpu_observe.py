@@ -24,6 +24,7 @@ gpu.yaml, energy_counter.csv, microbench.csv, ncu_bench.txt, training.json, appl
 
 Exit status: 0 every section passed; 1 one failed; 77 no NVIDIA GPU here (nothing was run).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,9 +68,11 @@ class ReadOnlyNvml(types.ModuleType):
 
     def __getattr__(self, name):
         if PRIVILEGED.match(name):
+
             def refuse(*args, **kwargs):
                 self.refused.append(name)
                 raise ObserveViolation(f"observe-only check: {name} refused (it would change the GPU)")
+
             return refuse
         return getattr(self._real, name)
 
@@ -104,8 +107,13 @@ class Sections:
         try:
             out, status = fn() or {}, "PASS"
         except Exception as e:  # one broken section must not hide the others
-            out, status = {"error": f"{type(e).__name__}: {e}",
-                           "where": traceback.format_exc(limit=-3).strip().splitlines()[-4:]}, "FAIL"
+            out, status = (
+                {
+                    "error": f"{type(e).__name__}: {e}",
+                    "where": traceback.format_exc(limit=-3).strip().splitlines()[-4:],
+                },
+                "FAIL",
+            )
         out = dict(out) if isinstance(out, dict) else {"value": out}
         out["cost_s"] = round(time.monotonic() - t, 1)
         return self.record(name, status, out)
@@ -132,11 +140,16 @@ def discovery(dev, out: Path) -> dict:
     (out / "gpu.yaml").write_text(gpu_config_yaml(cfg))
     nv, h = dev.nvml, dev._handles[0]
     lo, default, hi = dev.power_limits_w(0)
-    return {"model": dev.model, "driver": dev.driver, "gpus": dev.device_count,
-            "sm_clocks_mhz": f"{len(cfg['clocks_mhz'])} clocks, {cfg['clocks_mhz'][0]}-{cfg['clocks_mhz'][-1]}",
-            "default_mhz": cfg["default_mhz"], "memory_mhz": cfg["memory_mhz"],
-            "sm_clock_now_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-            "power_limit_w": {"min": lo, "default": default, "max": hi}}
+    return {
+        "model": dev.model,
+        "driver": dev.driver,
+        "gpus": dev.device_count,
+        "sm_clocks_mhz": f"{len(cfg['clocks_mhz'])} clocks, {cfg['clocks_mhz'][0]}-{cfg['clocks_mhz'][-1]}",
+        "default_mhz": cfg["default_mhz"],
+        "memory_mhz": cfg["memory_mhz"],
+        "sm_clock_now_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+        "power_limit_w": {"min": lo, "default": default, "max": hi},
+    }
 
 
 def energy_counter(dev, busy, out: Path, seconds: float | None = None) -> dict:
@@ -154,8 +167,9 @@ def energy_counter(dev, busy, out: Path, seconds: float | None = None) -> dict:
     # the reads at which the value changed (and the one before each): every update, a small file
     keep = [i for i in range(1, len(samples)) if samples[i][1] != samples[i - 1][1]]
     rows_kept = sorted({j for i in keep for j in (i - 1, i)})
-    (out / "energy_counter.csv").write_text("t_s,energy_j\n" + "".join(
-        f"{samples[i][0]:.6f},{samples[i][1]:.3f}\n" for i in rows_kept))
+    (out / "energy_counter.csv").write_text(
+        "t_s,energy_j\n" + "".join(f"{samples[i][0]:.6f},{samples[i][1]:.3f}\n" for i in rows_kept)
+    )
     return rows
 
 
@@ -168,17 +182,24 @@ def energy_updates(samples: list[tuple[float, float]]) -> dict:
     e = np.array([s[1] for s in samples])
     change = np.flatnonzero(np.diff(e) != 0) + 1
     if len(change) < 3:
-        raise ValueError(f"the energy counter changed {len(change)} times in {len(samples)} reads over "
-                         f"{t[-1] - t[0]:.2f} s: no update period to measure")
+        raise ValueError(
+            f"the energy counter changed {len(change)} times in {len(samples)} reads over "
+            f"{t[-1] - t[0]:.2f} s: no update period to measure"
+        )
     period = np.diff(t[change])[1:] * 1e3
     step = np.diff(e[change])[1:] * 1e3
-    return {"reads": len(samples), "read_cost_us": round(float(np.diff(t).mean()) * 1e6, 2),
-            "updates": int(len(change)),
-            "update_period_ms": {"p10": round(float(np.percentile(period, 10)), 3),
-                                 "median": round(float(np.median(period)), 3),
-                                 "p90": round(float(np.percentile(period, 90)), 3)},
-            "smallest_step_mj": round(float(step[step > 0].min()), 3) if (step > 0).any() else None,
-            "power_w": round(float((e[change[-1]] - e[change[0]]) / (t[change[-1]] - t[change[0]])), 1)}
+    return {
+        "reads": len(samples),
+        "read_cost_us": round(float(np.diff(t).mean()) * 1e6, 2),
+        "updates": int(len(change)),
+        "update_period_ms": {
+            "p10": round(float(np.percentile(period, 10)), 3),
+            "median": round(float(np.median(period)), 3),
+            "p90": round(float(np.percentile(period, 90)), 3),
+        },
+        "smallest_step_mj": round(float(step[step > 0].min()), 3) if (step > 0).any() else None,
+        "power_w": round(float((e[change[-1]] - e[change[0]]) / (t[change[-1]] - t[change[0]])), 1),
+    }
 
 
 def torch_busy(seconds: float):
@@ -242,11 +263,16 @@ def measure_bench(dev, bench, min_seconds: float) -> dict:
     mhz = sm_clock(dev)
     bench.ctx.synchronize()
     t1, e1 = time.perf_counter(), dev.energy_j(0)
-    return {"sm_mhz": mhz, "launches": n, "time_s": (t1 - t0) / n, "energy_j": (e1 - e0) / n,
-            "power_w": (e1 - e0) / (t1 - t0)}
+    return {
+        "sm_mhz": mhz,
+        "launches": n,
+        "time_s": (t1 - t0) / n,
+        "energy_j": (e1 - e0) / n,
+        "power_w": (e1 - e0) / (t1 - t0),
+    }
 
 
-def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple[dict, "object"]:
+def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple[dict, object]:
     """(section result, calibration table at this clock: emo.model.bench.BENCH_COLUMNS)."""
     import pandas as pd
 
@@ -259,37 +285,64 @@ def microbenchmarks(dev, names: list[str], out: Path, ncu: str = "ncu") -> tuple
         t = time.perf_counter()
         b = cuda_launch.microbenchmark(name, 0)
         compiled = time.perf_counter() - t
-        rows.append({"bench": name, "stresses": reg[name]["stresses"][0], "compile_s": round(compiled, 2),
-                     **measure_bench(dev, b, MIN_BENCH_S), "cost_s": round(time.perf_counter() - t, 2)})
+        rows.append(
+            {
+                "bench": name,
+                "stresses": reg[name]["stresses"][0],
+                "compile_s": round(compiled, 2),
+                **measure_bench(dev, b, MIN_BENCH_S),
+                "cost_s": round(time.perf_counter() - t, 2),
+            }
+        )
     arch = "sm_{}{}".format(*b.ctx.cc)
     counters, note = bench_counters(names, ncu, out)
     table = pd.DataFrame(rows)
     for i, c in enumerate(counters):
         for k, v in c.items():
             table.loc[i, k] = v
-    for claim, metric in UNIT_METRICS.items():
+    for _claim, metric in UNIT_METRICS.items():
         if metric not in table:
             table[metric] = float("nan")
-    table["claimed_unit_pct"] = [row.get(UNIT_METRICS[unit_of(row["stresses"])], float("nan"))
-                                 if row["stresses"] != "idle" else float("nan") for row in table.to_dict("records")]
+    table["claimed_unit_pct"] = [
+        row.get(UNIT_METRICS[unit_of(row["stresses"])], float("nan")) if row["stresses"] != "idle" else float("nan")
+        for row in table.to_dict("records")
+    ]
     util = table[[UNIT_METRICS[u] for u in UNIT_METRICS]]
-    table["busiest_unit"] = [max(UNIT_METRICS, key=lambda u: -1 if math.isnan(r[UNIT_METRICS[u]]) else r[UNIT_METRICS[u]])
-                             if not util.iloc[i].isna().all() else "" for i, r in enumerate(table.to_dict("records"))]
+    table["busiest_unit"] = [
+        max(UNIT_METRICS, key=lambda u: -1 if math.isnan(r[UNIT_METRICS[u]]) else r[UNIT_METRICS[u]])
+        if not util.iloc[i].isna().all()
+        else ""
+        for i, r in enumerate(table.to_dict("records"))
+    ]
     table.to_csv(out / "microbench.csv", index=False)
     # the model's calibration at one clock: the clock the GPU ran most benchmarks at (each row keeps
     # the clock it was read at in microbench.csv)
     mhz = int(table["sm_mhz"].mode().iloc[0])
     cols = {c: table[c] if c in table else float("nan") for c in COUNTERS}
-    bench = pd.DataFrame({"bench": table["bench"], "sm_mhz": mhz, "repeat": 0, "time_s": table["time_s"],
-                          "energy_j": table["energy_j"], **cols})
+    bench = pd.DataFrame(
+        {
+            "bench": table["bench"],
+            "sm_mhz": mhz,
+            "repeat": 0,
+            "time_s": table["time_s"],
+            "energy_j": table["energy_j"],
+            **cols,
+        }
+    )
     stressed = table[table["stresses"] != "idle"]
     agree = stressed.apply(lambda r: unit_of(r["stresses"]) == r["busiest_unit"], axis=1)
-    res = {"arch": arch, "benchmarks": len(rows), "sm_mhz_seen": sorted(set(int(r["sm_mhz"]) for r in rows)),
-           "counters": note,
-           "busiest_unit_is_the_claimed_one": f"{int(agree.sum())} of {len(stressed)}",
-           "per_benchmark": {r["bench"]: f"{r['time_s'] * 1e3:.3f} ms, {r['energy_j'] * 1e3:.1f} mJ, {r['power_w']:.0f} W, "
-                             f"{r['stresses']} {r['claimed_unit_pct']:.0f} % (busiest: {r['busiest_unit'] or '?'})"
-                             for r in table.to_dict("records")}}
+    res = {
+        "arch": arch,
+        "benchmarks": len(rows),
+        "sm_mhz_seen": sorted(set(int(r["sm_mhz"]) for r in rows)),
+        "counters": note,
+        "busiest_unit_is_the_claimed_one": f"{int(agree.sum())} of {len(stressed)}",
+        "per_benchmark": {
+            r["bench"]: f"{r['time_s'] * 1e3:.3f} ms, {r['energy_j'] * 1e3:.1f} mJ, {r['power_w']:.0f} W, "
+            f"{r['stresses']} {r['claimed_unit_pct']:.0f} % (busiest: {r['busiest_unit'] or '?'})"
+            for r in table.to_dict("records")
+        },
+    }
     return res, bench
 
 
@@ -311,12 +364,14 @@ def bench_counters(names: list[str], ncu: str, out_dir: Path | None = None) -> t
     missing = sorted(({m for ms in nv.NCU_METRICS.values() for m in ms} | set(extra)) - set(asked))
     if out_dir is not None:  # what ncu said, for the record (its progress lines, the first CSV rows)
         (out_dir / "ncu_bench.txt").write_text("\n".join(text.splitlines()[:120]) + "\n")
-    return out, {"how": f"ncu kernel replay, {nv.parse_ncu_passes(text)} passes, {cost:.1f} s",
-                 "metrics_this_gpu_lacks": missing or "none"}
+    return out, {
+        "how": f"ncu kernel replay, {nv.parse_ncu_passes(text)} passes, {cost:.1f} s",
+        "metrics_this_gpu_lacks": missing or "none",
+    }
 
 
 # --------------------------------------------------------------------------- 3. a training step
-TRAIN = textwrap.dedent('''
+TRAIN = textwrap.dedent("""
     # A small GPT-style training loop for EMO's observe-only GPU check (benchmarks/gpu_observe.py).
     # Traced under emo.capture (iteration markers from the optimizer step), or, with EMO_CHECK_MEASURE,
     # run untraced for >= EMO_CHECK_SECONDS with NVML energy read around the iterations and the
@@ -434,7 +489,7 @@ TRAIN = textwrap.dedent('''
                    "appliers": {k: {"marks": a.marks, "requests": [[t, d, m] for t, d, m in a.log],
                                     "errors": [str(e) for e in a.errors], "lead_ms": a.lead_ms}
                                 for k, a in (("host", on_host), ("gpu", on_gpu))}}, f)
-''')
+""")
 
 
 def record_policy(gpu: str, clocks: list[int], period_ms: float, lead_ms: float = 5.0):
@@ -444,8 +499,13 @@ def record_policy(gpu: str, clocks: list[int], period_ms: float, lead_ms: float 
 
     hi, mid = clocks[-1], clocks[len(clocks) // 2]
     steps = [Step(0.0, hi), Step(0.3 * period_ms, mid), Step(0.7 * period_ms, hi)]
-    return FrequencyPolicy(gpu=gpu, steps={0: steps}, period_ms=period_ms, lead_ms=lead_ms,
-                           meta={"purpose": "record mode of the observe-only check; never applied"})
+    return FrequencyPolicy(
+        gpu=gpu,
+        steps={0: steps},
+        period_ms=period_ms,
+        lead_ms=lead_ms,
+        meta={"purpose": "record mode of the observe-only check; never applied"},
+    )
 
 
 def issue_jitter(policy, marks: list[float], requests: list) -> list[dict]:
@@ -477,10 +537,11 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     import pandas as pd
 
     from emo.graph import Graph
-    from emo.model.predict import pack_tables, predict
-    from emo.stages import graph as graph_stage, pack as pack_stage
     from emo.model.levels import fit_time
+    from emo.model.predict import pack_tables, predict
     from emo.model.profiling import profile_first_occurrences
+    from emo.stages import graph as graph_stage
+    from emo.stages import pack as pack_stage
     from emo.trace import read_trace
 
     cost = {}
@@ -496,8 +557,11 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     pdir.mkdir(exist_ok=True)
     graph_stage.run({}, {"events": work / "events.parquet"}, gdir)
     summary = json.loads((gdir / "summary.json").read_text())
-    pack_stage.run({"packing": {"delta_max_ms": delta_max_ms}},
-                   {"nodes": gdir / "nodes.parquet", "events": work / "events.parquet"}, pdir)
+    pack_stage.run(
+        {"packing": {"delta_max_ms": delta_max_ms}},
+        {"nodes": gdir / "nodes.parquet", "events": work / "events.parquet"},
+        pdir,
+    )
     packs = pd.read_parquet(pdir / "packs.parquet")
     anchors = pd.read_parquet(pdir / "iterations.parquet")
     graph = Graph.load(gdir)
@@ -518,19 +582,25 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     cp_s = summary["critical_path_us"] * 1e-6 / iters
     kernels = int((events["kind"] == "kernel").sum()) if "kind" in events else 0
     return {
-        "traced_iterations": len(measured), "measured_iteration_ms": round(float(measured.mean()) * 1e3, 3),
+        "traced_iterations": len(measured),
+        "measured_iteration_ms": round(float(measured.mean()) * 1e3, 3),
         "measured_iteration_sd_ms": round(float(measured.std()) * 1e3, 3),
-        "kernels_traced": kernels, "kernel_busy_ms_per_iteration": round(busy_ms, 3),
+        "kernels_traced": kernels,
+        "kernel_busy_ms_per_iteration": round(busy_ms, 3),
         "traced_iteration_energy_j": None if traced_j is None else round(traced_j, 4),
         "energy_vs_traced_window_pct": None if not traced_j else round((pred.energy_j / traced_j - 1) * 100, 2),
         "time_vs_traced_window_pct": round((pred.time_s / float(measured.mean()) - 1) * 100, 2),
-        "graph_nodes": summary["nodes"], "graph_edges": summary["edges"],
+        "graph_nodes": summary["nodes"],
+        "graph_edges": summary["edges"],
         "critical_path_ms_per_iteration": round(cp_s * 1e3, 3),
         "critical_path_vs_measured_pct": round((cp_s / float(measured.mean()) - 1) * 100, 2),
-        "replay_error_us": summary["replay_error_us"], "breakdown_us": summary["breakdown_us"],
+        "replay_error_us": summary["replay_error_us"],
+        "breakdown_us": summary["breakdown_us"],
         "slack_us": summary["slack_us"],
-        "packs": len(packs), "signatures": int(packs["signature"].nunique()),
-        "profiled_signatures": int(len(metrics)), "counter_source": sorted(set(metrics["source"])),
+        "packs": len(packs),
+        "signatures": int(packs["signature"].nunique()),
+        "profiled_signatures": int(len(metrics)),
+        "counter_source": sorted(set(metrics["source"])),
         "kernels_profiled": int(metrics["kernels"].sum()),
         "profile_passes": int(metrics["passes"].max()) if len(metrics) else 0,
         "predicted_iteration_ms": round(pred.time_s * 1e3, 3),
@@ -555,8 +625,14 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
     script.write_text(TRAIN)
     os.environ["EMO_CHECK_BENCHMARKS"] = str(Path(__file__).resolve().parent)
     os.environ["EMO_CHECK_ITERATIONS"] = "20"
-    wl = {"kind": "command", "command": [sys.executable, str(script)], "nproc": 1, "wait": 5, "warmup": 2,
-          "active": 12}  # a plain dict: emo.config (OmegaConf) is not on the GPU box
+    wl = {
+        "kind": "command",
+        "command": [sys.executable, str(script)],
+        "nproc": 1,
+        "wait": 5,
+        "warmup": 2,
+        "active": 12,
+    }  # a plain dict: emo.config (OmegaConf) is not on the GPU box
     mhz = int(bench["sm_mhz"].median())
     try:
         res = analyze_training(dev, wl, bench, work, default_mhz=mhz)
@@ -566,8 +642,13 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
     t = time.monotonic()
     policy = record_policy(dev.name, dev.supported_clocks(), res["measured_iteration_ms"])
     policy.save(work / "record_policy.json")
-    env = dict(os.environ, EMO_CHECK_MEASURE=str(work / "measure.json"), EMO_CHECK_SECONDS=str(MEASURE_S),
-               EMO_CHECK_POLICY=str(work / "record_policy.json"), EMO_CHECK_UNTRACED_PERIOD="1")
+    env = dict(
+        os.environ,
+        EMO_CHECK_MEASURE=str(work / "measure.json"),
+        EMO_CHECK_SECONDS=str(MEASURE_S),
+        EMO_CHECK_POLICY=str(work / "record_policy.json"),
+        EMO_CHECK_UNTRACED_PERIOD="1",
+    )
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"measured run exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
@@ -582,8 +663,12 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
         j = issue_jitter(policy, a["marks"], a["requests"])
         rows += [{"marker": kind, **r} for r in j]
         res[f"applier_record_mode_{kind}_marker"] = jitter_summary(j, a, planned=2 * m["iterations"])
-    (out / "applier.csv").write_text("marker,planned_s,actual_s,late_ms,sm_mhz\n" + "".join(
-        f"{r['marker']},{r['planned_s']:.6f},{r['actual_s']:.6f},{r['late_ms']:.4f},{r['sm_mhz']}\n" for r in rows))
+    (out / "applier.csv").write_text(
+        "marker,planned_s,actual_s,late_ms,sm_mhz\n"
+        + "".join(
+            f"{r['marker']},{r['planned_s']:.6f},{r['actual_s']:.6f},{r['late_ms']:.4f},{r['sm_mhz']}\n" for r in rows
+        )
+    )
     res["cost_s"]["measure_s"] = round(time.monotonic() - t, 1)
     res.update(measured_window(it_s, it_j, m, res))
     (out / "training.json").write_text(json.dumps(res, indent=2, default=str))
@@ -591,11 +676,15 @@ def training(dev, bench, out: Path, work: Path, log, ncu_timeout_s: float = 240)
 
 
 def measured_window(it_s: float, it_j: float, m: dict, res: dict) -> dict:
-    return {"untraced_iterations": m["iterations"], "untraced_seconds": round(m["time_s"], 2),
-            "untraced_iteration_ms": round(it_s * 1e3, 3), "untraced_iteration_energy_j": round(it_j, 4),
-            "untraced_power_w": round(m["energy_j"] / m["time_s"], 1),
-            "time_prediction_error_pct": round((res["predicted_iteration_ms"] / (it_s * 1e3) - 1) * 100, 2),
-            "energy_prediction_error_pct": round((res["predicted_iteration_energy_j"] / it_j - 1) * 100, 2)}
+    return {
+        "untraced_iterations": m["iterations"],
+        "untraced_seconds": round(m["time_s"], 2),
+        "untraced_iteration_ms": round(it_s * 1e3, 3),
+        "untraced_iteration_energy_j": round(it_j, 4),
+        "untraced_power_w": round(m["energy_j"] / m["time_s"], 1),
+        "time_prediction_error_pct": round((res["predicted_iteration_ms"] / (it_s * 1e3) - 1) * 100, 2),
+        "energy_prediction_error_pct": round((res["predicted_iteration_energy_j"] / it_j - 1) * 100, 2),
+    }
 
 
 def jitter_summary(rows: list[dict], a: dict, planned: int | None = None) -> dict:
@@ -603,10 +692,21 @@ def jitter_summary(rows: list[dict], a: dict, planned: int | None = None) -> dic
     import numpy as np
 
     late = np.array([r["late_ms"] for r in rows]) if rows else np.zeros(0)
-    return {"requests": len(a["requests"]), "planned": planned, "matched": len(rows), "errors": a["errors"],
-            "late_ms": {"p50": round(float(np.percentile(late, 50)), 4), "p90": round(float(np.percentile(late, 90)), 4),
-                        "p99": round(float(np.percentile(late, 99)), 4), "max": round(float(late.max()), 4)}
-            if len(late) else None, "lead_ms": a["lead_ms"]}
+    return {
+        "requests": len(a["requests"]),
+        "planned": planned,
+        "matched": len(rows),
+        "errors": a["errors"],
+        "late_ms": {
+            "p50": round(float(np.percentile(late, 50)), 4),
+            "p90": round(float(np.percentile(late, 90)), 4),
+            "p99": round(float(np.percentile(late, 99)), 4),
+            "max": round(float(late.max()), 4),
+        }
+        if len(late)
+        else None,
+        "lead_ms": a["lead_ms"],
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -624,8 +724,9 @@ def gpu_present() -> str | None:
     return None if n > 0 else "NVML reports 0 GPUs"
 
 
-def main(out: str, budget_s: float = 420.0, *, busy=torch_busy, names: list[str] | None = None,
-         ncu: str = "ncu") -> int:
+def main(
+    out: str, budget_s: float = 420.0, *, busy=torch_busy, names: list[str] | None = None, ncu: str = "ncu"
+) -> int:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     guarded = guard_nvml()
@@ -655,22 +756,30 @@ def main(out: str, budget_s: float = 420.0, *, busy=torch_busy, names: list[str]
         def bench():
             res, box["bench"] = microbenchmarks(dev, names or benchmark_names(), out_dir, ncu)
             return res
+
         s.run("2. microbenchmarks at the current clock", bench, need_s=60)
         if "bench" in box:
-            s.run("3. GPT training step: trace, graph, packs, counters, prediction vs NVML",
-                  lambda: training(dev, box["bench"], out_dir, work, log), need_s=120)
+            s.run(
+                "3. GPT training step: trace, graph, packs, counters, prediction vs NVML",
+                lambda: training(dev, box["bench"], out_dir, work, log),
+                need_s=120,
+            )
         else:
-            s.record("3. GPT training step: trace, graph, packs, counters, prediction vs NVML", "SKIP",
-                     {"reason": "no microbenchmark table (section 2 did not pass)"})
+            s.record(
+                "3. GPT training step: trace, graph, packs, counters, prediction vs NVML",
+                "SKIP",
+                {"reason": "no microbenchmark table (section 2 did not pass)"},
+            )
     finally:
         dev.close()
         shutil.rmtree(work, ignore_errors=True)  # the traces and the GPT script: what matters is in OUT
-    s.results["observe_only"] = {"privileged_nvml_calls_refused": list(guarded.refused),
-                                 "ncu_clock_control": "none"}
+    s.results["observe_only"] = {"privileged_nvml_calls_refused": list(guarded.refused), "ncu_clock_control": "none"}
     (out_dir / "summary.json").write_text(json.dumps(s.results, indent=2, default=str))
     failed = [k for k, v in s.results.items() if v.get("status") == "FAIL"]
-    log(f"\ngpu_check --observe: {len(s.results) - 1 - len(failed)} of {len(s.results) - 1} sections passed or "
+    log(
+        f"\ngpu_check --observe: {len(s.results) - 1 - len(failed)} of {len(s.results) - 1} sections passed or "
         f"skipped{'; FAILED: ' + ', '.join(failed) if failed else ''}; {len(guarded.refused)} privileged NVML "
-        f"calls refused ({time.monotonic() - s.t0:.0f} s); results in {out_dir}")
+        f"calls refused ({time.monotonic() - s.t0:.0f} s); results in {out_dir}"
+    )
     logf.close()
     return 1 if failed or guarded.refused else 0

@@ -21,6 +21,7 @@ the largest single-file trace both finished).
 Usage: python benchmarks/graph_vs_hta.py [--sizes 1000,10000,100000,500000] [--ranks-events 500000]
        [--hta-timeout 1800] [--repeat 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,9 @@ def hta_python() -> Path:
 
 def peak_rss_mb() -> float:
     """This process's peak resident set plus its largest child's (Linux reports KiB)."""
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    return (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    ) / 1024
 
 
 def span_of(events: list[dict]) -> float:
@@ -70,8 +72,13 @@ def tile(events: list[dict], copies: int, span: float | None = None) -> list[dic
     xs = [e for e in events if e.get("ph") in ("X", "s", "f")]
     meta = [e for e in events if e.get("ph") == "M"]
     span = span or span_of(events)
-    corr_max = max([e.get("args", {}).get("correlation", 0) for e in xs] + [e.get("id", 0) for e in xs
-                                                                               if isinstance(e.get("id"), int)]) + 1
+    corr_max = (
+        max(
+            [e.get("args", {}).get("correlation", 0) for e in xs]
+            + [e.get("id", 0) for e in xs if isinstance(e.get("id"), int)]
+        )
+        + 1
+    )
     ext_max = max(e.get("args", {}).get("External id", 0) for e in xs) + 1
     out = list(meta)
     for i in range(copies):
@@ -116,8 +123,12 @@ def emo_run(path: str, mode: str, rate: bool) -> dict:
         g = build_graph(events)
         c = compile_graph(g)
         r = whatif(c)
-        out = {"total_s": time.perf_counter() - t, "read_s": t_read, "nodes": len(g.nodes),
-               "replay_error_ns": int(r.replay_error_ns)}
+        out = {
+            "total_s": time.perf_counter() - t,
+            "read_s": t_read,
+            "nodes": len(g.nodes),
+            "replay_error_ns": int(r.replay_error_ns),
+        }
         if rate:
             out["whatif_nodes_per_s"] = whatif_rate(c)
     out["rss_mb"] = peak_rss_mb()
@@ -127,8 +138,12 @@ def emo_run(path: str, mode: str, rate: bool) -> dict:
 def emo_time(path: Path, mode: str, repeat: int, rate: bool = False) -> dict:
     runs = []
     for _ in range(repeat):
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--emo-run", mode, str(path)]
-                           + (["--rate"] if rate else []), capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--emo-run", mode, str(path)]
+            + (["--rate"] if rate else []),
+            capture_output=True,
+            text=True,
+        )
         if p.returncode != 0:
             raise SystemExit(f"EMO failed on {path}: {p.stderr.strip().splitlines()[-1:]}")
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
@@ -141,8 +156,12 @@ def hta_time(py: Path, folder: Path, timeout: float, repeat: int) -> dict | None
     runs = []
     for _ in range(repeat):
         try:
-            p = subprocess.run([str(py), str(HERE / "hta_runner.py"), str(folder), "0", "", "0"],
-                               capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(
+                [str(py), str(HERE / "hta_runner.py"), str(folder), "0", "", "0"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return None
         if p.returncode != 0:
@@ -165,9 +184,11 @@ def whatif_rate(compiled, repeats: int = 20) -> float:
     return compiled.n * repeats / (time.perf_counter() - t)
 
 
-HEADER = (f"{'events':>9} {'nodes':>8} {'EMO s':>7} {'EMO MB':>7} {'HTA s':>7} {'HTA MB':>7} {'HTA/EMO':>7}  "
-          f"{'EMO read':>8} {'EMO g+cp':>8} {'HTA read':>8} {'HTA g+cp':>8}  {'EMO hta-c s':>11} {'MB':>6} {'HTA/hta-c':>9}"
-          f"  {'path s':>7} {'HTA/path':>8}")
+HEADER = (
+    f"{'events':>9} {'nodes':>8} {'EMO s':>7} {'EMO MB':>7} {'HTA s':>7} {'HTA MB':>7} {'HTA/EMO':>7}  "
+    f"{'EMO read':>8} {'EMO g+cp':>8} {'HTA read':>8} {'HTA g+cp':>8}  {'EMO hta-c s':>11} {'MB':>6} {'HTA/hta-c':>9}"
+    f"  {'path s':>7} {'HTA/path':>8}"
+)
 
 
 def row(n_ev: int, emo: dict, hc: dict, h: dict | None) -> str:
@@ -175,10 +196,12 @@ def row(n_ev: int, emo: dict, hc: dict, h: dict | None) -> str:
     if h is None:
         return head + f"{'timeout':>7}"
     hta_s = h["parse_s"] + h["cp_s"]
-    return (head + f"{hta_s:>7.2f} {h['rss_mb']:>7.0f} {hta_s / emo['total_s']:>7.1f}  "
-            f"{emo['read_s']:>8.3f} {emo['total_s'] - emo['read_s']:>8.3f} {h['parse_s']:>8.2f} {h['cp_s']:>8.2f}  "
-            f"{hc['total_s']:>11.3f} {hc['rss_mb']:>6.0f} {hta_s / hc['total_s']:>9.1f}"
-            f"  {hc['path_s']:>7.3f} {hta_s / hc['path_s']:>8.1f}")
+    return (
+        head + f"{hta_s:>7.2f} {h['rss_mb']:>7.0f} {hta_s / emo['total_s']:>7.1f}  "
+        f"{emo['read_s']:>8.3f} {emo['total_s'] - emo['read_s']:>8.3f} {h['parse_s']:>8.2f} {h['cp_s']:>8.2f}  "
+        f"{hc['total_s']:>11.3f} {hc['rss_mb']:>6.0f} {hta_s / hc['total_s']:>9.1f}"
+        f"  {hc['path_s']:>7.3f} {hta_s / hc['path_s']:>8.1f}"
+    )
 
 
 def write_trace(path: Path, base: dict, events: list[dict]) -> None:
@@ -213,8 +236,11 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / "trace"
             folder.mkdir()
-            evs = tile(base["traceEvents"], max(1, round(size / n_base))) if size >= n_base else \
-                _head(base["traceEvents"], size)
+            evs = (
+                tile(base["traceEvents"], max(1, round(size / n_base)))
+                if size >= n_base
+                else _head(base["traceEvents"], size)
+            )
             path = folder / "rank0.json"
             write_trace(path, base, evs)
             del evs

@@ -3,6 +3,7 @@
 Runs inside HTA's own virtual environment (HTA 0.5.0 needs pandas<3), so it imports nothing
 from emo. Usage: python hta_runner.py TRACE_DIR RANK [ANNOTATION INSTANCE]
 (an empty ANNOTATION means the whole trace)."""
+
 import json
 import logging
 import resource
@@ -33,15 +34,27 @@ def main() -> None:
     if bd is not None:
         for k, v in bd.groupby("type")["duration"].sum().items():
             by_type[str(k)] = int(v)
-    print(json.dumps({
-        "ok": bool(ok), "cp_us": int(cp), "path_nodes": len(graph.critical_path_nodes),
-        "graph_nodes": graph.number_of_nodes(), "graph_edges": graph.number_of_edges(),
-        "import_s": t_import - t0, "parse_s": t_parse - t_import, "cp_s": t_cp - t_parse,
-        "breakdown_us": by_type,
-        # peak resident set (MB) of this process plus its largest child (HTA parses ranks in a pool)
-        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                   + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024,
-    }))
+    print(
+        json.dumps(
+            {
+                "ok": bool(ok),
+                "cp_us": int(cp),
+                "path_nodes": len(graph.critical_path_nodes),
+                "graph_nodes": graph.number_of_nodes(),
+                "graph_edges": graph.number_of_edges(),
+                "import_s": t_import - t0,
+                "parse_s": t_parse - t_import,
+                "cp_s": t_cp - t_parse,
+                "breakdown_us": by_type,
+                # peak resident set (MB) of this process plus its largest child (HTA parses ranks in a pool)
+                "rss_mb": (
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                    + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                )
+                / 1024,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ running power over the time plus the mix's work energy, and with an idle row and
 the idle row's power). It isolates the power law from the time model: a simulator whose power were
 exactly running power x time + linear work energy would give ~0 here. Rows without an idle row: n/a.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,27 +63,38 @@ def main() -> None:
     ap.add_argument("--by-clock", action="store_true")
     ap.add_argument("--pairs", action="store_true")
     args = ap.parse_args()
-    print("| GPU, counters | EMO | EMO --select | EMO, whole-curve anchor | mean curve | plain anchored NNLS | EMO E given true T |\n"
-          "|---|---|---|---|---|---|---|")
+    print(
+        "| GPU, counters | EMO | EMO --select | EMO, whole-curve anchor | mean curve | plain anchored NNLS | EMO E given true T |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for gpu in args.gpus.split(","):
         for form in ("dcgm", "ncu"):
             bench, targets = sim_tables(gpu=gpu, form=form, step=args.step)
             for idle in (True, False):
                 b = bench if idle else bench[bench["name"] != "idle"]
                 names = set(b["name"])
-                pairs = [(n, n[:-4] + "_high") for n in sorted(names)
-                         if args.pairs and n.endswith("_low") and n[:-4] + "_high" in names]
+                pairs = [
+                    (n, n[:-4] + "_high")
+                    for n in sorted(names)
+                    if args.pairs and n.endswith("_low") and n[:-4] + "_high" in names
+                ]
                 res = fit_predict(b, targets, counters=form, pairs=pairs)
                 r = res.scores
                 chosen = fit_predict(b, targets, counters=form, pairs=pairs, select=True).scores["emo"]
                 whole = fit_predict(b, targets, counters=form, pairs=pairs, form=Form(anchor="curve"))
                 gt = f"{energy_given_time(res, b):.2f}" if idle else "n/a"
                 label = f"{NAMES[gpu]}, {'DCGM' if form == 'dcgm' else 'ncu'} form" + ("" if idle else ", no idle row")
-                print(f"| {label} | {cell(r['emo'])} | {cell(chosen)} | {cell(whole.scores['emo'])} | "
-                      f"{cell(r['mean_curve'])} | {cell(r['nnls'])} | {gt} |", flush=True)
+                print(
+                    f"| {label} | {cell(r['emo'])} | {cell(chosen)} | {cell(whole.scores['emo'])} | "
+                    f"{cell(r['mean_curve'])} | {cell(r['nnls'])} | {gt} |",
+                    flush=True,
+                )
                 if args.by_clock:
-                    print(f"  energy MAPE % by clock: emo {by_clock(res, 'emo')}\n  whole-curve {by_clock(whole, 'emo')}\n"
-                          f"  mean curve {by_clock(res, 'mean_curve')}", flush=True)
+                    print(
+                        f"  energy MAPE % by clock: emo {by_clock(res, 'emo')}\n  whole-curve {by_clock(whole, 'emo')}\n"
+                        f"  mean curve {by_clock(res, 'mean_curve')}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

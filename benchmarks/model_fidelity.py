@@ -41,6 +41,7 @@ Last lines: `per-pack MAPE %: T (time) E (energy); max T / E` (the worst single 
 the means), `worst MAPE %: X` and `optimized plans: mean |dES| X points, bias Y points over N
 clock-changing plans`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,12 @@ from pathlib import Path
 import numpy as np
 
 WORKLOADS = {
-    "tp2": ["workload=tp", "workload.tp=2"], "tp4": ["workload=tp", "workload.tp=4"],
-    "tp8": ["workload=tp", "workload.tp=8"], "pp2": ["workload=pp", "workload.pp=2"],
-    "pp4": ["workload=pp", "workload.pp=4"], "pp8": ["workload=pp", "workload.pp=8"],
+    "tp2": ["workload=tp", "workload.tp=2"],
+    "tp4": ["workload=tp", "workload.tp=4"],
+    "tp8": ["workload=tp", "workload.tp=8"],
+    "pp2": ["workload=pp", "workload.pp=2"],
+    "pp4": ["workload=pp", "workload.pp=4"],
+    "pp8": ["workload=pp", "workload.pp=8"],
     "offload": ["workload=offload"],
 }
 GPUS = ("a100", "h100", "rtx3080ti")
@@ -68,7 +72,7 @@ def stage(name, cfg, inputs, out: Path) -> dict:
 
 
 def calibrate(gpu: str, root: Path, quick: bool, extra: tuple = ()) -> Path:
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
     out = root / f"calibrate-{gpu}"
     if not (out / "bench.parquet").exists():
@@ -86,7 +90,7 @@ def measure(device, workload, policy, iterations: int) -> tuple[float, float]:
     return (sim.t_end - sim.t_start) * 1e-9 / iterations, e / iterations
 
 
-def random_policy(gpu: str, devices: int, clocks: list[int], period_ms: float, rng) -> "FrequencyPolicy":
+def random_policy(gpu: str, devices: int, clocks: list[int], period_ms: float, rng) -> FrequencyPolicy:  # noqa: F821
     from emo.policy import FrequencyPolicy, Step
 
     fmax = max(clocks)
@@ -129,14 +133,20 @@ def pack_errors(device, workload, packs, ranges, model, clocks: list[int]) -> di
             # given the true time: the model's energy with its time replaced by the simulator's
             t_g = t_m[i0_m] * d / d[i0_d]
             e_g0 = m.idle_power_w[i0_m] * t_g[i0_d] + m.dynamic_energy_j[r][i0_m]
-            err_g += [100 * (((m.idle_power_w[i] * t_g[j] + m.dynamic_energy_j[r][i]) / e_g0) / (e[j] / e[i0_d]) - 1)
-                      for i, j in zip(cols, at)]
+            err_g += [
+                100 * (((m.idle_power_w[i] * t_g[j] + m.dynamic_energy_j[r][i]) / e_g0) / (e[j] / e[i0_d]) - 1)
+                for i, j in zip(cols, at)
+            ]
     a_t, a_e = np.abs(err_t), np.abs(err_e)
-    return {"pack_t": float(a_t.mean()) if a_t.size else float("nan"), "pack_t_max": float(a_t.max()) if a_t.size else float("nan"),
-            "pack_e": float(a_e.mean()) if a_e.size else float("nan"), "pack_e_max": float(a_e.max()) if a_e.size else float("nan"),
-            "pack_points": int(a_t.size),
-            "pack_e_given_t": float(np.abs(err_g).mean()) if err_g else float("nan"),
-            "pack_e_given_t_max": float(np.abs(err_g).max()) if err_g else float("nan")}
+    return {
+        "pack_t": float(a_t.mean()) if a_t.size else float("nan"),
+        "pack_t_max": float(a_t.max()) if a_t.size else float("nan"),
+        "pack_e": float(a_e.mean()) if a_e.size else float("nan"),
+        "pack_e_max": float(a_e.max()) if a_e.size else float("nan"),
+        "pack_points": int(a_t.size),
+        "pack_e_given_t": float(np.abs(err_g).mean()) if err_g else float("nan"),
+        "pack_e_given_t_max": float(np.abs(err_g).max()) if err_g else float("nan"),
+    }
 
 
 def measured_transition_ms(device, clocks: list[int], rng) -> float:
@@ -160,8 +170,11 @@ def optimized_rows(cfg: dict, d: Path, bench: Path, device, tables, budgets, ite
     rows = []
     for b in budgets:
         c = {**cfg, "optimizer": {**cfg["optimizer"], "name": "emo"}, "budget": float(b)}
-        inputs = {"packs": d / "pack/packs.parquet", "model": d / "fit/model.parquet",
-                  "calibration": bench.parent / "calibration.json"}
+        inputs = {
+            "packs": d / "pack/packs.parquet",
+            "model": d / "fit/model.parquet",
+            "calibration": bench.parent / "calibration.json",
+        }
         if (d / "fit/check.json").exists():
             inputs["check"] = d / "fit/check.json"
         stage("optimize", c, inputs, d / f"optimize-{b:g}")
@@ -169,21 +182,33 @@ def optimized_rows(cfg: dict, d: Path, bench: Path, device, tables, budgets, ite
         pt0, pe0 = pol.meta["baseline_time_s"], pol.meta["baseline_energy_j"]
         mt, me = measure(device, cfg["workload"], pol, iters)
         changing = any(s.sm_mhz != tables.default_mhz for st in pol.steps.values() for s in st)
-        rows.append((float(b), changing, 100 * (1 - pol.predicted_energy_j / pe0), 100 * (1 - me / me0),
-                     100 * (pol.predicted_time_s / pt0 - 1), 100 * (mt / mt0 - 1), pol.predicted_time_s, mt,
-                     pol.predicted_energy_j, me))
+        rows.append(
+            (
+                float(b),
+                changing,
+                100 * (1 - pol.predicted_energy_j / pe0),
+                100 * (1 - me / me0),
+                100 * (pol.predicted_time_s / pt0 - 1),
+                100 * (mt / mt0 - 1),
+                pol.predicted_time_s,
+                mt,
+                pol.predicted_energy_j,
+                me,
+            )
+        )
     return rows
 
 
 def case(args) -> dict:
     gpu, wl, bench, quick, root, extra, budgets = args
+    import pandas as pd
+
     from emo.device import KernelRange
     from emo.device.backends import open_device
     from emo.model.predict import load_pack_tables, predict
     from emo.pack.ranges import kernel_ordinals, pack_ranges
-    from emo.plan import compose
     from emo.policy import FrequencyPolicy
-    import pandas as pd
+    from emo.workflow.plan import compose
 
     t_start = time.perf_counter()
     cfg = compose([f"gpu={gpu}", *WORKLOADS[wl], "tracking.enabled=false", *extra])
@@ -191,10 +216,29 @@ def case(args) -> dict:
     stage("trace", cfg, {}, d / "trace")
     stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
     pk = stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    pr = stage("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
-                                "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"}, d / "profile")
-    stage("fit", cfg, {"bench": bench, "metrics": d / "profile/metrics.parquet", "packs": d / "pack/packs.parquet",
-                       "baseline": d / "profile/baseline.json", "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    pr = stage(
+        "profile",
+        cfg,
+        {
+            "packs": d / "pack/packs.parquet",
+            "events": d / "trace/events.parquet",
+            "measured": d / "trace/measured.json",
+            "graph_nodes": d / "graph/nodes.parquet",
+        },
+        d / "profile",
+    )
+    stage(
+        "fit",
+        cfg,
+        {
+            "bench": bench,
+            "metrics": d / "profile/metrics.parquet",
+            "packs": d / "pack/packs.parquet",
+            "baseline": d / "profile/baseline.json",
+            "iterations": d / "pack/iterations.parquet",
+        },
+        d / "fit",
+    )
     tables = load_pack_tables(d / "pack", d / "fit")
 
     device = open_device(cfg["gpu"])
@@ -220,9 +264,21 @@ def case(args) -> dict:
         p = predict(tables, pol, transition_ms=lat_ms)
         mt, me = measure(device, cfg["workload"], pol, iters)
         rows.append(("random", i, p.time_s, mt, p.energy_j, me))
-    opt = pd.DataFrame(optimized_rows(cfg, d, Path(bench), device, tables, budgets, iters),
-                       columns=["budget", "changing", "es_pred", "es_meas", "pl_pred", "pl_meas", "pred_t", "meas_t",
-                                "pred_e", "meas_e"])
+    opt = pd.DataFrame(
+        optimized_rows(cfg, d, Path(bench), device, tables, budgets, iters),
+        columns=[
+            "budget",
+            "changing",
+            "es_pred",
+            "es_meas",
+            "pl_pred",
+            "pl_meas",
+            "pred_t",
+            "meas_t",
+            "pred_e",
+            "meas_e",
+        ],
+    )
     device.close()
     r = pd.DataFrame(rows, columns=["set", "which", "pred_t", "meas_t", "pred_e", "meas_e"])
     r["err_t"] = 100 * (r["pred_t"] / r["meas_t"] - 1)
@@ -250,9 +306,19 @@ def case(args) -> dict:
     costs["sampled"] = float(pr["profiling_cost_s"])
     model = pd.read_parquet(d / "fit/model.parquet")
     per_pack = pack_errors(open_device(cfg["gpu"]), cfg["workload"], packs, every, model, static)
-    out = {"gpu": gpu, "workload": wl, "kernels": pk["kernels"], "packs": pk["packs"], "signatures": pk["signatures"],
-           "iterations_traced": tables.iterations, **{f"cost_{k}_s": v for k, v in costs.items()},
-           "rows": r, "optimized": opt, "wall_s": time.perf_counter() - t_start, **per_pack}
+    out = {
+        "gpu": gpu,
+        "workload": wl,
+        "kernels": pk["kernels"],
+        "packs": pk["packs"],
+        "signatures": pk["signatures"],
+        "iterations_traced": tables.iterations,
+        **{f"cost_{k}_s": v for k, v in costs.items()},
+        "rows": r,
+        "optimized": opt,
+        "wall_s": time.perf_counter() - t_start,
+        **per_pack,
+    }
     for s in ("static", "random"):
         q = r[r["set"] == s]
         out[f"{s}_t"] = float(q["err_t"].abs().mean())
@@ -268,8 +334,12 @@ def main(argv=None) -> float:
     ap.add_argument("--gpus", default=None, help="comma-separated GPU models (default: a100,h100,rtx3080ti)")
     ap.add_argument("--workloads", default=None, help=f"comma-separated, from {','.join(WORKLOADS)}")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--counters", choices=("ncu", "dcgm", "none"), default="ncu",
-                    help="the virtual GPU's counter form (none: no profiling permission)")
+    ap.add_argument(
+        "--counters",
+        choices=("ncu", "dcgm", "none"),
+        default="ncu",
+        help="the virtual GPU's counter form (none: no profiling permission)",
+    )
     ap.add_argument("--clocks-stride", type=int, default=1, help="calibrate every N-th clock (interpolated)")
     ap.add_argument("--budgets", default="0,0.02", help="budgets of optimizer=emo's plans to score ('' for none)")
     a = ap.parse_args(argv)
@@ -284,38 +354,53 @@ def main(argv=None) -> float:
     root = Path(tempfile.mkdtemp(prefix="emo-fidelity-"))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.jobs) as ex:
-        benches = dict(zip(gpus, ex.map(calibrate, gpus, [root] * len(gpus), [a.quick] * len(gpus),
-                                        [extra] * len(gpus))))
+        benches = dict(
+            zip(gpus, ex.map(calibrate, gpus, [root] * len(gpus), [a.quick] * len(gpus), [extra] * len(gpus)))
+        )
         print(f"calibrated {', '.join(gpus)} in {time.perf_counter() - t0:.0f} s", flush=True)
         jobs = [(g, w, benches[g], a.quick, str(root), extra, budgets) for g in gpus for w in wls]
         results = []
-        print(f"{'gpu':10} {'workload':8} {'static T%':>9} {'static E%':>9} {'random T%':>9} {'random E%':>9}"
-              f" {'max T%':>7} {'max E%':>7} {'pack T%':>7} {'max':>6} {'pack E%':>7} {'max':>6}"
-              f"  kernels packs sigs  raw_s packs_s sampled_s  raw/sampled", flush=True)
+        print(
+            f"{'gpu':10} {'workload':8} {'static T%':>9} {'static E%':>9} {'random T%':>9} {'random E%':>9}"
+            f" {'max T%':>7} {'max E%':>7} {'pack T%':>7} {'max':>6} {'pack E%':>7} {'max':>6}"
+            f"  kernels packs sigs  raw_s packs_s sampled_s  raw/sampled",
+            flush=True,
+        )
         for r in ex.map(case, jobs):
             results.append(r)
-            print(f"{r['gpu']:10} {r['workload']:8} {r['static_t']:9.2f} {r['static_e']:9.2f} {r['random_t']:9.2f}"
-                  f" {r['random_e']:9.2f} {max(r['static_t_max'], r['random_t_max']):7.2f}"
-                  f" {max(r['static_e_max'], r['random_e_max']):7.2f} {r['pack_t']:7.2f} {r['pack_t_max']:6.1f}"
-                  f" {r['pack_e']:7.2f} {r['pack_e_max']:6.1f}  {r['kernels']:7d} {r['packs']:5d}"
-                  f" {r['signatures']:4d} {r['cost_raw_s']:6.1f} {r['cost_packs_s']:7.1f} {r['cost_sampled_s']:9.2f}"
-                  f"  {r['cost_raw_s'] / max(r['cost_sampled_s'], 1e-9):10.0f}x", flush=True)
+            print(
+                f"{r['gpu']:10} {r['workload']:8} {r['static_t']:9.2f} {r['static_e']:9.2f} {r['random_t']:9.2f}"
+                f" {r['random_e']:9.2f} {max(r['static_t_max'], r['random_t_max']):7.2f}"
+                f" {max(r['static_e_max'], r['random_e_max']):7.2f} {r['pack_t']:7.2f} {r['pack_t_max']:6.1f}"
+                f" {r['pack_e']:7.2f} {r['pack_e_max']:6.1f}  {r['kernels']:7d} {r['packs']:5d}"
+                f" {r['signatures']:4d} {r['cost_raw_s']:6.1f} {r['cost_packs_s']:7.1f} {r['cost_sampled_s']:9.2f}"
+                f"  {r['cost_raw_s'] / max(r['cost_sampled_s'], 1e-9):10.0f}x",
+                flush=True,
+            )
     worst, name = 0.0, ""
     for r in results:
         for key in ("static_t", "static_e", "random_t", "random_e"):
             if r[key] > worst:
-                worst, name = r[key], f"{r['gpu']} {r['workload']} {key.replace('_t', ' time').replace('_e', ' energy')}"
+                worst, name = (
+                    r[key],
+                    f"{r['gpu']} {r['workload']} {key.replace('_t', ' time').replace('_e', ' energy')}",
+                )
     print(f"worst case: {name} (MAPE {worst:.2f} %); signed errors there:")
     w = next(r for r in results if name.startswith(f"{r['gpu']} {r['workload']} "))
     print(w["rows"].round(4).to_string(index=False))
     print(f"total {time.perf_counter() - t0:.0f} s; artifacts in {root}")
     pt = np.nanmean([r["pack_t"] for r in results])
     pe = np.nanmean([r["pack_e"] for r in results])
-    print(f"per-pack MAPE %: {pt:.2f} (time) {pe:.2f} (energy); max {np.nanmax([r['pack_t_max'] for r in results]):.1f}"
-          f" / {np.nanmax([r['pack_e_max'] for r in results]):.1f}")
-    print(f"per-pack energy MAPE % given the true time: {np.nanmean([r['pack_e_given_t'] for r in results]):.2f}"
-          f" (max {np.nanmax([r['pack_e_given_t_max'] for r in results]):.1f}; "
-          + ", ".join(f"{r['workload']} {r['pack_e_given_t']:.2f}" for r in results) + ")")
+    print(
+        f"per-pack MAPE %: {pt:.2f} (time) {pe:.2f} (energy); max {np.nanmax([r['pack_t_max'] for r in results]):.1f}"
+        f" / {np.nanmax([r['pack_e_max'] for r in results]):.1f}"
+    )
+    print(
+        f"per-pack energy MAPE % given the true time: {np.nanmean([r['pack_e_given_t'] for r in results]):.2f}"
+        f" (max {np.nanmax([r['pack_e_given_t_max'] for r in results]):.1f}; "
+        + ", ".join(f"{r['workload']} {r['pack_e_given_t']:.2f}" for r in results)
+        + ")"
+    )
     print(f"worst MAPE %: {worst:.2f}")
     optimized_summary(results)  # its last line: the bias over the optimizer's own plans
     return worst
@@ -333,18 +418,36 @@ def optimized_summary(results: list[dict]) -> dict | None:
     o["err_t"] = 100 * (o["pred_t"] / o["meas_t"] - 1)
     o["err_e"] = 100 * (o["pred_e"] / o["meas_e"] - 1)
     print("optimizer=emo's plans (ES, PL %: predicted / measured; dES = predicted - measured, points):")
-    cols = ["gpu", "workload", "budget", "changing", "es_pred", "es_meas", "d_es", "pl_pred", "pl_meas", "err_t", "err_e"]
+    cols = [
+        "gpu",
+        "workload",
+        "budget",
+        "changing",
+        "es_pred",
+        "es_meas",
+        "d_es",
+        "pl_pred",
+        "pl_meas",
+        "err_t",
+        "err_e",
+    ]
     print(o[cols].round(3).to_string(index=False))
     c = o[o["changing"]]
     if not len(c):
         print("optimized plans: none changes a clock")
         return {"plans": 0}
     w = c.loc[c["d_es"].abs().idxmax()]
-    out = {"plans": int(len(c)), "mean_abs_des": float(c["d_es"].abs().mean()), "bias_des": float(c["d_es"].mean()),
-           "positive": int((c["d_es"] > 0).sum())}
+    out = {
+        "plans": int(len(c)),
+        "mean_abs_des": float(c["d_es"].abs().mean()),
+        "bias_des": float(c["d_es"].mean()),
+        "positive": int((c["d_es"] > 0).sum()),
+    }
     print(f"worst plan: {w['gpu']} {w['workload']} at {w['budget']:g}: dES {w['d_es']:+.2f} points")
-    print(f"optimized plans: mean |dES| {out['mean_abs_des']:.2f} points, bias {out['bias_des']:+.2f} points over "
-          f"{out['plans']} clock-changing plans ({out['positive']} predicted too large)")
+    print(
+        f"optimized plans: mean |dES| {out['mean_abs_des']:.2f} points, bias {out['bias_des']:+.2f} points over "
+        f"{out['plans']} clock-changing plans ({out['positive']} predicted too large)"
+    )
     return out
 
 

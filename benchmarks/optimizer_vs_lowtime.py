@@ -11,6 +11,7 @@ Then EMO alone on an 8-GPU pipeline of >= 50k packs.
 
 Last line: `speedup vs lowtime: X` (lowtime's solve time / EMO's, pack level, worst instance).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-
 from emo.optimize import make_items, optimize
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
 from optimize_instances import large_pipeline, perseus_profile, pipeline_problem
-from emo.optimize.solvers.perseus import lowtime_version, optimize_perseus
+
 from emo.optimize.problem import units
+from emo.optimize.solvers.perseus import lowtime_version, optimize_perseus
 
 ROOT = Path(__file__).resolve().parents[1]
 DVFS = ROOT.parent / "shared" / "data" / "dvfs" / "perseus_stage_profiles"
@@ -56,8 +58,10 @@ def main() -> int:
         t, e, cl = perseus_profile(DVFS / f"{name}.csv", stages=a.stages, clock_stride=3)
         p = pipeline_problem(t, e, cl, microbatches=a.microbatches, idle_w=70.0, split=a.split, link_ns=50e3)
         base = optimize(p, 0.0, items=make_items(p, 20.0), kicks=0).baseline()
-        print(f"\n{name}: {a.stages} stages x {a.microbatches} microbatches, {int((p.device >= 0).sum())} packs, "
-              f"{p.n_clocks} clocks, iteration {p.makespan0_ns * 1e-6:.1f} ms, {base.energy_j:.1f} J at max clock")
+        print(
+            f"\n{name}: {a.stages} stages x {a.microbatches} microbatches, {int((p.device >= 0).sum())} packs, "
+            f"{p.n_clocks} clocks, iteration {p.makespan0_ns * 1e-6:.1f} ms, {base.energy_j:.1f} J at max clock"
+        )
         pack_items = make_items(p, 0.0, replicate=False, windows=units(p, "pack"))
         rows = []
         lt = timed(optimize_perseus, p, a.budget, level="pack")
@@ -71,14 +75,22 @@ def main() -> int:
         rows.append(("lowtime, per pass (Perseus)", timed(optimize_perseus, p, a.budget, level="pass")))
         print(f"  {'method':32s} {'energy J':>9s} {'saving %':>8s} {'slowdown %':>10s} {'solve s':>8s}")
         for label, s in rows:
-            print(f"  {label:32s} {s.energy_j:9.2f} {100 * (1 - s.energy_j / base.energy_j):8.2f} "
-                  f"{100 * (s.makespan_ns / p.makespan0_ns - 1):10.3f} {s.solve_s:8.2f}"
-                  + (f"  (PD iterations {s.info['pd_iterations']}, Rust panics {s.info['rust_panics']})" if "pd_iterations" in s.info else ""))
+            print(
+                f"  {label:32s} {s.energy_j:9.2f} {100 * (1 - s.energy_j / base.energy_j):8.2f} "
+                f"{100 * (s.makespan_ns / p.makespan0_ns - 1):10.3f} {s.solve_s:8.2f}"
+                + (
+                    f"  (PD iterations {s.info['pd_iterations']}, Rust panics {s.info['rust_panics']})"
+                    if "pd_iterations" in s.info
+                    else ""
+                )
+            )
         ratio = same.energy_j / lt.energy_j
         sp = lt.solve_s / max(em.solve_s, 1e-9)
         speedups.append(sp)
-        print(f"  energy EMO/lowtime at lowtime's time: {ratio:.4f}; at the budget: {em.energy_j / lt.energy_j:.4f}; "
-              f"solve time lowtime/EMO: {sp:.1f}x")
+        print(
+            f"  energy EMO/lowtime at lowtime's time: {ratio:.4f}; at the budget: {em.energy_j / lt.energy_j:.4f}; "
+            f"solve time lowtime/EMO: {sp:.1f}x"
+        )
 
     print(f"\nlarge: 8-GPU pipeline, {a.large_microbatches} microbatches x {a.large_packs_per_pass} packs per pass")
     t0 = time.perf_counter()
@@ -91,8 +103,10 @@ def main() -> int:
         s = optimize(big, b)
         t2 = time.perf_counter()
         sm = s.summary()
-        print(f"  budget {b:.0%}: solved in {t2 - t1:.1f} s ({sm['items']} windows), saving "
-              f"{100 * sm['predicted_saving']:.2f} %, slowdown {100 * sm['predicted_slowdown']:.3f} %")
+        print(
+            f"  budget {b:.0%}: solved in {t2 - t1:.1f} s ({sm['items']} windows), saving "
+            f"{100 * sm['predicted_saving']:.2f} %, slowdown {100 * sm['predicted_slowdown']:.3f} %"
+        )
     print(f"50k-pack optimizer time s: {t2 - t1:.1f}")
     print(f"speedup vs lowtime: {min(speedups):.1f}")
     return 0

@@ -17,7 +17,7 @@ They are scored like the methods but never count as EMO's rivals in `EMO ahead`.
 Every (cell, seed, method) is a job of the whole pipeline (trace, graph, pack, profile, fit,
 optimize, validate) and all of them run as one Snakemake DAG on `--cores` cores; stage folders are
 content-hashed, so a second run reuses what it can. A seed is `gpu.seed`: the device's noise, so
-the trace, the profile and every measurement differ between seeds. Scoring (emo.scoring):
+the trace, the profile and every measurement differ between seeds. Scoring (emo.report.scoring):
   - mean and spread (sample standard deviation over the seeds) of ES and PL per method;
   - static is the best *measured* static clock with PL within budget + 0.5 %, per seed, from the
     static curve validate measures (`validate.pareto_points` clocks) and static's own policy;
@@ -34,6 +34,7 @@ the trace, the profile and every measurement differ between seeds. Scoring (emo.
 Last line: `EMO ahead in N of M cells; above the static curve in K of M`. Every per-seed number is
 also written to paper_tables.json in the results folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from emo import scoring
-from emo.methods import ABLATIONS, METHODS
-from emo.sweep import build
+from emo.methods import ABLATIONS, METHODS  # noqa: E402  (the checkout, not an installed emo)
+from emo.report import scoring  # noqa: E402
+from emo.workflow.sweep import build  # noqa: E402
 
 CURVE_POINTS = 48  # static clocks validate measures: every supported clock from half the max clock up on the A100
 
@@ -59,16 +60,20 @@ CURVE_POINTS = 48  # static clocks validate measures: every supported clock from
 def cells(quick: bool) -> list[tuple[str, str, list[str], float]]:
     """(table, label, workload overrides, budget)."""
     if quick:
-        return [("III", "TP4", ["workload=tp", "workload.tp=4"], 0.02),
-                ("IV", "PP4 uniform", ["workload=pp", "workload.pp=4", "workload.partition=uniform"], 0.0),
-                ("V", "TP2xPP2xDP2", ["workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"], 0.0)]
+        return [
+            ("III", "TP4", ["workload=tp", "workload.tp=4"], 0.02),
+            ("IV", "PP4 uniform", ["workload=pp", "workload.pp=4", "workload.partition=uniform"], 0.0),
+            ("V", "TP2xPP2xDP2", ["workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"], 0.0),
+        ]
     out = []
     for tp in (2, 4, 8):
         for b in (0.0, 0.02, 0.05):
             out.append(("III", f"TP{tp}", ["workload=tp", f"workload.tp={tp}"], b))
     for pp in (2, 4, 8):
         for part in ("uniform", "parameter"):
-            out.append(("IV", f"PP{pp} {part}", ["workload=pp", f"workload.pp={pp}", f"workload.partition={part}"], 0.0))
+            out.append(
+                ("IV", f"PP{pp} {part}", ["workload=pp", f"workload.pp={pp}", f"workload.partition={part}"], 0.0)
+            )
     out.append(("IV", "offload", ["workload=offload"], 0.0))
     for b in (0.0, 0.02):
         out.append(("V", "TP2xPP2xDP2", ["workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"], b))
@@ -82,9 +87,28 @@ def run_all(jobs: list[list[str]], cores: int, log: Path) -> int:
     targets = [j.result for j in sw.jobs if not Path(j.result).exists()]
     if not targets:
         return 0
-    argv = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(log.parent),
-            "--config", f"jobs={json.dumps(jobs)}", "--cores", str(cores), "--resources", f"gpu={cores}",
-            "--no-hooks", "--rerun-incomplete", "--nolock", "--keep-going", "--quiet", "all"]
+    argv = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *targets,
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(log.parent),
+        "--config",
+        f"jobs={json.dumps(jobs)}",
+        "--cores",
+        str(cores),
+        "--resources",
+        f"gpu={cores}",
+        "--no-hooks",
+        "--rerun-incomplete",
+        "--nolock",
+        "--keep-going",
+        "--quiet",
+        "all",
+    ]
     with open(log, "a") as fh:
         return subprocess.run(argv, check=False, stdout=fh, stderr=subprocess.STDOUT, cwd=log.parent).returncode
 
@@ -132,13 +156,22 @@ def static_curve(result: dict | None, vdir: Path) -> pd.DataFrame | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one TP, one PP and one hybrid cell")
-    ap.add_argument("--seeds", type=int, default=None,
-                    help="seeds per cell (gpu.seed = 0 .. N-1); default 5, 3 with --quick")
-    ap.add_argument("--results", default=str(ROOT / "results" / "paper_tables"), help="stage folders (reused); the pipeline's log goes to paper_tables.log there")
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="seeds per cell (gpu.seed = 0 .. N-1); default 5, 3 with --quick"
+    )
+    ap.add_argument(
+        "--results",
+        default=str(ROOT / "results" / "paper_tables"),
+        help="stage folders (reused); the pipeline's log goes to paper_tables.log there",
+    )
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--methods", default=",".join(m for m in METHODS if m not in ABLATIONS))
-    ap.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=None,
-                    help="add the ablation columns (default: on, off with --quick)")
+    ap.add_argument(
+        "--ablations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add the ablation columns (default: on, off with --quick)",
+    )
     ap.add_argument("--no-run", action="store_true", help="score what the results folder holds; run nothing")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -166,8 +199,12 @@ def main() -> int:
     jobs = [c[2] + [f"optimizer={m}", f"budget={c[3]}", f"gpu.seed={s}"] + common for c, s, m in grid]
     results.mkdir(parents=True, exist_ok=True)
     log = results / "paper_tables.log"
-    print(f"{len(jobs)} jobs ({len(grid) // (len(seeds) * len(methods))} cells x {len(seeds)} seeds x "
-          f"{len(methods)} methods) on {args.cores} cores; log {log}", file=sys.stderr, flush=True)
+    print(
+        f"{len(jobs)} jobs ({len(grid) // (len(seeds) * len(methods))} cells x {len(seeds)} seeds x "
+        f"{len(methods)} methods) on {args.cores} cores; log {log}",
+        file=sys.stderr,
+        flush=True,
+    )
     rc = 0 if args.no_run else run_all(jobs, args.cores, log)
     if rc:
         print(f"the pipeline failed for some jobs (exit {rc}): see {log}; scoring what finished", file=sys.stderr)
@@ -177,8 +214,11 @@ def main() -> int:
     got = {key: load(str(vdir / "result.json")) for key, vdir in folder.items()}
 
     width = {m: max(22, len(m) + 11) for m in methods}
-    print(f"{'table':<6}{'workload':<14}{'budget':>7}  " + "".join(f"{m + ' ES/PL %':>{width[m]}}" for m in methods)
-          + f"{'EMO - static curve':>20}{'slack':>8}  EMO ahead")
+    print(
+        f"{'table':<6}{'workload':<14}{'budget':>7}  "
+        + "".join(f"{m + ' ES/PL %':>{width[m]}}" for m in methods)
+        + f"{'EMO - static curve':>20}{'slack':>8}  EMO ahead"
+    )
     n_ahead = n_above = n_below = 0
     record, bar = [], []  # bar: (static's own pick, its sweep's curve) per static run
     for table, label, _, budget in cells(args.quick):
@@ -215,18 +255,28 @@ def main() -> int:
             margin_txt = f"{mg.es:>+14.2f}±{mg.es_sd:.2f}"
         ok, why = scoring.ahead({m: v for m, v in scores.items() if m not in ABLATIONS}, bpct)  # rivals only
         n_ahead += ok
-        print(f"{table:<6}{label:<14}{budget:>7.0%}  " + "".join(texts) + margin_txt + f"{slack_text(emo_job.get((label, budget))):>8}"
-              + f"  {'yes' if ok else 'no'} {why}",
-              flush=True)
+        print(
+            f"{table:<6}{label:<14}{budget:>7.0%}  "
+            + "".join(texts)
+            + margin_txt
+            + f"{slack_text(emo_job.get((label, budget))):>8}"
+            + f"  {'yes' if ok else 'no'} {why}",
+            flush=True,
+        )
     (results / "paper_tables.json").write_text(json.dumps(record, indent=1))
     n = len(cells(args.quick))
     if bar:  # a fair bar scores a static clock, re-measured, 0 within the spread
         d = [es - scoring.static_es_at(c, pl) for (es, pl), c in bar]
-        print(f"the bar: static's own pick, re-measured in its own run, scores {np.mean(d):+.2f}±{scoring.spread(d):.2f} "
-              f"(median {np.median(d):+.2f}) points of ES against the curve of its sweep, over {len(d)} runs")
-    print(f"{len(seeds)} seeds per cell; spread = sample standard deviation; `!` = PL over budget + "
-          f"{scoring.TOLERANCE_PCT} %; below the static curve by more than the spread in {n_below} of {n}; "
-          f"{time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+        print(
+            f"the bar: static's own pick, re-measured in its own run, scores {np.mean(d):+.2f}±{scoring.spread(d):.2f} "
+            f"(median {np.median(d):+.2f}) points of ES against the curve of its sweep, over {len(d)} runs"
+        )
+    print(
+        f"{len(seeds)} seeds per cell; spread = sample standard deviation; `!` = PL over budget + "
+        f"{scoring.TOLERANCE_PCT} %; below the static curve by more than the spread in {n_below} of {n}; "
+        f"{time.perf_counter() - t_start:.0f} s",
+        file=sys.stderr,
+    )
     print(f"EMO ahead in {n_ahead} of {n} cells; above the static curve in {n_above} of {n}")
     return 0
 

@@ -8,6 +8,7 @@ reached. "Simulation" is everything `SimDevice.simulate` does: the kernel x cloc
 discrete-event run and the energy integration. Writing the Kineto traces is timed separately
 (--trace), as it is a separate step. The last line is `kernel events/s: N` (wall clock).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,17 +43,23 @@ def main() -> None:
     per_iter = program.kernel_launches()
     iterations = max(1, math.ceil(args.kernels / per_iter))
     ops = sum(len(o) for o in program.ops) * iterations
-    print(f"program: tp={args.tp} layers={args.layers} on {args.gpu}: {per_iter} launches/iteration "
-          f"x {iterations} iterations ({ops} host ops), built in {t_build:.2f} s")
+    print(
+        f"program: tp={args.tp} layers={args.layers} on {args.gpu}: {per_iter} launches/iteration "
+        f"x {iterations} iterations ({ops} host ops), built in {t_build:.2f} s"
+    )
 
     wall0, cpu0 = time.perf_counter(), time.process_time()
     res = dev.simulate(program, iterations)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = res.kernel_count
-    print(f"simulated {n} kernels, {(res.t_end - res.t_start) * 1e-9:.2f} s of virtual time, "
-          f"{sum(dev.energy_j(g) for g in range(program.ranks)):.0f} J on the counters")
-    print(f"simulation: {wall:.2f} s wall ({dev.last_sim_seconds:.2f} s event loop), {cpu:.2f} s CPU "
-          f"-> {n / cpu:.0f} kernel events per CPU second")
+    print(
+        f"simulated {n} kernels, {(res.t_end - res.t_start) * 1e-9:.2f} s of virtual time, "
+        f"{sum(dev.energy_j(g) for g in range(program.ranks)):.0f} J on the counters"
+    )
+    print(
+        f"simulation: {wall:.2f} s wall ({dev.last_sim_seconds:.2f} s event loop), {cpu:.2f} s CPU "
+        f"-> {n / cpu:.0f} kernel events per CPU second"
+    )
     if args.trace:
         from emo.device.sim.kineto import write_traces
 

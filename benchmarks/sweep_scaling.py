@@ -10,6 +10,7 @@ Each runner logs into its fresh results folder's MLflow store, which MLflow crea
 
     python benchmarks/sweep_scaling.py [--jobs 2] [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ SWEEP = ["workload=tp", "workload.tp=2,4", "optimizer=emo,static,zeus", "budget=
 
 SEQUENTIAL = """
 import sys
-from emo import run, sweep
+from emo.workflow import run, sweep
 jobs = sweep.expand(sys.argv[2:], True)
 sw = sweep.build(jobs)
 cores = int(sys.argv[1])
@@ -35,6 +36,7 @@ for job in jobs:  # one Snakemake run per job, one after another (each may use e
     assert run.snakemake([job], cores, gpus=cores, until="validate") is None, job  # None: it succeeded
 sweep.finish(sw, "sweep " + " ".join(sys.argv[2:]), sys.argv[2:], print_results=False)
 """
+
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.perf_counter()
@@ -63,14 +65,22 @@ def same(a: Path, b: Path, stage: str) -> bool:
 
 
 def stage_files(results: Path) -> dict[str, Path]:
-    return {str(p.relative_to(results)): p for p in results.glob("*/*/**/*")
-            if p.is_file() and p.name != "metrics.json" and "logs" not in p.parts and not p.parts[-2].startswith(".")
-            and p.parts[len(results.parts)] not in ("mlartifacts",)}
+    return {
+        str(p.relative_to(results)): p
+        for p in results.glob("*/*/**/*")
+        if p.is_file()
+        and p.name != "metrics.json"
+        and "logs" not in p.parts
+        and not p.parts[-2].startswith(".")
+        and p.parts[len(results.parts)] not in ("mlartifacts",)
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=2, help="jobs at once in the one-DAG run (and cores of each sequential run)")
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="jobs at once in the one-DAG run (and cores of each sequential run)"
+    )
     ap.add_argument("--keep", type=Path, help="work here (kept) instead of a temporary folder")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="emo-sweep-"))
@@ -81,9 +91,23 @@ def main() -> int:
             sys.exit(f"sweep_scaling: {d} is not empty")
     py = sys.executable
     t_seq = timed([py, "-c", SEQUENTIAL, str(args.jobs), f"results={seq / 'results'}", *SWEEP], seq, seq / "log.txt")
-    t_dag = timed([py, "-m", "emo.cli", "run", "-m", "-j", str(args.jobs), "--until", "validate",
-                   f"results={dag / 'results'}", *SWEEP],
-                  dag, dag / "log.txt")
+    t_dag = timed(
+        [
+            py,
+            "-m",
+            "emo.cli",
+            "run",
+            "-m",
+            "-j",
+            str(args.jobs),
+            "--until",
+            "validate",
+            f"results={dag / 'results'}",
+            *SWEEP,
+        ],
+        dag,
+        dag / "log.txt",
+    )
 
     a, b = stage_files(seq / "results"), stage_files(dag / "results")
     differ = sorted(k for k in a.keys() & b.keys() if not same(a[k], b[k], k.split("/")[0]))
@@ -93,8 +117,10 @@ def main() -> int:
     print(f"{'runner':<34}{'wall s':>8}")
     print(f"{'sequential (a Snakemake run per job)':<34}{t_seq:8.1f}")
     print(f"{f'one DAG, -j {args.jobs}':<34}{t_dag:8.1f}")
-    print(f"stage files compared: {len(a.keys() & b.keys())}, differing: {len(differ)}, in one run only: {len(missing)}"
-          f" (.gz by content; without {WALL_TIME_KEYS})")
+    print(
+        f"stage files compared: {len(a.keys() & b.keys())}, differing: {len(differ)}, in one run only: {len(missing)}"
+        f" (.gz by content; without {WALL_TIME_KEYS})"
+    )
     for k in (differ + missing)[:10]:
         print(f"  not the same: {k}")
     if differ or missing or len(results) != 12:

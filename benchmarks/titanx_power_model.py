@@ -14,6 +14,7 @@ anchored NNLS.
 
     python benchmarks/titanx_power_model.py [DATA_DIR]
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,7 +33,9 @@ def main(argv: list[str]) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("data", nargs="?", type=Path, default=DATA, help=f"folder holding {MICRO} and {APPS} (default: {DATA})")
+    p.add_argument(
+        "data", nargs="?", type=Path, default=DATA, help=f"folder holding {MICRO} and {APPS} (default: {DATA})"
+    )
     data = p.parse_args(argv[1:]).data
     try:
         micro, apps = read_power_curves(data / MICRO), read_power_curves(data / APPS)
@@ -40,21 +43,27 @@ def main(argv: list[str]) -> int:
         print(f"titanx_power_model: error: {e}", file=sys.stderr)
         return 2
     table = evaluate_power_model(micro, apps)
-    print(f"GTX Titan X: {len(micro.names) - 1} microbenchmarks + idle, {len(apps.names)} applications, "
-          f"{len(micro.clocks)} (core, memory) clock pairs, default {micro.default_mhz}")
+    print(
+        f"GTX Titan X: {len(micro.names) - 1} microbenchmarks + idle, {len(apps.names)} applications, "
+        f"{len(micro.clocks)} (core, memory) clock pairs, default {micro.default_mhz}"
+    )
     print(table.round(2).to_string())
     mean = table.mean()
     print(f"overall absolute MAPE %: emo {mean['emo']:.2f} vs mean-curve baseline {mean['baseline']:.2f}")
-    print(f"apps where emo beats the baseline: absolute {(table['emo'] < table['baseline']).sum()}/{len(table)}, "
-          f"anchored {(table['emo_anchored'] < table['baseline_anchored']).sum()}/{len(table)}")
+    print(
+        f"apps where emo beats the baseline: absolute {(table['emo'] < table['baseline']).sum()}/{len(table)}, "
+        f"anchored {(table['emo_anchored'] < table['baseline_anchored']).sum()}/{len(table)}"
+    )
     bench, targets = long_table(micro), long_table(apps)
     for ref in (None, micro.default_mhz[0]):
         for label, b in (("", bench), (", no idle row", bench[bench["name"] != "Idle"])):
             sc = fit_predict(b, targets, ref_mhz=ref)
             sel = fit_predict(b, targets, ref_mhz=ref, select=True).scores["emo"]["mape_power_pct"]
-            print(f"open interface, anchor {sc.reference_mhz} MHz{label}, power MAPE %: emo {sc.scores['emo']['mape_power_pct']:.2f} "
-                  f"(--select {sel:.2f}) vs mean curve {sc.scores['mean_curve']['mape_power_pct']:.2f}, "
-                  f"plain NNLS {sc.scores['nnls']['mape_power_pct']:.2f}")
+            print(
+                f"open interface, anchor {sc.reference_mhz} MHz{label}, power MAPE %: emo {sc.scores['emo']['mape_power_pct']:.2f} "
+                f"(--select {sel:.2f}) vs mean curve {sc.scores['mean_curve']['mape_power_pct']:.2f}, "
+                f"plain NNLS {sc.scores['nnls']['mape_power_pct']:.2f}"
+            )
     print(f"titanx MAPE %: emo {mean['emo_anchored']:.2f} vs baseline {mean['baseline_anchored']:.2f}")
     return 0
 

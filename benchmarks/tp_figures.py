@@ -14,6 +14,7 @@ For each cell it runs one training step of the `tp` workload (its default shape:
 docs/workloads.md gives the sources and the arithmetic; tests/test_workloads_tp_figures.py checks
 the same figures against the same ranges.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,11 @@ def figures(gpu: str, workload: dict) -> dict:
 
     program = build_program(workload, gpu=gpu)
     n = program.ranks
-    gemm_flops = sum(program.kernels[op[2]].work.fp16_tensor_flop for op in program.ops[0]
-                     if op[0] == Op.LAUNCH and "gemm" in program.kernels[op[2]].name)
+    gemm_flops = sum(
+        program.kernels[op[2]].work.fp16_tensor_flop
+        for op in program.ops[0]
+        if op[0] == Op.LAUNCH and "gemm" in program.kernels[op[2]].name
+    )
     dev = SimDevice(gpu_config(gpu))
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -67,8 +71,13 @@ def figures(gpu: str, workload: dict) -> dict:
     kernels = [e for e in ranks[0] if e.get("cat") == "kernel"]
 
     def all_reduces(events):
-        return [e for e in events if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_AllReduce")
-                and e["args"].get("dtype") == "BFloat16"]
+        return [
+            e
+            for e in events
+            if e.get("cat") == "kernel"
+            and e["name"].startswith("ncclDevKernel_AllReduce")
+            and e["args"].get("dtype") == "BFloat16"
+        ]
 
     # an NCCL kernel starts when its rank launches it and waits there for its peers: the last rank to
     # arrive sees the transfer alone, so each collective's time is its shortest kernel over the ranks
@@ -80,14 +89,23 @@ def figures(gpu: str, workload: dict) -> dict:
     ar_bytes = [e["args"]["In msg nelems"] * 2 for e in ar]
     moved = 2.0 * (n - 1) / n
     busbw = statistics.median(moved * b / (e["dur"] * 1e3) for b, e in zip(ar_bytes, ar)) if ar else float("nan")
-    out = {"gpu": gpu, "tp": n, "gemm_tflops": gemm_flops / (gemm_us * 1e6), "busbw_gbps": busbw,
-           "ar_over_gemm": ar_us / gemm_us, "ar_over_compute": ar_us / compute_us, "step_ms": res.time_s * 1e3}
+    out = {
+        "gpu": gpu,
+        "tp": n,
+        "gemm_tflops": gemm_flops / (gemm_us * 1e6),
+        "busbw_gbps": busbw,
+        "ar_over_gemm": ar_us / gemm_us,
+        "ar_over_compute": ar_us / compute_us,
+        "step_ms": res.time_s * 1e3,
+    }
     if gpu in PEAK_TFLOPS:
         peak, (bw_lo, bw_hi), (e_lo, e_hi) = PEAK_TFLOPS[gpu], BUSBW_GBPS[gpu], GEMM_EFFICIENCY
         ar_s = moved * sum(ar_bytes) * 1e-9  # GB moved per rank; / GB/s = s
         out["gemm_share_of_peak"] = out["gemm_tflops"] / peak
-        out["estimate_ar_over_gemm"] = (ar_s / bw_hi / (gemm_flops / (e_lo * peak * 1e12)),
-                                        ar_s / bw_lo / (gemm_flops / (e_hi * peak * 1e12)))
+        out["estimate_ar_over_gemm"] = (
+            ar_s / bw_hi / (gemm_flops / (e_lo * peak * 1e12)),
+            ar_s / bw_lo / (gemm_flops / (e_hi * peak * 1e12)),
+        )
     return out
 
 
@@ -97,16 +115,20 @@ def main() -> None:
     ap.add_argument("--tp", default="2,4,8")
     ap.add_argument("--overlap", default="domino,megatron")
     a = ap.parse_args()
-    print(f"{'cell':<22}{'GEMM TFLOP/s':>13}{'of peak':>9}{'busbw GB/s':>12}{'AR/GEMM':>9}"
-          f"{'public est.':>13}{'AR/compute':>12}{'step ms':>9}")
+    print(
+        f"{'cell':<22}{'GEMM TFLOP/s':>13}{'of peak':>9}{'busbw GB/s':>12}{'AR/GEMM':>9}"
+        f"{'public est.':>13}{'AR/compute':>12}{'step ms':>9}"
+    )
     for gpu in a.gpus.split(","):
         for overlap in a.overlap.split(","):
             for tp in map(int, a.tp.split(",")):
                 f = figures(gpu, {"kind": "tp", "tp": tp, "overlap": overlap})
                 lo, hi = f.get("estimate_ar_over_gemm", (float("nan"),) * 2)
-                print(f"{f'{gpu} TP{tp} {overlap}':<22}{f['gemm_tflops']:>13.0f}{f.get('gemm_share_of_peak', 0):>9.0%}"
-                      f"{f['busbw_gbps']:>12.0f}{f['ar_over_gemm']:>9.2f}{f'{lo:.2f}-{hi:.2f}':>13}"
-                      f"{f['ar_over_compute']:>12.2f}{f['step_ms']:>9.1f}")
+                print(
+                    f"{f'{gpu} TP{tp} {overlap}':<22}{f['gemm_tflops']:>13.0f}{f.get('gemm_share_of_peak', 0):>9.0%}"
+                    f"{f['busbw_gbps']:>12.0f}{f['ar_over_gemm']:>9.2f}{f'{lo:.2f}-{hi:.2f}':>13}"
+                    f"{f['ar_over_compute']:>12.2f}{f['step_ms']:>9.1f}"
+                )
 
 
 if __name__ == "__main__":

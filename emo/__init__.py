@@ -1,4 +1,5 @@
 """EMO: energy-minimising SM-clock schedules for GPU AI workloads."""
+
 import os as _os
 from pathlib import Path as _Path
 from typing import TYPE_CHECKING

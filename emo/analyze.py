@@ -3,6 +3,7 @@
 PATH is a Kineto JSON trace (plain or .gz), a folder of per-rank Kineto files, or an Nsight
 Systems SQLite export. `--hta-compatible` also reports the critical path under Holistic Trace
 Analysis's conventions (per rank), so the two tools can be compared number for number."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ class Analysis:
     t0_ns: int
 
 
-def analyze_trace(path, rank: int | None = None, annotation: str | None = None, instance: int = 0,
-                  hta_compatible: bool = False) -> Analysis:
+def analyze_trace(
+    path, rank: int | None = None, annotation: str | None = None, instance: int = 0, hta_compatible: bool = False
+) -> Analysis:
     from emo.trace.kineto import no_gc
 
     with no_gc():  # the analysis makes no cycles: no collection passes over all the imported modules
@@ -48,9 +50,11 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
     events = read_trace(path)
     missing, ops = unlaunched(events)
     if missing > UNLAUNCHED_SHARE * ops:  # what launched what is the graph's spine: without it, no breakdown
-        raise ValueError(f"{path}: {missing} of {ops} GPU ops have no runtime call that launched them in the trace "
-                         "(correlation ids missing, or CUDA runtime events not recorded): the dependencies a critical "
-                         "path needs are missing; record CPU and CUDA activity (torch.profiler: ProfilerActivity.CPU, CUDA)")
+        raise ValueError(
+            f"{path}: {missing} of {ops} GPU ops have no runtime call that launched them in the trace "
+            "(correlation ids missing, or CUDA runtime events not recorded): the dependencies a critical "
+            "path needs are missing; record CPU and CUDA activity (torch.profiler: ProfilerActivity.CPU, CUDA)"
+        )
     if rank is not None:
         mine = (events["rank"] == rank).to_numpy()
         if not mine.all():  # (a one-rank trace is not copied)
@@ -60,7 +64,9 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
     try:
         window = clip_window(events, annotation, instance) if annotation else events
     except ValueError as e:  # which file the annotation is missing from, and the option that named it
-        raise ValueError(f"{path}: --annotation {annotation!r}: {str(e).removeprefix(f'annotation {annotation!r} ')}") from None
+        raise ValueError(
+            f"{path}: --annotation {annotation!r}: {str(e).removeprefix(f'annotation {annotation!r} ')}"
+        ) from None
     try:
         graph = build_graph(window)
         compiled = compile_graph(graph)
@@ -68,8 +74,10 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
     except ValueError as e:  # e.g. a dependency cycle: say which file it is in
         raise ValueError(f"{path}: {e}") from None
     if result.replay_error_ns:  # the graph does not reproduce the trace's own times: its breakdown would be made up
-        raise ValueError(f"{path}: replaying its dependencies misses its recorded times by {result.replay_error_ns / 1e3:g} us "
-                         "(events shifted, dropped or merged from another run?): no breakdown")
+        raise ValueError(
+            f"{path}: replaying its dependencies misses its recorded times by {result.replay_error_ns / 1e3:g} us "
+            "(events shifted, dropped or merged from another run?): no breakdown"
+        )
     out = summary(graph, result, compiled)
     out["gpu_ops_without_launch"] = missing
     out["mode"] = "default"
@@ -83,8 +91,13 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
                 h = hta_critical_path(events, r, annotation or "", instance)
             except ValueError as e:
                 raise ValueError(f"{path}: rank {r}: {e}") from None
-            per[r] = {"critical_path_us": h.cp_us, "breakdown_us": h.breakdown_us, "path_nodes": h.path_nodes,
-                      "graph_nodes": h.graph_nodes, "graph_edges": h.graph_edges}
+            per[r] = {
+                "critical_path_us": h.cp_us,
+                "breakdown_us": h.breakdown_us,
+                "path_nodes": h.path_nodes,
+                "graph_nodes": h.graph_nodes,
+                "graph_edges": h.graph_edges,
+            }
         out["mode"] = "hta-compatible"
         out["emo_critical_path_us"] = out["critical_path_us"]
         out["critical_path_us"] = float(per[ranks[0]]["critical_path_us"])
@@ -163,8 +176,11 @@ class Trace:
             hit = gpu & names.str.contains(re.compile(pattern), regex=True).to_numpy()
             dur[hit] = np.round(dur[hit] * float(factor)).astype(np.int64)
         r = whatif(compiled, dur, slack=False)
-        return {"makespan_us": r.makespan_ns / 1e3, "recorded_makespan_us": self._a.result.makespan_ns / 1e3,
-                "critical_path_nodes": int(len(r.critical_path))}
+        return {
+            "makespan_us": r.makespan_ns / 1e3,
+            "recorded_makespan_us": self._a.result.makespan_ns / 1e3,
+            "critical_path_nodes": int(len(r.critical_path)),
+        }
 
     def write_perfetto(self, out) -> None:
         """The trace with critical-path and slack tracks, for ui.perfetto.dev (.json or .json.gz)."""
@@ -174,32 +190,42 @@ class Trace:
 
 
 def _text(s: dict) -> str:
-    lines = [f"critical path   {s['critical_path_us']:.1f} us  ({s['mode']}; makespan {s['makespan_us']:.1f} us, "
-             f"{s['critical_path_nodes']} nodes on ranks {s['critical_path_ranks']})"]
+    lines = [
+        f"critical path   {s['critical_path_us']:.1f} us  ({s['mode']}; makespan {s['makespan_us']:.1f} us, "
+        f"{s['critical_path_nodes']} nodes on ranks {s['critical_path_ranks']})"
+    ]
     label = "  EMO breakdown " if s["mode"] == "hta-compatible" else "  breakdown     "
     lines.append(label + ", ".join(f"{k} {v:.1f}" for k, v in s["breakdown_us"].items() if v))
     if s["mode"] == "hta-compatible":
         for r, h in s["hta"].items():
-            lines.append(f"  HTA rank {r}    {h['critical_path_us']} us  "
-                         + ", ".join(f"{k} {v}" for k, v in h["breakdown_us"].items() if v))
+            lines.append(
+                f"  HTA rank {r}    {h['critical_path_us']} us  "
+                + ", ".join(f"{k} {v}" for k, v in h["breakdown_us"].items() if v)
+            )
     lines.append(f"replay error    {s['replay_error_us']:.3f} us")
     if s.get("gpu_ops_without_launch"):
-        lines.append(f"note: {s['gpu_ops_without_launch']} GPU ops have no launching call in the trace (launched before "
-                     "it began?): each is taken as ready when its stream is")
+        lines.append(
+            f"note: {s['gpu_ops_without_launch']} GPU ops have no launching call in the trace (launched before "
+            "it began?): each is taken as ready when its stream is"
+        )
     lines.append(f"ranks           {s['ranks']}; collectives matched {s['collectives_matched']}/{s['collectives']}")
     for u in s["collectives_unmatched"]:
-        lines.append(f"  not matched   {u['instances']} x {u['group'][:60]}: {u['why']} "
-                     "(analysed as one kernel per rank, no wait assumed)")
+        lines.append(
+            f"  not matched   {u['instances']} x {u['group'][:60]}: {u['why']} "
+            "(analysed as one kernel per rank, no wait assumed)"
+        )
     for gpu, us in s["slack_us"].items():
         lines.append(f"slack {gpu:12s} {us:.1f} us")
     waited = s["collective_waits"]["waited_for_us_by_rank"]
     if waited:
-        lines.append("collective waits: ranks waited for " + ", ".join(f"rank {r}: {us:.1f} us" for r, us in waited.items()))
+        lines.append(
+            "collective waits: ranks waited for " + ", ".join(f"rank {r}: {us:.1f} us" for r, us in waited.items())
+        )
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from emo.errors import signals_raise
+    from emo.workflow.errors import signals_raise
 
     if args.perfetto:  # before the analysis: a refused path costs nothing
         from emo.io import check_output
@@ -210,8 +236,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    a = analyze_trace(args.path, rank=args.rank, annotation=args.annotation, instance=args.instance,
-                      hta_compatible=args.hta_compatible)
+    a = analyze_trace(
+        args.path,
+        rank=args.rank,
+        annotation=args.annotation,
+        instance=args.instance,
+        hta_compatible=args.hta_compatible,
+    )
     if args.perfetto:
         from emo.graph.perfetto import write_perfetto
 
@@ -220,23 +251,34 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ValueError(f"{args.perfetto}: cannot write ({e.strerror or e})") from None
     text = json.dumps(a.summary, default=str) if args.json else _text(a.summary)
-    from emo.errors import write_stdout
+    from emo.workflow.errors import write_stdout
 
     write_stdout(text + "\n")
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("analyze", help="critical path, slack and replay error of a trace",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "analyze",
+        help="critical path, slack and replay error of a trace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("path", help="Kineto JSON (.json/.json.gz), folder of per-rank files, or nsys .sqlite")
     p.add_argument("--rank", type=int, default=None, help="analyse this rank only")
     p.add_argument("--annotation", default=None, help="restrict to an annotation, e.g. ProfilerStep")
     p.add_argument("--instance", type=int, default=0, help="which instance of the annotation (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--perfetto", metavar="OUT", default=None,
-                   help="write the trace with critical-path and slack tracks (.json or .json.gz)")
+    p.add_argument(
+        "--perfetto",
+        metavar="OUT",
+        default=None,
+        help="write the trace with critical-path and slack tracks (.json or .json.gz)",
+    )
     p.add_argument("--force", action="store_true", help="let --perfetto replace an existing file")
-    p.add_argument("--hta-compatible", action="store_true",
-                   help="also compute the critical path with Holistic Trace Analysis's conventions")
+    p.add_argument(
+        "--hta-compatible",
+        action="store_true",
+        help="also compute the critical path with Holistic Trace Analysis's conventions",
+    )
     p.set_defaults(func=run)

@@ -21,6 +21,7 @@ The parent side (command line, environment, collecting what the ranks wrote) is 
 A program that prefers to say where iterations are can use `profile_steps()` directly.
 torch is imported only inside the launched process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,25 @@ import time
 from pathlib import Path
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
-from emo.device.launcher import (ENV_ACTIVE, ENV_DIR, ENV_ITERATIONS, ENV_LAUNCH, ENV_POLICY, ENV_PROFILE_ITER,
-                                 ENV_REPORT, ENV_SEGMENTS, ENV_STOP, ENV_WAIT, ENV_WARMUP, CaptureSpec, markers_needed,
-                                 run_capture, run_result,
-                                 trace_name, window_name)
+from emo.device.launcher import (
+    ENV_ACTIVE,
+    ENV_DIR,
+    ENV_ITERATIONS,
+    ENV_LAUNCH,
+    ENV_POLICY,
+    ENV_PROFILE_ITER,
+    ENV_REPORT,
+    ENV_SEGMENTS,
+    ENV_STOP,
+    ENV_WAIT,
+    ENV_WARMUP,
+    CaptureSpec,
+    markers_needed,
+    run_capture,
+    run_result,
+    trace_name,
+    window_name,
+)
 from emo.runtime import ClockRequestFailed
 
 
@@ -103,12 +119,22 @@ class ProfilerWindow:
         prof.export_chrome_trace(str(self.trace_file))
         times = [b - a for a, b in zip(self._marks, self._marks[1:])]
         e = None if self._e0 is None or getattr(self, "_e1", None) is None else self._e1 - self._e0
-        record = {"rank": self.rank, "local_rank": self.local_rank, "nvml_index": self.energy.index,
-                  "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-                  "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                  "launch": os.environ.get(ENV_LAUNCH), "trace": self.trace_file.name,
-                  "iterations": len(times), "time_s": sum(times), "energy_j": e,
-                  "iteration_times_s": times, "wait": self.wait, "warmup": self.warmup, "active": self.active}
+        record = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "nvml_index": self.energy.index,
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            "launch": os.environ.get(ENV_LAUNCH),
+            "trace": self.trace_file.name,
+            "iterations": len(times),
+            "time_s": sum(times),
+            "energy_j": e,
+            "iteration_times_s": times,
+            "wait": self.wait,
+            "warmup": self.warmup,
+            "active": self.active,
+        }
         tmp = self.window_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2))
         os.replace(tmp, self.window_file)
@@ -116,14 +142,17 @@ class ProfilerWindow:
 
     def close(self) -> None:
         if not self.done:
-            print(f"emo.capture: rank {self.rank} ended after {self.steps} iteration markers; the window "
-                  f"needs {self.wait + self.warmup + self.active} (no trace written)", file=sys.stderr)
+            print(
+                f"emo.capture: rank {self.rank} ended after {self.steps} iteration markers; the window "
+                f"needs {self.wait + self.warmup + self.active} (no trace written)",
+                file=sys.stderr,
+            )
         try:
             self.prof.stop()
         except Exception:
             pass
 
-    def __enter__(self) -> "ProfilerWindow":
+    def __enter__(self) -> ProfilerWindow:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -210,8 +239,14 @@ def _arm() -> None:
     _ARMED = True
     env = os.environ
     if ENV_DIR in env:
-        _HOOKS.append(ProfilerWindow(env[ENV_DIR], wait=int(env.get(ENV_WAIT, 5)), warmup=int(env.get(ENV_WARMUP, 2)),
-                                     active=int(env.get(ENV_ACTIVE, 3))))
+        _HOOKS.append(
+            ProfilerWindow(
+                env[ENV_DIR],
+                wait=int(env.get(ENV_WAIT, 5)),
+                warmup=int(env.get(ENV_WARMUP, 2)),
+                active=int(env.get(ENV_ACTIVE, 3)),
+            )
+        )
     if ENV_PROFILE_ITER in env:
         _HOOKS.append(ProfileWindow(int(env[ENV_PROFILE_ITER])))
     if ENV_SEGMENTS in env:  # several measured runs, each under its own clocks (emo.segments)
@@ -247,8 +282,9 @@ def _maybe_stop() -> None:
         return
     for h in _HOOKS:
         h.close()
-    print(f"emo: {_MARKERS} iterations done ({ENV_ITERATIONS}={env[ENV_ITERATIONS]}): ending the program",
-          file=sys.stderr)
+    print(
+        f"emo: {_MARKERS} iterations done ({ENV_ITERATIONS}={env[ENV_ITERATIONS]}): ending the program", file=sys.stderr
+    )
     raise SystemExit(0)
 
 
@@ -280,22 +316,32 @@ def install_from_env() -> None:
 
 # --------------------------------------------------------------------------- the sub-command
 def register(subparsers) -> None:
-    p = subparsers.add_parser("trace", help="record a window of a real PyTorch program's iterations",
-                              description="Record iterations of a training job, started as you start it "
-                                          "(python, torchrun, deepspeed, accelerate launch, a shell script), with "
-                                          "torch.profiler (Kineto, CUDA activities, cuda_sync events), one trace per "
-                                          "rank; EMO ends the job after the window.")
+    p = subparsers.add_parser(
+        "trace",
+        help="record a window of a real PyTorch program's iterations",
+        description="Record iterations of a training job, started as you start it "
+        "(python, torchrun, deepspeed, accelerate launch, a shell script), with "
+        "torch.profiler (Kineto, CUDA activities, cuda_sync events), one trace per "
+        "rank; EMO ends the job after the window.",
+    )
     p.add_argument("-o", "--out", default="results/capture", help="output folder (default: %(default)s)")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="ranks of a plain `python script.py` (> 1: EMO starts it under torchrun --standalone); "
-                        "leave at 1 when the command is a launcher")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks of a plain `python script.py` (> 1: EMO starts it under torchrun --standalone); "
+        "leave at 1 when the command is a launcher",
+    )
     p.add_argument("--wait", type=int, default=5, help="iterations skipped before warmup")
     p.add_argument("--warmup", type=int, default=2, help="profiled but discarded iterations")
     p.add_argument("--active", type=int, default=3, help="recorded iterations")
     p.add_argument("--policy", help="a frequency policy JSON to apply while the program runs")
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="-- the command as you run it: python train.py ..., torchrun ..., deepspeed ..., "
-                        "accelerate launch ..., bash run.sh")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="-- the command as you run it: python train.py ..., torchrun ..., deepspeed ..., "
+        "accelerate launch ..., bash run.sh",
+    )
     p.set_defaults(func=_cmd_trace)
 
 
@@ -303,11 +349,14 @@ def _cmd_trace(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     spec = CaptureSpec(command=command, nproc=args.nproc, wait=args.wait, warmup=args.warmup, active=args.active)
     if args.policy:  # no file, not a policy, no GPU: one line before the job starts
-        from emo.apply_cli import preflight
+        from emo.cli.apply import preflight
 
         preflight(Path(args.policy))
-    print(f"emo trace: one launch of {' '.join(command)}; EMO ends it after {markers_needed(spec)} iterations "
-          f"({spec.active} recorded)", file=sys.stderr)
+    print(
+        f"emo trace: one launch of {' '.join(command)}; EMO ends it after {markers_needed(spec)} iterations "
+        f"({spec.active} recorded)",
+        file=sys.stderr,
+    )
     res = run_capture(spec, Path(args.out), policy=Path(args.policy) if args.policy else None)
     rr = run_result(res, Path(args.out))
     for f in res.trace_files:
@@ -315,4 +364,3 @@ def _cmd_trace(args) -> int:
     e = "n/a (no NVML)" if rr.energy_j != rr.energy_j else f"{rr.energy_j:.3f} J"
     print(f"{rr.iterations} iterations: {rr.time_s:.4f} s, {e}")
     return 0
-

@@ -5,12 +5,13 @@ is composed (`check`), so a bad value fails before any stage runs.
 These dataclasses are the one source of defaults: `conf/config.yaml` only picks the groups, and a group
 file (`conf/gpu/*.yaml`, `conf/workload/*.yaml`, ...) holds only what that choice sets.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -36,11 +37,22 @@ def one_of(*values) -> dict:
 
 
 NON_EMPTY = {"allowed": (lambda v: len(v) > 0, "non-empty")}
-CLOCKS = {"allowed": (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v)),
-                      "an ascending list of clocks > 0 (MHz); empty only on NVML, which reports them")}
-LATENCY_RANGE = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)"),
-                 "nullable": True}  # null: what the calibration measured
-FRACTIONS = {"allowed": (lambda v: len(v) > 0 and all(0 < x <= 1 for x in v), "a non-empty list of fractions in (0, 1] of the max clock")}
+CLOCKS = {
+    "allowed": (
+        lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v)),
+        "an ascending list of clocks > 0 (MHz); empty only on NVML, which reports them",
+    )
+}
+LATENCY_RANGE = {
+    "allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1], "[min, max] with 0 <= min <= max (ms)"),
+    "nullable": True,
+}  # null: what the calibration measured
+FRACTIONS = {
+    "allowed": (
+        lambda v: len(v) > 0 and all(0 < x <= 1 for x in v),
+        "a non-empty list of fractions in (0, 1] of the max clock",
+    )
+}
 PERCENTILES = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1] <= 100, "[lo, hi] with 0 <= lo <= hi <= 100")}
 
 
@@ -48,15 +60,23 @@ PERCENTILES = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1] <= 100, "
 @dataclass
 class GpuConfig:
     name: str = MISSING  # model key, e.g. "a100"
-    backend: str = field(default="sim", metadata=one_of("sim", "nvml"))  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
+    backend: str = field(
+        default="sim", metadata=one_of("sim", "nvml")
+    )  # "sim" (virtual GPU) or "nvml" (real NVIDIA GPU)
     clocks_mhz: list[int] = field(default_factory=list, metadata=CLOCKS)  # supported SM clocks, ascending
-    default_mhz: int = field(default=MISSING, metadata=at_least(0))  # clock the GPU runs at when unlocked (the baseline: max clock)
+    default_mhz: int = field(
+        default=MISSING, metadata=at_least(0)
+    )  # clock the GPU runs at when unlocked (the baseline: max clock)
     memory_mhz: int = field(default=0, metadata=at_least(0))
     tdp_w: float = field(default=MISSING, metadata=at_least(0))
     seed: int = field(default=0, metadata=at_least(0))  # virtual GPU: deterministic per seed
-    noise: float = field(default=1.0, metadata=at_least(0))  # virtual GPU: multiplier of the physics block's noise sizes (noise_* keys; 1 = the published sizes, 0 = off)
+    noise: float = field(
+        default=1.0, metadata=at_least(0)
+    )  # virtual GPU: multiplier of the physics block's noise sizes (noise_* keys; 1 = the published sizes, 0 = off)
     physics: dict[str, Any] = field(default_factory=dict)  # virtual GPU physics (emo.device.sim)
-    counters: str = field(default="ncu", metadata=one_of("ncu", "dcgm", "none"))  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
+    counters: str = field(
+        default="ncu", metadata=one_of("ncu", "dcgm", "none")
+    )  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
 
 
 # --------------------------------------------------------------------------- workloads
@@ -81,7 +101,9 @@ class TransformerShape:
 class TPWorkload(WorkloadConfig):
     kind: str = "tp"
     tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
-    chunks: int = field(default=2, metadata=at_least(1))  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    chunks: int = field(
+        default=2, metadata=at_least(1)
+    )  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
     # domino: the batch in `chunks`, each chunk's all-reduce overlapping the next chunk's compute;
     # megatron: plain Megatron-LM, the whole batch at once, forward all-reduces blocking the compute
     # stream (backward's input-gradient all-reduce still overlaps the weight gradients); chunks unused
@@ -95,7 +117,9 @@ class PPWorkload(WorkloadConfig):
     kind: str = "pp"
     pp: int = field(default=4, metadata=one_of(2, 4, 8))  # pipeline stages (GPUs)
     microbatches: int = field(default=8, metadata=at_least(1))  # >= pp
-    partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))  # "uniform" or "parameter" (embedding and LM head make stages uneven)
+    partition: str = field(
+        default="uniform", metadata=one_of("uniform", "parameter")
+    )  # "uniform" or "parameter" (embedding and LM head make stages uneven)
     # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
 
@@ -121,24 +145,31 @@ class OffloadWorkload(WorkloadConfig):
     expert_hidden: int = field(default=1408, metadata=at_least(1))
     shared_experts: int = field(default=2, metadata=at_least(0))  # always-on experts, kept on the GPU
     cpu_gflops: float = field(default=800.0, metadata=above(0))  # host compute rate for expert GEMMs
-    pcie_gbps: float = field(default=25.0, metadata=above(0))  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
+    pcie_gbps: float = field(
+        default=25.0, metadata=above(0)
+    )  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
     decode_tokens: int = field(default=8, metadata=at_least(1))  # tokens generated per iteration
     # seq: tokens already in the KV cache; batch: sequences decoded together
-    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024,
-                                                                             batch=8, vocab=102400))
+    model: TransformerShape = field(
+        default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024, batch=8, vocab=102400)
+    )
 
 
 @dataclass
 class RecordedWorkload(WorkloadConfig):
     kind: str = "recorded"
-    path: str = field(default=MISSING, metadata=NON_EMPTY)  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
+    path: str = field(
+        default=MISSING, metadata=NON_EMPTY
+    )  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
 
 
 @dataclass
 class CommandWorkload(WorkloadConfig):
     kind: str = "command"
     command: list[str] = field(default_factory=list)  # e.g. ["python", "train.py"]
-    nproc: int = field(default=1, metadata=at_least(1))  # > 1: a plain `python script.py` is started under torchrun; 1 for a launcher command
+    nproc: int = field(
+        default=1, metadata=at_least(1)
+    )  # > 1: a plain `python script.py` is started under torchrun; 1 for a launcher command
     wait: int = field(default=5, metadata=at_least(0))  # profiler schedule: iterations skipped before warmup
     warmup: int = field(default=2, metadata=at_least(0))
     active: int = field(default=3, metadata=at_least(1))
@@ -177,11 +208,15 @@ class ModelConfig:
 class ZeusOptions:
     """Zeus's GlobalPowerLimitOptimizer (online; run by validate against the device)."""
 
-    min_power_limit_w: float = field(default=100.0, metadata=above(0))  # lowest settable limit when the device cannot say (the sim)
+    min_power_limit_w: float = field(
+        default=100.0, metadata=above(0)
+    )  # lowest settable limit when the device cannot say (the sim)
     pl_step_w: int = field(default=25, metadata=at_least(1))  # stride between the power limits it profiles
     wait_steps: int = field(default=1, metadata=at_least(0))
     warmup_steps: int = field(default=2, metadata=at_least(0))  # iterations before each limit's profiling window
-    profile_steps: int = field(default=10, metadata=at_least(1))  # iterations in each limit's window (long enough for the energy counter)
+    profile_steps: int = field(
+        default=10, metadata=at_least(1)
+    )  # iterations in each limit's window (long enough for the energy counter)
     max_steps: int = field(default=5000, metadata=at_least(1))  # give up (error) when it has not settled by then
 
 
@@ -189,13 +224,23 @@ class ZeusOptions:
 class GeepafsOptions:
     """GEEPAFS's control loop (online; run by validate against the device); the paper's T1, T2, M."""
 
-    probe_fractions: list[float] = field(default_factory=lambda: [0.79, 0.86, 0.94, 1.0], metadata=FRACTIONS)  # of the max clock (the authors' A100 list: 1110-1410 MHz)
-    samples_per_clock: int = field(default=2, metadata=at_least(1))  # visits of each probe clock per probing phase (M = this x probes)
+    probe_fractions: list[float] = field(
+        default_factory=lambda: [0.79, 0.86, 0.94, 1.0], metadata=FRACTIONS
+    )  # of the max clock (the authors' A100 list: 1110-1410 MHz)
+    samples_per_clock: int = field(
+        default=2, metadata=at_least(1)
+    )  # visits of each probe clock per probing phase (M = this x probes)
     sample_ms: float = field(default=200.0, metadata=above(0))  # T2: one probe sample's interval
     period_ms: float = field(default=15000.0, metadata=above(0))  # T1: the control period (probing, then holding f_opt)
-    periods: int = field(default=2, metadata=at_least(1))  # control periods measured (probing included), after one to start
-    min_memory_utilization: float = field(default=0.03, metadata=between(0, 1))  # below it: no model (f_bound = max clock)
-    max_fit_error: float = field(default=0.08, metadata=at_least(0))  # fold-line RMS error (utilisation) above which the model is dropped
+    periods: int = field(
+        default=2, metadata=at_least(1)
+    )  # control periods measured (probing included), after one to start
+    min_memory_utilization: float = field(
+        default=0.03, metadata=between(0, 1)
+    )  # below it: no model (f_bound = max clock)
+    max_fit_error: float = field(
+        default=0.08, metadata=at_least(0)
+    )  # fold-line RMS error (utilisation) above which the model is dropped
 
 
 @dataclass
@@ -204,26 +249,42 @@ class PerseusOptions:
 
     warmup_iters: int = field(default=5, metadata=at_least(0))  # iterations before each clock's measurement
     profile_iters: int = field(default=30, metadata=at_least(1))  # measured iterations per clock
-    stop_after_rises: int = field(default=5, metadata=at_least(1))  # the top-down sweep stops after this many consecutive energy rises
-    p_blocking_w: float = field(default=70.0, metadata=at_least(0))  # power of a GPU blocked on P2P (W), taken off the instructions' energy
-    max_pd_iterations: int = field(default=500, metadata=at_least(1))  # sets lowtime's time quantum (at most 2x this many iterations)
+    stop_after_rises: int = field(
+        default=5, metadata=at_least(1)
+    )  # the top-down sweep stops after this many consecutive energy rises
+    p_blocking_w: float = field(
+        default=70.0, metadata=at_least(0)
+    )  # power of a GPU blocked on P2P (W), taken off the instructions' energy
+    max_pd_iterations: int = field(
+        default=500, metadata=at_least(1)
+    )  # sets lowtime's time quantum (at most 2x this many iterations)
 
 
 @dataclass
 class OptimizerConfig:
     name: str = "emo"  # emo | static (offline: optimize writes a policy) | zeus | geepafs | perseus (online) | an ablation (emo.methods.ABLATIONS)
     change_interval_ms: float = field(default=20.0, metadata=above(0))  # >= min_interval_ms
-    change_points: str = field(default="passes", metadata=one_of("passes", "grid", "pass"))  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms; "pass": at every pass start (one window per pass)
+    change_points: str = field(
+        default="passes", metadata=one_of("passes", "grid", "pass")
+    )  # "passes": at pass starts, >= change_interval_ms apart; "grid": every change_interval_ms; "pass": at every pass start (one window per pass)
     budget_step_ms: float = field(default=1.0, metadata=above(0))
     min_clock_fraction: float = field(default=0.5, metadata=between(0, 1))
-    min_interval_ms: float = field(default=10.0, metadata=at_least(0))  # ε: the least time between two clock changes of a GPU
+    min_interval_ms: float = field(
+        default=10.0, metadata=at_least(0)
+    )  # ε: the least time between two clock changes of a GPU
     # a clock request lands [min, max] ms after it is issued: by default the calibration's measured
     # distribution, its transition_percentiles (p10-p90); a [min, max] here overrides the measurement
-    transition_ms: Optional[list[float]] = field(default=None, metadata=LATENCY_RANGE)
+    transition_ms: list[float] | None = field(default=None, metadata=LATENCY_RANGE)
     transition_percentiles: list[float] = field(default_factory=lambda: [10.0, 90.0], metadata=PERCENTILES)
-    budget_solves: int = field(default=6, metadata=at_least(1))  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
-    predictor_evaluations: int = field(default=400, metadata=at_least(0))  # emo: candidate policies the predictor judges in its local search
-    perseus_level: str = field(default="pass", metadata=one_of("pass", "pack"))  # perseus+emo-search: lowtime's unit, a "pass" or a "pack"
+    budget_solves: int = field(
+        default=6, metadata=at_least(1)
+    )  # emo: DP solves of the budget search (counts, never seconds: same inputs, same policy)
+    predictor_evaluations: int = field(
+        default=400, metadata=at_least(0)
+    )  # emo: candidate policies the predictor judges in its local search
+    perseus_level: str = field(
+        default="pass", metadata=one_of("pass", "pack")
+    )  # perseus+emo-search: lowtime's unit, a "pass" or a "pack"
     zeus: ZeusOptions = field(default_factory=ZeusOptions)
     geepafs: GeepafsOptions = field(default_factory=GeepafsOptions)
     perseus: PerseusOptions = field(default_factory=PerseusOptions)
@@ -232,9 +293,13 @@ class OptimizerConfig:
 @dataclass
 class ValidateConfig:
     iterations: int = field(default=5, metadata=at_least(5))  # measured iterations per run, after `warmup`
-    min_seconds: float = field(default=2.0, metadata=above(0))  # ... and more when needed for the run to span this long (energy-counter resolution)
+    min_seconds: float = field(
+        default=2.0, metadata=above(0)
+    )  # ... and more when needed for the run to span this long (energy-counter resolution)
     warmup: int = field(default=1, metadata=at_least(0))
-    pareto_points: int = field(default=8, metadata=at_least(0))  # optimizer=static: static clocks measured for the energy-time curve (0: none)
+    pareto_points: int = field(
+        default=8, metadata=at_least(0)
+    )  # optimizer=static: static clocks measured for the energy-time curve (0: none)
 
 
 @dataclass
@@ -253,13 +318,21 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
-    budget: float = field(default=0.02, metadata=between(0, 1, hi_open=True))  # allowed slowdown, fraction of the max-clock iteration time (0 = none)
+    budget: float = field(
+        default=0.02, metadata=between(0, 1, hi_open=True)
+    )  # allowed slowdown, fraction of the max-clock iteration time (0 = none)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     results: str = field(default="results", metadata=NON_EMPTY)  # artifacts: results/<stage>/<hash>/
 
 
-WORKLOADS = {"tp": TPWorkload, "pp": PPWorkload, "hybrid": HybridWorkload, "offload": OffloadWorkload,
-             "recorded": RecordedWorkload, "command": CommandWorkload}
+WORKLOADS = {
+    "tp": TPWorkload,
+    "pp": PPWorkload,
+    "hybrid": HybridWorkload,
+    "offload": OffloadWorkload,
+    "recorded": RecordedWorkload,
+    "command": CommandWorkload,
+}
 
 
 def check(cfg: dict) -> None:
@@ -270,17 +343,27 @@ def check(cfg: dict) -> None:
         _workload_rules(cfg["workload"])
     opt = cfg.get("optimizer", {})
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
-        _bad("optimizer.change_interval_ms", f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
-             opt["change_interval_ms"])
+        _bad(
+            "optimizer.change_interval_ms",
+            f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
+            opt["change_interval_ms"],
+        )
     gpu = cfg.get("gpu", {})
     if "clocks_mhz" in gpu and not gpu["clocks_mhz"] and gpu.get("backend") != "nvml":
-        _bad("gpu.clocks_mhz", "a non-empty ascending list of clocks > 0 (MHz) (only NVML discovers them)", gpu["clocks_mhz"])
+        _bad(
+            "gpu.clocks_mhz",
+            "a non-empty ascending list of clocks > 0 (MHz) (only NVML discovers them)",
+            gpu["clocks_mhz"],
+        )
     for key in ("default_mhz", "tdp_w"):  # 0 on NVML: what the device reports
         if key in gpu and gpu[key] <= 0 and gpu.get("backend") != "nvml":
             _bad(f"gpu.{key}", "> 0 (0 only on NVML, which reports it)", gpu[key])
     if gpu.get("clocks_mhz") and gpu.get("default_mhz") not in gpu["clocks_mhz"]:
-        _bad("gpu.default_mhz", f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
-             gpu.get("default_mhz"))
+        _bad(
+            "gpu.default_mhz",
+            f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
+            gpu.get("default_mhz"),
+        )
 
 
 def check_workload(wl: dict) -> None:
@@ -297,8 +380,11 @@ def _workload_rules(w: dict) -> None:
             _bad("workload.model.hidden", f"divisible by workload.model.heads ({m['heads']})", m["hidden"])
         hd = m["hidden"] // m["heads"]
         if hd % 8 or hd > 256:
-            _bad("workload.model.heads", f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
-                 m["heads"])
+            _bad(
+                "workload.model.heads",
+                f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
+                m["heads"],
+            )
     if kind == "tp":
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
@@ -312,8 +398,12 @@ def _workload_rules(w: dict) -> None:
             _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
     elif kind == "hybrid":
         if w["tp"] * w["pp"] * w["dp"] > 64:
-            _bad("workload.dp", f"such that workload.tp * workload.pp * workload.dp <= 64 GPUs "
-                 f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})", w["dp"])
+            _bad(
+                "workload.dp",
+                f"such that workload.tp * workload.pp * workload.dp <= 64 GPUs "
+                f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})",
+                w["dp"],
+            )
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
                 _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])

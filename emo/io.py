@@ -1,5 +1,6 @@
 """Artifact I/O at the edges: every file is written to a temporary name and renamed into place,
 so an interrupted run never leaves a half-written artifact that a later run would trust."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,8 +8,8 @@ import gzip
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
@@ -30,8 +31,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def check_output(path: str | Path, option: str, *, inputs: dict[str, str | Path] | None = None,
-                 force: bool = False) -> Path:
+def check_output(
+    path: str | Path, option: str, *, inputs: dict[str, str | Path] | None = None, force: bool = False
+) -> Path:
     """A file the user asked a command to write, checked before anything is computed (one line each):
     never one of the command's own inputs (`inputs`: option -> path) nor anything but a regular
     file (a device, a pipe, a folder), not over an existing file or a symbolic link unless `force`,

@@ -16,6 +16,7 @@ visible ones); a policy may map several ranks to one schedule with meta["ranks"]
 Clock control is the GPU control backend's runtime applier (emo.device.control; on NVIDIA GPUs NVML
 as root, else zeusd).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ from typing import Any
 
 from emo.policy import FrequencyPolicy
 
-_ACTIVE: "Clocks | None" = None
+_ACTIVE: Clocks | None = None
 
 
 def rank_env() -> tuple[int, int, int]:
@@ -45,8 +46,10 @@ def rank_gpu(visible: list[int], local: int) -> int:
     if len(visible) == 1:
         return visible[0]
     if not 0 <= local < len(visible):
-        raise GpuAccessError(f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) "
-                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        raise GpuAccessError(
+            f"LOCAL_RANK={local} but this process sees {len(visible)} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
     return visible[local]
 
 
@@ -57,9 +60,11 @@ def policy_device(policy: FrequencyPolicy, rank: int, source: str = "policy") ->
     device = ranks.get(rank, rank if not ranks else None)
     if device is None or device not in policy.steps:
         covered = sorted(ranks) if ranks else sorted(policy.steps)
-        raise ValueError(f"{source}: no schedule for rank {rank} (it covers rank(s) {_span(covered)}; "
-                         f"WORLD_SIZE={os.environ.get('WORLD_SIZE', 1)}): optimize a policy for this job's ranks, "
-                         "or map ranks to schedules in its meta.ranks")
+        raise ValueError(
+            f"{source}: no schedule for rank {rank} (it covers rank(s) {_span(covered)}; "
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE', 1)}): optimize a policy for this job's ranks, "
+            "or map ranks to schedules in its meta.ranks"
+        )
     return device
 
 
@@ -75,8 +80,16 @@ class Clocks:
 
     starts_at_marker = True  # armed by emo.capture at a marker: that marker starts its first iteration
 
-    def __init__(self, applier: Any, *, rank: int, device: int | None, source: str, report_dir: str | None = None,
-                 injected: bool = False):
+    def __init__(
+        self,
+        applier: Any,
+        *,
+        rank: int,
+        device: int | None,
+        source: str,
+        report_dir: str | None = None,
+        injected: bool = False,
+    ):
         self.applier, self.rank, self.device, self.source = applier, rank, device, source
         self.report_dir, self.injected, self.closed = report_dir, injected, False
 
@@ -110,7 +123,7 @@ class Clocks:
         if self.report_dir:
             write_report(Path(self.report_dir), self)
 
-    def __enter__(self) -> "Clocks":
+    def __enter__(self) -> Clocks:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
@@ -120,20 +133,25 @@ class Clocks:
 
 def write_report(folder: Path, clocks: Clocks) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rec = {**clocks.applier.summary(), "rank": clocks.rank, "device": clocks.device,
-           "errors": [str(e) for e in clocks.applier.errors[:5]]}
+    rec = {
+        **clocks.applier.summary(),
+        "rank": clocks.rank,
+        "device": clocks.device,
+        "errors": [str(e) for e in clocks.applier.errors[:5]],
+    }
     tmp = folder / f"rank{clocks.rank:05d}.json.tmp"
     tmp.write_text(json.dumps(rec))
     os.replace(tmp, tmp.with_suffix(""))
 
 
-def active() -> "Clocks | None":
+def active() -> Clocks | None:
     """The Clocks this process applies now, if any."""
     return _ACTIVE
 
 
-def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | None = None,
-          **applier_options: Any) -> Clocks:
+def apply(
+    policy: str | os.PathLike | FrequencyPolicy, *, report_dir: str | None = None, **applier_options: Any
+) -> Clocks:
     """Apply a frequency policy (a policy.json path or a FrequencyPolicy) to this rank's GPU until
     close() / the end of the `with` block. Extra keyword arguments go to the backend's runtime applier
     (GpuControl.policy_applier, e.g. lead_ms)."""
@@ -155,8 +173,9 @@ def apply(policy: "str | os.PathLike | FrequencyPolicy", *, report_dir: str | No
     if not launched and len(policy.steps) > 1 and not policy.meta.get("ranks"):
         # one process driving several GPUs (no launcher): schedule d on visible GPU d
         if max(policy.steps) >= len(visible):
-            raise GpuAccessError(f"{source}: schedules for GPUs {sorted(policy.steps)} but this process sees "
-                                 f"{len(visible)} {where}")
+            raise GpuAccessError(
+                f"{source}: schedules for GPUs {sorted(policy.steps)} but this process sees {len(visible)} {where}"
+            )
         device, devices = None, {d: visible[d] for d in policy.steps}
     else:
         device = policy_device(policy, rank, source)
@@ -213,7 +232,7 @@ class EnergyWindow:
         self._t0 = None
         return self.result
 
-    def __enter__(self) -> "EnergyWindow":
+    def __enter__(self) -> EnergyWindow:
         self.begin()
         return self
 

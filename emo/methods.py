@@ -14,6 +14,7 @@ Contracts (`run`):
 - online: run(device, workload, devices, budget, optimizer_cfg, gpu_cfg, *, iterations, warmup)
   -> emo.baselines.OnlineResult.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -12,6 +12,7 @@ entry's `occupancy`; `min_ns` defaults to Work's floor unless the source sets it
 
 This module reads files only; it imports nothing from the virtual GPU, so models may use it.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,16 +29,26 @@ REGISTRY_PATH = MICROBENCH_DIR / "registry.yaml"
 
 # The fields of emo.device.sim.program.Work, in order (a test keeps the two equal).
 WORK_FIELDS = (
-    "fp32_flop", "fp16_tensor_flop", "int8_tensor_op", "fp64_flop", "int_op", "sfu_op",
-    "shared_bytes", "l1_bytes", "l2_bytes", "dram_read_bytes", "dram_write_bytes", "active_warps",
+    "fp32_flop",
+    "fp16_tensor_flop",
+    "int8_tensor_op",
+    "fp64_flop",
+    "int_op",
+    "sfu_op",
+    "shared_bytes",
+    "l1_bytes",
+    "l2_bytes",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "active_warps",
     "min_ns",
 )
 DEFAULT_MIN_NS = 2000.0  # Work.min_ns
-STRESSES = frozenset({"idle", "int32", "fp32", "fp64", "sfu", "shared", "l1", "l2", "dram_read",
-                      "dram_write", "hmma", "imma"})
+STRESSES = frozenset(
+    {"idle", "int32", "fp32", "fp64", "sfu", "shared", "l1", "l2", "dram_read", "dram_write", "hmma", "imma"}
+)
 ARG_TYPES = frozenset({"i32", "u32", "u64", "f32", "float*", "float4*", "const float4*"})
-REQUIRED = ("source", "kernel", "stresses", "intensity", "occupancy", "grid", "block",
-            "dynamic_smem_bytes", "args")
+REQUIRED = ("source", "kernel", "stresses", "intensity", "occupancy", "grid", "block", "dynamic_smem_bytes", "args")
 MAX_STATIC_DYNAMIC_SMEM = 48 * 1024  # more needs cudaFuncAttributeMaxDynamicSharedMemorySize
 _SCOPES = ("per_iter", "per_thread", "per_launch")
 _WORK_LINE = re.compile(r"^\s*//\s*@work\s+(\w+)\s+(\w+)\s+(.*)$", re.MULTILINE)
@@ -63,8 +74,11 @@ def parse_work_annotations(text: str, where: str) -> dict[str, dict[str, dict[st
 
 
 def _dim3(value: Any, where: str) -> tuple[int, int, int]:
-    if (not isinstance(value, list) or len(value) != 3
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
         raise ValueError(f"{where}: want a list of 3 positive integers, got {value!r}")
     return (value[0], value[1], value[2])
 
@@ -84,7 +98,11 @@ def _check_args(args: Any, where: str) -> dict[str, Any]:
         pointer = arg["type"].endswith("*")
         key = "buffer_bytes" if pointer else "value"
         val = arg.get(key)
-        if not isinstance(val, (int, float)) or isinstance(val, bool) or (pointer and (not isinstance(val, int) or val <= 0)):
+        if (
+            not isinstance(val, (int, float))
+            or isinstance(val, bool)
+            or (pointer and (not isinstance(val, int) or val <= 0))
+        ):
             raise ValueError(f"{w}: {arg['name']} ({arg['type']}) needs a numeric {key}, got {val!r}")
         values[arg["name"]] = val
     return values
@@ -104,8 +122,14 @@ def _resolve(value: str, args: dict[str, Any], where: str) -> float:
 def work_of(entry: dict[str, Any], annotations: dict[str, dict[str, str]], where: str) -> dict[str, float]:
     """The Work vector of one launch of `entry` (see the module docstring)."""
     args = {a["name"]: a.get("value", a.get("buffer_bytes")) for a in entry["args"]}
-    threads = float(entry["grid"][0] * entry["grid"][1] * entry["grid"][2]
-                    * entry["block"][0] * entry["block"][1] * entry["block"][2])
+    threads = float(
+        entry["grid"][0]
+        * entry["grid"][1]
+        * entry["grid"][2]
+        * entry["block"][0]
+        * entry["block"][1]
+        * entry["block"][2]
+    )
     if annotations.get("per_iter") and "iters" not in args:
         raise ValueError(f"{where}: the source counts work per_iter but the kernel has no 'iters' argument")
     mult = {"per_iter": threads * float(args.get("iters", 0)), "per_thread": threads, "per_launch": 1.0}

@@ -5,6 +5,7 @@ site-packages for a built wheel): module sources are named relative to it, so th
 same digest however it was installed. `ROOT` holds the pipeline's files (Snakefile, workflow/, conf/,
 profiles/, microbench/): the repository, or the copy a built wheel carries in emo/_project
 (setup.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ A policy is plain JSON so that the runtime applier on a GPU box and the virtual 
 what a step means in time (`issue_plan`: when its clock request is made) is defined here once and used
 alike by the virtual GPU, the predictor and the applier on hardware.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ class FrequencyPolicy:
     meta: dict = field(default_factory=dict)
 
     @classmethod
-    def static(cls, gpu: str, devices: int | list[int], sm_mhz: int, **kw) -> "FrequencyPolicy":
+    def static(cls, gpu: str, devices: int | list[int], sm_mhz: int, **kw) -> FrequencyPolicy:
         ids = range(devices) if isinstance(devices, int) else devices
         return cls(gpu=gpu, steps={d: [Step(0.0, int(sm_mhz))] for d in ids}, **kw)
 
@@ -42,7 +43,7 @@ class FrequencyPolicy:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FrequencyPolicy":
+    def from_dict(cls, d: dict) -> FrequencyPolicy:
         d = dict(d)
         d["steps"] = {
             int(k): sorted((Step(float(s["t_ms"]), int(s["sm_mhz"])) for s in v), key=lambda s: s.t_ms)
@@ -56,7 +57,7 @@ class FrequencyPolicy:
         write_json(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | Path) -> "FrequencyPolicy":
+    def load(cls, path: str | Path) -> FrequencyPolicy:
         path = Path(path)
         try:
             return cls.from_dict(json.loads(path.read_text()))

@@ -1,10 +1,11 @@
 """Run a function right after a module is imported, without importing it (the injected
 sitecustomize must not import torch into every Python process of a job, a launcher's included)."""
+
 from __future__ import annotations
 
 import importlib.abc
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class _After(importlib.abc.MetaPathFinder):

@@ -25,13 +25,15 @@ What a step means in time (`emo.policy.issue_plan`) is defined once, beside the 
 with the virtual GPU and the predictor; this module only holds the threads. The NVML applier that
 drives real GPUs is emo.device.nvml.nvml_applier.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from emo.policy import FrequencyPolicy, Issue, issue_plan
 
@@ -51,7 +53,7 @@ class ClockSetter(Protocol):
 
 
 class _DeviceThread(threading.Thread):
-    def __init__(self, applier: "PolicyApplier", device: int, target: int, plan: list[Issue], first: int):
+    def __init__(self, applier: PolicyApplier, device: int, target: int, plan: list[Issue], first: int):
         super().__init__(name=f"emo-clock-{device}", daemon=True)
         self.applier, self.device, self.target, self.plan, self.first = applier, device, target, plan, first
         self.current: int | None = None
@@ -98,8 +100,16 @@ class PolicyApplier:
 
     JOIN_S = 5.0  # how long close() waits for a request in flight before resetting anyway
 
-    def __init__(self, policy: FrequencyPolicy, setter: ClockSetter, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None, clock: Callable[[], float] = time.monotonic, strict: bool = False):
+    def __init__(
+        self,
+        policy: FrequencyPolicy,
+        setter: ClockSetter,
+        *,
+        devices: dict[int, int] | None = None,
+        lead_ms: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        strict: bool = False,
+    ):
         self.policy = policy
         self.setter = setter
         self.strict = strict
@@ -177,9 +187,15 @@ class PolicyApplier:
     def summary(self) -> dict:
         """What happened: requests landed / failed / dropped (the setter was resetting), failed resets,
         iterations, and `applied`: some request landed and none failed (else report no savings)."""
-        return {"landed": self.landed, "failed": self.failed, "dropped": self.dropped,
-                "resets_failed": self.resets_failed, "iterations": self._generation,
-                "applied": self.landed > 0 and self.failed == 0, "first_error": self.first_error}
+        return {
+            "landed": self.landed,
+            "failed": self.failed,
+            "dropped": self.dropped,
+            "resets_failed": self.resets_failed,
+            "iterations": self._generation,
+            "applied": self.landed > 0 and self.failed == 0,
+            "first_error": self.first_error,
+        }
 
     def summary_line(self) -> str:
         s = self.summary()
@@ -193,8 +209,10 @@ class PolicyApplier:
     def _raise_if_failed(self) -> None:
         if self.strict and (self.failed or self.resets_failed):
             assert self.first_error is not None  # _fail counts a failure and names the first one
-            raise ClockRequestFailed(f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
-                                     f"{self.summary_line().removeprefix('emo: ')})")
+            raise ClockRequestFailed(
+                f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
+                f"{self.summary_line().removeprefix('emo: ')})"
+            )
 
     def step(self, ready: Callable[[], object] | None = None) -> None:
         """Mark the start of an iteration (the policy's t = 0). strict: a failed request raises here.
@@ -272,7 +290,7 @@ class PolicyApplier:
             self._said_summary = True
             print(self.summary_line(), file=sys.stderr, flush=True)
 
-    def __enter__(self) -> "PolicyApplier":
+    def __enter__(self) -> PolicyApplier:
         return self
 
     def __exit__(self, kind, value, tb) -> None:

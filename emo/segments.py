@@ -8,21 +8,29 @@ GPU synchronise at each measured segment's edges, as the trace window reads them
 Every rank counts the same markers, so every rank switches clocks at the same iteration; nothing is
 exchanged between ranks.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class SegmentWindow:
     starts_at_marker = False  # opened at a marker: the first segment's first iteration starts there
     e0: float | None  # the rank's energy counter (J) when the segment's measured iterations began
 
-    def __init__(self, plan_file: str | Path, *, apply: Callable | None = None, energy: Any = None,
-                 sync: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        plan_file: str | Path,
+        *,
+        apply: Callable | None = None,
+        energy: Any = None,
+        sync: Callable[[], None] | None = None,
+    ):
         from emo.loop import rank_env
 
         plan = json.loads(Path(plan_file).read_text())
@@ -56,9 +64,15 @@ class SegmentWindow:
         self._sync()
         e1 = self._energy()
         times = [b - a for a, b in zip(self.marks, self.marks[1:])]
-        self.records.append({"iterations": len(times), "time_s": sum(times), "iteration_times_s": times,
-                             "energy_j": None if e1 is None or self.e0 is None else e1 - self.e0,
-                             "sm_mhz": self.segments[self.i].get("label")})
+        self.records.append(
+            {
+                "iterations": len(times),
+                "time_s": sum(times),
+                "iteration_times_s": times,
+                "energy_j": None if e1 is None or self.e0 is None else e1 - self.e0,
+                "sm_mhz": self.segments[self.i].get("label"),
+            }
+        )
         if self.clocks is not None:
             self.clocks.close()  # resets this GPU's clock before the next segment sets its own
             self.clocks = None
@@ -85,9 +99,14 @@ class SegmentWindow:
             self._begin()
 
     def _write(self) -> None:
-        rec = {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world,
-               "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-               "launch": os.environ.get("EMO_LAUNCH_ID"), "segments": self.records}
+        rec = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world,
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            "launch": os.environ.get("EMO_LAUNCH_ID"),
+            "segments": self.records,
+        }
         path = self.out / f"rank{self.rank:03d}.segments.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=1))

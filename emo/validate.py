@@ -15,12 +15,14 @@ rule) and the next one down is measured too, and static's result is a fresh run 
 least measured energy that keeps it (the model's pick is one candidate): the best measured single
 clock, not the model's.
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,7 +31,7 @@ from emo.baselines import ONLINE, run_online
 from emo.device import RunResult, run_segments
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
-from emo.progress import progress
+from emo.workflow.progress import progress
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")
@@ -47,7 +49,9 @@ def savings(t_ori: float, e_ori: float, t_opt: float, e_opt: float) -> dict[str,
     return {"es_pct": 100.0 * (e_ori - e_opt) / e_ori, "pl_pct": 100.0 * (t_opt - t_ori) / t_ori}
 
 
-def prediction_errors(policy: FrequencyPolicy, t_opt: float, e_opt: float, t_ori: float, e_ori: float) -> dict[str, float]:
+def prediction_errors(
+    policy: FrequencyPolicy, t_opt: float, e_opt: float, t_ori: float, e_ori: float
+) -> dict[str, float]:
     """Absolute percentage error of the policy's predicted iteration time and energy, and the ES/PL
     it predicted, when the policy carries its predicted max-clock baseline (meta)."""
     out: dict[str, float] = {}
@@ -72,14 +76,17 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
     return [int(c) for c in lo[idx]]
 
 
-def measure_static_curve(device: Any, workload: Any, devices: list[int], clocks: list[int],
-                         iterations: int, warmup: int) -> pd.DataFrame:
+def measure_static_curve(
+    device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int
+) -> pd.DataFrame:
     """Time and energy per iteration at each static clock, all in one launch of the program."""
     runs = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
     with progress(1, f"validate: {len(clocks)} static clocks") as bar:
         results = run_segments(device, workload, runs, warmup=warmup)
         bar.update()
-    rows = [{"sm_mhz": f, "time_s": per_iteration(r)[0], "energy_j": per_iteration(r)[1]} for f, r in zip(clocks, results)]
+    rows = [
+        {"sm_mhz": f, "time_s": per_iteration(r)[0], "energy_j": per_iteration(r)[1]} for f, r in zip(clocks, results)
+    ]
     return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
 
 
@@ -111,25 +118,36 @@ def iteration_estimate_s(policy: FrequencyPolicy | None) -> float | None:
 
 def _run_dict(run: RunResult) -> dict:
     t, e = per_iteration(run)
-    return {"iterations": run.iterations, "time_s": run.time_s, "energy_j": run.energy_j,
-            "iteration_time_s": t, "iteration_energy_j": e,
-            "energy_per_device_j": {str(k): v for k, v in run.energy_per_device_j.items()}}
+    return {
+        "iterations": run.iterations,
+        "time_s": run.time_s,
+        "energy_j": run.energy_j,
+        "iteration_time_s": t,
+        "iteration_energy_j": e,
+        "energy_per_device_j": {str(k): v for k, v in run.energy_per_device_j.items()},
+    }
 
 
-def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -> tuple[dict, dict, pd.DataFrame | None]:
+def validate(
+    cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]
+) -> tuple[dict, dict, pd.DataFrame | None]:
     """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
     measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
     wl, vcfg, ocfg = cfg["workload"], cfg["validate"], cfg["optimizer"]
     if wl["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
-        why = "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
+        why = (
+            "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
+        )
         logging.getLogger("emo").warning(why)
         pred = {}
         if policy_path is not None:
             meta = FrequencyPolicy.load(policy_path)
             base_t, base_e = meta.meta.get("baseline_time_s"), meta.meta.get("baseline_energy_j")
             if base_t and base_e and meta.predicted_time_s and meta.predicted_energy_j:
-                pred = {"predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
-                        "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1)}
+                pred = {
+                    "predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
+                    "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1),
+                }
         return {"skipped": why, "method": ocfg["name"], **pred}, {"skipped": 1, **pred}, None
     n, warmup, method = int(vcfg["iterations"]), int(vcfg["warmup"]), ocfg["name"]
     if n < MIN_ITERATIONS:
@@ -148,8 +166,14 @@ def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -
         if est is None:
             est = device.run(wl, 1, warmup=warmup).time_s
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
-        log.info("validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
-                 "about %.1f minutes plus its start-up", method, n, warmup, 2 * (n + warmup) * est / 60)
+        log.info(
+            "validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
+            "about %.1f minutes plus its start-up",
+            method,
+            n,
+            warmup,
+            2 * (n + warmup) * est / 60,
+        )
         with progress(2, f"validate: max clock, then {method}") as bar:
             explore = None
             setting: dict = {}
@@ -162,8 +186,9 @@ def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -
                 base = device.run(wl, n, warmup=warmup)
                 bar.update()
                 devices = sorted(base.energy_per_device_j) or [0]
-                res = run_online(method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"],
-                                 iterations=n, warmup=warmup)
+                res = run_online(
+                    method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"], iterations=n, warmup=warmup
+                )
                 opt, explore, setting = res.steady, res.explore, res.setting
             bar.update()
         curve = None
@@ -179,7 +204,9 @@ def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -
             candidates = curve
             if len(model_mhz) == 1:  # the model's pick, measured above, is a candidate too
                 t_m, e_m = per_iteration(opt)
-                candidates = pd.concat([curve, pd.DataFrame([{"sm_mhz": model_mhz[0], "time_s": t_m, "energy_j": e_m}])])
+                candidates = pd.concat(
+                    [curve, pd.DataFrame([{"sm_mhz": model_mhz[0], "time_s": t_m, "energy_j": e_m}])]
+                )
             pick = best_measured_clock(candidates, limit_s)
             curve = curve.sort_values("sm_mhz").drop_duplicates("sm_mhz").reset_index(drop=True)
             if pick is not None:
@@ -187,24 +214,47 @@ def validate(cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]) -
                 device.set_policy(FrequencyPolicy.static(device.name, devices, pick))
                 opt = device.run(wl, n, warmup=warmup)
                 device.set_policy(None)
-                setting.update({"static_pick": "measured", "sm_mhz": pick, "model_mhz": model_mhz,
-                                "measured_clocks": int(len(curve))})
+                setting.update(
+                    {
+                        "static_pick": "measured",
+                        "sm_mhz": pick,
+                        "model_mhz": model_mhz,
+                        "measured_clocks": int(len(curve)),
+                    }
+                )
     finally:
         device.close()
 
     t_ori, e_ori = per_iteration(base)
     t_opt, e_opt = per_iteration(opt)
-    metrics = {**savings(t_ori, e_ori, t_opt, e_opt), "t_ori_s": t_ori, "e_ori_j": e_ori, "t_opt_s": t_opt, "e_opt_j": e_opt,
-               "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg["budget"]) + PL_TOLERANCE_PCT)}
+    metrics = {
+        **savings(t_ori, e_ori, t_opt, e_opt),
+        "t_ori_s": t_ori,
+        "e_ori_j": e_ori,
+        "t_opt_s": t_opt,
+        "e_opt_j": e_opt,
+        "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg["budget"]) + PL_TOLERANCE_PCT),
+    }
     if policy is not None and setting.get("static_pick") != "measured":  # the model predicted its own pick only
         metrics.update(prediction_errors(policy, t_opt, e_opt, t_ori, e_ori))
     if explore is not None:
         metrics.update({"explore_time_s": explore.time_s, "explore_energy_j": explore.energy_j})
     result = {
-        "method": method, "budget": float(cfg["budget"]), "workload": wl, "gpu": cfg["gpu"]["name"],
-        "baseline": _run_dict(base), "optimized": _run_dict(opt), "metrics": metrics, "setting": setting,
-        "predicted": None if policy is None else {"time_s": policy.predicted_time_s, "energy_j": policy.predicted_energy_j,
-                                                  "baseline_time_s": policy.meta.get("baseline_time_s"),
-                                                  "baseline_energy_j": policy.meta.get("baseline_energy_j")},
+        "method": method,
+        "budget": float(cfg["budget"]),
+        "workload": wl,
+        "gpu": cfg["gpu"]["name"],
+        "baseline": _run_dict(base),
+        "optimized": _run_dict(opt),
+        "metrics": metrics,
+        "setting": setting,
+        "predicted": None
+        if policy is None
+        else {
+            "time_s": policy.predicted_time_s,
+            "energy_j": policy.predicted_energy_j,
+            "baseline_time_s": policy.meta.get("baseline_time_s"),
+            "baseline_energy_j": policy.meta.get("baseline_energy_j"),
+        },
     }
     return result, metrics, curve

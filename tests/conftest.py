@@ -1,10 +1,11 @@
 """Shared test fixtures."""
+
 from __future__ import annotations
 
 import pytest
 import snakemake.shell  # noqa: F401  # it keeps sys.stdout of its first import for every job it starts:
-# imported here, that is the session's stream, not a test's capfd stream that is closed after the test
 
+# imported here, that is the session's stream, not a test's capfd stream that is closed after the test
 from emo.stages import run_in_place
 
 

@@ -5,6 +5,7 @@ locked clocks, power limits and an energy counter, and records every call in `ca
 `log_path` is set, appends each call as a line, so a test can read what a killed subprocess did; with
 `stamp`, each call ends with its time.monotonic(), which every process on the machine shares).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,18 @@ GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}
 
 
 class FakeNVML(types.ModuleType):
-    def __init__(self, gpus: int = 2, *, permission: bool = True, lock_supported: bool = True,
-                 init_error: int | None = None, log_path: str | None = None,
-                 clock_delay_ms=0.0, now=None, stamp: bool = False):
+    def __init__(
+        self,
+        gpus: int = 2,
+        *,
+        permission: bool = True,
+        lock_supported: bool = True,
+        init_error: int | None = None,
+        log_path: str | None = None,
+        clock_delay_ms=0.0,
+        now=None,
+        stamp: bool = False,
+    ):
         super().__init__("pynvml")
         for k in dir(_real):
             if k.startswith("NVML_") or k.startswith("NVMLError"):
@@ -111,9 +121,14 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetSamples(self, h, kind, since_us):
         # (timestamp us, value %): memory utilisation 40 % then 80 %, GPU utilisation 90 %
         data = self.samples.get(kind, [])
-        return (_real.NVML_VALUE_TYPE_UNSIGNED_INT,
-                [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v))
-                 for t, v in data if t >= since_us])
+        return (
+            _real.NVML_VALUE_TYPE_UNSIGNED_INT,
+            [
+                types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v))
+                for t, v in data
+                if t >= since_us
+            ],
+        )
 
     def nvmlDeviceGetUtilizationRates(self, h):
         return types.SimpleNamespace(gpu=7, memory=3)
@@ -165,8 +180,11 @@ def owner_env(log_path=None, **kw) -> dict:
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    return {"EMO_CLOCK_OWNER_NVML": "nvml_fake:from_env", "PYTHONPATH": path,
-            FAKE_ENV: json.dumps({**kw, "log_path": None if log_path is None else str(log_path)})}
+    return {
+        "EMO_CLOCK_OWNER_NVML": "nvml_fake:from_env",
+        "PYTHONPATH": path,
+        FAKE_ENV: json.dumps({**kw, "log_path": None if log_path is None else str(log_path)}),
+    }
 
 
 def read_log(path) -> list[tuple]:

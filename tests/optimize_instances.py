@@ -2,6 +2,7 @@
 pipeline schedules built from measured per-stage clock sweeps (Perseus' A100/A40 profiles), and a
 large pipeline generator. Pure functions of their arguments; nothing here touches a device.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,14 @@ import pandas as pd
 from emo.optimize.problem import Problem, build_problem
 
 
-def dvfs_curves(clocks: np.ndarray, base_ns: np.ndarray, alpha: np.ndarray, activity_w: np.ndarray,
-                knee: float = 0.78, v_min: float = 0.8):
+def dvfs_curves(
+    clocks: np.ndarray,
+    base_ns: np.ndarray,
+    alpha: np.ndarray,
+    activity_w: np.ndarray,
+    knee: float = 0.78,
+    v_min: float = 0.8,
+):
     """Duration (ns) and energy above idle (J) of kernels at each clock: time = base × (α·fmax/f + 1 − α)
     (α: compute-bound share), dynamic power ∝ activity · V(f)² · f with V flat below the knee."""
     f = clocks / clocks.max()
@@ -23,14 +30,24 @@ def dvfs_curves(clocks: np.ndarray, base_ns: np.ndarray, alpha: np.ndarray, acti
     return t, p * t * 1e-9
 
 
-def idle_curve(clocks: np.ndarray, static_w: float = 60.0, idle_dyn_w: float = 35.0, knee: float = 0.78, v_min: float = 0.8):
+def idle_curve(
+    clocks: np.ndarray, static_w: float = 60.0, idle_dyn_w: float = 35.0, knee: float = 0.78, v_min: float = 0.8
+):
     f = clocks / clocks.max()
     v = np.where(f <= knee, v_min, v_min + (1 - v_min) * (f - knee) / (1 - knee))
-    return static_w * v + idle_dyn_w * v ** 2 * f
+    return static_w * v + idle_dyn_w * v**2 * f
 
 
-def random_problem(seed: int, *, gpus: int = 2, kernels: int = 12, clocks: int = 7, side_stream: bool = True,
-                   pipeline: bool = True, min_clock_fraction: float = 0.5) -> tuple[Problem, dict]:
+def random_problem(
+    seed: int,
+    *,
+    gpus: int = 2,
+    kernels: int = 12,
+    clocks: int = 7,
+    side_stream: bool = True,
+    pipeline: bool = True,
+    min_clock_fraction: float = 0.5,
+) -> tuple[Problem, dict]:
     """A small random training-like DAG: per GPU a host thread launching kernels on a main stream
     (CPU stalls leave GPU slack), a side stream of communication-like kernels joined by events, and
     point-to-point transfers GPU g -> g+1 through fixed-duration link nodes."""
@@ -135,8 +152,17 @@ def pipeline_dag(stages: int, microbatches: int, packs_per_pass: int, *, links: 
     return np.array(stage), np.array(instr), np.array(part), src, dst
 
 
-def pipeline_problem(time_s: np.ndarray, energy_j: np.ndarray, clocks_mhz: np.ndarray, *, microbatches: int,
-                     idle_w: float, link_ns: float = 0.0, split: int = 1, min_clock_fraction: float = 0.0) -> Problem:
+def pipeline_problem(
+    time_s: np.ndarray,
+    energy_j: np.ndarray,
+    clocks_mhz: np.ndarray,
+    *,
+    microbatches: int,
+    idle_w: float,
+    link_ns: float = 0.0,
+    split: int = 1,
+    min_clock_fraction: float = 0.0,
+) -> Problem:
     """A 1F1B pipeline: stage s, instruction i (0 fwd, 1 bwd) takes time_s[s, i, c] and energy_j[s, i, c]
     (total, idle included) at clocks_mhz[c]; each pass is split into `split` equal packs."""
     S, C = time_s.shape[0], len(clocks_mhz)
@@ -172,8 +198,14 @@ def perseus_profile(path: str | Path, stages: int | None = None, clock_stride: i
     return t, e, clocks
 
 
-def large_pipeline(stages: int = 8, microbatches: int = 64, packs_per_pass: int = 50, seed: int = 0,
-                   clocks: int = 48, link_ns: float = 20e3) -> Problem:
+def large_pipeline(
+    stages: int = 8,
+    microbatches: int = 64,
+    packs_per_pass: int = 50,
+    seed: int = 0,
+    clocks: int = 48,
+    link_ns: float = 20e3,
+) -> Problem:
     """A big pipeline (stages × microbatches × 2 × packs_per_pass packs) with DVFS-shaped packs of
     varied compute share: the optimiser's scaling test."""
     rng = np.random.default_rng(seed)

@@ -19,6 +19,7 @@ in the environment. It changes two GPUs' clocks every 5 ms, prints `ready <owner
   fork         a forked DataLoader-like worker tries to close/step/set through what it inherited, is
                sent SIGTERM and dies of it; the parent writes ["marker"] to LOG, keeps training and ends
 """
+
 import ctypes
 import json
 import os
@@ -39,6 +40,7 @@ def dying() -> None:
     """Note when this process ends itself (the clock the fake stamps the owner's calls with)."""
     with open(log, "a") as f:
         f.write(json.dumps(["dying", time.monotonic()]) + "\n")
+
 
 from emo.device import clock_owner  # noqa: E402
 from emo.device.nvml_control import nvml_applier  # noqa: E402

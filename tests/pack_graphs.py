@@ -1,5 +1,6 @@
 """Random execution graphs for the packing tests: host threads launching kernels on a few streams,
 CPU gaps, event edges between streams, stream synchronisations and cross-rank collectives."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,19 @@ def random_graph(seed: int, ranks: int = 2, launches: int = 300, streams: int = 
     edges: list[tuple[int, int, str, bool]] = []
 
     def node(kind, rank, dur, name, device=-1, stream=-1, thread=-1):
-        nodes.append(dict(kind=kind, rank=rank, device=device, stream=stream, thread=thread, start_ns=0,
-                          dur_ns=int(dur), name=name, event=-1))
+        nodes.append(
+            dict(
+                kind=kind,
+                rank=rank,
+                device=device,
+                stream=stream,
+                thread=thread,
+                start_ns=0,
+                dur_ns=int(dur),
+                name=name,
+                event=-1,
+            )
+        )
         return len(nodes) - 1
 
     names = [f"k{i}" for i in range(12)]
@@ -43,7 +55,14 @@ def random_graph(seed: int, ranks: int = 2, launches: int = 300, streams: int = 
             if i in coll_at:  # a collective on the comm stream, waiting for the compute stream
                 s = streams
                 w = node("coll_wait", r, 0, "ncclAllReduce", device=0, stream=100)
-                x = node("collective", r, rng.integers(50_000, 2_000_000) if r == 0 else 0, "ncclAllReduce", device=0, stream=100)
+                x = node(
+                    "collective",
+                    r,
+                    rng.integers(50_000, 2_000_000) if r == 0 else 0,
+                    "ncclAllReduce",
+                    device=0,
+                    stream=100,
+                )
                 rv = rendezvous.setdefault(ci, node("rendezvous", -1, 0, "pg0"))
                 ci += 1
                 edges += [(call, w, "launch", True), (w, rv, "collective", False), (rv, x, "collective", False)]
@@ -69,8 +88,9 @@ def random_graph(seed: int, ranks: int = 2, launches: int = 300, streams: int = 
                 sy = node("sync", r, rng.integers(1_000, 3_000), "cudaStreamSynchronize", thread=1)
                 edges += [(k, sy, "sync", False), (last_host, sy, "program", False)]
                 last_host = sy
-    g = Graph(typed(pd.DataFrame(nodes), NODE_COLUMNS),
-              typed(pd.DataFrame(edges, columns=list(EDGE_COLUMNS)), EDGE_COLUMNS))
+    g = Graph(
+        typed(pd.DataFrame(nodes), NODE_COLUMNS), typed(pd.DataFrame(edges, columns=list(EDGE_COLUMNS)), EDGE_COLUMNS)
+    )
     # record the timeline the graph implies, with a 1 us launch latency before every GPU op
     c = compile_graph(g)
     lat = np.where(g.nodes["kind"].isin(["kernel", "coll_wait"]).to_numpy(), 1_000, 0)

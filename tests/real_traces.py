@@ -1,5 +1,6 @@
 """Where the real traces are: the small ones bundled in tests/data/traces (MIT, see its README),
 the rest in ../shared/data/traces. `TRACES / name` finds either; a test on a missing one skips."""
+
 from __future__ import annotations
 
 from pathlib import Path

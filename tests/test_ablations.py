@@ -1,5 +1,6 @@
 """The labelled ablations: each is a config that benchmarks/paper_tables.py can run, and each does
 what its name says (the DP alone; a window per pass; the grid; Perseus's walk inside EMO's search)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ from test_optimize_verify import LATS, _tables
 from emo.methods import ABLATIONS, METHODS, OFFLINE, ONLINE
 from emo.optimize import solve
 from emo.optimize.pipeline import solve as run
-from emo.plan import compose
+from emo.workflow.plan import compose
 
 
 def test_every_ablation_has_its_config_and_is_no_method():
@@ -26,8 +27,9 @@ def test_emo_dp_is_the_dp_alone(monkeypatch):
     calls = {"fit": 0, "polish": 0}
     fit, pol = run.fit_budget, run.polish_on_predictor
     monkeypatch.setattr(run, "fit_budget", lambda *a, **k: calls.__setitem__("fit", calls["fit"] + 1) or fit(*a, **k))
-    monkeypatch.setattr(run, "polish_on_predictor",
-                        lambda *a, **k: calls.__setitem__("polish", calls["polish"] + 1) or pol(*a, **k))
+    monkeypatch.setattr(
+        run, "polish_on_predictor", lambda *a, **k: calls.__setitem__("polish", calls["polish"] + 1) or pol(*a, **k)
+    )
     opt = {**compose(["optimizer=emo-dp"])["optimizer"], "change_points": "grid", "transition_ms": [LATS[0], LATS[-1]]}
     _, summary = solve(t, opt, 0.05, gpu="a100")
     assert calls == {"fit": 0, "polish": 0}

@@ -1,4 +1,5 @@
 """`emo analyze`: the JSON it prints, the Perfetto write-back, and bad input."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,15 @@ from emo import analyze
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="shared real traces not present")
-KEYS = {"critical_path_us", "makespan_us", "breakdown_us", "replay_error_us", "ranks", "collectives_matched",
-        "slack_us"}
+KEYS = {
+    "critical_path_us",
+    "makespan_us",
+    "breakdown_us",
+    "replay_error_us",
+    "ranks",
+    "collectives_matched",
+    "slack_us",
+}
 
 
 def run(argv, capsys):
@@ -43,8 +51,17 @@ def _direct(argv):
 
 
 def test_json_keys_and_hta_mode(capsys):
-    code, out, _ = run(["analyze", str(TRACES / "hta_event_sync_a100_1stream.json.gz"), "--annotation",
-                        "ProfilerStep", "--hta-compatible", "--json"], capsys)
+    code, out, _ = run(
+        [
+            "analyze",
+            str(TRACES / "hta_event_sync_a100_1stream.json.gz"),
+            "--annotation",
+            "ProfilerStep",
+            "--hta-compatible",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0
     s = json.loads(out)
     assert KEYS <= set(s)
@@ -55,8 +72,9 @@ def test_json_keys_and_hta_mode(capsys):
 
 def test_perfetto_write_back(tmp_path, capsys):
     out = tmp_path / "out.json.gz"
-    code, text, _ = run(["analyze", str(TRACES / "hta_alexnet_a100_2stream_cudasync.json.gz"), "--perfetto",
-                         str(out)], capsys)
+    code, text, _ = run(
+        ["analyze", str(TRACES / "hta_alexnet_a100_2stream_cudasync.json.gz"), "--perfetto", str(out)], capsys
+    )
     assert code == 0 and "critical path" in text
     doc = json.loads(gzip.decompress(out.read_bytes()))
     src = json.loads(gzip.decompress((TRACES / "hta_alexnet_a100_2stream_cudasync.json.gz").read_bytes()))
@@ -81,8 +99,19 @@ def test_bad_trace_one_line_error_nothing_written(tmp_path, capsys):
 
 
 def test_dlrm_rank_filter(capsys):
-    code, out, _ = run(["analyze", str(TRACES / "dlrm_8rank"), "--rank", "3", "--annotation", "ProfilerStep",
-                        "--hta-compatible", "--json"], capsys)
+    code, out, _ = run(
+        [
+            "analyze",
+            str(TRACES / "dlrm_8rank"),
+            "--rank",
+            "3",
+            "--annotation",
+            "ProfilerStep",
+            "--hta-compatible",
+            "--json",
+        ],
+        capsys,
+    )
     s = json.loads(out)
     assert code == 0 and s["ranks"] == [3] and s["critical_path_us"] == 7842
     assert s["collectives_matched"] == 0  # one rank alone has no peer to match

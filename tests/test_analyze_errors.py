@@ -1,5 +1,6 @@
 """`emo analyze` on bad input: one line `emo: error: FILE: problem`, exit != 0, nothing written
 (issue 13's list), and partial rank sets that are matched only where every member is present."""
+
 from __future__ import annotations
 
 import errno
@@ -146,6 +147,7 @@ def test_duration_beyond_int64_ns(tmp_path, capsys):
 def _failing(exc: OSError):
     def fail(*a, **k):
         raise exc
+
     return fail
 
 
@@ -189,21 +191,41 @@ def test_perfetto_to_full_disk_leaves_nothing(tmp_path, capsys, monkeypatch):
 def test_closed_pipe_is_not_an_error():
     r, w = os.pipe()
     os.close(r)  # the reader is gone before anything is written (`| head -1` after its line)
-    p = subprocess.run([sys.executable, "-m", "emo.cli", "analyze", str(ES1)], stdout=w, stderr=subprocess.PIPE,
-                       text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "emo.cli", "analyze", str(ES1)],
+        stdout=w,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     os.close(w)
     assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
 
 
 def test_dependency_cycle_names_the_file(capsys, monkeypatch):
-    import emo.graph
     import pandas as pd
 
+    import emo.graph
     from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 
     def cyclic(events):
-        nodes = typed(pd.DataFrame({"kind": ["kernel", "kernel"], "rank": 0, "device": 0, "stream": 7, "thread": -1,
-                                    "start_ns": [0, 10], "dur_ns": 5, "name": "k", "event": [0, 1]}), NODE_COLUMNS)
+        nodes = typed(
+            pd.DataFrame(
+                {
+                    "kind": ["kernel", "kernel"],
+                    "rank": 0,
+                    "device": 0,
+                    "stream": 7,
+                    "thread": -1,
+                    "start_ns": [0, 10],
+                    "dur_ns": 5,
+                    "name": "k",
+                    "event": [0, 1],
+                }
+            ),
+            NODE_COLUMNS,
+        )
         edges = typed(pd.DataFrame({"src": [0, 1], "dst": [1, 0], "kind": "stream", "from_start": False}), EDGE_COLUMNS)
         return Graph(nodes, edges, {})
 
@@ -214,6 +236,7 @@ def test_dependency_cycle_names_the_file(capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------- partial rank sets
+
 
 def _ranks(tmp_path: Path, n: int, world: int | None = None, group: str | None = None) -> Path:
     """The first n DLRM ranks; optionally declaring another world size and naming the NCCL group."""
@@ -264,23 +287,61 @@ def test_named_group_without_members_in_a_partial_world(tmp_path, capsys):
     code, out, _ = analyze([folder, "--annotation", "ProfilerStep", "--json"], capsys)
     s = json.loads(out)
     assert s["collectives_matched"] == 0 and s["replay_error_us"] == 0
-    assert s["collectives_unmatched"][0]["why"] == "the trace does not name the group's members and holds 2 of 128 ranks"
+    assert (
+        s["collectives_unmatched"][0]["why"] == "the trace does not name the group's members and holds 2 of 128 ranks"
+    )
 
 
 def test_one_kernel_and_no_host_events(tmp_path, capsys):
     # GPU ops without the runtime calls that launched them: what bound them is not in the trace, so
     # a critical path would be made up (issue 36: 263 us where the real one was 3154 us): refused
-    t = write(tmp_path / "one.json", {"traceEvents": [
-        {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 100.0, "dur": 50.0,
-         "args": {"device": 0, "stream": 7, "correlation": 1}}]})
+    t = write(
+        tmp_path / "one.json",
+        {
+            "traceEvents": [
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "k0",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": 100.0,
+                    "dur": 50.0,
+                    "args": {"device": 0, "stream": 7, "correlation": 1},
+                }
+            ]
+        },
+    )
     code, out, err = analyze([t, "--json"], capsys)
     assert code == 2 and out == ""
     one_line(err, f"{t}: 1 of 1 GPU ops have no runtime call that launched them", "record CPU and CUDA activity")
-    t = write(tmp_path / "two.json", {"traceEvents": [  # with its launch: the kernel is the path's end
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1, "ts": 90.0, "dur": 5.0,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 100.0, "dur": 50.0,
-         "args": {"device": 0, "stream": 7, "correlation": 1}}]})
+    t = write(
+        tmp_path / "two.json",
+        {
+            "traceEvents": [  # with its launch: the kernel is the path's end
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": 0,
+                    "tid": 1,
+                    "ts": 90.0,
+                    "dur": 5.0,
+                    "args": {"correlation": 1},
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "k0",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": 100.0,
+                    "dur": 50.0,
+                    "args": {"device": 0, "stream": 7, "correlation": 1},
+                },
+            ]
+        },
+    )
     code, out, err = analyze([t, "--json"], capsys)
     assert code == 0, err
     s = json.loads(out)

@@ -1,4 +1,5 @@
 """emo.analyze.Trace: the analysis `emo analyze` prints, as a library."""
+
 from pathlib import Path
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Perseus as its code runs it: instructions read from a trace, its 1F1B DAG, lowtime on a profiled
 table, one clock per instruction, and the online run on the virtual GPU."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,30 +33,80 @@ def _trace(order, dur, gap=120_000):
                 t = st + dur[(rank, kind)]
     rows, corr = [], 0
     for rank, seq in enumerate(order):
-        rows.append({"rank": rank, "kind": "annotation", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 10**9, "correlation": -1})
+        rows.append(
+            {
+                "rank": rank,
+                "kind": "annotation",
+                "name": "ProfilerStep#1",
+                "start_ns": 0,
+                "dur_ns": 10**9,
+                "correlation": -1,
+            }
+        )
         for kind, m in seq:
             st, d = start[(rank, kind, m)], dur[(rank, kind)]
-            rows.append({"rank": rank, "kind": "annotation", "name": f"{kind}_step", "start_ns": st - 20, "dur_ns": 50, "correlation": -1})
-            rows.append({"rank": rank, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": st - 10, "dur_ns": 5, "correlation": corr})
-            rows.append({"rank": rank, "kind": "kernel", "name": "gemm", "start_ns": st, "dur_ns": d, "correlation": corr})
-            rows.append({"rank": rank, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "start_ns": st + d, "dur_ns": 7,
-                             "correlation": corr + 10**6})
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "annotation",
+                    "name": f"{kind}_step",
+                    "start_ns": st - 20,
+                    "dur_ns": 50,
+                    "correlation": -1,
+                }
+            )
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "runtime",
+                    "name": "cudaLaunchKernel",
+                    "start_ns": st - 10,
+                    "dur_ns": 5,
+                    "correlation": corr,
+                }
+            )
+            rows.append(
+                {"rank": rank, "kind": "kernel", "name": "gemm", "start_ns": st, "dur_ns": d, "correlation": corr}
+            )
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_SendRecv",
+                    "start_ns": st + d,
+                    "dur_ns": 7,
+                    "correlation": corr + 10**6,
+                }
+            )
             corr += 1
     return pd.DataFrame(rows)
 
 
-ORDER = [[("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)],
-         [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]]
-DUR = {(0, "forward"): 1_000_000, (0, "backward"): 2_000_000, (1, "forward"): 1_100_000, (1, "backward"): 2_100_000}  # ns
+ORDER = [
+    [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)],
+    [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)],
+]
+DUR = {
+    (0, "forward"): 1_000_000,
+    (0, "backward"): 2_000_000,
+    (1, "forward"): 1_100_000,
+    (1, "backward"): 2_100_000,
+}  # ns
 
 
 def test_instructions_are_the_annotated_forward_and_backward_steps_without_nccl():
     df = instructions(_trace(ORDER, DUR))
     assert len(df) == 8
     assert df.groupby(["rank", "kind"])["dur_ns"].first().to_dict() == {
-        (0, "backward"): 2_000_000, (0, "forward"): 1_000_000, (1, "backward"): 2_100_000, (1, "forward"): 1_100_000}
-    assert (df.groupby(["rank", "kind"])["micro"].apply(list) == pd.Series([[0, 1]] * 4, index=df.groupby(
-        ["rank", "kind"])["micro"].apply(list).index)).all()
+        (0, "backward"): 2_000_000,
+        (0, "forward"): 1_000_000,
+        (1, "backward"): 2_100_000,
+        (1, "forward"): 1_100_000,
+    }
+    assert (
+        df.groupby(["rank", "kind"])["micro"].apply(list)
+        == pd.Series([[0, 1]] * 4, index=df.groupby(["rank", "kind"])["micro"].apply(list).index)
+    ).all()
 
 
 def test_the_dag_is_1f1b_and_the_lags_reproduce_the_traced_starts():
@@ -102,16 +153,34 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling():
     pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
     from emo.baselines import run_online
     from emo.device.backends import open_device
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
-    cfg = compose(["workload=pp", "workload.pp=2", "workload.microbatches=4", "gpu.seed=0", "optimizer=perseus",
-                   "optimizer.perseus.profile_iters=1", "optimizer.perseus.warmup_iters=0",
-                   "optimizer.min_clock_fraction=0.9"])
+    cfg = compose(
+        [
+            "workload=pp",
+            "workload.pp=2",
+            "workload.microbatches=4",
+            "gpu.seed=0",
+            "optimizer=perseus",
+            "optimizer.perseus.profile_iters=1",
+            "optimizer.perseus.warmup_iters=0",
+            "optimizer.min_clock_fraction=0.9",
+        ]
+    )
     dev = open_device(cfg["gpu"])
     try:
         base = dev.run(cfg["workload"], 2, warmup=1)
-        r = run_online("perseus", dev, cfg["workload"], sorted(base.energy_per_device_j), 0.05, cfg["optimizer"],
-                       cfg["gpu"], iterations=2, warmup=1)
+        r = run_online(
+            "perseus",
+            dev,
+            cfg["workload"],
+            sorted(base.energy_per_device_j),
+            0.05,
+            cfg["optimizer"],
+            cfg["gpu"],
+            iterations=2,
+            warmup=1,
+        )
     finally:
         dev.close()
     s = r.setting

@@ -1,14 +1,14 @@
 """GEEPAFS: the two-segment fold line, f_bound / f_eff / f_cap, the probing schedule, NVML-style
 sampled utilisation, and its loop on the virtual GPU with the probing counted in the steady state."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from emo.baselines.geepafs import (FoldLine, choose_clock, fit_fold_line, probe_clocks, probe_schedule,
-                                   run_geepafs)
+from emo.baselines.geepafs import FoldLine, choose_clock, fit_fold_line, probe_clocks, probe_schedule, run_geepafs
 from emo.device.backends import open_device
-from emo.plan import compose
+from emo.workflow.plan import compose
 
 A100 = list(range(210, 1411, 15))
 PROBES = [780, 990, 1200, 1410]
@@ -64,7 +64,9 @@ def test_f_eff_raises_the_clock_to_the_most_efficient_probe():
 
 def test_f_cap_bounds_the_clock_by_gpu_utilisation():
     line = _fold(5e-4, -0.1, 1e-4, 1100.0)
-    pick, parts = choose_clock(line, 0.0, A100, 705, PROBES, power_w=[300, 330, 370, 420], gpu_util=[0.6, 0.6, 0.65, 0.7])
+    pick, parts = choose_clock(
+        line, 0.0, A100, 705, PROBES, power_w=[300, 330, 370, 420], gpu_util=[0.6, 0.6, 0.65, 0.7]
+    )
     assert parts["f_bound"] == 1410 and parts["f_cap"] == pytest.approx(1410 * 0.7)
     assert pick == min(c for c in A100 if c >= 1410 * 0.7)  # min(max(f_bound, f_eff), f_cap), rounded up
     low, _ = choose_clock(line, 0.0, A100, 1200, PROBES, power_w=[1] * 4, gpu_util=[0.1] * 4)
@@ -109,8 +111,15 @@ def small_tp():
 
 
 def _opts(cfg, **kw):
-    return {**cfg["optimizer"]["geepafs"], "min_clock_fraction": 0.5, "iterations": 5, "warmup": 1,
-            "periods": 1, "period_ms": 4000.0, **kw}
+    return {
+        **cfg["optimizer"]["geepafs"],
+        "min_clock_fraction": 0.5,
+        "iterations": 5,
+        "warmup": 1,
+        "periods": 1,
+        "period_ms": 4000.0,
+        **kw,
+    }
 
 
 def test_geepafs_loop_counts_its_probing_in_the_steady_state(small_tp):

@@ -1,4 +1,5 @@
 """Zeus's own GlobalPowerLimitOptimizer driving the virtual GPU's power limit."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,13 +8,20 @@ zeus = pytest.importorskip("zeus", reason="the `zeus` package (extra `baselines`
 
 from emo.baselines.zeus import run_zeus, zeus_on_device  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402
-from emo.plan import compose  # noqa: E402
+from emo.workflow.plan import compose  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    return compose(["workload=tp", "workload.tp=2", "workload.model.layers=1", "optimizer.name=zeus",
-                    "optimizer.zeus.pl_step_w=50"])
+    return compose(
+        [
+            "workload=tp",
+            "workload.tp=2",
+            "workload.model.layers=1",
+            "optimizer.name=zeus",
+            "optimizer.zeus.pl_step_w=50",
+        ]
+    )
 
 
 def test_zeus_profiles_limits_and_keeps_the_budget(cfg):

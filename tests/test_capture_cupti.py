@@ -1,5 +1,6 @@
 """emo.trace.cupti: CUPTI activity rows (as the tracer normalises them) -> Kineto JSON that the
 project's trace reader accepts. The rows are what cupti-python would hand over; no GPU needed."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,25 +12,68 @@ T0 = 1_000_000_000  # ns
 
 def _rows():
     rt = lambda corr, name, start, dur, cbid=211: {  # noqa: E731
-        "kind": "runtime", "name": name, "cbid": cbid, "start": T0 + start, "end": T0 + start + dur,
-        "process_id": 42, "thread_id": 43, "correlation_id": corr}
+        "kind": "runtime",
+        "name": name,
+        "cbid": cbid,
+        "start": T0 + start,
+        "end": T0 + start + dur,
+        "process_id": 42,
+        "thread_id": 43,
+        "correlation_id": corr,
+    }
     return [
         {"kind": "context", "context_id": 1, "device_id": 0},
         rt(10, "cudaLaunchKernel_v7000", 1_000, 5_000),
-        {"kind": "kernel", "name": "gemm", "start": T0 + 8_000, "end": T0 + 58_000, "device_id": 0,
-         "context_id": 1, "stream_id": 7, "correlation_id": 10, "grid": (108, 1, 1), "block": (256, 1, 1),
-         "registers_per_thread": 64, "shared_memory": 49152},
+        {
+            "kind": "kernel",
+            "name": "gemm",
+            "start": T0 + 8_000,
+            "end": T0 + 58_000,
+            "device_id": 0,
+            "context_id": 1,
+            "stream_id": 7,
+            "correlation_id": 10,
+            "grid": (108, 1, 1),
+            "block": (256, 1, 1),
+            "registers_per_thread": 64,
+            "shared_memory": 49152,
+        },
         rt(11, "cudaEventRecord", 7_000, 1_000, cbid=135),
         {"kind": "cuda_event", "context_id": 1, "stream_id": 7, "correlation_id": 11, "event_id": 5},
         rt(12, "cudaStreamWaitEvent", 9_000, 1_000, cbid=147),
-        {"kind": "sync", "sync_type": "STREAM_WAIT_EVENT", "start": T0 + 9_000, "end": T0 + 9_500,
-         "context_id": 1, "stream_id": 13, "correlation_id": 12, "cuda_event_id": 5},
+        {
+            "kind": "sync",
+            "sync_type": "STREAM_WAIT_EVENT",
+            "start": T0 + 9_000,
+            "end": T0 + 9_500,
+            "context_id": 1,
+            "stream_id": 13,
+            "correlation_id": 12,
+            "cuda_event_id": 5,
+        },
         rt(13, "cudaMemcpyAsync", 10_000, 2_000, cbid=41),
-        {"kind": "memcpy", "copy_kind": "DTOH", "bytes": 4096, "start": T0 + 60_000, "end": T0 + 61_000,
-         "device_id": 0, "context_id": 1, "stream_id": 7, "correlation_id": 13},
+        {
+            "kind": "memcpy",
+            "copy_kind": "DTOH",
+            "bytes": 4096,
+            "start": T0 + 60_000,
+            "end": T0 + 61_000,
+            "device_id": 0,
+            "context_id": 1,
+            "stream_id": 7,
+            "correlation_id": 13,
+        },
         rt(14, "cudaStreamSynchronize", 12_000, 50_000, cbid=131),
-        {"kind": "sync", "sync_type": "STREAM_SYNCHRONIZE", "start": T0 + 12_000, "end": T0 + 62_000,
-         "context_id": 1, "stream_id": 7, "correlation_id": 14, "cuda_event_id": 0},
+        {
+            "kind": "sync",
+            "sync_type": "STREAM_SYNCHRONIZE",
+            "start": T0 + 12_000,
+            "end": T0 + 62_000,
+            "context_id": 1,
+            "stream_id": 7,
+            "correlation_id": 14,
+            "cuda_event_id": 0,
+        },
     ]
 
 
@@ -55,8 +99,8 @@ def test_rows_become_kineto_events():
 
 
 def test_the_project_reader_accepts_the_tracer_output(tmp_path):
-    from emo.trace import read_trace
     from emo.io import write_json
+    from emo.trace import read_trace
 
     path = tmp_path / "cupti.json.gz"
     write_json(path, to_kineto(_rows(), steps_ns=[T0, T0 + 63_000], pid=42, tid=43), gz=True)
@@ -81,21 +125,56 @@ def test_activity_records_are_normalised_with_the_real_enums(monkeypatch):
     from types import SimpleNamespace as NS
 
     c = pytest.importorskip("cupti.cupti")
-    monkeypatch.setattr(c, "get_callback_name", lambda domain, cbid: f"cudaLaunchKernel_v7000")
+    monkeypatch.setattr(c, "get_callback_name", lambda domain, cbid: "cudaLaunchKernel_v7000")
     K = c.ActivityKind
     t = CuptiTracer()
     t._cupti = c
-    t._completed([
-        NS(kind=K.CONCURRENT_KERNEL, name="k", start=5, end=9, device_id=0, context_id=1, stream_id=7,
-           correlation_id=3, grid_x=2, grid_y=1, grid_z=1, block_x=128, block_y=1, block_z=1,
-           registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=1024),
-        NS(kind=K.RUNTIME, cbid=211, start=1, end=4, process_id=9, thread_id=9, correlation_id=3),
-        NS(kind=K.MEMCPY, copy_kind=int(c.ActivityMemcpyKind.HTOD), bytes=64, start=10, end=12, device_id=0,
-           context_id=1, stream_id=7, correlation_id=4),
-        NS(kind=K.SYNCHRONIZATION, type=int(c.ActivitySynchronizationType.CONTEXT_SYNCHRONIZE), start=12,
-           end=20, context_id=1, stream_id=0xFFFFFFFF, correlation_id=5, cuda_event_id=0),
-        NS(kind=K.MARKER),  # kinds the trace does not use are dropped
-    ])
+    t._completed(
+        [
+            NS(
+                kind=K.CONCURRENT_KERNEL,
+                name="k",
+                start=5,
+                end=9,
+                device_id=0,
+                context_id=1,
+                stream_id=7,
+                correlation_id=3,
+                grid_x=2,
+                grid_y=1,
+                grid_z=1,
+                block_x=128,
+                block_y=1,
+                block_z=1,
+                registers_per_thread=32,
+                static_shared_memory=0,
+                dynamic_shared_memory=1024,
+            ),
+            NS(kind=K.RUNTIME, cbid=211, start=1, end=4, process_id=9, thread_id=9, correlation_id=3),
+            NS(
+                kind=K.MEMCPY,
+                copy_kind=int(c.ActivityMemcpyKind.HTOD),
+                bytes=64,
+                start=10,
+                end=12,
+                device_id=0,
+                context_id=1,
+                stream_id=7,
+                correlation_id=4,
+            ),
+            NS(
+                kind=K.SYNCHRONIZATION,
+                type=int(c.ActivitySynchronizationType.CONTEXT_SYNCHRONIZE),
+                start=12,
+                end=20,
+                context_id=1,
+                stream_id=0xFFFFFFFF,
+                correlation_id=5,
+                cuda_event_id=0,
+            ),
+            NS(kind=K.MARKER),  # kinds the trace does not use are dropped
+        ]
+    )
     kinds = [r["kind"] for r in t.rows]
     assert kinds == ["kernel", "runtime", "memcpy", "sync"]
     assert t.rows[0]["shared_memory"] == 1024 and t.rows[2]["copy_kind"] == "HTOD"

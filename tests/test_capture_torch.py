@@ -1,5 +1,6 @@
 """emo.capture: command lines and environment, and (when torch is installed) a real CPU-only
 torch.profiler capture of a tiny training loop, single rank and under torchrun."""
+
 from __future__ import annotations
 
 import gzip
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from emo import capture
-from emo.device import launcher
 from emo.config import CommandWorkload
+from emo.device import launcher
 
 try:
     import torch  # noqa: F401
@@ -27,8 +28,12 @@ def test_a_command_runs_as_given_and_only_nproc_adds_torchrun():
     spec = launcher.CaptureSpec(["python3", "-u", "train.py", "--lr", "0.1"])
     assert launcher.build_command(spec) == ["python3", "-u", "train.py", "--lr", "0.1"]  # argv is never rewritten
     assert launcher.build_command(launcher.CaptureSpec(["train.py"])) == [sys.executable, "train.py"]
-    for cmd in (["torchrun", "--nproc_per_node", "2", "t.py"], ["deepspeed", "t.py"], ["bash", "run.sh"],
-                ["accelerate", "launch", "t.py"]):
+    for cmd in (
+        ["torchrun", "--nproc_per_node", "2", "t.py"],
+        ["deepspeed", "t.py"],
+        ["bash", "run.sh"],
+        ["accelerate", "launch", "t.py"],
+    ):
         assert launcher.build_command(launcher.CaptureSpec(cmd)) == cmd
     cmd = launcher.build_command(launcher.CaptureSpec(["python", "train.py"], nproc=4))
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "train.py"]
@@ -41,13 +46,16 @@ def test_launchers_are_recognised():
     assert not launcher.starts_ranks(["python", "-m", "pkg.train"]) and not launcher.starts_ranks(["python", "-m"])
 
 
-@pytest.mark.parametrize("command, nproc, message", [
-    ([], 1, "no command given"),
-    (["bash", "run.sh"], 2, "starts its own processes"),
-    (["torchrun", "train.py"], 2, "leave nproc at 1"),
-    (["python"], 2, "no script after the interpreter"),
-    (["python", "-u", "train.py"], 2, "interpreter option '-u' with nproc > 1"),
-])
+@pytest.mark.parametrize(
+    "command, nproc, message",
+    [
+        ([], 1, "no command given"),
+        (["bash", "run.sh"], 2, "starts its own processes"),
+        (["torchrun", "train.py"], 2, "leave nproc at 1"),
+        (["python"], 2, "no script after the interpreter"),
+        (["python", "-u", "train.py"], 2, "interpreter option '-u' with nproc > 1"),
+    ],
+)
 def test_bad_commands_are_one_line_errors(command, nproc, message):
     with pytest.raises(ValueError, match=message):
         launcher.build_command(launcher.CaptureSpec(command, nproc=nproc))
@@ -55,8 +63,9 @@ def test_bad_commands_are_one_line_errors(command, nproc, message):
 
 def test_env_injects_the_hooks_and_carries_the_schedule_and_policy(tmp_path):
     spec = launcher.CaptureSpec(["python", "t.py"], wait=1, warmup=2, active=4)
-    env = launcher.build_env(spec, tmp_path, policy=tmp_path / "p.json",
-                             base={"EMO_POLICY": "old", "X": "1", "PYTHONPATH": "/mine"})
+    env = launcher.build_env(
+        spec, tmp_path, policy=tmp_path / "p.json", base={"EMO_POLICY": "old", "X": "1", "PYTHONPATH": "/mine"}
+    )
     assert env["PYTHONPATH"].split(":")[0] == str(launcher.SITE_DIR) and env["PYTHONPATH"].endswith(":/mine")
     assert (launcher.SITE_DIR / "sitecustomize.py").is_file()
     assert env["EMO_CAPTURE_DIR"] == str(tmp_path.resolve())
@@ -81,12 +90,18 @@ def test_trace_subcommand_parses_after_double_dash(monkeypatch, tmp_path):
     import argparse
 
     seen = {}
-    monkeypatch.setattr(capture, "run_capture", lambda spec, out, policy=None, stop=True: seen.update(spec=spec, out=out)
-                        or (_ for _ in ()).throw(ValueError("stop")))
+    monkeypatch.setattr(
+        capture,
+        "run_capture",
+        lambda spec, out, policy=None, stop=True: (
+            seen.update(spec=spec, out=out) or (_ for _ in ()).throw(ValueError("stop"))
+        ),
+    )
     ap = argparse.ArgumentParser()
     capture.register(ap.add_subparsers())
-    args = ap.parse_args(["trace", "-o", str(tmp_path), "--nproc", "2", "--active", "4", "--",
-                          "python", "train.py", "--epochs", "1"])
+    args = ap.parse_args(
+        ["trace", "-o", str(tmp_path), "--nproc", "2", "--active", "4", "--", "python", "train.py", "--epochs", "1"]
+    )
     with pytest.raises(ValueError, match="stop"):
         args.func(args)
     assert seen["spec"].command == ["python", "train.py", "--epochs", "1"]
@@ -146,13 +161,13 @@ def test_cpu_capture_of_a_training_loop(tmp_path):
 def test_explicit_step_marker(tmp_path):
     script = tmp_path / "infer.py"
     script.write_text(INFER)
-    res = launcher.run_capture(launcher.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2),
-                              tmp_path / "a")
+    res = launcher.run_capture(
+        launcher.CaptureSpec(["python", str(script), "5"], wait=1, warmup=1, active=2), tmp_path / "a"
+    )
     assert _ops(res.trace_files[0])[0] == ["ProfilerStep#2", "ProfilerStep#3"]
 
 
 def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypatch, tmp_path):
-    import subprocess
     from types import SimpleNamespace
 
     rc = {"value": 0}
@@ -170,8 +185,9 @@ def test_a_program_too_short_for_the_window_or_failing_is_a_clear_error(monkeypa
 def test_two_ranks_under_torchrun(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    res = launcher.run_capture(launcher.CaptureSpec(["python", str(script), "5"], nproc=2, wait=1, warmup=1,
-                                                  active=2), tmp_path / "out")
+    res = launcher.run_capture(
+        launcher.CaptureSpec(["python", str(script), "5"], nproc=2, wait=1, warmup=1, active=2), tmp_path / "out"
+    )
     assert [p.name for p in res.trace_files] == ["rank000.pt.trace.json.gz", "rank001.pt.trace.json.gz"]
     ranks = sorted(json.loads(p.read_text())["rank"] for p in res.window_files)
     assert ranks == [0, 1]

@@ -1,9 +1,9 @@
 """The clock-request latency: measured through the device protocol (NVML through tests/nvml_fake.py),
 stored by calibrate, and planned with by optimize (issue 11 item 2)."""
+
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,7 @@ def nvml_device(monkeypatch):
     def make(delay):
         fake = nvml_fake.install(monkeypatch, clock_delay_ms=delay, now=vt.perf_counter)
         return fake, nv.NvmlDevice({"name": "a100", "backend": "nvml"})
+
     return make
 
 
@@ -83,11 +84,11 @@ def test_nvml_rejects_unsupported_clock_and_bad_poll(nvml_device):
 
 
 # --------------------------------------------------------------------------- calibrate
-from emo.model.calibration import latency_summary  # noqa: E402
-from emo.plan import compose, plan  # noqa: E402
 from emo.model import bench as cal  # noqa: E402
+from emo.model.calibration import latency_summary  # noqa: E402
 from emo.stages import optimize as opt_stage  # noqa: E402
 from emo.stages import run_in_place  # noqa: E402
+from emo.workflow.plan import compose, plan  # noqa: E402
 
 CLOCKS = [705, 1005, 1410]
 
@@ -146,8 +147,9 @@ def _fake_calibrate(monkeypatch, dev):
     import pandas as pd
 
     bench = pd.DataFrame({"bench": ["idle"], "sm_mhz": [1410], "repeat": [0], "time_s": [1.0], "energy_j": [1.0]})
-    monkeypatch.setattr(cal, "calibrate", lambda *a: (bench, {"benchmarks": 1, "gpu": "a100", "gpu_model": "fake",
-                                                              "driver": "x"}))
+    monkeypatch.setattr(
+        cal, "calibrate", lambda *a: (bench, {"benchmarks": 1, "gpu": "a100", "gpu_model": "fake", "driver": "x"})
+    )
     monkeypatch.setattr("emo.device.backends.open_device", lambda gpu: dev)
 
 
@@ -160,7 +162,7 @@ def test_calibrate_stores_the_measured_distribution(monkeypatch, tmp_path, caplo
     cfg = compose(["model.clock_latency_steps=40", "model.clock_poll_ms=0.5"])
     with caplog.at_level(logging.INFO, logger="emo"):
         metrics = run_in_place("calibrate", cfg, {}, tmp_path)
-    (pairs, poll), = dev.asked
+    ((pairs, poll),) = dev.asked
     assert len(pairs) == 40 and poll == 0.5 and dev.closed
     lat = json.loads((tmp_path / "calibration.json").read_text())["clock_latency_ms"]
     assert lat["n"] == 40 and lat["pairs"] == [list(p) for p in pairs]
@@ -207,8 +209,10 @@ def _optimize(tmp_path, monkeypatch, calibration, overrides=(), name="opt"):
     if calibration is not None:
         inputs["calibration"] = calibration
     run_in_place("optimize", cfg, inputs, tmp_path / name)
-    return (json.loads((tmp_path / name / "summary.json").read_text())["emo"],
-            json.loads((tmp_path / name / "policy.json").read_text()))
+    return (
+        json.loads((tmp_path / name / "summary.json").read_text())["emo"],
+        json.loads((tmp_path / name / "policy.json").read_text()),
+    )
 
 
 def test_optimizer_plans_with_the_calibrated_latency(tmp_path, monkeypatch):
@@ -218,8 +222,9 @@ def test_optimizer_plans_with_the_calibrated_latency(tmp_path, monkeypatch):
     s_slow, p_slow = _optimize(tmp_path, monkeypatch, slow, name="o_slow")
     # raises plan with the steps up (2 / 20 ms), lowerings with the steps down (4 / 40 ms)
     assert s_fast["transition_ms"] == [2.0, 2.0, 2.0] and s_slow["transition_ms"] == [20.0, 20.0, 20.0]
-    assert s_fast["transition_source"].startswith("measured p10-p90 of 400 clock steps, raises on the steps up, "
-                                                  "lowerings on the steps down, expectation over")
+    assert s_fast["transition_source"].startswith(
+        "measured p10-p90 of 400 clock steps, raises on the steps up, lowerings on the steps down, expectation over"
+    )
     # the applier issues each step the planned max ahead: the measurement moves the policy
     assert p_fast["meta"]["transition_ms"] == [2.0, 2.0] and p_slow["meta"]["transition_ms"] == [20.0, 20.0]
     assert p_fast["lead_ms"] == 2.0 and p_slow["lead_ms"] == 20.0
@@ -252,14 +257,17 @@ def test_no_measurement_and_no_override_is_one_line_naming_what_to_run(tmp_path,
     assert s["transition_source"] == "optimizer.transition_ms"
 
 
-@pytest.mark.parametrize("override,key", [
-    ("optimizer.transition_ms=[15,5]", "optimizer.transition_ms"),
-    ("optimizer.transition_ms=[-1,5]", "optimizer.transition_ms"),
-    ("optimizer.transition_ms=oops", "optimizer.transition_ms"),
-    ("optimizer.transition_percentiles=[50,120]", "optimizer.transition_percentiles"),
-    ("model.clock_latency_steps=0", "model.clock_latency_steps"),
-    ("model.clock_poll_ms=0", "model.clock_poll_ms"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optimizer.transition_ms=[15,5]", "optimizer.transition_ms"),
+        ("optimizer.transition_ms=[-1,5]", "optimizer.transition_ms"),
+        ("optimizer.transition_ms=oops", "optimizer.transition_ms"),
+        ("optimizer.transition_percentiles=[50,120]", "optimizer.transition_percentiles"),
+        ("model.clock_latency_steps=0", "model.clock_latency_steps"),
+        ("model.clock_poll_ms=0", "model.clock_poll_ms"),
+    ],
+)
 def test_bad_latency_setting_is_one_line_naming_the_key(override, key):
     with pytest.raises(ValueError) as e:
         compose([override])
@@ -285,9 +293,21 @@ def _cal_folder(tmp_path, lat):
 
     d = tmp_path / "cal"
     d.mkdir()
-    pd.DataFrame({"bench": ["a"], "sm_mhz": [1410], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
-    (d / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
-                                                    "clocks_mhz": [705, 1410], "benchmarks": 1, "clock_latency_ms": lat}))
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1410], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(
+        d / "bench.parquet"
+    )
+    (d / "calibration.json").write_text(
+        json.dumps(
+            {
+                "gpu": "a100",
+                "gpu_model": "NVIDIA A100",
+                "driver": "1",
+                "clocks_mhz": [705, 1410],
+                "benchmarks": 1,
+                "clock_latency_ms": lat,
+            }
+        )
+    )
     return d
 
 
@@ -295,12 +315,16 @@ def test_exported_calibration_carries_the_latency_and_its_hash_covers_it(tmp_pat
     import json
     import zipfile
 
-    from emo.calibration import describe, export_calibration, import_calibration, read_calibration
+    from emo.cli.calibration import describe, export_calibration, import_calibration, read_calibration
 
     lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
     m = export_calibration(_cal_folder(tmp_path, lat), tmp_path / "a.emocal")
     got = import_calibration(tmp_path / "a.emocal", tmp_path / "dst", "a100")
-    assert json.loads((tmp_path / "dst/calibration.json").read_text())["clock_latency_ms"] == lat == got["clock_latency_ms"]
+    assert (
+        json.loads((tmp_path / "dst/calibration.json").read_text())["clock_latency_ms"]
+        == lat
+        == got["clock_latency_ms"]
+    )
     assert "clock-request latency over 3 steps" in describe(got) and "p99 29.5" in describe(got)
     with zipfile.ZipFile(tmp_path / "a.emocal") as z:
         manifest, data = json.loads(z.read("manifest.json")), z.read("bench.parquet")
@@ -318,15 +342,24 @@ def test_exported_calibration_carries_the_latency_and_its_hash_covers_it(tmp_pat
 def test_calibration_show_prints_the_latency(tmp_path, capsys):
     import json
 
-    from emo.calibration import describe
     from emo.cli import main
+    from emo.cli.calibration import describe
 
     lat = latency_summary([5.0, 7.0, 30.0], [(705, 1410), (1410, 705), (705, 1410)], 0.5)
     folder = plan(compose([f"results={tmp_path}"]))["calibrate"].dir
     folder.mkdir(parents=True)
-    (folder / "calibration.json").write_text(json.dumps({"gpu": "a100", "gpu_model": "NVIDIA A100", "driver": "1",
-                                                         "clocks_mhz": [705, 1410], "benchmarks": 1,
-                                                         "clock_latency_ms": lat}))
+    (folder / "calibration.json").write_text(
+        json.dumps(
+            {
+                "gpu": "a100",
+                "gpu_model": "NVIDIA A100",
+                "driver": "1",
+                "clocks_mhz": [705, 1410],
+                "benchmarks": 1,
+                "clock_latency_ms": lat,
+            }
+        )
+    )
     assert main(["calibration", "show", f"results={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "NVIDIA A100" in out and "p10 5.4, p50 7.0, p90 25.4, p99 29.5, mean 14.0 ms" in out
@@ -350,7 +383,9 @@ def test_peers_plan_with_the_latest_of_their_raises():
     assert source.endswith("the latest of 4 GPUs' raises")
 
 
-@pytest.mark.parametrize("name, read", [("calibration.json", opt_stage.clock_latency), ("check.json", opt_stage.iteration_sd)])
+@pytest.mark.parametrize(
+    "name, read", [("calibration.json", opt_stage.clock_latency), ("check.json", opt_stage.iteration_sd)]
+)
 def test_a_broken_stage_file_is_one_line_naming_it(tmp_path, name, read):
     """The optimize stage reads calibrate's and fit's JSON through one reader: a missing file is
     "not measured", a broken one a ValueError naming it."""

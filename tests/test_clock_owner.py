@@ -8,6 +8,7 @@ C (2 s and 10 s grace), os.abort, os._exit, a foreign SIGTERM handler (SIG_DFL; 
 os._exit), a forked worker receiving SIGTERM (it must not reset the parent's GPUs), plain SIGTERM,
 SIGTERM + 0.5 s SIGKILL, an uncaught exception, a second applier; and SIGKILL alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,9 +56,13 @@ class Run:
     def __init__(self, tmp: Path, mode: str, i: int, env: dict | None = None):
         self.log = tmp / f"{mode}-{i}.jsonl"
         env = env if env is not None else nvml_fake.owner_env(self.log, gpus=2, stamp=True)
-        self.p = subprocess.Popen([sys.executable, str(HERE / "owner_trainer.py"), str(self.log), mode],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env})
+        self.p = subprocess.Popen(
+            [sys.executable, str(HERE / "owner_trainer.py"), str(self.log), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env},
+        )
         self.owner = self.death = self.reset_s = None
 
     def ready(self) -> None:
@@ -154,7 +159,7 @@ def test_a_forked_worker_neither_sets_nor_resets_the_parents_gpus(tmp_path):
         calls = nvml_fake.read_log(r.log)
         marker = next(k for k, c in enumerate(calls) if c[0] == "marker")
         assert calls[marker][1] == -signal.SIGTERM  # the worker died of its SIGTERM ...
-        before, after = calls[:marker], calls[marker + 1:]
+        before, after = calls[:marker], calls[marker + 1 :]
         assert not [c for c in before if c[0] == "reset"], f"run {i}: the worker reset the parent's GPUs"
         assert _last_clock_calls(before) == {0: "lock", 1: "lock"}  # ... and the parent's clocks stayed set
         assert [c for c in after if c[0] == "lock"], f"run {i}: the parent trained on at its clocks"

@@ -4,6 +4,7 @@ The hardware path (emo.device.nvml: ClockController, the restore guard, nvml_app
 runs against the NVML fake (tests/nvml_fake.py), which logs every call to a file, so that what a
 killed process did can be read afterwards.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,9 +55,13 @@ CHILD = textwrap.dedent("""
 def _run_once(tmp: Path, pattern: str, delay_s: float) -> tuple[list[tuple], int]:
     log = tmp / f"calls-{pattern}-{delay_s:.4f}.jsonl"
     life = delay_s if pattern == "exit" else 30
-    p = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), str(log), str(life)],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(log, gpus=2)})
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(here=str(HERE)), str(log), str(life)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(log, gpus=2)},
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(delay_s)

@@ -1,6 +1,7 @@
 """A sweep through Snakemake's cluster-generic executor, end to end: every rule is submitted to
 profiles/cluster-generic/submit.sh (a detached job on this machine), polled with status.sh, and the
 results and MLflow runs are what a local run gives."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,22 @@ import pytest
 
 from emo.cli import main as cli_main
 
-pytest.importorskip("snakemake_executor_plugin_cluster_generic",
-                    reason="pip install snakemake-executor-plugin-cluster-generic (the test extra has it)")
+pytest.importorskip(
+    "snakemake_executor_plugin_cluster_generic",
+    reason="pip install snakemake-executor-plugin-cluster-generic (the test extra has it)",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
-         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5"]
+SMALL = [
+    "workload=tp",
+    "workload.tp=2",
+    "workload.model.layers=1",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+    "model.min_seconds=0.2",
+    "trace.iterations=2",
+    "validate.min_seconds=0.5",
+]
 
 
 @pytest.mark.slow
@@ -23,8 +34,9 @@ def test_a_sweep_runs_through_the_cluster_generic_executor(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     results = tmp_path / "results"
-    assert cli_main(["run", "--profile", "cluster-generic", "-m", f"results={results}", *SMALL,
-                     "optimizer=emo,zeus"]) == 0
+    assert (
+        cli_main(["run", "--profile", "cluster-generic", "-m", f"results={results}", *SMALL, "optimizer=emo,zeus"]) == 0
+    )
     out = capfd.readouterr().out
     assert len([ln for ln in out.splitlines() if ln.startswith("emo: optimizer=")]) == 2
     submitted = sorted((tmp_path / ".snakemake" / "cluster-generic").glob("*.rc"))
@@ -33,7 +45,7 @@ def test_a_sweep_runs_through_the_cluster_generic_executor(tmp_path, monkeypatch
     results_json = sorted(results.glob("validate/*/result.json"))
     assert {json.loads(p.read_text())["method"] for p in results_json} == {"emo", "zeus"}
 
-    from emo.tracking import search
+    from emo.workflow.tracking import search
 
     df = search(f"sqlite:///{results}/mlflow.db", "emo")
     children = df[df["tags.mlflow.parentRunId"].notna()]
@@ -58,11 +70,15 @@ def profile_args(name: str):
 
 @pytest.mark.parametrize("name", ["default", "cluster-generic", "slurm", "kubernetes"])
 def test_every_profile_is_one_snakemake_accepts(name):
-    plugin = {"slurm": "snakemake_executor_plugin_slurm", "kubernetes": "snakemake_executor_plugin_kubernetes"}.get(name)
+    plugin = {"slurm": "snakemake_executor_plugin_slurm", "kubernetes": "snakemake_executor_plugin_kubernetes"}.get(
+        name
+    )
     if plugin:
         pytest.importorskip(plugin, reason=f"pip install 'emo[{name}]': its keys are the plugin's settings")
     if name == "kubernetes":
-        pytest.importorskip("snakemake_storage_plugin_s3", reason="pip install 'emo[kubernetes]' (the S3 storage plugin)")
+        pytest.importorskip(
+            "snakemake_storage_plugin_s3", reason="pip install 'emo[kubernetes]' (the S3 storage plugin)"
+        )
     args = profile_args(name)
     assert args.executor == (None if name == "default" else name)
     if name == "kubernetes":

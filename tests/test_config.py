@@ -1,5 +1,6 @@
 """The schema checks every value when the configuration is composed (one line naming the key and its
 allowed range), and holds the one copy of every default."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from emo import config
-from emo.plan import compose
+from emo.workflow.plan import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,13 +67,28 @@ def test_a_value_out_of_range_is_one_line_naming_key_and_range(overrides, key, a
 
 
 def test_the_defaults_and_every_shipped_choice_pass():
-    for overrides in ([], ["workload=pp"], ["workload=offload"], ["workload=command"],
-                      ["gpu=h100"], ["gpu=v100"], ["gpu=rtx3080ti"], ["optimizer=static"], ["budget=0"]):
+    for overrides in (
+        [],
+        ["workload=pp"],
+        ["workload=offload"],
+        ["workload=command"],
+        ["gpu=h100"],
+        ["gpu=v100"],
+        ["gpu=rtx3080ti"],
+        ["optimizer=static"],
+        ["budget=0"],
+    ):
         compose(overrides)
 
 
-@pytest.mark.parametrize("override, key", [("+nosuchkey=1", "nosuchkey"), ("+workload.foo=2", "workload.foo"),
-                                           ("++optimizer.zeus.steps=3", "optimizer.zeus.steps")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("+nosuchkey=1", "nosuchkey"),
+        ("+workload.foo=2", "workload.foo"),
+        ("++optimizer.zeus.steps=3", "optimizer.zeus.steps"),
+    ],
+)
 def test_an_added_key_no_stage_reads_is_one_line(override, key):
     with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(key)} is not a key of the configuration$"):
         compose([override])
@@ -87,18 +103,26 @@ def test_a_home_path_hydra_quoted_is_the_home_not_a_folder_named_tilde(monkeypat
 
 @pytest.mark.parametrize("override, key", [("~tracking", "tracking"), ("~budget", "budget")])
 def test_a_key_an_override_removed_is_one_line(override, key):
-    with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(override)}: {key} is required; set it instead$"):
+    with pytest.raises(
+        ValueError, match=rf"^bad configuration: {re.escape(override)}: {key} is required; set it instead$"
+    ):
         compose([override])
 
 
-@pytest.mark.parametrize("override, says", [
-    ("nosuchkey=1", "nosuchkey is not a key of the configuration"),
-    ("budgte=0.1", "budgte is not a key of the configuration (did you mean budget?)"),
-    ("budget=0.02,0.05", "budget=0.02,0.05: several values are a sweep; run it with -m"),
-    ("workload.path=~/x.json", "workload.path=~/x.json: Hydra cannot parse this override; give the full path, or "
-                               "leave the ~ outside quotes for the shell to expand"),
-    ("budget=[1", "budget=[1: Hydra cannot parse this override; quote the value"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("nosuchkey=1", "nosuchkey is not a key of the configuration"),
+        ("budgte=0.1", "budgte is not a key of the configuration (did you mean budget?)"),
+        ("budget=0.02,0.05", "budget=0.02,0.05: several values are a sweep; run it with -m"),
+        (
+            "workload.path=~/x.json",
+            "workload.path=~/x.json: Hydra cannot parse this override; give the full path, or "
+            "leave the ~ outside quotes for the shell to expand",
+        ),
+        ("budget=[1", "budget=[1: Hydra cannot parse this override; quote the value"),
+    ],
+)
 def test_an_override_hydra_cannot_use_says_what_to_do(override, says):
     with pytest.raises(ValueError, match=rf"^bad configuration: {re.escape(says)}"):
         compose(["workload=recorded", override])
@@ -113,8 +137,13 @@ def test_unknown_group_choice_lists_the_choices():
 
 
 def test_emo_run_dry_run_rejects_a_range_error_before_anything_runs(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "emo.cli", "run", "-n", "budget=1.5", f"results={tmp_path / 'r'}"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "emo.cli", "run", "-n", "budget=1.5", f"results={tmp_path / 'r'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "budget must be in [0, 1)" in r.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / ".snakemake").exists()
 
@@ -142,8 +171,9 @@ def _repeats(values: dict, defaults: dict, prefix: str = "") -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path, schema", [("config.yaml", config.Config)] + [
-    (f"workload/{k}.yaml", s) for k, s in config.WORKLOADS.items()])
+@pytest.mark.parametrize(
+    "path, schema", [("config.yaml", config.Config)] + [(f"workload/{k}.yaml", s) for k, s in config.WORKLOADS.items()]
+)
 def test_one_source_of_defaults_yaml_repeats_no_schema_default(path, schema):
     """A value typed both in a YAML file and in the schema drifts (model.min_seconds did: 1.0 vs 0.3)."""
     values = yaml.safe_load((ROOT / "conf" / path).read_text()) or {}
@@ -156,19 +186,23 @@ def test_the_schema_defaults_are_what_a_run_uses():
     assert cfg["budget"] == _defaults(config.Config)["budget"] and cfg["results"] == "results"
 
 
-@pytest.mark.parametrize("overrides", [
-    [],
-    ["workload=pp", "workload.pp=8", "workload.partition=parameter", "optimizer=perseus", "budget=0"],
-    ["gpu=h100", "gpu.seed=3", "workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"],
-    ["budget=0.05", "workload=offload", "optimizer=geepafs", "optimizer.budget_solves=3"],
-    ["optimizer.transition_ms=[5,15]", "++budget=0.03", "hydra.job.name=x", "workload.tp=4"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["workload=pp", "workload.pp=8", "workload.partition=parameter", "optimizer=perseus", "budget=0"],
+        ["gpu=h100", "gpu.seed=3", "workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"],
+        ["budget=0.05", "workload=offload", "optimizer=geepafs", "optimizer.budget_solves=3"],
+        ["optimizer.transition_ms=[5,15]", "++budget=0.03", "hydra.job.name=x", "workload.tp=4"],
+    ],
+)
 def test_compose_is_hydras_composition_whatever_was_cached_before(overrides):
     # the merged group choices are cached: composing other jobs first must not change this one
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from emo.plan import ROOT
+    from emo.workflow.plan import ROOT
 
     for other in (["budget=0.04", "gpu.seed=1"], ["workload=pp", "workload.pp=2"], overrides):
         compose(other)

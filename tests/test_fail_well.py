@@ -1,5 +1,6 @@
 """Failing well (issue 13): one-line errors through the pipeline, locks that cannot go stale, runs that
 share a results folder, signals, MLflow run status, and recorded traces that are taken as given."""
+
 from __future__ import annotations
 
 import errno
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from emo.plan import compose
 from emo.stages import run_in_place, run_stage
+from emo.workflow.plan import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -25,20 +26,33 @@ needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="needs ../shared/d
 
 
 def emo(*args, cwd, timeout=600, **kw):
-    return subprocess.run([sys.executable, "-m", "emo.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "emo.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        **kw,
+    )
 
 
 def spawn(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "emo.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "emo.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )
 
 
 def runs(results: Path) -> list[dict]:
     """The runs in that folder's store (no mlflow.set_tracking_uri: it exports MLFLOW_TRACKING_URI,
     and every later `emo run` this process spawns would log into this store)."""
-    from emo.tracking import search
+    from emo.workflow.tracking import search
 
     return search(f"sqlite:///{results}/mlflow.db", "emo").to_dict("records")
 
@@ -69,17 +83,28 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
     (run,) = runs(res)
     assert run["status"] == "FAILED" and str(bad) in run["tags.emo.trace.error"]
 
-    v = emo("run", "--verbose", "--until", "trace", "workload=recorded", f"workload.path={bad}", f"results={res}",
-            cwd=tmp_path)
+    v = emo(
+        "run",
+        "--verbose",
+        "--until",
+        "trace",
+        "workload=recorded",
+        f"workload.path={bad}",
+        f"results={res}",
+        cwd=tmp_path,
+    )
     assert v.returncode == 1 and "Traceback" in v.stderr, v.stderr[-2000:]
     assert v.stderr.strip().splitlines()[-1] == lines[-1], v.stderr[-2000:]
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--until", "nosuch"], "--until nosuch: not a stage (one of trace, graph, calibrate,"),
-    (["--report", "x.txt"], "--report x.txt: Snakemake writes a report as .html or .zip"),
-    (["--report", "nodir/x.html"], "--report nodir/x.html: no folder nodir"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--until", "nosuch"], "--until nosuch: not a stage (one of trace, graph, calibrate,"),
+        (["--report", "x.txt"], "--report x.txt: Snakemake writes a report as .html or .zip"),
+        (["--report", "nodir/x.html"], "--report nodir/x.html: no folder nodir"),
+    ],
+)
 def test_run_flags_are_checked_before_anything_runs(tmp_path, monkeypatch, capsys, flags, says):
     from emo.cli import main as cli_main
 
@@ -104,8 +129,13 @@ def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp
     with pytest.raises(OSError):
         run_stage("graph", params, {}, out, str(log))
     (rec,) = [json.loads(ln) for ln in reports.read_text().splitlines()]
-    assert rec == {"stage": "graph", "error": f"{out / 'nodes.parquet'}: No space left on device",
-                   "log": str(log), "killed": False, "folder": str(out)}  # the folder: no job from it shows a result
+    assert rec == {
+        "stage": "graph",
+        "error": f"{out / 'nodes.parquet'}: No space left on device",
+        "log": str(log),
+        "killed": False,
+        "folder": str(out),
+    }  # the folder: no job from it shows a result
     assert "Traceback" in log.read_text() and not list(out.parent.glob(".*.tmp"))
 
 
@@ -147,7 +177,7 @@ def test_stage_files_are_as_readable_as_the_umask_lets(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from emo import locks
+    from emo.workflow import locks
     with locks.hold([Path(sys.argv[1])], "emo run workload=pp"):
         print("held", flush=True)
         time.sleep(120)
@@ -156,8 +186,13 @@ HOLDER = textwrap.dedent("""
 
 def test_a_live_run_holding_the_results_folder_is_named(tmp_path):
     res = tmp_path / "shared-results"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(res)], stdout=subprocess.PIPE, text=True,
-                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(res)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         other = tmp_path / "elsewhere"
@@ -189,7 +224,7 @@ def test_two_runs_at_once_on_a_fresh_folder_from_two_working_directories(tmp_pat
 
 def _open_store(uri: str, q) -> None:
     try:
-        from emo import tracking
+        from emo.workflow import tracking
 
         tracking.open_store({"uri": uri, "experiment": "emo"})
         q.put("ok")
@@ -217,7 +252,9 @@ def test_unlock_removes_what_dead_runs_left(tmp_path):
     (res / "graph" / "def" / "config.json").write_text("{}")  # a finished one: kept
     locks = tmp_path / ".snakemake" / "locks"
     locks.mkdir(parents=True)
-    (locks / "0.output.lock").write_text(str(res / "trace" / "0123456789ab" / "events.parquet"))  # plain snakemake, killed
+    (locks / "0.output.lock").write_text(
+        str(res / "trace" / "0123456789ab" / "events.parquet")
+    )  # plain snakemake, killed
     r = emo("run", "--unlock", f"results={res}", cwd=tmp_path)
     assert r.returncode == 0 and "removed 3 stale item(s)" in r.stderr, r.stderr
     assert sorted(p.name for p in (res / "trace").iterdir()) == []
@@ -225,8 +262,11 @@ def test_unlock_removes_what_dead_runs_left(tmp_path):
 
 
 def _calibrate_started(res: Path) -> bool:
-    return any("started" in p.read_text() for p in (res / "calibrate" / "logs").glob("*.log")) \
-        if (res / "calibrate" / "logs").is_dir() else False
+    return (
+        any("started" in p.read_text() for p in (res / "calibrate" / "logs").glob("*.log"))
+        if (res / "calibrate" / "logs").is_dir()
+        else False
+    )
 
 
 @pytest.mark.slow
@@ -274,16 +314,21 @@ def test_a_stage_whose_run_died_before_it_watched_stops_at_once():
 
     import psutil
 
-    from emo import locks
+    from emo.workflow import locks
 
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
     zombie = subprocess.Popen([sys.executable, "-c", ""])  # exited, not yet waited for
     wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE)
     host = socket.gethostname()
-    stage = [sys.executable, "-c", "from emo.locks import stop_with_parent; stop_with_parent(); print('ran')"]
-    for run, ran in [(f"{host}:{dead.pid}", False), (f"{host}:{zombie.pid}", False), (f"{host}:{os.getpid()}", True),
-                     (f"elsewhere:{dead.pid}", True), ("", True)]:
+    stage = [sys.executable, "-c", "from emo.workflow.locks import stop_with_parent; stop_with_parent(); print('ran')"]
+    for run, ran in [
+        (f"{host}:{dead.pid}", False),
+        (f"{host}:{zombie.pid}", False),
+        (f"{host}:{os.getpid()}", True),
+        (f"elsewhere:{dead.pid}", True),
+        ("", True),
+    ]:
         p = subprocess.run(stage, env={**os.environ, locks.RUN_ENV: run}, capture_output=True, text=True, timeout=60)
         assert (p.returncode, p.stdout.strip()) == ((0, "ran") if ran else (-signal.SIGTERM, "")), (run, p.stderr)
     zombie.wait()
@@ -292,7 +337,8 @@ def test_a_stage_whose_run_died_before_it_watched_stops_at_once():
 def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(tmp_path, monkeypatch, capsys):
     """Logging the KILLED run may fail too (a store folder it may not write): said in one line, but
     the interrupt is what ended the run, so its line and 128 + signal stay."""
-    from emo import cli, errors, run, sweep
+    from emo import cli
+    from emo.workflow import errors, run, sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(signal.SIGTERM)
@@ -376,7 +422,7 @@ def test_a_signal_inside_code_that_can_only_print_its_error_is_not_printed(monke
     import os
     import weakref
 
-    from emo.errors import Interrupted, caught, signals_raise
+    from emo.workflow.errors import Interrupted, caught, signals_raise
 
     printed = []  # what Python would print as "Exception ignored in ...", with its traceback
     monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(u.exc_type))

@@ -1,5 +1,6 @@
 """Failing well, round 3 (issue 36): no user file destroyed (outputs over inputs, devices, existing
 files; temporary copies bounded; only what EMO made is cleaned), no stale or confident wrong answer."""
+
 from __future__ import annotations
 
 import gzip
@@ -94,8 +95,12 @@ def test_sigterm_while_a_pipe_is_copied_removes_the_copy(tmp_path):
     import time
 
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.Popen([sys.executable, "-m", "emo.cli", "analyze", "/dev/zero"], stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path)})
+    p = subprocess.Popen(
+        [sys.executable, "-m", "emo.cli", "analyze", "/dev/zero"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path)},
+    )
     end = time.monotonic() + 60
     while not any(tmp_path.glob("emo-trace-*/trace")) and time.monotonic() < end and p.poll() is None:
         time.sleep(0.02)
@@ -115,13 +120,24 @@ def test_a_gzip_bomb_is_refused_before_it_is_held_in_memory(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- EMO deletes only what it made
 def test_cleanup_removes_only_what_emo_made(tmp_path):
-    from emo.locks import cleanup
+    from emo.workflow.locks import cleanup
 
     res = tmp_path / "results"
-    mine = [res / "trace" / ".0123456789ab.emo-stage-k2j4_x9q.tmp", res / "trace" / ".0123456789ab.x1y2z3w4.tmp",
-            res / "graph" / "0123456789ab", res / ".emo-errors-4242.jsonl", res / ".emo-plan-4242.pickle"]
-    theirs = [res / "trace" / ".vscode.tmp" / "settings.json", res / "trace" / "notes", res / "trace" / ".cache.tmp",
-              res / "graph" / "0123456789abX", res / "emo-errors-1.jsonl", res / ".emo-plan-x.pickle"]
+    mine = [
+        res / "trace" / ".0123456789ab.emo-stage-k2j4_x9q.tmp",
+        res / "trace" / ".0123456789ab.x1y2z3w4.tmp",
+        res / "graph" / "0123456789ab",
+        res / ".emo-errors-4242.jsonl",
+        res / ".emo-plan-4242.pickle",
+    ]
+    theirs = [
+        res / "trace" / ".vscode.tmp" / "settings.json",
+        res / "trace" / "notes",
+        res / "trace" / ".cache.tmp",
+        res / "graph" / "0123456789abX",
+        res / "emo-errors-1.jsonl",
+        res / ".emo-plan-x.pickle",
+    ]
     for p in mine[:3] + theirs[1:4]:
         p.mkdir(parents=True)
     for p in [mine[3], mine[4], theirs[0], theirs[4], theirs[5]]:
@@ -134,7 +150,7 @@ def test_cleanup_removes_only_what_emo_made(tmp_path):
 def test_a_stage_marks_its_hidden_folder():
     import re
 
-    from emo.locks import STAGE_TMP
+    from emo.workflow.locks import STAGE_TMP
 
     src = (Path(__file__).resolve().parents[1] / "emo" / "stages" / "__init__.py").read_text()
     prefix = re.search(r'mkdtemp\(prefix=f"\.\{out\.name\}\.([^"]+)", suffix="\.tmp"', src).group(1)
@@ -145,7 +161,9 @@ def test_a_stage_marks_its_hidden_folder():
 def _cal_folder(tmp_path, gpu="a100") -> Path:
     d = tmp_path / f"cal-{gpu}"
     d.mkdir()
-    pd.DataFrame({"bench": ["a"], "sm_mhz": [1500], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1500], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(
+        d / "bench.parquet"
+    )
     (d / "calibration.json").write_text(json.dumps({"gpu": gpu, "gpu_model": f"NVIDIA {gpu.upper()}", "driver": "1"}))
     return d
 
@@ -162,15 +180,19 @@ def _rewrite(src: Path, dst: Path, **changes) -> Path:
 
 
 def test_a_calibrations_id_covers_its_gpu_field(tmp_path):
-    from emo.calibration import calibration_id, export_calibration, import_calibration
+    from emo.cli.calibration import calibration_id, export_calibration, import_calibration
 
     m = export_calibration(_cal_folder(tmp_path), tmp_path / "a100.emocal")
     relabelled = _rewrite(tmp_path / "a100.emocal", tmp_path / "h100.emocal", gpu="h100")
     with pytest.raises(ValueError, match="does not match its manifest's hash"):
         import_calibration(relabelled, tmp_path / "dst", "h100")
     # a file from before the id covered gpu: read, but installed only with --force
-    legacy = _rewrite(tmp_path / "a100.emocal", tmp_path / "old.emocal", gpu="h100",
-                      id=calibration_id(m["gpu_model"], m["driver"], m["bench_sha256"]))
+    legacy = _rewrite(
+        tmp_path / "a100.emocal",
+        tmp_path / "old.emocal",
+        gpu="h100",
+        id=calibration_id(m["gpu_model"], m["driver"], m["bench_sha256"]),
+    )
     with pytest.raises(ValueError, match="exported before a calibration's id covered its gpu field"):
         import_calibration(legacy, tmp_path / "dst", "h100")
     assert import_calibration(legacy, tmp_path / "dst", "h100", force=True)["gpu"] == "h100"
@@ -184,7 +206,7 @@ def test_a_calibrations_id_covers_its_gpu_field(tmp_path):
 def test_a_zip_bomb_calibration_is_refused_before_it_is_inflated(tmp_path):
     import zipfile
 
-    from emo.calibration import read_calibration
+    from emo.cli.calibration import read_calibration
 
     bomb = tmp_path / "bomb.emocal"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
@@ -196,8 +218,8 @@ def test_a_zip_bomb_calibration_is_refused_before_it_is_inflated(tmp_path):
 
 
 def test_calibration_import_waits_for_no_run_it_refuses_while_one_holds_the_folder(tmp_path, capsys):
-    from emo import locks
-    from emo.calibration import export_calibration
+    from emo.cli.calibration import export_calibration
+    from emo.workflow import locks
 
     export_calibration(_cal_folder(tmp_path), tmp_path / "a.emocal")
     res = tmp_path / "results"
@@ -208,7 +230,7 @@ def test_calibration_import_waits_for_no_run_it_refuses_while_one_holds_the_fold
 
 
 def test_files_dated_in_the_future_are_said_before_an_import_or_a_run(tmp_path, capsys):
-    from emo.calibration import export_calibration
+    from emo.cli.calibration import export_calibration
 
     export_calibration(_cal_folder(tmp_path), tmp_path / "a.emocal")
     res = tmp_path / "results"
@@ -270,8 +292,11 @@ def test_model_fit_refuses_a_cut_short_csv_and_conflicting_duplicates(ncu_tables
 
     dup = pd.concat([bench, bench.iloc[[5]].assign(power_w=bench["power_w"].iloc[5] * 1.3)], ignore_index=True)
     code, _, err, bp, _ = _fit(tmp_path, capsys, dup, targets)
-    one_line(err, f"--bench {bp}: {bench['name'].iloc[5]} at {bench['sm_mhz'].iloc[5]} MHz is measured 2 times "
-                  "with different power_w")
+    one_line(
+        err,
+        f"--bench {bp}: {bench['name'].iloc[5]} at {bench['sm_mhz'].iloc[5]} MHz is measured 2 times "
+        "with different power_w",
+    )
     code, out, err, bp, _ = _fit(tmp_path, capsys, pd.concat([bench, bench.iloc[[5]]], ignore_index=True), targets)
     assert code == 0 and f"check: --bench {bp}: 1 identical duplicate row(s) ignored" in out
 
@@ -304,11 +329,19 @@ NSYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 
 
 @pytest.mark.skipif(not NSYS.is_file(), reason="shared nsys export not present")
-@pytest.mark.parametrize("table, column, value, says", [
-    ("CUPTI_ACTIVITY_KIND_KERNEL", "start", "'abc'", "table CUPTI_ACTIVITY_KIND_KERNEL, column start, row 1 holds 'abc'"),
-    ("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId", "NULL", "column correlationId, row 1 holds NULL"),
-    ("CUPTI_ACTIVITY_KIND_KERNEL", "deviceId", "'d'", "column deviceId, row 1 holds 'd'"),
-])
+@pytest.mark.parametrize(
+    "table, column, value, says",
+    [
+        (
+            "CUPTI_ACTIVITY_KIND_KERNEL",
+            "start",
+            "'abc'",
+            "table CUPTI_ACTIVITY_KIND_KERNEL, column start, row 1 holds 'abc'",
+        ),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId", "NULL", "column correlationId, row 1 holds NULL"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "deviceId", "'d'", "column deviceId, row 1 holds 'd'"),
+    ],
+)
 def test_text_or_null_in_an_nsys_column_is_one_line_naming_the_file(tmp_path, capsys, table, column, value, says):
     import sqlite3
 
@@ -337,14 +370,18 @@ def test_a_store_written_by_a_newer_mlflow_is_one_line(tmp_path, capsys):
     db = _store(tmp_path)
     code, _, err = cli(["compare", "--uri", f"sqlite:///{db}"], capsys)
     assert code == 2
-    one_line(err, f"{db}: written by a newer MLflow than the one installed", "schema ffffffffffff",
-             "mlflow and mlflow-skinny at one version")
+    one_line(
+        err,
+        f"{db}: written by a newer MLflow than the one installed",
+        "schema ffffffffffff",
+        "mlflow and mlflow-skinny at one version",
+    )
 
 
 def test_mlflow_and_mlflow_skinny_out_of_step_is_one_line(monkeypatch):
     import importlib.metadata as md
 
-    from emo.ui import in_step
+    from emo.cli.ui import in_step
 
     monkeypatch.setattr(md, "version", lambda name: {"mlflow": "3.17.2", "mlflow-skinny": "3.18.0"}[name])
     with pytest.raises(ValueError, match=r"mlflow 3.17.2 and mlflow-skinny 3.18.0 differ: .*'mlflow==3.18.0'"):
@@ -354,7 +391,7 @@ def test_mlflow_and_mlflow_skinny_out_of_step_is_one_line(monkeypatch):
 def test_a_read_only_store_is_one_line_without_mlflows_traceback(tmp_path, capsys):
     import sys
 
-    from emo import tracking
+    from emo.workflow import tracking
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_compare_cli import fake_job
@@ -374,7 +411,9 @@ def test_a_read_only_store_is_one_line_without_mlflows_traceback(tmp_path, capsy
     orig = MlflowClient.create_run
     try:
         MlflowClient.create_run = lambda self, *a, **k: _wrapped(read_only)
-        with pytest.raises(ValueError, match=r"mlflow.db: the MLflow store failed: attempt to write a readonly database$"):
+        with pytest.raises(
+            ValueError, match=r"mlflow.db: the MLflow store failed: attempt to write a readonly database$"
+        ):
             tracking.log_sweep([job], None)
     finally:
         MlflowClient.create_run = orig
@@ -394,7 +433,9 @@ def _wrapped(fail):
         except Exception as e:
             raise OperationalError("INSERT INTO runs ...", {}, e) from e
     except OperationalError as e:
-        logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error. The following exception is caught.")
+        logging.getLogger("mlflow.store.db.utils").exception(
+            "SQLAlchemy database error. The following exception is caught."
+        )
         raise MlflowException(f"(raised as a result of Query-invoked autoflush) {e}") from e
 
 
@@ -402,7 +443,7 @@ def _wrapped(fail):
 def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypatch):
     """The signal cut MLflow's import short in `finish`; logging the interrupted run then met the
     half-initialised module: an AttributeError traceback (2 of 3 tries)."""
-    from emo import errors, run, sweep
+    from emo.workflow import errors, run, sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(2)
@@ -432,8 +473,13 @@ def test_benchmark_scripts_answer_help(script):
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--help"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr and r.stdout.strip(), r.stderr[-500:]
 
 
@@ -467,8 +513,14 @@ def test_a_failed_rerun_of_emo_run_prints_no_earlier_result(tmp_path):
     root = Path(__file__).resolve().parents[1]
 
     def run():
-        return subprocess.run([sys.executable, "-m", "emo.cli", "run", "results=res", "-c", "2"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(root)})
+        return subprocess.run(
+            [sys.executable, "-m", "emo.cli", "run", "results=res", "-c", "2"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
 
     first = run()
     assert first.returncode == 0 and "ES " in first.stdout, first.stderr[-2000:]
@@ -476,7 +528,10 @@ def test_a_failed_rerun_of_emo_run_prints_no_earlier_result(tmp_path):
     model.write_bytes(b"not parquet")  # newer than what optimize made from it: optimize runs again, and fails
     second = run()
     assert second.returncode == 1 and "(stage optimize, log " in second.stderr
-    assert "ES " not in second.stdout and "no result: this run failed (an earlier run's result is not shown)" in second.stdout
+    assert (
+        "ES " not in second.stdout
+        and "no result: this run failed (an earlier run's result is not shown)" in second.stdout
+    )
 
 
 def test_model_fit_reads_a_gzipped_csv_as_pandas_does(ncu_tables, tmp_path, capsys):

@@ -2,6 +2,7 @@
 removed, replaced by lists, huge or negative ids, text for numbers, deep nesting, events dropped or
 duplicated, bytes cut or flipped, gzip members spliced). Each must end in one line and an exit
 status != 0, or in an analysis whose replay error is 0: never a traceback, and within memory."""
+
 from __future__ import annotations
 
 import copy
@@ -20,11 +21,39 @@ from emo.cli import main
 BUNDLED = sorted((Path(__file__).resolve().parent / "data" / "traces").glob("*.json.gz"))
 CASES = 300
 SEED = 36
-WEIRD = [[], ["k"], {"a": 1}, 2 ** 63, 2 ** 64 + 5, -2 ** 63 - 1, -1, 0, 1e308, -1e308, "12", "x", None, True, 2 ** 31,
-         1.5, "", [[[1]]]]
+WEIRD = [
+    [],
+    ["k"],
+    {"a": 1},
+    2**63,
+    2**64 + 5,
+    -(2**63) - 1,
+    -1,
+    0,
+    1e308,
+    -1e308,
+    "12",
+    "x",
+    None,
+    True,
+    2**31,
+    1.5,
+    "",
+    [[[1]]],
+]
 FIELDS = ["ph", "cat", "name", "ts", "dur", "pid", "tid", "args"]
-ARGS = ["correlation", "External id", "device", "stream", "wait_on_cuda_event_record_corr_id", "wait_on_stream",
-        "Process Group Name", "Process Group Ranks", "cuda_sync_kind", "bytes"]
+ARGS = [
+    "correlation",
+    "External id",
+    "device",
+    "stream",
+    "wait_on_cuda_event_record_corr_id",
+    "wait_on_stream",
+    "Process Group Name",
+    "Process Group Ranks",
+    "cuda_sync_kind",
+    "bytes",
+]
 
 
 def _events(doc):
@@ -66,8 +95,18 @@ def mutate(doc: dict, rng: random.Random) -> bytes | dict:
             if isinstance(e.get("ts"), (int, float)):
                 e["ts"] += rng.choice([-1e9, -5, 3, 1e6, 1e15])
     elif op == 9:  # distributedInfo damaged
-        doc["distributedInfo"] = rng.choice([{"rank": 2 ** 31}, {"rank": -5}, {"rank": "x"}, {"world_size": 2 ** 40},
-                                             {"rank": 1, "world_size": 1}, [], "x", {"pg_config": [{"pg_name": [1]}]}])
+        doc["distributedInfo"] = rng.choice(
+            [
+                {"rank": 2**31},
+                {"rank": -5},
+                {"rank": "x"},
+                {"world_size": 2**40},
+                {"rank": 1, "world_size": 1},
+                [],
+                "x",
+                {"pg_config": [{"pg_name": [1]}]},
+            ]
+        )
     elif op == 10:  # deep nesting
         depth = rng.choice([200, 1000, 5000])
         ev[rng.randrange(len(ev))]["args"] = json.loads("[" * depth + "]" * depth) if depth < 900 else None
@@ -76,8 +115,19 @@ def mutate(doc: dict, rng: random.Random) -> bytes | dict:
             raw = raw.replace(b'"args": null', b'"args": ' + b"[" * depth + b"]" * depth, 1)
         return raw
     elif op == 11:  # the document's shape
-        return rng.choice([{"traceEvents": {}}, {"traceEvents": [1, 2]}, {"traceEvents": [[]]}, [], {}, 5, "x",
-                           {"traceEvents": [None]}, {"traceEvents": ev[:1]}])
+        return rng.choice(
+            [
+                {"traceEvents": {}},
+                {"traceEvents": [1, 2]},
+                {"traceEvents": [[]]},
+                [],
+                {},
+                5,
+                "x",
+                {"traceEvents": [None]},
+                {"traceEvents": ev[:1]},
+            ]
+        )
     elif op == 12:  # bytes cut
         raw = json.dumps(doc).encode()
         return raw[: rng.randrange(len(raw))]
@@ -88,7 +138,7 @@ def mutate(doc: dict, rng: random.Random) -> bytes | dict:
         return bytes(raw)
     elif op == 14:  # one event's times made huge, ids made huge
         e = rng.choice(ev)
-        e["ts"], e["dur"] = rng.choice([(2 ** 62, 1), (1, 2 ** 62), (1e20, 1), (-1e20, 1), (0, -1)])
+        e["ts"], e["dur"] = rng.choice([(2**62, 1), (1, 2**62), (1e20, 1), (-1e20, 1), (0, -1)])
     else:  # names: unicode, very long, lists
         for e in rng.sample(ev, max(1, len(ev) // 10)):
             e["name"] = rng.choice(["\u202e\x00", "x" * 100000, ["a"], 7, "ncclKernel_AllReduce"])
@@ -132,6 +182,6 @@ def test_fuzzed_traces_end_in_one_line_or_an_exact_replay(tmp_path):
         elif not (err.startswith("emo: error: ") and err.count("\n") == 1 and str(path) in err):
             failures.append(f"case {i}: exit {code}, stderr {err[:300]!r}")
         path.unlink()
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     assert not failures, f"{len(failures)} of {CASES}:\n" + "\n".join(failures[:40])
     assert peak_gb < 2.0, f"peak memory {peak_gb:.2f} GB"

@@ -1,5 +1,6 @@
 """Any NVIDIA GPU: the configuration discovered from NVML (fake at the pynvml boundary), `emo
 gpu-config`, gpu=nvml, calibration cost/progress, and calibrations exported and imported."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 import nvml_fake  # noqa: E402
 
-from emo.calibration import export_calibration, import_calibration, read_calibration  # noqa: E402
 from emo.cli import main  # noqa: E402
+from emo.cli.calibration import export_calibration, import_calibration, read_calibration  # noqa: E402
 from emo.device import Measurement, ProfileResult  # noqa: E402
 from emo.device.nvml import discover_gpu_config, gpu_key  # noqa: E402
 
@@ -52,7 +53,7 @@ def test_gpu_config_command_writes_a_file_that_composes(monkeypatch, tmp_path, c
     # it composes against the real schema
     import shutil
 
-    from emo.plan import ROOT, compose
+    from emo.workflow.plan import ROOT, compose
 
     conf = tmp_path / "conf2"
     shutil.copytree(ROOT / "conf", conf)
@@ -63,7 +64,7 @@ def test_gpu_config_command_writes_a_file_that_composes(monkeypatch, tmp_path, c
 
 def test_gpu_nvml_names_the_gpu_from_nvml(monkeypatch):
     from emo.device.nvml import NvmlDevice
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
     nvml_fake.install(monkeypatch, gpus=2)
     cfg = compose(["gpu=nvml", "tracking.enabled=false"])["gpu"]
@@ -116,7 +117,9 @@ def test_calibrate_states_its_cost_and_reports_progress(caplog):
 def _stage_folder(tmp_path) -> Path:
     d = tmp_path / "cal"
     d.mkdir()
-    pd.DataFrame({"bench": ["a"], "sm_mhz": [1500], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(d / "bench.parquet")
+    pd.DataFrame({"bench": ["a"], "sm_mhz": [1500], "time_s": [1e-3], "energy_j": [0.2]}).to_parquet(
+        d / "bench.parquet"
+    )
     (d / "calibration.json").write_text(json.dumps({"gpu": "x100", "gpu_model": "NVIDIA X100", "driver": "999.1"}))
     return d
 

@@ -1,6 +1,7 @@
 """benchmarks/gpu_observe.py (gpu_check.py --observe): a dry run of the whole check against the NVML
 fake, a fake CUDA driver and a fake Nsight Compute, in which no call that changes the GPU is ever
 made; its training analysis on the virtual GPU; the applier's record mode."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,17 +31,38 @@ def test_every_privileged_nvml_function_is_refused_and_reads_pass(monkeypatch):
     fake = nvml_fake.install(monkeypatch)
     guarded = mod.guard_nvml()
     assert sys.modules["pynvml"] is guarded and mod.guard_nvml() is guarded  # idempotent
-    changing = [n for n in dir(pynvml) if n.startswith("nvml") and any(
-        w in n for w in ("SetGpuLockedClocks", "ResetGpuLockedClocks", "SetPowerManagementLimit",
-                         "SetPersistenceMode", "SetComputeMode", "SetMigMode", "SetApplicationsClocks",
-                         "ResetApplicationsClocks", "SetMemoryLockedClocks", "ClearEccErrorCounts"))]
+    changing = [
+        n
+        for n in dir(pynvml)
+        if n.startswith("nvml")
+        and any(
+            w in n
+            for w in (
+                "SetGpuLockedClocks",
+                "ResetGpuLockedClocks",
+                "SetPowerManagementLimit",
+                "SetPersistenceMode",
+                "SetComputeMode",
+                "SetMigMode",
+                "SetApplicationsClocks",
+                "ResetApplicationsClocks",
+                "SetMemoryLockedClocks",
+                "ClearEccErrorCounts",
+            )
+        )
+    ]
     assert len(changing) >= 10
     for name in changing:
         with pytest.raises(mod.ObserveViolation, match=name):
             getattr(guarded, name)(("handle", 0), 1, 1)
     assert guarded.refused == changing
-    for name in ("nvmlDeviceGetClockInfo", "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetName",
-                 "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetSupportedGraphicsClocks"):
+    for name in (
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceGetSupportedGraphicsClocks",
+    ):
         assert not mod.PRIVILEGED.match(name)
     assert guarded.nvmlDeviceGetName(("handle", 0)) == "NVIDIA A100-SXM4-40GB"  # reads reach NVML
     assert not [c for c in fake.calls if c[0] in ("lock", "reset", "power")]
@@ -53,16 +75,21 @@ def _ncu_csv(n: int) -> str:
     head = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
     rows = []
     for i in range(n):
-        vals = {"sm__cycles_active.sum": 1000 + i, "sm__warps_active.avg.pct_of_peak_sustained_active": 50,
-                "dram__bytes_read.sum": 10 * i, **{u: (90 if j == i % len(units) else 5) for j, u in enumerate(units)}}
+        vals = {
+            "sm__cycles_active.sum": 1000 + i,
+            "sm__warps_active.avg.pct_of_peak_sustained_active": 50,
+            "dram__bytes_read.sum": 10 * i,
+            **{u: (90 if j == i % len(units) else 5) for j, u in enumerate(units)},
+        }
         rows += [f'"{i}","7","k{i}","{m}","x","{v}"' for m, v in vals.items()]
-    return "==PROF== Profiling \"k\": 0%....100% - 12 passes\n" + "\n".join([head, *rows]) + "\n"
+    return '==PROF== Profiling "k": 0%....100% - 12 passes\n' + "\n".join([head, *rows]) + "\n"
 
 
 def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path, capsys):
+    from test_nvml_launch import FakeDriver, FakeNvrtc
+
     from emo.device import cuda_launch as cl
     from emo.device import nvml as nv
-    from test_nvml_launch import FakeDriver, FakeNvrtc
 
     mod = _load()
     fake = nvml_fake.install(monkeypatch)
@@ -95,7 +122,10 @@ def test_dry_run_of_the_whole_check_never_changes_the_gpu(monkeypatch, tmp_path,
     rc = mod.main(str(out), 600, busy=lambda s: busy.append(s) or (lambda: busy.append("waited")), names=names)
     summary = json.loads((out / "summary.json").read_text())
     assert [k for k, v in summary.items() if v.get("status") == "PASS"] == [
-        "1a. discovery (emo gpu-config)", "1b. NVML energy counter", "2. microbenchmarks at the current clock"]
+        "1a. discovery (emo gpu-config)",
+        "1b. NVML energy counter",
+        "2. microbenchmarks at the current clock",
+    ]
     assert summary["3. GPT training step: trace, graph, packs, counters, prediction vs NVML"]["status"] == "FAIL"
     assert rc == 1
     # never a call that changes the GPU: not refused by the guard, not seen by the fake
@@ -144,8 +174,13 @@ def test_without_a_gpu_the_observe_check_exits_77(tmp_path):
 
     if NO_GPU is None:
         pytest.skip("a GPU is present: the check would run for minutes")
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--observe", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--observe", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert p.returncode == 77, p.stderr
     assert "no NVIDIA GPU to observe" in p.stdout and (tmp_path / "o" / "log.txt").exists()
 
@@ -167,7 +202,7 @@ def test_training_analysis_on_the_virtual_gpu(tmp_path):
     import pandas as pd
 
     from emo.device.backends import open_device
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
     mod = _load()
     cfg = compose(["workload=tp", "workload.tp=2", "workload.model.layers=1", "tracking.enabled=false"])
@@ -177,8 +212,16 @@ def test_training_analysis_on_the_virtual_gpu(tmp_path):
     rows = []
     for n in names:
         m = dev.run_microbenchmark(n, mhz, 0.3)
-        rows.append({"bench": n, "sm_mhz": mhz, "repeat": 0, "time_s": m.time_s, "energy_j": m.energy_j,
-                     **dev.profile_range([n]).counters})
+        rows.append(
+            {
+                "bench": n,
+                "sm_mhz": mhz,
+                "repeat": 0,
+                "time_s": m.time_s,
+                "energy_j": m.energy_j,
+                **dev.profile_range([n]).counters,
+            }
+        )
     bench = pd.DataFrame(rows)
     dev.set_policy(None)
     res = mod.analyze_training(dev, cfg["workload"], bench, tmp_path, default_mhz=mhz)

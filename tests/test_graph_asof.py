@@ -1,5 +1,6 @@
 """The graph builder's numpy look-ups pick exactly what pandas picks: pd.merge_asof(allow_exact_matches=False),
 pd.merge (rows and their order), drop_duplicates."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,8 +17,13 @@ def test_asof_matches_pandas_with_ties_and_groups(direction):
         left = pd.DataFrame({**{k: rng.integers(0, 3, n) for k in by}, "t": rng.integers(0, 15, n)})
         right = pd.DataFrame({**{k: rng.integers(0, 3, m) for k in by}, "t": rng.integers(0, 15, m), "r": np.arange(m)})
         left, right = left.sort_values("t", kind="stable"), right.sort_values("t", kind="stable")
-        want = (pd.merge_asof(left, right, on="t", by=by, direction=direction, allow_exact_matches=False)["r"]
-                .fillna(-1).to_numpy(np.int64) if n and m else np.full(n, -1))
+        want = (
+            pd.merge_asof(left, right, on="t", by=by, direction=direction, allow_exact_matches=False)["r"]
+            .fillna(-1)
+            .to_numpy(np.int64)
+            if n and m
+            else np.full(n, -1)
+        )
         j = _asof([left[k] for k in by], left["t"], [right[k] for k in by], right["t"], direction == "forward")
         got = np.array([right["r"].iat[i] if i >= 0 else -1 for i in j], dtype=np.int64)
         assert (got == want).all()
@@ -54,7 +60,9 @@ def _queue_lengths_pandas(df: pd.DataFrame) -> np.ndarray:
     launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
     ops = df[df["stream"].ne(-1) & df["correlation"].isin(launch["correlation"])]
     stream_of = dict(zip(ops["correlation"], ops["stream"]))
-    a = pd.DataFrame({"index": launch.index, "ts": launch["ts"], "q": 1, "stream": launch["correlation"].map(stream_of)})
+    a = pd.DataFrame(
+        {"index": launch.index, "ts": launch["ts"], "q": 1, "stream": launch["correlation"].map(stream_of)}
+    )
     b = pd.DataFrame({"index": ops.index, "ts": ops["ts"], "q": -1, "stream": ops["stream"]})
     m = pd.concat([a, b]).sort_values("ts", kind="stable")
     m["ql"] = m.groupby("stream")["q"].cumsum()
@@ -63,8 +71,14 @@ def _queue_lengths_pandas(df: pd.DataFrame) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["hta_alexnet_a100_2stream_cudasync.json.gz", "hta_event_sync_a100_3stream.json.gz",
-                                  "dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta_alexnet_a100_2stream_cudasync.json.gz",
+        "hta_event_sync_a100_3stream.json.gz",
+        "dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz",
+    ],
+)
 def test_hta_queue_lengths_match_pandas(name):
     from real_traces import real
 

@@ -1,16 +1,15 @@
 """The execution graph on the real traces: HTA parity, replay error, cross-rank collectives."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
+from real_traces import real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 from emo.graph import Graph, build_graph, summary
 from emo.graph.hta import hta_critical_path
 from emo.graph.whatif import compile_graph, whatif
 from emo.trace import clip_window, read_trace
-
-from real_traces import real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 ALEX = "hta_alexnet_a100_2stream_cudasync.json.gz"
 # HTA 0.5.0's critical path (us) on these files, from shared/data/traces/README.md
@@ -19,10 +18,14 @@ HTA_TABLE = [
     (ALEX, 0, "", 0, 43355655),
     ("hta_event_sync_a100_3stream.json.gz", 0, "", 0, 1178),
     ("hta_event_sync_a100_1stream.json.gz", 0, "ProfilerStep", 0, 2401),
-] + [("dlrm_8rank", r, "ProfilerStep", 0, cp)
-     for r, cp in enumerate([4744, 8958, 4719, 7842, 6216, 6024, 4705, 4521])]
-ALL = [ALEX, "hta_event_sync_a100_3stream.json.gz", "hta_event_sync_a100_1stream.json.gz", "dlrm_8rank",
-       "pipit_nsys_cloverleaf_a100.sqlite"]
+] + [("dlrm_8rank", r, "ProfilerStep", 0, cp) for r, cp in enumerate([4744, 8958, 4719, 7842, 6216, 6024, 4705, 4521])]
+ALL = [
+    ALEX,
+    "hta_event_sync_a100_3stream.json.gz",
+    "hta_event_sync_a100_1stream.json.gz",
+    "dlrm_8rank",
+    "pipit_nsys_cloverleaf_a100.sqlite",
+]
 
 _cache: dict = {}
 

@@ -1,6 +1,7 @@
 """The graph on virtual-GPU traces: replay is exact, and the what-if prediction of a changed kernel
 duration equals what the virtual GPU then measures (within slack: nothing moves; beyond: the end
 moves by exactly the excess)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emo.device.sim import SimDevice
 from emo.graph import build_graph
 from emo.graph.whatif import compile_graph, whatif
 from emo.trace import read_trace
-
-from emo.device.sim import SimDevice
 from emo.workloads import build_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,15 @@ def a100():
         # exact timing semantics: no noise, and no compute-communication contention (the what-if keeps
         # a collective's recorded duration; on the virtual GPU a stretched kernel beside a transfer
         # would re-rate it)
-        return compose("config", overrides=["gpu=a100", "gpu.noise=0", "gpu.physics.comm_sm_fraction=0",
-                                            "gpu.physics.comm_hbm_per_link_byte=0"]).gpu
+        return compose(
+            "config",
+            overrides=[
+                "gpu=a100",
+                "gpu.noise=0",
+                "gpu.physics.comm_sm_fraction=0",
+                "gpu.physics.comm_hbm_per_link_byte=0",
+            ],
+        ).gpu
 
 
 def traced(gpu, program, folder: Path):
@@ -53,8 +60,9 @@ def stretched(program, name: str, factor: float):
     kernels = list(program.kernels)
     j = next(i for i, k in enumerate(kernels) if k.name == name)
     w = kernels[j].work
-    w2 = dataclasses.replace(w, **{f.name: getattr(w, f.name) * factor for f in dataclasses.fields(w)
-                                   if f.name != "active_warps"})
+    w2 = dataclasses.replace(
+        w, **{f.name: getattr(w, f.name) * factor for f in dataclasses.fields(w) if f.name != "active_warps"}
+    )
     kernels[j] = dataclasses.replace(kernels[j], work=w2)
     return dataclasses.replace(program, kernels=kernels)
 

@@ -1,4 +1,5 @@
 """The compiled what-if pass against a plain reference, and the meaning of slack."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +13,27 @@ from emo.graph.whatif import compile_graph, slack_windows, whatif
 
 def make_graph(starts, durs, edges, kinds=None, from_start=None) -> Graph:
     n = len(starts)
-    nodes = typed(pd.DataFrame({"kind": kinds or ["kernel"] * n, "rank": 0, "device": 0, "stream": 7, "thread": -1,
-                                "start_ns": starts, "dur_ns": durs, "name": [f"n{i}" for i in range(n)],
-                                "event": -1}), NODE_COLUMNS)
+    nodes = typed(
+        pd.DataFrame(
+            {
+                "kind": kinds or ["kernel"] * n,
+                "rank": 0,
+                "device": 0,
+                "stream": 7,
+                "thread": -1,
+                "start_ns": starts,
+                "dur_ns": durs,
+                "name": [f"n{i}" for i in range(n)],
+                "event": -1,
+            }
+        ),
+        NODE_COLUMNS,
+    )
     src, dst = zip(*edges) if edges else ((), ())
-    e = typed(pd.DataFrame({"src": src, "dst": dst, "kind": "stream",
-                            "from_start": from_start or [False] * len(src)}), EDGE_COLUMNS)
+    e = typed(
+        pd.DataFrame({"src": src, "dst": dst, "kind": "stream", "from_start": from_start or [False] * len(src)}),
+        EDGE_COLUMNS,
+    )
     return Graph(nodes, e)
 
 
@@ -46,8 +62,7 @@ def reference(starts, durs, edges, from_start, new_durs):
         for v in range(n):
             if v in done or any(u not in done for u, _, _ in preds[v]):
                 continue
-            start[v] = (max(start[u] + (0 if fs else new_durs[u]) + lg for u, fs, lg in preds[v])
-                        if preds[v] else rec[v])
+            start[v] = max(start[u] + (0 if fs else new_durs[u]) + lg for u, fs, lg in preds[v]) if preds[v] else rec[v]
             done.add(v)
     return np.array(start), max(s + d for s, d in zip(start, new_durs))
 
@@ -155,11 +170,23 @@ def test_throughput_smoke():
     src = np.r_[src, extra]
     dst = np.r_[dst, extra + rng.integers(2, 10, len(extra))]
     durs = rng.integers(1, 100, n)
-    nodes = typed(pd.DataFrame({"kind": "kernel", "rank": 0, "device": 0, "stream": 7, "thread": -1,
-                                "start_ns": np.cumsum(durs) * 2, "dur_ns": durs, "name": "k", "event": -1}),
-                  NODE_COLUMNS)
-    g = Graph(nodes, typed(pd.DataFrame({"src": src, "dst": dst, "kind": "stream", "from_start": False}),
-                           EDGE_COLUMNS))
+    nodes = typed(
+        pd.DataFrame(
+            {
+                "kind": "kernel",
+                "rank": 0,
+                "device": 0,
+                "stream": 7,
+                "thread": -1,
+                "start_ns": np.cumsum(durs) * 2,
+                "dur_ns": durs,
+                "name": "k",
+                "event": -1,
+            }
+        ),
+        NODE_COLUMNS,
+    )
+    g = Graph(nodes, typed(pd.DataFrame({"src": src, "dst": dst, "kind": "stream", "from_start": False}), EDGE_COLUMNS))
     c = compile_graph(g)
     whatif(c)
     t = time.perf_counter()

@@ -1,6 +1,7 @@
 """The Lightning and Hugging Face callbacks drive the runtime applier against the NVML fake: the
 policy is applied from the first training step, marked once per optimizer step (gradient
 accumulation included), and every GPU's clock is reset when training ends."""
+
 from __future__ import annotations
 
 import sys
@@ -8,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from emo import loop
 from emo.policy import FrequencyPolicy, Step
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -46,8 +46,17 @@ def test_lightning_callback(fake):
 
     data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
     cb = EmoCallback("policy.json")
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, accumulate_grad_batches=2, callbacks=[cb],
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=2,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2))
     assert cb.clocks.iterations == 4  # 8 micro-batches, 2 per optimizer step
     assert [c for c in fake.calls if c[0] == "lock"] == [("lock", 0, 900, 900)]  # GPU 0 locked once, at step 1
@@ -68,9 +77,17 @@ def test_hugging_face_trainer_callback(fake, tmp_path):
 
     data = [{"x": torch.randn(4), "labels": torch.randn(1)} for _ in range(12)]
     cb = EmoCallback("policy.json")
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=3, per_device_train_batch_size=2,
-                                          gradient_accumulation_steps=2, use_cpu=True, report_to=[], save_strategy="no",
-                                          logging_strategy="no", disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
     transformers.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[cb]).train()
     assert cb.clocks.iterations == 3  # the Trainer's steps are optimizer steps
     assert [c for c in fake.calls if c[0] == "lock"] == [("lock", 0, 900, 900)]

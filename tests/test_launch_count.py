@@ -6,6 +6,7 @@ NVML fake (here and in every rank: tests/fake_pynvml) and a fake `ncu` (tests/fa
 Before this change a job started the program 9 times (trace 1; profile: ncu 1, the default-clock
 baseline 1, one per level clock 3; validate: a probe 1, max clock 1, the policy 1). Now: trace 1,
 profile 2 (ncu's replay cannot share a launch with energy measurements), validate 1."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,13 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
     from emo.stages import run_in_place
 
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    wl = {**vars(CommandWorkload(command=[torchrun, "--nproc-per-node", "2", str(job / "train.py")],
-                                 wait=1, warmup=1, active=2))}
+    wl = {
+        **vars(
+            CommandWorkload(
+                command=[torchrun, "--nproc-per-node", "2", str(job / "train.py")], wait=1, warmup=1, active=2
+            )
+        )
+    }
     gpu = {"name": "a100", "backend": "nvml"}
     counts = {}
 
@@ -92,20 +98,29 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
         # the profile stage's two device calls: Nsight Compute over one iteration, then the baselines
         # at the default clock and the level clocks
         device.profile_ranges(wl, [KernelRange(0, (0,)), KernelRange(1, (0,))])
-        base = profile.measure_baselines(device, wl, iteration_s=0.002, min_seconds=0.02, warmup=1, gpus=[0, 1],
-                                         fractions=[0.95, 0.85, 0.7])
+        base = profile.measure_baselines(
+            device, wl, iteration_s=0.002, min_seconds=0.02, warmup=1, gpus=[0, 1], fractions=[0.95, 0.85, 0.7]
+        )
     finally:
         device.close()
     counts["profile"] = len(_launches(job)) - counts["trace"]
     assert [lv["sm_mhz"] for lv in base["levels"]] == [1380, 900] and base["sm_mhz"] == 1410
     assert base["energy_per_device_j"].keys() == {"0", "1"}
 
-    pol = FrequencyPolicy(gpu="a100", steps={r: [Step(0.0, 1410), Step(0.5, 900)] for r in (0, 1)}, period_ms=2.0,
-                          meta={"baseline_time_s": 0.002, "baseline_energy_j": 1.0})
+    pol = FrequencyPolicy(
+        gpu="a100",
+        steps={r: [Step(0.0, 1410), Step(0.5, 900)] for r in (0, 1)},
+        period_ms=2.0,
+        meta={"baseline_time_s": 0.002, "baseline_energy_j": 1.0},
+    )
     pol.save(job / "policy.json")
     vcfg = {"iterations": 5, "warmup": 1, "min_seconds": 0.02, "pareto_points": 0}
-    res = run_in_place("validate", {"gpu": gpu, "workload": wl, "optimizer": {"name": "emo"}, "budget": 0.05,
-                                    "validate": vcfg}, {"policy": job / "policy.json"}, job / "validate")
+    res = run_in_place(
+        "validate",
+        {"gpu": gpu, "workload": wl, "optimizer": {"name": "emo"}, "budget": 0.05, "validate": vcfg},
+        {"policy": job / "policy.json"},
+        job / "validate",
+    )
     counts["validate"] = len(_launches(job)) - counts["trace"] - counts["profile"]
     assert "es_pct" in res
     result = json.loads((job / "validate" / "result.json").read_text())

@@ -2,6 +2,7 @@
 instrument its ranks through the environment (the injected sitecustomize), with a CPU torch (gloo)
 through the real torchrun. Ranks come from RANK / LOCAL_RANK; a rank the policy does not cover is an
 error. Clock control runs against the NVML fake (tests/fake_pynvml) inside every rank."""
+
 from __future__ import annotations
 
 import json
@@ -56,15 +57,23 @@ def job(tmp_path, monkeypatch):
 
 
 def emo(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "emo.cli", *args], capture_output=True, text=True,
-                          env={**base, **(env or {})}, timeout=timeout)
+    base = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "emo.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def _windows(out: Path) -> dict[int, dict]:
-    return {json.loads(f.read_text())["rank"]: json.loads(f.read_text())
-            for f in sorted((out / launcher.SIDECAR).glob("rank*.window.json"))}
+    return {
+        json.loads(f.read_text())["rank"]: json.loads(f.read_text())
+        for f in sorted((out / launcher.SIDECAR).glob("rank*.window.json"))
+    }
 
 
 PY = sys.executable
@@ -75,11 +84,30 @@ FORMS = {  # launcher form -> (command, ranks)
     "shell script": (["sh", "run.sh", "200"], 1),
     "torchrun 1": ([TORCHRUN, "--nproc_per_node", "1", "train.py", "200"], 1),
     "torchrun 2": ([TORCHRUN, "--nproc_per_node", "2", "train.py", "200"], 2),
-    "python -m torch.distributed.run 2": ([PY, "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py", "200"], 2),
+    "python -m torch.distributed.run 2": (
+        [PY, "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py", "200"],
+        2,
+    ),
     # the test-frameworks extra (.ci/run installs it): CPU ranks over gloo, as on a GPU box over NCCL
     "deepspeed 2": ([DEEPSPEED, "--num_gpus", "2", "train.py", "200"], 2),
-    "accelerate launch 2": ([ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                             "--mixed_precision", "no", "--dynamo_backend", "no", "train.py", "200"], 2),
+    "accelerate launch 2": (
+        [
+            ACCELERATE,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "train.py",
+            "200",
+        ],
+        2,
+    ),
 }
 
 
@@ -101,12 +129,43 @@ def test_a_two_node_job_writes_one_trace_per_rank_where_the_user_points(job):
     """Two `torchrun --nnodes 2 --node-rank k` on this machine, each under its own `emo trace`,
     both writing into one folder (a shared file system): ranks 0-1 from node 0, 2-3 from node 1."""
     port = str(_port())
-    procs = [subprocess.Popen([PY, "-m", "emo.cli", "trace", "-o", "shared", "--wait", "1", "--warmup", "0", "--active", "2",
-                               "--", TORCHRUN, "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "2",
-                               "--master-addr", "127.0.0.1", "--master-port", port, "train.py", "200"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
-             for k in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "emo.cli",
+                "trace",
+                "-o",
+                "shared",
+                "--wait",
+                "1",
+                "--warmup",
+                "0",
+                "--active",
+                "2",
+                "--",
+                TORCHRUN,
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(k),
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "train.py",
+                "200",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+        )
+        for k in (0, 1)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-1500:] + outs[1][1][-1500:]
     wins = _windows(job / "shared")
@@ -118,14 +177,16 @@ def test_a_two_node_job_writes_one_trace_per_rank_where_the_user_points(job):
 
 
 def _policy(path: Path, ranks: list[int]) -> Path:
-    FrequencyPolicy(gpu="a100", steps={r: [Step(0.0, 1410), Step(1.0, 900)] for r in ranks},
-                    period_ms=5.0).save(path)
+    FrequencyPolicy(gpu="a100", steps={r: [Step(0.0, 1410), Step(1.0, 900)] for r in ranks}, period_ms=5.0).save(path)
     return path
 
 
 def _fake_env(tmp: Path, gpus: int = 2) -> dict:
-    return {"PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)]), "EMO_FAKE_NVML_GPUS": str(gpus),
-            "EMO_FAKE_NVML_LOG": str(tmp / "nvml.log")}
+    return {
+        "PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)]),
+        "EMO_FAKE_NVML_GPUS": str(gpus),
+        "EMO_FAKE_NVML_LOG": str(tmp / "nvml.log"),
+    }
 
 
 def _nvml_calls(tmp: Path) -> list[list]:
@@ -134,8 +195,9 @@ def _nvml_calls(tmp: Path) -> list[list]:
 
 def test_emo_apply_runs_the_job_to_its_end_with_every_rank_on_its_own_gpu(job):
     pol = _policy(job / "p.json", [0, 1])
-    r = emo("apply", "--policy", str(pol), "--", TORCHRUN, "--nproc_per_node", "2", "train.py", "30",
-            env=_fake_env(job))
+    r = emo(
+        "apply", "--policy", str(pol), "--", TORCHRUN, "--nproc_per_node", "2", "train.py", "30", env=_fake_env(job)
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("trained 30 iterations") == 2  # no profiler, no early end
     assert "rank 0 (policy device 0):" in r.stderr and "rank 1 (policy device 1):" in r.stderr
@@ -148,8 +210,9 @@ def test_emo_apply_runs_the_job_to_its_end_with_every_rank_on_its_own_gpu(job):
 
 def test_a_rank_the_policy_does_not_cover_is_an_error(job):
     pol = _policy(job / "p.json", [0])  # a 1-GPU policy on a 2-rank job: rank 1 has no schedule
-    r = emo("apply", "--policy", str(pol), "--", TORCHRUN, "--nproc_per_node", "2", "train.py", "30",
-            env=_fake_env(job))
+    r = emo(
+        "apply", "--policy", str(pol), "--", TORCHRUN, "--nproc_per_node", "2", "train.py", "30", env=_fake_env(job)
+    )
     assert r.returncode != 0
     assert "emo: error: " in r.stderr and "no schedule for rank 1 (it covers rank(s) 0; WORLD_SIZE=2)" in r.stderr
 
@@ -166,8 +229,26 @@ def test_without_a_gpu_apply_and_trace_with_a_policy_end_in_one_line(job):
 def test_trace_with_a_policy_records_and_applies_on_every_rank(job):
     """`emo trace --policy`: the profiler window and the applier follow the same markers in each rank."""
     pol = _policy(job / "p.json", [0, 1])
-    r = emo("trace", "-o", "out", "--wait", "1", "--warmup", "0", "--active", "2", "--policy", str(pol), "--",
-            TORCHRUN, "--nproc_per_node", "2", "train.py", "200", env=_fake_env(job))
+    r = emo(
+        "trace",
+        "-o",
+        "out",
+        "--wait",
+        "1",
+        "--warmup",
+        "0",
+        "--active",
+        "2",
+        "--policy",
+        str(pol),
+        "--",
+        TORCHRUN,
+        "--nproc_per_node",
+        "2",
+        "train.py",
+        "200",
+        env=_fake_env(job),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(_windows(job / "out")) == [0, 1]
     calls = _nvml_calls(job)

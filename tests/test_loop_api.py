@@ -1,6 +1,7 @@
 """The training-loop API against the NVML fake: `with emo.apply(policy) as clocks: ... clocks.step()`
 drives this rank's own GPU with its rank's schedule, a rank the policy does not cover is an error,
 and `emo.measure()` reads the energy counter over a window without any policy."""
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,12 @@ def fake(monkeypatch, tmp_path):
 
 
 def _policy(ranks, meta=None) -> FrequencyPolicy:
-    return FrequencyPolicy(gpu="a100", steps={r: [Step(0.0, 1410), Step(2.0, 900 - 195 * (r % 2))] for r in ranks},
-                           period_ms=6.0, meta=meta or {})
+    return FrequencyPolicy(
+        gpu="a100",
+        steps={r: [Step(0.0, 1410), Step(2.0, 900 - 195 * (r % 2))] for r in ranks},
+        period_ms=6.0,
+        meta=meta or {},
+    )
 
 
 def _loop(clocks, n=6):
@@ -144,11 +149,12 @@ def test_strict_clocks_raise_at_the_end_of_their_block_after_a_late_failure():
 
 
 def test_emo_apply_says_failed_resets_and_exits_by_the_shells_convention():
-    from emo import apply_cli
+    from emo.cli import apply as apply_cli
 
     reports = [{"rank": 0, "device": 0, "landed": 4, "failed": 0, "iterations": 3, "resets_failed": 1}]
-    assert apply_cli.summary(reports)[-1] == ("1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed: "
-                                              "run `emo reset-clocks`")
+    assert apply_cli.summary(reports)[-1] == (
+        "1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed: run `emo reset-clocks`"
+    )
 
 
 def test_a_rank_bound_to_its_own_gpu_uses_the_one_it_sees(fake, monkeypatch):

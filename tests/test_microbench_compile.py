@@ -1,5 +1,6 @@
 """Each microbenchmark source compiles to PTX for sm_80 (where nvcc is installed; no GPU needed)
 and exports its kernels unmangled, warning-free."""
+
 from __future__ import annotations
 
 import shutil
@@ -18,8 +19,12 @@ SOURCES = sorted(MICROBENCH_DIR.glob("*.cu"))
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_source_compiles_to_ptx(source: Path, tmp_path: Path):
     ptx = tmp_path / "out.ptx"
-    run = subprocess.run([NVCC, "-arch=sm_80", "--ptx", "-Werror", "all-warnings", "-o", str(ptx), str(source)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [NVCC, "-arch=sm_80", "--ptx", "-Werror", "all-warnings", "-o", str(ptx), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     text = ptx.read_text()
     for e in load_registry().values():

@@ -1,4 +1,5 @@
 """The microbenchmark registry: every entry names real CUDA, its work vector follows from the launch."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emo.microbench import (MICROBENCH_DIR, WORK_FIELDS, kernel_signature_re, load_registry,
-                            parse_work_annotations)
+from emo.microbench import MICROBENCH_DIR, WORK_FIELDS, kernel_signature_re, load_registry, parse_work_annotations
 
 REG = load_registry()
 
@@ -25,8 +25,20 @@ def test_work_fields_match_the_simulator_work_dataclass():
 
 def test_suite_covers_what_ai_kernels_stress():
     stresses = {s for e in REG.values() for s in e["stresses"]}
-    assert stresses == {"idle", "int32", "fp32", "fp64", "sfu", "shared", "l1", "l2", "dram_read",
-                        "dram_write", "hmma", "imma"}
+    assert stresses == {
+        "idle",
+        "int32",
+        "fp32",
+        "fp64",
+        "sfu",
+        "shared",
+        "l1",
+        "l2",
+        "dram_read",
+        "dram_write",
+        "hmma",
+        "imma",
+    }
     assert 20 <= len(REG) <= 30
     for s in stresses - {"idle"}:  # every unit at more than one intensity
         assert len({e["intensity"] for e in REG.values() if s in e["stresses"]}) >= 2, s
@@ -84,17 +96,25 @@ def test_low_occupancy_variants_limit_resident_blocks():
 
 
 def _write(tmp_path, registry: dict, src: str = "") -> Path:
-    (tmp_path / "k.cu").write_text(src or 'extern "C" __global__ void k(float* out, int iters) {}\n'
-                                         "// @work k per_iter fp32_flop=2\n")
+    (tmp_path / "k.cu").write_text(
+        src or 'extern "C" __global__ void k(float* out, int iters) {}\n// @work k per_iter fp32_flop=2\n'
+    )
     p = tmp_path / "registry.yaml"
     p.write_text(yaml.safe_dump({"benchmarks": registry}))
     return p
 
 
-GOOD = {"source": "k.cu", "kernel": "k", "stresses": ["fp32"], "intensity": "high", "occupancy": 1.0,
-        "grid": [2, 1, 1], "block": [64, 1, 1], "dynamic_smem_bytes": 0,
-        "args": [{"name": "out", "type": "float*", "buffer_bytes": 512},
-                 {"name": "iters", "type": "i32", "value": 10}]}
+GOOD = {
+    "source": "k.cu",
+    "kernel": "k",
+    "stresses": ["fp32"],
+    "intensity": "high",
+    "occupancy": 1.0,
+    "grid": [2, 1, 1],
+    "block": [64, 1, 1],
+    "dynamic_smem_bytes": 0,
+    "args": [{"name": "out", "type": "float*", "buffer_bytes": 512}, {"name": "iters", "type": "i32", "value": 10}],
+}
 
 
 def test_custom_registry_work(tmp_path):
@@ -102,17 +122,20 @@ def test_custom_registry_work(tmp_path):
     assert reg["b"]["work"]["fp32_flop"] == 2 * 64 * 10 * 2
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"kernel": "nope"}, "no `extern"),
-    ({"block": [100, 1, 1]}, "multiple of 32"),
-    ({"grid": [0, 1, 1]}, "3 positive integers"),
-    ({"stresses": ["magic"]}, "stresses"),
-    ({"source": "missing.cu"}, "does not exist"),
-    ({"occupancy": 2}, "occupancy"),
-    ({"dynamic_smem_bytes": 1 << 20}, "dynamic_smem_bytes"),
-    ({"args": [{"name": "out", "type": "float*"}]}, "buffer_bytes"),
-    ({"args": [{"name": "out", "type": "float*", "buffer_bytes": 4}]}, "no 'iters'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kernel": "nope"}, "no `extern"),
+        ({"block": [100, 1, 1]}, "multiple of 32"),
+        ({"grid": [0, 1, 1]}, "3 positive integers"),
+        ({"stresses": ["magic"]}, "stresses"),
+        ({"source": "missing.cu"}, "does not exist"),
+        ({"occupancy": 2}, "occupancy"),
+        ({"dynamic_smem_bytes": 1 << 20}, "dynamic_smem_bytes"),
+        ({"args": [{"name": "out", "type": "float*"}]}, "buffer_bytes"),
+        ({"args": [{"name": "out", "type": "float*", "buffer_bytes": 4}]}, "no 'iters'"),
+    ],
+)
 def test_bad_entries_give_one_line_errors(tmp_path, change, message):
     p = _write(tmp_path, {"b": {**GOOD, **change}})
     with pytest.raises(ValueError, match=re.escape(message)) as err:

@@ -1,5 +1,6 @@
 """benchmarks/model_fidelity.py's score of the optimizer's own plans: the mean |predicted - measured
 ES| and the signed bias over the clock-changing plans only, and its last line."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,17 +27,28 @@ def _plans(rows):
 
 def test_bias_is_over_clock_changing_plans_and_is_the_last_line(fidelity, capsys):
     results = [
-        {"gpu": "a100", "workload": "pp4", "optimized": _plans([
-            (0.0, True, 20.0, 18.0, 0.1, 0.2, 1.0, 1.0, 80.0, 82.0),  # +2 points
-            (0.02, True, 22.0, 23.0, 2.0, 2.1, 1.02, 1.02, 78.0, 77.0)])},  # -1 point
-        {"gpu": "a100", "workload": "tp2", "optimized": _plans([
-            (0.0, False, 0.0, 0.3, 0.0, 0.0, 1.0, 1.0, 100.0, 99.7)])},  # max clock: not counted
+        {
+            "gpu": "a100",
+            "workload": "pp4",
+            "optimized": _plans(
+                [
+                    (0.0, True, 20.0, 18.0, 0.1, 0.2, 1.0, 1.0, 80.0, 82.0),  # +2 points
+                    (0.02, True, 22.0, 23.0, 2.0, 2.1, 1.02, 1.02, 78.0, 77.0),
+                ]
+            ),
+        },  # -1 point
+        {
+            "gpu": "a100",
+            "workload": "tp2",
+            "optimized": _plans([(0.0, False, 0.0, 0.3, 0.0, 0.0, 1.0, 1.0, 100.0, 99.7)]),
+        },  # max clock: not counted
     ]
     out = fidelity.optimized_summary(results)
     assert out["plans"] == 2 and out["mean_abs_des"] == pytest.approx(1.5) and out["bias_des"] == pytest.approx(0.5)
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == ("optimized plans: mean |dES| 1.50 points, bias +0.50 points over 2 clock-changing plans "
-                         "(1 predicted too large)")
+    assert lines[-1] == (
+        "optimized plans: mean |dES| 1.50 points, bias +0.50 points over 2 clock-changing plans (1 predicted too large)"
+    )
     assert "worst plan: a100 pp4 at 0: dES +2.00 points" in lines
 
 

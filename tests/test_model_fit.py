@@ -1,4 +1,5 @@
 """emo.model on synthetic calibrations whose truth is a known mix of microbenchmarks."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,7 @@ import pandas as pd
 import pytest
 
 from emo.device import COUNTERS
-from emo.model import (bench_tables, calibrate_energy_level, fit_signatures, idle_power, model_arrays,
-                       running_power_w)
+from emo.model import bench_tables, calibrate_energy_level, fit_signatures, idle_power, model_arrays, running_power_w
 from emo.model.overlap import calibrate_p, pnorm
 
 CLOCKS = np.arange(600, 1401, 100)
@@ -68,8 +68,12 @@ def sequence_pack(truth: dict, mix: dict[str, float]):
     return t, e, c
 
 
-MIXES = {"a": {"fp32": 2.0, "dram": 1.0}, "b": {"hmma": 3.0, "l2": 0.5, "dram_w": 0.25},
-         "c": {"int32": 1.0}, "d": {"fp32": 0.3, "int32": 0.7, "l2": 1.2, "dram": 0.4, "dram_w": 0.1, "hmma": 0.05}}
+MIXES = {
+    "a": {"fp32": 2.0, "dram": 1.0},
+    "b": {"hmma": 3.0, "l2": 0.5, "dram_w": 0.25},
+    "c": {"int32": 1.0},
+    "d": {"fp32": 0.3, "int32": 0.7, "l2": 1.2, "dram": 0.4, "dram_w": 0.1, "hmma": 0.05},
+}
 
 
 def _packs(truth, mixes=MIXES):
@@ -171,12 +175,15 @@ def test_pnorm_and_p_calibration():
     assert calibrate_p(v[:1], np.array([8.0]))[0] == 1.0  # slower than the sum: no overlap
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda b: b.drop(columns=["energy_j"]), "missing columns energy_j"),
-    (lambda b: b[~((b["bench"] == "fp32") & (b["sm_mhz"] == 800))], "no measurement of fp32 at 800"),
-    (lambda b: b.assign(time_s=np.where(b["bench"] == "l2", 0.0, b["time_s"])), "time_s=0"),
-    (lambda b: b[b["bench"] != "idle"], "no 'idle'"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b.drop(columns=["energy_j"]), "missing columns energy_j"),
+        (lambda b: b[~((b["bench"] == "fp32") & (b["sm_mhz"] == 800))], "no measurement of fp32 at 800"),
+        (lambda b: b.assign(time_s=np.where(b["bench"] == "l2", 0.0, b["time_s"])), "time_s=0"),
+        (lambda b: b[b["bench"] != "idle"], "no 'idle'"),
+    ],
+)
 def test_bad_bench_tables(mutate, message):
     bench, truth = make_bench()
     _, counters, t0 = _packs(truth)

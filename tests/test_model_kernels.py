@@ -1,4 +1,5 @@
 """The open calibration interface (emo.model.kernels, `emo model fit`) on real and virtual-GPU data."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def _json(capsys, argv) -> dict:
 
 @needs_data
 def test_titanx_through_the_cli_beats_the_mean_curve(titanx, capsys):
-    out = _json(capsys, ["model", "fit", "--bench", str(titanx / "bench.csv"), "--targets", str(titanx / "apps.parquet"),
-                         "--json"])
+    out = _json(
+        capsys,
+        ["model", "fit", "--bench", str(titanx / "bench.csv"), "--targets", str(titanx / "apps.parquet"), "--json"],
+    )
     assert out["reference_mhz"] == 1164 and out["mape_time_pct"] is None  # power-only data
     assert out["mape_power_pct"] < out["mean_curve"]["mape_power_pct"]  # ~1.8 % vs ~5.2 %
     assert out["mape_power_pct"] < out["nnls"]["mape_power_pct"]  # plain anchored NNLS ~3.8 %
@@ -65,8 +68,20 @@ def test_titanx_through_the_cli_beats_the_mean_curve(titanx, capsys):
 def test_titanx_without_an_idle_row_estimates_it_and_says_so(titanx, capsys):
     bench = pd.read_csv(titanx / "bench.csv")
     bench[bench["name"] != "Idle"].to_csv(titanx / "noidle.csv", index=False)
-    out = _json(capsys, ["model", "fit", "--bench", str(titanx / "noidle.csv"), "--targets",
-                         str(titanx / "apps.parquet"), "--ref-mhz", "975", "--json"])
+    out = _json(
+        capsys,
+        [
+            "model",
+            "fit",
+            "--bench",
+            str(titanx / "noidle.csv"),
+            "--targets",
+            str(titanx / "apps.parquet"),
+            "--ref-mhz",
+            "975",
+            "--json",
+        ],
+    )
     assert any("no idle row" in n for n in out["notes"])
     assert out["mape_power_pct"] < out["mean_curve"]["mape_power_pct"]
 
@@ -142,7 +157,9 @@ def test_the_cli_names_the_users_file_for_what_the_model_cannot_take(sim_ncu, tm
         return rc, out, err.strip(), bp, tp
 
     rc, _, err, bp, _ = fit(bench.assign(**{"dram__bytes_read.sum": np.inf}), targets)
-    assert rc == 2 and err.startswith(f"emo: error: --bench {bp}: ") and "dram__bytes_read.sum=inf (must be finite)" in err
+    assert (
+        rc == 2 and err.startswith(f"emo: error: --bench {bp}: ") and "dram__bytes_read.sum=inf (must be finite)" in err
+    )
     t = targets.copy()
     t.loc[t.index[3], "power_w"] = np.inf
     rc, _, err, _, tp = fit(bench, t)
@@ -168,8 +185,13 @@ def test_json_to_a_reader_that_goes_away_is_not_an_error(sim_ncu, tmp_path):
     bench.to_csv(tmp_path / "b.csv", index=False)
     targets.to_csv(tmp_path / "t.csv", index=False)
     cmd = f"{sys.executable} -m emo.cli model fit --bench b.csv --targets t.csv --json | head -c 20"
-    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=tmp_path, capture_output=True, text=True,
-                       env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    r = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert r.returncode == 0 and r.stdout.startswith('{"reference_mhz"') and r.stderr == "", r.stderr
 
 
@@ -200,12 +222,27 @@ def test_any_feature_names_fit_and_say_how_they_are_normalised(sim_ncu, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--bench {tmp_path / 'b.csv'}" in err[0] and "nope" in err[0]
     targets.assign(**{names[0]: "lots"}).to_csv(tmp_path / "t_text.csv", index=False)
-    assert main(["model", "fit", "--bench", str(tmp_path / "b.csv"), "--targets", str(tmp_path / "t_text.csv"),
-                 "--features", "all"]) == 2
+    assert (
+        main(
+            [
+                "model",
+                "fit",
+                "--bench",
+                str(tmp_path / "b.csv"),
+                "--targets",
+                str(tmp_path / "t_text.csv"),
+                "--features",
+                "all",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--targets {tmp_path / 't_text.csv'}" in err[0] and f"{names[0]}='lots'" in err[0]
     out = _json(capsys, [*argv, "--features", "all", "--json"])
-    assert out["mape_energy_pct"] < out["mean_curve"]["mape_energy_pct"] and set(out["normalisation"]) == set(out["features"])
+    assert out["mape_energy_pct"] < out["mean_curve"]["mape_energy_pct"] and set(out["normalisation"]) == set(
+        out["features"]
+    )
 
 
 def _mix_fractions(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
@@ -254,8 +291,21 @@ def test_other_scale_constant_and_collinear_features_are_warned(sim_dcgm, tmp_pa
     assert any("DCGM_FI_PROF_DRAM_ACTIVE and twice are collinear" in w for w in res.warnings)
     bench.to_csv(tmp_path / "b.csv", index=False)
     pct.to_csv(tmp_path / "t.csv", index=False)
-    assert main(["model", "fit", "--bench", str(tmp_path / "b.csv"), "--targets", str(tmp_path / "t.csv"),
-                 "--counters", "dcgm"]) == 0
+    assert (
+        main(
+            [
+                "model",
+                "fit",
+                "--bench",
+                str(tmp_path / "b.csv"),
+                "--targets",
+                str(tmp_path / "t.csv"),
+                "--counters",
+                "dcgm",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err and all(line.startswith("emo: warning: feature ") for line in err)
 
@@ -263,10 +313,14 @@ def test_other_scale_constant_and_collinear_features_are_warned(sim_dcgm, tmp_pa
 def test_selection_uses_the_benchmarks_only(sim_ncu, capsys, tmp_path):
     bench, targets = sim_ncu
     res = fit_predict(bench, targets, select=True)
-    chosen = (f"mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
-              f"smooth={'on' if res.form['smooth'] else 'off'}")
-    assert len(res.selection) == 16 and res.selection[chosen] <= res.selection[
-        "mix=work anchor=dynamic overlap=roofline smooth=on"]  # the default with an idle row, or clearly better
+    chosen = (
+        f"mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
+        f"smooth={'on' if res.form['smooth'] else 'off'}"
+    )
+    assert (
+        len(res.selection) == 16
+        and res.selection[chosen] <= res.selection["mix=work anchor=dynamic overlap=roofline smooth=on"]
+    )  # the default with an idle row, or clearly better
     assert any("cross-validation" in n for n in res.notes)
     # the targets' measurements away from their anchor cannot move the choice
     top = targets["sm_mhz"].max()
@@ -277,8 +331,19 @@ def test_selection_uses_the_benchmarks_only(sim_ncu, capsys, tmp_path):
     assert again.selection == res.selection and again.form == res.form
     bench.to_csv(tmp_path / "b.csv", index=False)
     targets.to_csv(tmp_path / "t.csv", index=False)
-    out = _json(capsys, ["model", "fit", "--bench", str(tmp_path / "b.csv"), "--targets", str(tmp_path / "t.csv"),
-                         "--select", "--json"])
+    out = _json(
+        capsys,
+        [
+            "model",
+            "fit",
+            "--bench",
+            str(tmp_path / "b.csv"),
+            "--targets",
+            str(tmp_path / "t.csv"),
+            "--select",
+            "--json",
+        ],
+    )
     assert out["form"] == res.form and out["selection"] == res.selection
 
 
@@ -294,7 +359,6 @@ def test_the_anchor_sets_the_work_energy_not_the_idle_power():
     np.testing.assert_allclose(dyn, true)
     whole = energies(x, t, tb, eb, p_run, true[:, 2], 2, "curve")  # k on the idle part too: off elsewhere
     assert whole[0, 2] == pytest.approx(true[0, 2]) and abs(whole[0, 0] - true[0, 0]) > 1.0
-
 
 
 def test_a_form_replaces_the_default_only_when_clearly_better():

@@ -4,6 +4,7 @@ the range profiler, fit, and compare predicted with measured time and energy at 
 The model sees only what a real GPU would show: microbenchmark measurements, counter vectors and
 each pack's time at the default clock. The virtual GPU's measurements of the packs at every clock
 are the truth."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,15 +43,21 @@ def a100():
         "attn": [K.attention_fwd(a, "bf16", 8, 16, 2048, 128)],
         "ln+gelu": [K.layer_norm_fwd(a, "bf16", 8192, 4096), K.elementwise(a, "bf16", "gelu", 8192 * 4096)],
         "adam": [K.adam(a, 50_000_000)],
-        "decode": [K.gemm(a, "bf16", 8, 4096, 4096), K.gemm(a, "bf16", 8, 4096, 3 * 4096), K.rms_norm(a, "bf16", 8, 4096)],
+        "decode": [
+            K.gemm(a, "bf16", 8, 4096, 4096),
+            K.gemm(a, "bf16", 8, 4096, 3 * 4096),
+            K.rms_norm(a, "bf16", 8, 4096),
+        ],
     }
     profiled, truth = {}, {}
     for name, kernels in packs.items():
         profiled[name] = dev.profile_range(list(kernels)).counters
         # the pack's kernels run back to back: measure each at each clock and add up
         ms = [[dev.measure_work(k.work, f, min_seconds=0.05) for f in clocks] for k in kernels]
-        truth[name] = (np.sum([[m.time_s for m in row] for row in ms], axis=0),
-                       np.sum([[m.energy_j for m in row] for row in ms], axis=0))
+        truth[name] = (
+            np.sum([[m.time_s for m in row] for row in ms], axis=0),
+            np.sum([[m.energy_j for m in row] for row in ms], axis=0),
+        )
     return pd.DataFrame(rows), pd.DataFrame(profiled).T, truth, clocks
 
 

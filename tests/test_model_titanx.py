@@ -1,4 +1,5 @@
 """The microbenchmark power model on real GTX Titan X data (../shared/data/dvfs/gpupowermodel_titanx)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Numba's cache of compiled kernels lives under the user's cache folder, not in the source tree."""
+
 from __future__ import annotations
 
 import os

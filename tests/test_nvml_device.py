@@ -1,13 +1,12 @@
 """emo.device.nvml with a fake `pynvml` (tests/nvml_fake.py)."""
+
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -140,7 +139,7 @@ def test_run_rejects_synthetic_workloads(monkeypatch):
 def test_reset_clocks_command(monkeypatch, capsys):
     import argparse
 
-    from emo import clocks
+    from emo.cli import reset_clocks as clocks
 
     fake = nvml_fake.install(monkeypatch, gpus=3)
     monkeypatch.setattr(nv.os, "geteuid", lambda: 0)
@@ -149,7 +148,11 @@ def test_reset_clocks_command(monkeypatch, capsys):
     args = ap.parse_args(["reset-clocks", "--gpus", "0,2", "--power"])
     assert args.func(args) == 0
     assert [c for c in fake.calls if c[0] in ("reset", "power")] == [
-        ("reset", 0), ("power", 0, 400000), ("reset", 2), ("power", 2, 400000)]
+        ("reset", 0),
+        ("power", 0, 400000),
+        ("reset", 2),
+        ("power", 2, 400000),
+    ]
     assert "GPU 0, 2" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no GPU 5"):
         clocks.reset_clocks([5])
@@ -178,8 +181,9 @@ _CHILD = textwrap.dedent("""
 def _child(tmp_path, body, pre=""):
     log = tmp_path / "calls.jsonl"
     code = _CHILD.format(tests=str(Path(__file__).parent), log=str(log), body=body, pre=pre)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=REPO)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
     return p, log
 
 
@@ -204,8 +208,7 @@ def test_signal_restores_clocks_and_keeps_exit_status(tmp_path, sig):
 
 
 def test_previous_sigterm_handler_is_chained(tmp_path):
-    pre = ("import signal\n"
-           "signal.signal(signal.SIGTERM, lambda s, f: (print('user handler', flush=True), sys.exit(3)))")
+    pre = "import signal\nsignal.signal(signal.SIGTERM, lambda s, f: (print('user handler', flush=True), sys.exit(3)))"
     p, log = _child(tmp_path, "time.sleep(30)", pre=pre)
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
@@ -237,8 +240,17 @@ def test_run_passes_a_multi_step_policy_to_the_program_and_sums_rank_energy(monk
         wins = []
         for r, e in ((0, 30.0), (1, 34.0)):
             p = out / launcher.window_name(r)
-            p.write_text(json.dumps({"rank": r, "iterations": 3, "time_s": 0.3 + r * 0.01, "energy_j": e,
-                                     "iteration_times_s": [0.1, 0.1, 0.1]}))
+            p.write_text(
+                json.dumps(
+                    {
+                        "rank": r,
+                        "iterations": 3,
+                        "time_s": 0.3 + r * 0.01,
+                        "energy_j": e,
+                        "iteration_times_s": [0.1, 0.1, 0.1],
+                    }
+                )
+            )
             wins.append(p)
         return launcher.CaptureResult(0, [out / launcher.trace_name(0), out / launcher.trace_name(1)], wins, 1.0)
 
@@ -262,8 +274,10 @@ def test_utilization_is_the_mean_of_samples_taken_during_the_last_run(monkeypatc
     fake, dev = _device(monkeypatch)
     assert dev.utilization(0) == {"gpu": 0.07, "memory": 0.03}  # no run yet: NVML's last period
     dev._last_run_us = (1000.0, 2000.0)
-    fake.samples = {fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1100, 40), (1900, 80), (2100, 1)],
-                    fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)]}
+    fake.samples = {
+        fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1100, 40), (1900, 80), (2100, 1)],
+        fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)],
+    }
     assert dev.utilization(0) == {"gpu": 0.9, "memory": pytest.approx(0.6)}
 
 
@@ -271,8 +285,13 @@ def test_utilization_samples_are_nvmls_own_samples_inside_the_last_run(monkeypat
     fake, dev = _device(monkeypatch)
     assert dev.utilization_samples(0) == {"gpu": [], "memory": []}  # no run yet
     dev._last_run_us = (1000.0, 2000.0)
-    fake.samples = {fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1900, 80), (1100, 40), (2100, 1)],
-                    fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)]}
+    fake.samples = {
+        fake.NVML_MEMORY_UTILIZATION_SAMPLES: [(900, 5), (1900, 80), (1100, 40), (2100, 1)],
+        fake.NVML_GPU_UTILIZATION_SAMPLES: [(1500, 90)],
+    }
     got = dev.utilization_samples(0)
-    assert got["memory"] == [(pytest.approx(1100e-6), 0.4), (pytest.approx(1900e-6), 0.8)]  # oldest first, % -> fraction
+    assert got["memory"] == [
+        (pytest.approx(1100e-6), 0.4),
+        (pytest.approx(1900e-6), 0.8),
+    ]  # oldest first, % -> fraction
     assert got["gpu"] == [(pytest.approx(1500e-6), 0.9)]

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py without a GPU, its pipeline configuration with a fake NVML, and the
 hardware tests (marked gpu; skipped where NVML finds no GPU)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,7 +47,7 @@ def test_without_a_gpu_it_exits_at_once_with_status_77():
 
 def test_pipeline_overrides_compose_into_an_nvml_command_config(monkeypatch, tmp_path):
     from emo.device import nvml as nv
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     nvml_fake.install(monkeypatch)
@@ -91,9 +92,10 @@ def test_lock_and_microbenchmark_on_hardware():
 def test_hardware_sections_run_against_fakes(monkeypatch, capsys):
     """Sections 1-3 of gpu_check with a fake pynvml and a fake CUDA driver: no attribute or flow
     error waits for the first GPU."""
+    from test_nvml_launch import FakeDriver, FakeNvrtc
+
     from emo.device import cuda_launch as cl
     from emo.device import nvml as nv
-    from test_nvml_launch import FakeDriver, FakeNvrtc
 
     mod = _load()
     fake = nvml_fake.install(monkeypatch)

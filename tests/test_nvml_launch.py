@@ -1,6 +1,7 @@
 """The CUDA launch path with fakes at the cuda-python boundary (driver + NVRTC) and at pynvml:
 what is compiled for which architecture, what cuLaunchKernel receives, and how run_microbenchmark
 sizes its loop to span >= 1 s and reports per-launch time and energy."""
+
 from __future__ import annotations
 
 import ctypes
@@ -19,30 +20,56 @@ import nvml_fake  # noqa: E402
 
 class FakeDriver:
     CUdevice_attribute = SimpleNamespace(
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major", CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
-        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR="tpsm")
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms",
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR="tpsm",
+    )
 
     def __init__(self, ms_per_launch=1.0):
         self.calls, self.launches, self.allocs = [], [], []
         self.ms_per_launch = ms_per_launch
         self._events = {}
 
-    def cuInit(self, flags): return (0,)
-    def cuDeviceGet(self, i): return (0, f"dev{i}")
-    def cuDevicePrimaryCtxRetain(self, d): return (0, "ctx")
-    def cuCtxSetCurrent(self, c): return (0,)
-    def cuDeviceGetAttribute(self, attr, d): return (0, {"major": 9, "minor": 0, "sms": 132, "tpsm": 2048}[attr])
-    def cuStreamCreate(self, f): return (0, "stream")
-    def cuStreamSynchronize(self, s): self.calls.append("sync"); return (0,)
-    def cuModuleLoadData(self, image): self.calls.append(("load", image)); return (0, "module")
-    def cuModuleGetFunction(self, m, name): self.calls.append(("function", name)); return (0, f"fn:{name.decode()}")
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuDeviceGet(self, i):
+        return (0, f"dev{i}")
+
+    def cuDevicePrimaryCtxRetain(self, d):
+        return (0, "ctx")
+
+    def cuCtxSetCurrent(self, c):
+        return (0,)
+
+    def cuDeviceGetAttribute(self, attr, d):
+        return (0, {"major": 9, "minor": 0, "sms": 132, "tpsm": 2048}[attr])
+
+    def cuStreamCreate(self, f):
+        return (0, "stream")
+
+    def cuStreamSynchronize(self, s):
+        self.calls.append("sync")
+        return (0,)
+
+    def cuModuleLoadData(self, image):
+        self.calls.append(("load", image))
+        return (0, "module")
+
+    def cuModuleGetFunction(self, m, name):
+        self.calls.append(("function", name))
+        return (0, f"fn:{name.decode()}")
 
     def cuMemAlloc(self, n):
         self.allocs.append(n)
         return (0, 0x1000 * len(self.allocs))
 
-    def cuMemsetD8(self, p, v, n): return (0,)
-    def cuMemFree(self, p): return (0,)
+    def cuMemsetD8(self, p, v, n):
+        return (0,)
+
+    def cuMemFree(self, p):
+        return (0,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, args, extra):
         self.launches.append((f, (gx, gy, gz), (bx, by, bz), smem, stream, args))
@@ -53,8 +80,12 @@ class FakeDriver:
         self._events[e] = None
         return (0, e)
 
-    def cuEventRecord(self, e, s): self._events[e] = len(self.launches); return (0,)
-    def cuEventSynchronize(self, e): return (0,)
+    def cuEventRecord(self, e, s):
+        self._events[e] = len(self.launches)
+        return (0,)
+
+    def cuEventSynchronize(self, e):
+        return (0,)
 
     def cuEventElapsedTime(self, a, b):
         return (0, (self._events[b] - self._events[a]) * self.ms_per_launch)
@@ -64,15 +95,18 @@ class FakeNvrtc:
     def __init__(self):
         self.options = None
 
-    def nvrtcCreateProgram(self, src, name, n, h, i): return (0, ("prog", name))
+    def nvrtcCreateProgram(self, src, name, n, h, i):
+        return (0, ("prog", name))
 
     def nvrtcCompileProgram(self, prog, n, opts):
         self.options = opts
         return (0,)
 
-    def nvrtcGetCUBINSize(self, p): return (0, 4)
+    def nvrtcGetCUBINSize(self, p):
+        return (0, 4)
 
-    def nvrtcGetCUBIN(self, p, buf): return (0,)
+    def nvrtcGetCUBIN(self, p, buf):
+        return (0,)
 
 
 @pytest.fixture

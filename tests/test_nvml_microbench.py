@@ -1,13 +1,14 @@
 """The hardware microbenchmark path without a GPU: launch plans from the registry checked against
 the CUDA sources, loop sizing, the Nsight Compute command and its CSV, and clear errors."""
+
 from __future__ import annotations
 
 import ctypes
 import sys
 import types
+from types import SimpleNamespace
 
 import pytest
-from types import SimpleNamespace
 
 from emo.device import COUNTERS
 from emo.device import cuda_launch as cl
@@ -17,7 +18,7 @@ from emo.microbench import load_registry
 
 def test_every_registry_entry_has_a_launch_plan_matching_its_kernel():
     reg = load_registry()
-    for name, entry in reg.items():
+    for _name, entry in reg.items():
         plan = cl.launch_plan(entry)
         assert plan.kernel == entry["kernel"] and len(plan.args) == len(entry["args"])
         assert plan.grid == tuple(entry["grid"]) and plan.smem == entry["dynamic_smem_bytes"]
@@ -40,8 +41,10 @@ def test_registry_mismatch_is_caught_before_any_gpu_work():
 
 
 def test_signature_parser_handles_const_and_declarations():
-    src = ('extern "C" __global__ void k(const float4* __restrict__ buf, unsigned long long n4, int iters);\n'
-           'extern "C" __global__ void k(const float4* buf, unsigned long long n4, int iters) {}\n')
+    src = (
+        'extern "C" __global__ void k(const float4* __restrict__ buf, unsigned long long n4, int iters);\n'
+        'extern "C" __global__ void k(const float4* buf, unsigned long long n4, int iters) {}\n'
+    )
     assert cl.parse_signatures(src) == {"k": [("float4*", "buf"), ("unsigned long long", "n4"), ("int", "iters")]}
 
 
@@ -101,7 +104,7 @@ def test_no_cuda_is_a_clear_error(monkeypatch):
 def _kernel_csv(values: list[dict[str, float]]) -> str:
     head = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
     rows = [f'"{i}","1","k{i}","{m}","x","{v}"' for i, vals in enumerate(values) for m, v in vals.items()]
-    return "==PROF== Profiling \"k\": 0%....50%....100% - 3 passes\n" + "\n".join([head, *rows]) + "\n"
+    return '==PROF== Profiling "k": 0%....50%....100% - 3 passes\n' + "\n".join([head, *rows]) + "\n"
 
 
 def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeypatch, tmp_path):
@@ -114,8 +117,10 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     nvml_fake.install(monkeypatch)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     dev = nv.NvmlDevice({"name": "a100"})
-    kern = [{"sm__cycles_active.sum": c, "sm__warps_active.avg.pct_of_peak_sustained_active": w,
-             "dram__bytes_read.sum": b} for c, w, b in ((100, 50, 1e6), (300, 10, 2e6), (50, 90, 0), (10, 20, 5))]
+    kern = [
+        {"sm__cycles_active.sum": c, "sm__warps_active.avg.pct_of_peak_sustained_active": w, "dram__bytes_read.sum": b}
+        for c, w, b in ((100, 50, 1e6), (300, 10, 2e6), (50, 90, 0), (10, 20, 5))
+    ]
     seen = {}
 
     def fake_run(cmd, env, timeout_s=1800):
@@ -158,8 +163,17 @@ def test_profile_window_brackets_exactly_one_iteration():
         log.append(("marker", i + 1))
         w.step()
     w.close()
-    assert log == [("marker", 1), ("marker", 2), ("sync",), ("start",), ("marker", 3), ("sync",), ("stop",),
-                   ("marker", 4), ("marker", 5)]
+    assert log == [
+        ("marker", 1),
+        ("marker", 2),
+        ("sync",),
+        ("start",),
+        ("marker", 3),
+        ("sync",),
+        ("stop",),
+        ("marker", 4),
+        ("marker", 5),
+    ]
     assert w.done
     log.clear()
     w = ProfileWindow(0, profiler=prof, sync=lambda: None)  # iteration 0 starts at once
@@ -169,8 +183,10 @@ def test_profile_window_brackets_exactly_one_iteration():
 
 def test_ncu_leaves_out_metrics_this_gpu_lacks(monkeypatch):
     nv.ncu_available_metrics.cache_clear()
-    query = ("Device NVIDIA H200 (GH100)\n---------- ----\nMetric Name   Metric Description\n"
-             "dram__bytes_read   # of bytes read from DRAM\nsm__cycles_active   # of cycles with at least one warp\n")
+    query = (
+        "Device NVIDIA H200 (GH100)\n---------- ----\nMetric Name   Metric Description\n"
+        "dram__bytes_read   # of bytes read from DRAM\nsm__cycles_active   # of cycles with at least one warp\n"
+    )
     monkeypatch.setattr(nv.subprocess, "run", lambda cmd, **kw: types.SimpleNamespace(returncode=0, stdout=query))
     avail = nv.ncu_available_metrics("ncu-fake")
     assert avail == {"dram__bytes_read", "sm__cycles_active"}

@@ -2,6 +2,7 @@
 one ncu run follows every rank of torchrun, NCCL kernels are not replayed, and each range gets its
 own rank's kernels; the cost is stated before it starts; without ncu or permission the profile stage
 goes on without counters and says so."""
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,11 @@ def _csv(per_rank: list[list[float]], pids=None) -> str:
         for r, ks in reversed(list(enumerate(per_rank))):  # rank order is not ncu's order
             if k < len(ks):
                 pid = (pids or {}).get(r, 4000 + 7 * r)
-                for m, v in (("sm__cycles_active.sum", ks[k]), ("dram__bytes_read.sum", 10.0 * ks[k]),
-                             ("sm__warps_active.avg.pct_of_peak_sustained_active", 50.0)):
+                for m, v in (
+                    ("sm__cycles_active.sum", ks[k]),
+                    ("dram__bytes_read.sum", 10.0 * ks[k]),
+                    ("sm__warps_active.avg.pct_of_peak_sustained_active", 50.0),
+                ):
                     rows.append(f'"{rid}","{pid}","python","k{k}","{r}","{m}","x","{v}"')
                 rid += 1
     return '==PROF== Profiling "k": 0%....50%....100% - 6 passes\n' + "\n".join([head, *rows]) + "\n"
@@ -53,8 +57,9 @@ def test_every_rank_is_profiled_in_one_ncu_run(dev, monkeypatch, nproc):
 
     monkeypatch.setattr(nv, "_run_ncu", fake_run)
     wl = CommandWorkload(command=["python", "train.py"], nproc=nproc, wait=1, warmup=1, active=2)
-    ranges = [KernelRange(r, (0, 1), nccl=(2, 5)) for r in range(nproc)] + \
-             [KernelRange(r, (3, 4, 6), nccl=(2, 5)) for r in range(nproc)]
+    ranges = [KernelRange(r, (0, 1), nccl=(2, 5)) for r in range(nproc)] + [
+        KernelRange(r, (3, 4, 6), nccl=(2, 5)) for r in range(nproc)
+    ]
     res = dev.profile_ranges(wl, ranges)
     cmd = seen["cmd"]
     assert cmd[cmd.index("--target-processes") + 1] == "all"
@@ -83,7 +88,9 @@ def test_a_missing_rank_or_a_nccl_range_is_one_clear_line(dev, monkeypatch):
 def test_ranks_follow_the_device_not_the_process_id(dev, monkeypatch):
     text = _csv([[1.0], [2.0]], pids={0: 9000, 1: 100})
     monkeypatch.setattr(nv, "_run_ncu", lambda cmd, env, timeout_s=1800: (text, 1.0))
-    res = dev.profile_ranges(CommandWorkload(command=["python", "t.py"], nproc=2), [KernelRange(0, (0,)), KernelRange(1, (0,))])
+    res = dev.profile_ranges(
+        CommandWorkload(command=["python", "t.py"], nproc=2), [KernelRange(0, (0,)), KernelRange(1, (0,))]
+    )
     assert [r.counters["sm_active_cycles"] for r in res] == [1.0, 2.0]
 
 
@@ -97,8 +104,16 @@ def test_no_permission_and_no_ncu_are_profiling_unavailable(monkeypatch):
 
     from emo.device import ProfilingUnavailable
 
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
-        a, 1, "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters", ""))
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(
+            a,
+            1,
+            "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters",
+            "",
+        ),
+    )
     with pytest.raises(ProfilingUnavailable, match="no permission"):
         nv._run_ncu(["ncu", "python"], {})
     monkeypatch.undo()

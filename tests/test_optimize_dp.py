@@ -1,11 +1,12 @@
 """EMO's DP against the exact MILP, budgets, feasibility, symmetric groups, bad input."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
+from optimize_instances import perseus_profile, pipeline_problem, random_problem
 
 from emo.optimize import build_problem, make_items, optimize, optimize_static, solve_exact
-from optimize_instances import perseus_profile, pipeline_problem, random_problem
 from emo.optimize.problem import evaluate
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -88,8 +89,8 @@ def test_pass_aligned_change_points_sit_on_pass_starts():
     """Each stage's change points are starts of its work, at least the interval apart, and starts of
     its passes unless none opens within 1.5 intervals; the grid and the passes cover the same
     iteration; an unknown kind is a one-line error."""
-    from emo.optimize.problem import units
     from emo.optimize.pipeline.tables import baseline_timing, iteration_items
+    from emo.optimize.problem import units
 
     t, e, cl = perseus_profile(GPT3, stages=4, clock_stride=3)
     p = pipeline_problem(t, e, cl, microbatches=4, idle_w=70.0, split=2, link_ns=50e3)
@@ -140,7 +141,14 @@ def test_padding_windows_hold_no_work_and_make_no_step():
     sol = optimize(p, 0.05, items=items)
     starts = planned_window_starts(sol, None, timing, items.edges_ns)
     assert np.all(np.isinf(starts[items.group[pad], items.window[pad]]))
-    policy = build_policy(sol, "a100", window_ms=20.0, transition_ms=(5.0, 15.0), window_start_ms=starts * 1e-6, period_ms=timing.period_ns * 1e-6)
+    policy = build_policy(
+        sol,
+        "a100",
+        window_ms=20.0,
+        transition_ms=(5.0, 15.0),
+        window_start_ms=starts * 1e-6,
+        period_ms=timing.period_ns * 1e-6,
+    )
     assert all(s.t_ms < policy.period_ms for steps in policy.steps.values() for s in steps)
 
 
@@ -148,8 +156,8 @@ def test_padding_windows_hold_no_work_and_make_no_step():
 def test_lp_start_meets_the_deadline_on_any_clock_subset(seed, gpus):
     """The LP relaxation rounded to each item's fastest mixed clock never ends late: on all clocks
     and on every other one (what a big DAG gets)."""
-    from emo.optimize.solvers.dp import _lp_start
     from emo.optimize.problem import durations
+    from emo.optimize.solvers.dp import _lp_start
 
     p, _ = random_problem(seed, gpus=gpus, kernels=10)
     items = make_items(p, p.makespan0_ns / 6e6)

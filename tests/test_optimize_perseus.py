@@ -1,20 +1,20 @@
 """Perseus via lowtime: pass/pack units, feasibility, Rust-panic fallback to the Python min-cut."""
+
 import numpy as np
 import pytest
-
-from optimize_instances import random_problem, pipeline_problem, one_f_one_b
+from optimize_instances import one_f_one_b, pipeline_problem, random_problem
 
 lowtime = pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
 
-from emo.optimize.solvers.perseus import optimize_perseus  # noqa: E402
 from emo.optimize.problem import units  # noqa: E402
+from emo.optimize.solvers.perseus import optimize_perseus  # noqa: E402
 
 
 def _pipeline():
     clocks = np.array([810, 1005, 1200, 1410])
     f = clocks / 1410
     t = np.stack([np.stack([0.02 * (0.3 + 0.7 / f), 0.04 * (0.3 + 0.7 / f)]) for _ in range(3)])
-    e = t * (70 + 250 * f ** 2)
+    e = t * (70 + 250 * f**2)
     return pipeline_problem(t, e, clocks, microbatches=3, idle_w=70.0, split=2)
 
 
@@ -29,8 +29,10 @@ def test_pass_units_are_the_pipeline_passes():
     device = p.device[np.argsort(p.perm)]  # caller's order, as units
     for k in np.unique(u[u >= 0]):  # a pass never spans two GPUs
         assert len(np.unique(device[u == k])) == 1
-    assert one_f_one_b(2, 2) == [[("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)],
-                                 [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]]
+    assert one_f_one_b(2, 2) == [
+        [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)],
+        [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)],
+    ]
 
 
 @pytest.mark.parametrize("level", ["pass", "pack"])
@@ -76,8 +78,16 @@ def _host_bridged():
     clocks = np.array([705, 1410])
     dur = np.array([[20e6, 10e6], [1e6, 1e6], [3e6, 3e6], [20e6, 10e6], [20e6, 10e6]])
     en = np.array([[1.0, 2.0], [0, 0], [0, 0], [1.0, 2.0], [1.0, 2.0]])
-    return build_problem([0, 1, 2, 3], [1, 2, 3, 4], [0, -1, -1, 1, 1], dur, en, np.full((2, 2), 50.0), clocks,
-                         from_start=[False, False, True, False])
+    return build_problem(
+        [0, 1, 2, 3],
+        [1, 2, 3, 4],
+        [0, -1, -1, 1, 1],
+        dur,
+        en,
+        np.full((2, 2), 50.0),
+        clocks,
+        from_start=[False, False, True, False],
+    )
 
 
 def test_perseus_dag_keeps_precedence_through_host_calls():

@@ -1,10 +1,11 @@
 """Policies from solutions: steps per GPU, transition lead, ε, and the baselines' policies."""
+
 import numpy as np
 import pytest
+from optimize_instances import random_problem
 
 from emo.optimize import make_items, optimize, optimize_static
 from emo.optimize.pipeline.schedule import build_policy
-from optimize_instances import random_problem
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
 

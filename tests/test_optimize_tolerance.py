@@ -2,6 +2,7 @@
 clock costs it microseconds per iteration, below the iteration time's own run-to-run noise. The
 optimisers plan against the budget plus that noise (emo.optimize.pipeline.tables.time_tolerance_ns); with a
 strict 0 every lower clock was infeasible and offload saved nothing (static on the device: ~30 %)."""
+
 from __future__ import annotations
 
 import json
@@ -9,16 +10,21 @@ import json
 import numpy as np
 import pytest
 
-from emo.graph.whatif import ROUNDING_TOLERANCE_NS
+from emo.graph.whatif import ROUNDING_TOLERANCE_NS, TOLERANCE_NS
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
-from emo.stages.optimize import clock_latency
 from emo.optimize.pipeline.tables import MAX_TIME_TOLERANCE, Timing, iteration_noise_ns, time_tolerance_ns
-from emo.graph.whatif import TOLERANCE_NS
-from emo.plan import compose
+from emo.stages.optimize import clock_latency
+from emo.workflow.plan import compose
 
-OFFLOAD = ["workload=offload", "workload.model.layers=2", "workload.decode_tokens=4", "tracking.enabled=false",
-           "model.clocks_stride=8", "model.repeats=1"]
+OFFLOAD = [
+    "workload=offload",
+    "workload.model.layers=2",
+    "workload.decode_tokens=4",
+    "tracking.enabled=false",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+]
 
 
 def _timing(lengths_ms, gpus: int = 1) -> Timing:
@@ -60,11 +66,29 @@ def offload(tmp_path_factory, run_stage):
     _stage("trace", cfg, {}, d / "trace")
     _stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
     _stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    _stage("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
-                            "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"}, d / "profile")
-    _stage("fit", cfg, {"bench": d / "calibrate/bench.parquet", "metrics": d / "profile/metrics.parquet",
-                        "packs": d / "pack/packs.parquet", "baseline": d / "profile/baseline.json",
-                        "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    _stage(
+        "profile",
+        cfg,
+        {
+            "packs": d / "pack/packs.parquet",
+            "events": d / "trace/events.parquet",
+            "measured": d / "trace/measured.json",
+            "graph_nodes": d / "graph/nodes.parquet",
+        },
+        d / "profile",
+    )
+    _stage(
+        "fit",
+        cfg,
+        {
+            "bench": d / "calibrate/bench.parquet",
+            "metrics": d / "profile/metrics.parquet",
+            "packs": d / "pack/packs.parquet",
+            "baseline": d / "profile/baseline.json",
+            "iterations": d / "pack/iterations.parquet",
+        },
+        d / "fit",
+    )
     return d
 
 
@@ -93,9 +117,16 @@ def test_offload_saves_energy_at_budget_zero(offload, method):
 def test_offload_budget_zero_measured(offload, tmp_path, run_stage):
     _stage = run_stage
     cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0"])
-    m = _stage("optimize", cfg, {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet",
-              "calibration": offload / "calibrate/calibration.json"},
-               tmp_path / "optimize")
+    m = _stage(
+        "optimize",
+        cfg,
+        {
+            "packs": offload / "pack/packs.parquet",
+            "model": offload / "fit/model.parquet",
+            "calibration": offload / "calibrate/calibration.json",
+        },
+        tmp_path / "optimize",
+    )
     assert m["predicted_es_pct"] > 5
     v = _stage("validate", cfg, {"policy": tmp_path / "optimize/policy.json"}, tmp_path / "validate")
     assert v["es_pct"] > 5 and v["pl_pct"] <= 0.5, v
@@ -110,8 +141,11 @@ def test_optimize_is_byte_identical_on_an_idle_and_a_loaded_machine(offload, tmp
     import sys
 
     cfg = compose(OFFLOAD + ["optimizer.name=emo", "budget=0.02"])
-    inputs = {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet",
-              "calibration": offload / "calibrate/calibration.json"}
+    inputs = {
+        "packs": offload / "pack/packs.parquet",
+        "model": offload / "fit/model.parquet",
+        "calibration": offload / "calibrate/calibration.json",
+    }
     run_stage("optimize", cfg, inputs, tmp_path / "idle")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
     try:

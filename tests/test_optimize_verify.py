@@ -1,6 +1,7 @@
 """The optimiser's final check with the stage's predictor: a pick that meets the deadline in the DP's
 model (nodes timed at the clock of their baseline window) but not on the wall clock (a slowed pack
 pushes its successor into a slower window) is repaired until the predictor agrees."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,13 +12,19 @@ from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
 from emo.optimize.pipeline import solve as run
-from emo.policy import policy_device_ids
-from emo.plan import compose
-from emo.optimize.pipeline.schedule import build_policy
-from emo.optimize.solution import Solution
-from emo.optimize.pipeline.tables import baseline_timing, iteration_items, planned_window_clear, planned_window_starts, problem_from_tables
 from emo.optimize.pipeline.check import expected, fit_to_prediction
+from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
+from emo.optimize.pipeline.tables import (
+    baseline_timing,
+    iteration_items,
+    planned_window_clear,
+    planned_window_starts,
+    problem_from_tables,
+)
+from emo.optimize.solution import Solution
+from emo.policy import policy_device_ids
+from emo.workflow.plan import compose
 
 MS = 1_000_000
 CLOCKS = [705, 1005, 1410]
@@ -26,19 +33,30 @@ CLOCKS = [705, 1005, 1410]
 def _tables():
     """One GPU: pack A (15 ms) then pack X (20 ms) on one stream, beside a 55 ms collective; the host
     syncs on both. At 1005 MHz A ends at 21 ms, so X starts in the second 20 ms window."""
-    nodes = pd.DataFrame([
-        ("kernel", 0, 0, 7, -1, 0, 15 * MS, "A", 0),
-        ("kernel", 0, 0, 7, -1, 15 * MS, 20 * MS, "X", 1),
-        ("collective", 0, 0, 8, -1, 0, 55 * MS, "L", 2),
-        ("sync", 0, -1, -1, 1, 55 * MS, 10_000, "sync", 3),
-    ], columns=list(NODE_COLUMNS))
-    edges = pd.DataFrame([(0, 1, "stream", False), (1, 3, "sync", False), (2, 3, "sync", False)],
-                         columns=list(EDGE_COLUMNS))
+    nodes = pd.DataFrame(
+        [
+            ("kernel", 0, 0, 7, -1, 0, 15 * MS, "A", 0),
+            ("kernel", 0, 0, 7, -1, 15 * MS, 20 * MS, "X", 1),
+            ("collective", 0, 0, 8, -1, 0, 55 * MS, "L", 2),
+            ("sync", 0, -1, -1, 1, 55 * MS, 10_000, "sync", 3),
+        ],
+        columns=list(NODE_COLUMNS),
+    )
+    edges = pd.DataFrame(
+        [(0, 1, "stream", False), (1, 3, "sync", False), (2, 3, "sync", False)], columns=list(EDGE_COLUMNS)
+    )
     graph = Graph(typed(nodes, NODE_COLUMNS), typed(edges, EDGE_COLUMNS))
     packs = pd.DataFrame({"node": [0, 1], "signature": ["s", "s"], "dur_ns": [15 * MS, 20 * MS]})
-    model = pd.DataFrame({"signature": "s", "sm_mhz": CLOCKS, "time_s": [2.0, 1.41, 1.0],
-                          "dynamic_energy_j": [0.5, 0.8, 1.5], "idle_power_w": [40.0, 50.0, 60.0],
-                          "default_mhz": 1410})
+    model = pd.DataFrame(
+        {
+            "signature": "s",
+            "sm_mhz": CLOCKS,
+            "time_s": [2.0, 1.41, 1.0],
+            "dynamic_energy_j": [0.5, 0.8, 1.5],
+            "idle_power_w": [40.0, 50.0, 60.0],
+            "default_mhz": 1410,
+        }
+    )
     return pack_tables(graph, packs, model)
 
 
@@ -47,8 +65,15 @@ LATS = (5.0, 10.0, 15.0)  # the configured 5-15 ms range: min, mean, max
 
 def _build(tables, p, timing):
     def build(s):
-        return build_policy(s, "a100", window_ms=20.0, transition_ms=(LATS[0], LATS[-1]), device_ids=policy_device_ids(tables.device_keys),
-                            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns)
+        return build_policy(
+            s,
+            "a100",
+            window_ms=20.0,
+            transition_ms=(LATS[0], LATS[-1]),
+            device_ids=policy_device_ids(tables.device_keys),
+            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
+        )
+
     return build
 
 
@@ -70,9 +95,12 @@ def test_a_pick_late_on_the_wall_clock_is_repaired():
     assert sol.feasible  # the DP's model: X runs at 1005, the 55 ms collective still ends last
     build = _build(t, p, timing)
     base = predict(t, None)
-    assert predict(t, build(sol), transition_ms=10.0).makespan_ns > base.makespan_ns * 1.01  # X lands in window 1 at 705
-    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
-                                            transitions_ms=LATS)
+    assert (
+        predict(t, build(sol), transition_ms=10.0).makespan_ns > base.makespan_ns * 1.01
+    )  # X lands in window 1 at 705
+    fixed, policy, info = fit_to_prediction(
+        t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns, transitions_ms=LATS
+    )
     assert info["predictor_slowdown_before"] > 0.01 and info["predictor_drift_raises"] >= 1
     for x in (5.0, 10.0, 15.0):  # wherever in 5-15 ms the clock requests land
         assert predict(t, policy, transition_ms=x).makespan_ns <= base.makespan_ns + 1_000
@@ -82,7 +110,11 @@ def test_a_pick_late_on_the_wall_clock_is_repaired():
 
 def test_solve_at_budget_zero_keeps_the_predicted_time():
     t = _tables()
-    opt = {**compose([])["optimizer"], "change_points": "grid", "transition_ms": [LATS[0], LATS[-1]]}  # as the test assumes
+    opt = {
+        **compose([])["optimizer"],
+        "change_points": "grid",
+        "transition_ms": [LATS[0], LATS[-1]],
+    }  # as the test assumes
     policy, summary = solve(t, opt, 0.0, gpu="a100")
     base = predict(t, None)
     assert predict(t, policy, transition_ms=10.0).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
@@ -102,7 +134,9 @@ def test_windows_follow_the_plan_on_the_wall_clock():
     slow = Solution(p, items, np.array([1, 2, 2]), "emo", 0.2)
     shift = slow.start_ns[p.perm.tolist().index(1)] - 15 * MS  # X's start, planned - baseline
     assert shift > 6 * MS
-    np.testing.assert_allclose(planned_window_starts(slow, t, timing, items.edges_ns)[0, 1:], [20 * MS + shift, 40 * MS + shift])
+    np.testing.assert_allclose(
+        planned_window_starts(slow, t, timing, items.edges_ns)[0, 1:], [20 * MS + shift, 40 * MS + shift]
+    )
 
 
 class _Pred:
@@ -126,9 +160,14 @@ def _stub_predictor(monkeypatch, late: float):
 
 def test_fit_budget_asks_the_dp_again_at_the_largest_budget_that_fits(monkeypatch):
     _stub_predictor(monkeypatch, late=1.2)  # every pick ends 20 % later than the DP planned
-    sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
-                                       lambda s: pytest.fail("no repair when a smaller budget fits"), 0.05,
-                                       transitions_ms=LATS)
+    sol, policy, info = run.fit_budget(
+        None,
+        _Pick,
+        lambda s: s.b,
+        lambda s: pytest.fail("no repair when a smaller budget fits"),
+        0.05,
+        transitions_ms=LATS,
+    )
     assert len(info["budget_tries"]) >= 2 and info["budget_tries"][0] == [0.05, 0.06]
     assert 0.9 * 0.05 / 1.2 <= info["dp_budget"] <= 0.05 / 1.2  # within 10 % of the largest that fits
     assert info["predictor_slowdown"] <= 0.05 and policy == pytest.approx(info["dp_budget"])
@@ -138,9 +177,14 @@ def test_fit_budget_repairs_the_smallest_try_when_none_fits(monkeypatch):
     _stub_predictor(monkeypatch, late=1.0)
     monkeypatch.setattr(run, "expected", lambda t, pol, lats: _Pred(1e9 * 1.1, 100.0))  # always late
     repaired = []
-    sol, policy, info = run.fit_budget(None, _Pick, lambda s: s.b,
-                                       lambda s: (repaired.append(s.b), (s, "repaired", {"predictor_rounds": 1}))[1],
-                                       0.05, transitions_ms=LATS)
+    sol, policy, info = run.fit_budget(
+        None,
+        _Pick,
+        lambda s: s.b,
+        lambda s: (repaired.append(s.b), (s, "repaired", {"predictor_rounds": 1}))[1],
+        0.05,
+        transitions_ms=LATS,
+    )
     tried = [b for b, _ in info["budget_tries"]]
     assert tried == sorted(tried, reverse=True) and tried[-1] == 0.0 and len(tried) <= 6
     assert repaired == [0.0] and policy == "repaired" and info["predictor_rounds"] == 1
@@ -164,9 +208,15 @@ def test_a_down_step_waits_for_the_previous_windows_packs():
     sol = Solution(p, items, np.array([2, 0, 0]), "emo", 0.0)  # window 0 at max, the rest at 705
     clear = planned_window_clear(sol, t, timing)
     assert clear[0, 1] == pytest.approx(35 * MS)  # X's finish
-    policy = build_policy(sol, "a100", window_ms=20.0, transition_ms=(5.0, 15.0), period_ms=55.0,
-                          window_start_ms=planned_window_starts(sol, t, timing, items.edges_ns) * 1e-6,
-                          window_clear_ms=clear * 1e-6)
+    policy = build_policy(
+        sol,
+        "a100",
+        window_ms=20.0,
+        transition_ms=(5.0, 15.0),
+        period_ms=55.0,
+        window_start_ms=planned_window_starts(sol, t, timing, items.edges_ns) * 1e-6,
+        window_clear_ms=clear * 1e-6,
+    )
     down = [s for s in policy.steps[0] if s.sm_mhz == 705]
     assert down and down[0].t_ms >= 35.0 + 10.0 - 1e-9
     for x in (5.0, 10.0, 15.0):  # X runs at max clock wherever the request lands
@@ -191,8 +241,13 @@ def test_perseus_emo_search_ablation_gets_the_budget_search_and_polish_of_emo_wi
 
     monkeypatch.setattr(run, "fit_budget", spy_fit)
     monkeypatch.setattr(run, "polish_on_predictor", spy_polish)
-    opt = {**compose([])["optimizer"], "change_points": "grid", "budget_solves": 3, "predictor_evaluations": 50,
-           "transition_ms": [LATS[0], LATS[-1]]}  # a latency as calibrate would have measured it
+    opt = {
+        **compose([])["optimizer"],
+        "change_points": "grid",
+        "budget_solves": 3,
+        "predictor_evaluations": 50,
+        "transition_ms": [LATS[0], LATS[-1]],
+    }  # a latency as calibrate would have measured it
     out = {}
     for method in ("emo", "perseus+emo-search"):
         out[method] = solve(t, {**opt, "name": method}, 0.05, gpu="a100")
@@ -201,7 +256,10 @@ def test_perseus_emo_search_ablation_gets_the_budget_search_and_polish_of_emo_wi
     assert 1 <= len(rec["budget_tries"]) <= 3 and "predictor_moves" in rec
     assert rec["polished_energy_j"] <= rec["search_energy_j"] + 1e-9  # the polish keeps only savings
     base = predict(t, None)
-    assert expected(t, out["perseus+emo-search"][0], LATS).makespan_ns <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
+    assert (
+        expected(t, out["perseus+emo-search"][0], LATS).makespan_ns
+        <= base.makespan_ns * (1 + rec["planning_budget"]) + 1_000
+    )
 
 
 def test_a_late_raise_lengthens_the_slow_stretch_and_a_superseded_request_is_dropped():
@@ -220,8 +278,15 @@ def test_a_late_raise_lengthens_the_slow_stretch_and_a_superseded_request_is_dro
         return [(round(x / MS, 3), int(t.clocks_mhz[c])) for x, c in zip(ts[1:], ci[1:]) if x >= 0]
 
     assert landed(5.0) == [(5.0, 705), (25.0, 1410), (45.0, 705)]  # one latency: every request in order
-    assert landed((12.0, 5.0)) == [(5.0, 705), (32.0, 1410), (45.0, 705)]  # the raise 7 ms later, the slow stretch longer
-    assert landed((30.0, 5.0)) == [(5.0, 705), (45.0, 705)]  # the raise would land at 50: the lowering at 45 supersedes it
+    assert landed((12.0, 5.0)) == [
+        (5.0, 705),
+        (32.0, 1410),
+        (45.0, 705),
+    ]  # the raise 7 ms later, the slow stretch longer
+    assert landed((30.0, 5.0)) == [
+        (5.0, 705),
+        (45.0, 705),
+    ]  # the raise would land at 50: the lowering at 45 supersedes it
 
 
 def test_the_plan_pays_for_the_measured_stalls():
@@ -263,8 +328,9 @@ def test_a_late_raise_into_a_fast_window_is_merged_into_the_window_before(monkey
 
     monkeypatch.setattr(check, "expected", stalled)
     monkeypatch.setattr(check, "critical_path", lambda *a: np.array([int(np.flatnonzero(t.compiled.order == 1)[0])]))
-    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
-                                            transitions_ms=LATS)
+    fixed, policy, info = fit_to_prediction(
+        t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns, transitions_ms=LATS
+    )
     assert info.get("predictor_merge_raises") == 1 and "predictor_fallback" not in info
     assert list(fixed.choice) == [2, 2, 2] and info["predictor_step_raises"] == 0  # by the merge, not a step raise
 
@@ -286,8 +352,9 @@ def test_when_the_raises_run_out_the_plan_is_shrunk_toward_the_max_clock(monkeyp
         return dataclasses.replace(real, makespan_ns=base.makespan_ns * (1.05 if late else 1.0))
 
     monkeypatch.setattr(check, "expected", late_below)
-    fixed, policy, info = fit_to_prediction(t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns,
-                                            transitions_ms=LATS, max_rounds=0)
+    fixed, policy, info = fit_to_prediction(
+        t, sol, build, budget=0.0, interval_ms=20.0, period_ns=timing.period_ns, transitions_ms=LATS, max_rounds=0
+    )
     # clocks round up to a candidate, so every share short of the whole way gives 1005 MHz
     assert list(fixed.choice) == [1, 1, 2] and info["predictor_shrink"] > 0.99
     assert info["predictor_slowdown"] == pytest.approx(0.0)
@@ -329,8 +396,9 @@ def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatc
     real, calls = getattr(run, solver), []
     monkeypatch.setattr(run, solver, lambda p, b, **k: calls.append(b) or real(p, b, **k))
     real_polish, evaluations = run.polish_on_predictor, []
-    monkeypatch.setattr(run, "polish_on_predictor",
-                        lambda *a, **k: evaluations.append(k["evaluations"]) or real_polish(*a, **k))
+    monkeypatch.setattr(
+        run, "polish_on_predictor", lambda *a, **k: evaluations.append(k["evaluations"]) or real_polish(*a, **k)
+    )
     results = {}
     for leads in ((), check.LEAD_PERCENTILES):
         monkeypatch.setattr(check, "LEAD_PERCENTILES", leads)
@@ -356,14 +424,20 @@ def test_the_kept_lead_is_the_one_the_policy_issues_and_the_one_polished_on(monk
     opt = {**compose([])["optimizer"], "change_points": "grid", "name": "emo"}
     monkeypatch.setattr(run, "kept_lead", lambda tries: len(tries) - 1)
     real_polish, starts = run.polish_on_predictor, []
-    monkeypatch.setattr(run, "polish_on_predictor",
-                        lambda tables, sol, build, **k: starts.append((build(sol).lead_ms, k["evaluations"]))
-                        or real_polish(tables, sol, build, **k))
+    monkeypatch.setattr(
+        run,
+        "polish_on_predictor",
+        lambda tables, sol, build, **k: (
+            starts.append((build(sol).lead_ms, k["evaluations"])) or real_polish(tables, sol, build, **k)
+        ),
+    )
     policy, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
     rec = summary["emo"]
     longest = rec["lead_tries"][-1]
     assert len(rec["lead_tries"]) == 3 and policy.lead_ms == pytest.approx(longest[0], abs=1e-4)
-    assert rec["transition_ms"][2] == pytest.approx(longest[0], abs=1e-4) and "a longer lead" in rec["transition_source"]
+    assert (
+        rec["transition_ms"][2] == pytest.approx(longest[0], abs=1e-4) and "a longer lead" in rec["transition_source"]
+    )
     total = opt["predictor_evaluations"]
     screen = int(total * check.LEAD_SCREEN_SHARE)
     assert starts[-1] == (pytest.approx(longest[0], abs=1e-4), total - screen)  # polished on at the kept lead
@@ -432,7 +506,11 @@ def test_peers_time_waits_for_the_latest_raise_and_each_gpus_energy_follows_its_
     policy = build(Solution(p, items, np.array([0, 2, 2]), "emo", 0.05))
     latest = Latencies(10.0, 95.0, 95.0, (95.0,), (1.0,))  # the stalled raise lands after the slow window's lowering
     own = dataclasses.replace(latest, own_nodes=(10.0,), own_weights=(1.0,))
-    at_latest, at_own, both = expected(t, policy, latest), expected(t, policy, Latencies.of([10.0, 10.0])), expected(t, policy, own)
+    at_latest, at_own, both = (
+        expected(t, policy, latest),
+        expected(t, policy, Latencies.of([10.0, 10.0])),
+        expected(t, policy, own),
+    )
     assert both.makespan_ns == at_latest.makespan_ns and both.time_s == at_latest.time_s
     wait_s = (at_latest.makespan_ns - at_own.makespan_ns) * 1e-9  # 0 here: the collective bounds the time
     assert at_latest.energy_j < at_own.energy_j - 0.1  # the stalled raise: the GPU predicted slow far longer

@@ -1,20 +1,20 @@
 """The packs obey the paper's rules (and ours), on random graphs and on a virtual trace."""
+
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from pack_graphs import random_graph
 
 from emo.graph import build_graph
 from emo.graph.whatif import compile_graph, whatif
 from emo.pack import members_of, pack, signature
-from pack_graphs import random_graph
 
 
 @pytest.fixture(scope="module")
 def virtual_graph(tmp_path_factory):
     from emo.device.backends import open_device
-    from emo.plan import compose
     from emo.trace import read_trace
+    from emo.workflow.plan import compose
 
     cfg = compose(["workload.model.layers=1", "workload.model.seq=1024"])
     d = tmp_path_factory.mktemp("trace")

@@ -1,4 +1,5 @@
 """The pipeline mechanism: typed configuration, content-hashed stage folders, atomic stages, Snakemake."""
+
 from __future__ import annotations
 
 import os
@@ -9,22 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from emo import plan as planmod
-from emo.plan import compose, plan
 from emo.stages import declaration, run_in_place, run_stage
+from emo.workflow import plan as planmod
+from emo.workflow.plan import compose, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("workload.tp=eight", "workload.tp"),
-    ("workload.foo=1", "workload.foo"),
-    ("budgett=0.1", "budgett"),
-    ("budget=abc", "budget"),
-    ("gpu=b200", "gpu/b200"),
-    ("optimizer.change_points=fixed", "optimizer.change_points"),
-    ("optimizer.perseus_level=unit", "optimizer.perseus_level"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("workload.tp=eight", "workload.tp"),
+        ("workload.foo=1", "workload.foo"),
+        ("budgett=0.1", "budgett"),
+        ("budget=abc", "budget"),
+        ("gpu=b200", "gpu/b200"),
+        ("optimizer.change_points=fixed", "optimizer.change_points"),
+        ("optimizer.perseus_level=unit", "optimizer.perseus_level"),
+    ],
+)
 def test_bad_override_is_one_line_naming_the_key(override, key):
     with pytest.raises(ValueError) as e:
         compose([override])
@@ -59,7 +63,9 @@ def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
         (pkg / d).mkdir(exist_ok=True)
         (pkg / d / "__init__.py").write_text("")
     (pkg / "stages" / "__init__.py").write_text("def run_stage():\n    from emo import other\n")
-    (pkg / "stages" / "demo.py").write_text("def run():\n    from emo.lib import deep\n    return 'emo.lib.named:Backend'\n")
+    (pkg / "stages" / "demo.py").write_text(
+        "def run():\n    from emo.lib import deep\n    return 'emo.lib.named:Backend'\n"
+    )
     (pkg / "lib" / "deep.py").write_text("from . import shallow\n")
     (pkg / "lib" / "shallow.py").write_text("x = 1\n")
     (pkg / "lib" / "named.py").write_text("x = 1\n")
@@ -67,7 +73,14 @@ def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(planmod, "ROOT", tmp_path)
     monkeypatch.setattr(planmod, "PACKAGE_PARENT", tmp_path)  # where module sources are found
     assert planmod.imported_modules("emo.stages.demo") == [
-        "emo", "emo.lib", "emo.lib.deep", "emo.lib.named", "emo.lib.shallow", "emo.stages", "emo.stages.demo"]
+        "emo",
+        "emo.lib",
+        "emo.lib.deep",
+        "emo.lib.named",
+        "emo.lib.shallow",
+        "emo.stages",
+        "emo.stages.demo",
+    ]
 
     def digest():
         planmod.code_digest.cache_clear()
@@ -150,7 +163,9 @@ def test_a_full_disk_while_a_stage_finishes_leaves_the_folder_empty(tmp_path, mo
 
 
 def emo(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "emo.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "emo.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow

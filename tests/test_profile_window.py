@@ -4,6 +4,7 @@ iteration markers, with Nsight Compute in kernel replay and --profile-from-start
 end with a fake `ncu` (tests/fake_ncu: it asserts its command line and stands in for the CUDA
 context) over a real CPU-torch program whose backward pass runs on another thread, as autograd's
 device threads do on a GPU."""
+
 from __future__ import annotations
 
 import json

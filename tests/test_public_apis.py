@@ -1,6 +1,7 @@
 """EMO speaks to Snakemake, Hydra, MLflow and the rest through their public APIs only: no import of a
 tool's private module (a `_name` part, Hydra's `_internal`), none of snakemake's command-line
 internals, and no patching of another package's module."""
+
 import ast
 from pathlib import Path
 
@@ -20,8 +21,9 @@ def imported(tree: ast.AST):
 
 def private(module: str) -> bool:
     parts = module.split(".")
-    return parts[0] != "emo" and (any(p.startswith("_") and not p.startswith("__") for p in parts)
-                                  or module.startswith(SNAKEMAKE_INTERNALS))
+    return parts[0] != "emo" and (
+        any(p.startswith("_") and not p.startswith("__") for p in parts) or module.startswith(SNAKEMAKE_INTERNALS)
+    )
 
 
 def test_no_private_tool_api_and_no_patching_in_the_library():
@@ -30,14 +32,23 @@ def test_no_private_tool_api_and_no_patching_in_the_library():
         text = f.read_text()
         tree = ast.parse(text, filename=str(f))
         found += [f"{f.relative_to(EMO.parent)}: imports {m}" for m in imported(tree) if private(m)]
-        found += [f"{f.relative_to(EMO.parent)}:{i}: monkeypatch" for i, line in enumerate(text.splitlines(), 1)
-                  if "monkeypatch" in line]
+        found += [
+            f"{f.relative_to(EMO.parent)}:{i}: monkeypatch"
+            for i, line in enumerate(text.splitlines(), 1)
+            if "monkeypatch" in line
+        ]
     assert found == []
 
 
 def test_the_check_finds_what_it_looks_for():
-    tree = ast.parse("from hydra._internal.config_loader_impl import ConfigLoaderImpl\n"
-                     "from snakemake.cli import parse_args\nimport mlflow.store._x\nfrom emo import _y\n")
+    tree = ast.parse(
+        "from hydra._internal.config_loader_impl import ConfigLoaderImpl\n"
+        "from snakemake.cli import parse_args\nimport mlflow.store._x\nfrom emo import _y\n"
+    )
     assert [m for m in imported(tree) if private(m)] == [
-        "hydra._internal.config_loader_impl", "hydra._internal.config_loader_impl.ConfigLoaderImpl",
-        "snakemake.cli", "snakemake.cli.parse_args", "mlflow.store._x"]
+        "hydra._internal.config_loader_impl",
+        "hydra._internal.config_loader_impl.ConfigLoaderImpl",
+        "snakemake.cli",
+        "snakemake.cli.parse_args",
+        "mlflow.store._x",
+    ]

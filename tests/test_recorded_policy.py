@@ -1,6 +1,7 @@
 """workload=recorded goes to a policy: a trace recorded on the virtual A100 (as a user would copy it
 from a GPU box) plus a calibration of that GPU model gives a predicted policy; its counters come
 from a metrics.parquet of one profile run, or there are none (the mean mix); validate is skipped."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from emo.plan import compose
+from emo.workflow.plan import compose
 
 SMALL = ["workload.model.layers=1", "workload.model.seq=1024", "tracking.enabled=false"]
 
@@ -23,9 +24,17 @@ def recorded(tmp_path_factory, run_stage):
     run_stage("trace", cfg, {}, d / "trace")
     run_stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
     run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    run_stage("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
-                               "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"},
-              d / "profile")
+    run_stage(
+        "profile",
+        cfg,
+        {
+            "packs": d / "pack/packs.parquet",
+            "events": d / "trace/events.parquet",
+            "measured": d / "trace/measured.json",
+            "graph_nodes": d / "graph/nodes.parquet",
+        },
+        d / "profile",
+    )
     src = d / "recorded"
     shutil.copytree(d / "trace" / "kineto", src)
     return d, src
@@ -37,16 +46,42 @@ def _pipeline(run_stage, d, src, tag, extra=()):
     m = {"trace": run_stage("trace", cfg, {}, o / "trace")}
     run_stage("graph", cfg, {"events": o / "trace/events.parquet"}, o / "graph")
     run_stage("pack", cfg, {"nodes": o / "graph/nodes.parquet", "events": o / "trace/events.parquet"}, o / "pack")
-    m["profile"] = run_stage("profile", cfg, {"packs": o / "pack/packs.parquet", "events": o / "trace/events.parquet",
-                                              "measured": o / "trace/measured.json", "graph_nodes": o / "graph/nodes.parquet"},
-                             o / "profile")
-    m["fit"] = run_stage("fit", cfg, {"bench": d / "calibrate/bench.parquet", "metrics": o / "profile/metrics.parquet",
-                                      "packs": o / "pack/packs.parquet", "baseline": o / "profile/baseline.json",
-                                      "iterations": o / "pack/iterations.parquet"}, o / "fit")
-    m["optimize"] = run_stage("optimize", cfg, {"packs": o / "pack/packs.parquet", "nodes": o / "pack/nodes.parquet",
-                                                "edges": o / "pack/edges.parquet", "iterations": o / "pack/iterations.parquet",
-                                                "model": o / "fit/model.parquet",
-                                                "calibration": d / "calibrate/calibration.json"}, o / "optimize")
+    m["profile"] = run_stage(
+        "profile",
+        cfg,
+        {
+            "packs": o / "pack/packs.parquet",
+            "events": o / "trace/events.parquet",
+            "measured": o / "trace/measured.json",
+            "graph_nodes": o / "graph/nodes.parquet",
+        },
+        o / "profile",
+    )
+    m["fit"] = run_stage(
+        "fit",
+        cfg,
+        {
+            "bench": d / "calibrate/bench.parquet",
+            "metrics": o / "profile/metrics.parquet",
+            "packs": o / "pack/packs.parquet",
+            "baseline": o / "profile/baseline.json",
+            "iterations": o / "pack/iterations.parquet",
+        },
+        o / "fit",
+    )
+    m["optimize"] = run_stage(
+        "optimize",
+        cfg,
+        {
+            "packs": o / "pack/packs.parquet",
+            "nodes": o / "pack/nodes.parquet",
+            "edges": o / "pack/edges.parquet",
+            "iterations": o / "pack/iterations.parquet",
+            "model": o / "fit/model.parquet",
+            "calibration": d / "calibrate/calibration.json",
+        },
+        o / "optimize",
+    )
     m["validate"] = run_stage("validate", cfg, {"policy": o / "optimize/policy.json"}, o / "validate")
     return o, m
 
@@ -112,10 +147,22 @@ def test_per_kernel_counters_in_a_trace_need_no_rerun(recorded, run_stage, tmp_p
     shutil.copytree(src, folder)
     (folder / "counters").mkdir()
     for rank, ks in names.items():  # every kernel but NCCL ones, kernel i of the iteration: i + 1 FMA instructions
-        evs = [{"ph": "X", "cat": "cuda_profiler_range", "name": n, "ts": i, "dur": 1,
-                "args": {"sm__inst_executed_pipe_fma.sum": i + 1, "sm__cycles_active.sum": 100,
-                         "sm__warps_active.avg.pct_of_peak_sustained_active": 50}}
-               for i, n in enumerate(ks) if "nccl" not in n.lower()]
+        evs = [
+            {
+                "ph": "X",
+                "cat": "cuda_profiler_range",
+                "name": n,
+                "ts": i,
+                "dur": 1,
+                "args": {
+                    "sm__inst_executed_pipe_fma.sum": i + 1,
+                    "sm__cycles_active.sum": 100,
+                    "sm__warps_active.avg.pct_of_peak_sustained_active": 50,
+                },
+            }
+            for i, n in enumerate(ks)
+            if "nccl" not in n.lower()
+        ]
         doc = {"distributedInfo": {"rank": rank}, "traceEvents": evs}
         (folder / "counters" / f"rank{rank:03d}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
     m = recorded_metrics(folder, packs, events, nodes)
@@ -150,8 +197,14 @@ def test_no_permission_states_the_cost_then_goes_on_without_counters(recorded, c
 
     packs = pd.read_parquet(d / "pack/packs.parquet")
     with caplog.at_level(logging.INFO, logger="emo"):
-        m = profile_first_occurrences(NoPermission(), {"kind": "command"}, packs, pd.read_parquet(d / "trace/events.parquet"),
-                                      Graph.load(d / "graph").nodes, run_s=30.0)
+        m = profile_first_occurrences(
+            NoPermission(),
+            {"kind": "command"},
+            packs,
+            pd.read_parquet(d / "trace/events.parquet"),
+            Graph.load(d / "graph").nodes,
+            run_s=30.0,
+        )
     assert "about 1.5 minutes" in caplog.text and "ERR_NVGPUCTRPERM" in caplog.text
     assert (m["source"] == "none").all() and m["fma_inst"].isna().all()
     assert len(m) == packs["first_occurrence"].sum()

@@ -2,6 +2,7 @@
 and runs it through the public path: an offline and an online method (optimizer.name), a workload
 (workload.kind, composed from a conf/ file), a trace format (read_trace / emo.analyze.Trace), a GPU
 vendor (the control interface behind `emo reset-clocks`, and a device backend)."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,21 @@ from emo import methods
 from emo.config import WorkloadConfig, at_least
 from emo.device import backends
 from emo.device import control as ctl
-from emo.plan import ROOT, compose
 from emo.policy import FrequencyPolicy
 from emo.trace import read as trace_read
+from emo.workflow.plan import ROOT, compose
 from emo.workloads import _REGISTRY as WORKLOAD_REGISTRY
 from emo.workloads import build_program, register_workload
 from emo.workloads.program import KernelSpec, Op, Program, Work
 
-OFFLOAD = ["workload=offload", "workload.model.layers=2", "workload.decode_tokens=4", "tracking.enabled=false",
-           "model.clocks_stride=8", "model.repeats=1"]
+OFFLOAD = [
+    "workload=offload",
+    "workload.model.layers=2",
+    "workload.decode_tokens=4",
+    "tracking.enabled=false",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+]
 
 
 # ---------------------------------------------------------------- workload
@@ -80,12 +87,29 @@ def offload(tmp_path_factory, run_stage):
     run_stage("trace", cfg, {}, d / "trace")
     run_stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
     run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    run_stage("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
-                               "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"},
-              d / "profile")
-    run_stage("fit", cfg, {"bench": d / "calibrate/bench.parquet", "metrics": d / "profile/metrics.parquet",
-                           "packs": d / "pack/packs.parquet", "baseline": d / "profile/baseline.json",
-                           "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    run_stage(
+        "profile",
+        cfg,
+        {
+            "packs": d / "pack/packs.parquet",
+            "events": d / "trace/events.parquet",
+            "measured": d / "trace/measured.json",
+            "graph_nodes": d / "graph/nodes.parquet",
+        },
+        d / "profile",
+    )
+    run_stage(
+        "fit",
+        cfg,
+        {
+            "bench": d / "calibrate/bench.parquet",
+            "metrics": d / "profile/metrics.parquet",
+            "packs": d / "pack/packs.parquet",
+            "baseline": d / "profile/baseline.json",
+            "iterations": d / "pack/iterations.parquet",
+        },
+        d / "fit",
+    )
     return d
 
 
@@ -96,6 +120,7 @@ def registered():
     def register(name, **kw):
         names.append(name)
         return methods.register_method(name, **kw)
+
     yield register
     for n in names:
         methods._REGISTRY.pop(n, None)
@@ -112,14 +137,24 @@ def test_a_registered_offline_method_plans_in_the_optimize_stage(offload, tmp_pa
         policy = FrequencyPolicy.static(gpu, [0], clocks[0], budget=budget)
         pred = predict(tables, policy)  # the stage's predictor (emo.model)
         policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
-        return policy, {"method": opt["name"], opt["name"]: {"transition_ms": [0.0, 0.0, 0.0],
-                                                             "transition_source": "none: one clock"}}
+        return policy, {
+            "method": opt["name"],
+            opt["name"]: {"transition_ms": [0.0, 0.0, 0.0], "transition_source": "none: one clock"},
+        }
 
     registered("lowest", online=False, run=lowest_clock)
     assert "lowest" in methods.OFFLINE and "lowest" in methods.METHODS and "lowest" not in methods.ONLINE
     cfg = compose(OFFLOAD + ["optimizer.name=lowest", "budget=0.05"])
-    run_stage("optimize", cfg, {"packs": offload / "pack/packs.parquet", "model": offload / "fit/model.parquet",
-                                "calibration": offload / "calibrate/calibration.json"}, tmp_path / "optimize")
+    run_stage(
+        "optimize",
+        cfg,
+        {
+            "packs": offload / "pack/packs.parquet",
+            "model": offload / "fit/model.parquet",
+            "calibration": offload / "calibrate/calibration.json",
+        },
+        tmp_path / "optimize",
+    )
     policy = FrequencyPolicy.load(tmp_path / "optimize/policy.json")
     assert seen == {"budget": 0.05}
     assert [s.sm_mhz for s in policy.steps[0]] == [min(cfg["gpu"]["clocks_mhz"])]
@@ -189,15 +224,32 @@ class ToyControl(ctl.GpuControl):
         self.log: list[tuple] = []
         TOY.append(self)
 
-    def count(self): return 2
-    def visible(self): return [0, 1]
-    def supported_clocks(self, index): return [500, 1000]
-    def lock_sm_clock(self, index, mhz): self.log.append(("lock", index, mhz))
-    def reset_sm_clock(self, index): self.log.append(("reset", index))
-    def power_limit_range_w(self, index): return (100.0, 300.0, 250.0)
-    def set_power_limit(self, index, watts): self.log.append(("power", index, watts))
-    def reset_power_limit(self, index): self.log.append(("power-reset", index))
-    def energy_j(self, index): return 10.0 * (index + 1)
+    def count(self):
+        return 2
+
+    def visible(self):
+        return [0, 1]
+
+    def supported_clocks(self, index):
+        return [500, 1000]
+
+    def lock_sm_clock(self, index, mhz):
+        self.log.append(("lock", index, mhz))
+
+    def reset_sm_clock(self, index):
+        self.log.append(("reset", index))
+
+    def power_limit_range_w(self, index):
+        return (100.0, 300.0, 250.0)
+
+    def set_power_limit(self, index, watts):
+        self.log.append(("power", index, watts))
+
+    def reset_power_limit(self, index):
+        self.log.append(("power-reset", index))
+
+    def energy_j(self, index):
+        return 10.0 * (index + 1)
 
 
 TOY: list[ToyControl] = []

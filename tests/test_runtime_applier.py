@@ -1,5 +1,6 @@
 """The runtime applier with a fake clock setter: requests lead their steps, follow the iteration
 marker, and clocks are reset on exit."""
+
 from __future__ import annotations
 
 import threading
@@ -7,8 +8,7 @@ import time
 
 import pytest
 
-from emo.policy import FrequencyPolicy, Step
-from emo.policy import Issue, issue_plan
+from emo.policy import FrequencyPolicy, Issue, Step, issue_plan
 from emo.runtime import PolicyApplier
 
 
@@ -37,15 +37,20 @@ def test_issue_plan_leads_and_wraps_t0_to_the_previous_iteration():
     assert issue_plan(steps, lead_ms=10, period_ms=0) == [Issue(0.0, 1410), Issue(0.020, 900), Issue(0.060, 1200)]
     # a step inside the lead window wraps too; repeated clocks collapse
     assert issue_plan([Step(0, 900), Step(5, 1410), Step(50, 1410)], lead_ms=10, period_ms=100) == [
-        Issue(0.090, 900), Issue(0.095, 1410)]
+        Issue(0.090, 900),
+        Issue(0.095, 1410),
+    ]
     assert issue_plan([], lead_ms=10, period_ms=100) == []
 
 
 def test_requests_lead_each_step_by_lead_ms():
     period, lead = 0.200, 0.020
-    pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(80, 900), Step(150, 1200)],
-                                             1: [Step(0, 1000)]},
-                          period_ms=period * 1000, lead_ms=lead * 1000)
+    pol = FrequencyPolicy(
+        gpu="a100",
+        steps={0: [Step(0, 1410), Step(80, 900), Step(150, 1200)], 1: [Step(0, 1000)]},
+        period_ms=period * 1000,
+        lead_ms=lead * 1000,
+    )
     setter = FakeSetter()
     marks = []
     with PolicyApplier(pol, setter, devices={0: 10, 1: 11}) as ap:
@@ -136,7 +141,6 @@ def test_setter_errors_are_kept_not_raised_in_the_loop():
     assert ap.failed >= 1 and ap.landed == 1 and not ap.summary()["applied"]
 
 
-
 def test_the_first_failure_is_one_line_at_once_and_close_says_what_landed(capsys):
     pol = FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410), Step(5, 900)]}, period_ms=10, lead_ms=0)
     ap = PolicyApplier(pol, FakeSetter(fail_on=900), devices={0: 3})
@@ -212,9 +216,12 @@ def test_nvml_applier_restores_on_sigterm_though_threads_set_the_clocks(tmp_path
     sys.path.insert(0, str(Path(__file__).parent))
     import nvml_fake
 
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "",
-                              **nvml_fake.owner_env(log)})  # the clock owner's calls go to the same log
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(log)},
+    )  # the clock owner's calls go to the same log
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=20)

@@ -1,11 +1,12 @@
-"""The comparison's one scoring rule (emo.scoring): spread, within budget, ahead, the static curve."""
+"""The comparison's one scoring rule (emo.report.scoring): spread, within budget, ahead, the static curve."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from emo import scoring
+from emo.report import scoring
 
 
 def curve(points):

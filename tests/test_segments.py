@@ -1,6 +1,7 @@
 """Several measured runs in one launch (emo.segments): every rank counts the same markers, so every
 rank switches clocks at the same iteration; each segment is warmed up, then measured between
 synchronised edges, its policy applied from its first iteration and reset at its end."""
+
 from __future__ import annotations
 
 import json
@@ -27,23 +28,43 @@ def test_segments_switch_clocks_at_the_same_markers_and_measure_each(tmp_path, m
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("EMO_LAUNCH_ID", "L")
     plan = tmp_path / "segments.json"
-    plan.write_text(json.dumps({"segments": [
-        {"warmup": 1, "iterations": 2, "policy": None, "label": None},
-        {"warmup": 0, "iterations": 3, "policy": {"label": 900}, "label": 900}]}))
+    plan.write_text(
+        json.dumps(
+            {
+                "segments": [
+                    {"warmup": 1, "iterations": 2, "policy": None, "label": None},
+                    {"warmup": 0, "iterations": 3, "policy": {"label": 900}, "label": 900},
+                ]
+            }
+        )
+    )
     log, energy = [], iter(range(0, 100, 10))
-    w = SegmentWindow(plan, apply=lambda p: FakeClocks(log, p), energy=lambda: float(next(energy)),
-                      sync=lambda: log.append(("sync",)))
+    w = SegmentWindow(
+        plan, apply=lambda p: FakeClocks(log, p), energy=lambda: float(next(energy)), sync=lambda: log.append(("sync",))
+    )
     markers = 0
     while not w.done:
         markers += 1
         log.append(("marker", markers))
         w.step()
     assert markers == 1 + 2 + 3  # warmup + measured of each segment, after the marker that opened it
-    assert log == [("marker", 1), ("sync",),                        # segment 0 warmed up: measure from here
-                   ("marker", 2), ("marker", 3), ("sync",),          # 2 measured iterations
-                   ("apply", 900), ("clock step", 900), ("sync",),   # segment 1: no warmup, t = 0 at marker 3
-                   ("marker", 4), ("clock step", 900), ("marker", 5), ("clock step", 900),
-                   ("marker", 6), ("sync",), ("reset", 900)]
+    assert log == [
+        ("marker", 1),
+        ("sync",),  # segment 0 warmed up: measure from here
+        ("marker", 2),
+        ("marker", 3),
+        ("sync",),  # 2 measured iterations
+        ("apply", 900),
+        ("clock step", 900),
+        ("sync",),  # segment 1: no warmup, t = 0 at marker 3
+        ("marker", 4),
+        ("clock step", 900),
+        ("marker", 5),
+        ("clock step", 900),
+        ("marker", 6),
+        ("sync",),
+        ("reset", 900),
+    ]
     rec = json.loads((tmp_path / "rank001.segments.json").read_text())
     assert rec["rank"] == 1 and rec["launch"] == "L"
     assert [s["iterations"] for s in rec["segments"]] == [2, 3]

@@ -7,6 +7,7 @@ A100-SXM (Perseus stage profiles, ../shared/data/dvfs/perseus_stage_profiles/): 
 layer pass draws ~470 W at 1410 MHz, x1.30 time / x0.72 energy at 1005 MHz, energy-optimal clock
 between 1000 and 1150 MHz; within 5 %.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,11 +34,18 @@ def gpu_cfg(name: str, **over) -> dict:
 
 # --------------------------------------------------------------------------- V100 kernels
 N = 4096
-SGEMM = Work(fp32_flop=2 * N**3, shared_bytes=N**3, l2_bytes=8e9, dram_read_bytes=4e8, dram_write_bytes=N * N * 4,
-             active_warps=0.5)  # shared-memory tiled fp32 matrix multiply
+SGEMM = Work(
+    fp32_flop=2 * N**3,
+    shared_bytes=N**3,
+    l2_bytes=8e9,
+    dram_read_bytes=4e8,
+    dram_write_bytes=N * N * 4,
+    active_warps=0.5,
+)  # shared-memory tiled fp32 matrix multiply
 M = 2**28
-VECADD = Work(fp32_flop=M, int_op=4 * M, l2_bytes=12 * M, dram_read_bytes=8 * M, dram_write_bytes=4 * M,
-              active_warps=1.0)  # c = a + b over 2^28 floats
+VECADD = Work(
+    fp32_flop=M, int_op=4 * M, l2_bytes=12 * M, dram_read_bytes=8 * M, dram_write_bytes=4 * M, active_warps=1.0
+)  # c = a + b over 2^28 floats
 NEAR_IDLE = Work(int_op=7e7, active_warps=1 / 2560)  # one warp chasing dependent integer ops
 
 
@@ -80,20 +88,44 @@ def test_memory_bound_kernel_flat_until_the_clock_starves_it(v100) -> None:
 # --------------------------------------------------------------------------- A100 transformer layer pass
 def gemm(m: int, n: int, k: int) -> Work:
     fl = 2 * m * n * k
-    return Work(fp16_tensor_flop=fl, fp32_flop=2 * m * n, shared_bytes=fl / 64, l2_bytes=fl / 96,
-                dram_read_bytes=fl / 450, dram_write_bytes=2 * m * n, active_warps=0.35)
+    return Work(
+        fp16_tensor_flop=fl,
+        fp32_flop=2 * m * n,
+        shared_bytes=fl / 64,
+        l2_bytes=fl / 96,
+        dram_read_bytes=fl / 450,
+        dram_write_bytes=2 * m * n,
+        active_warps=0.35,
+    )
 
 
 def bmm(batch: int, m: int, n: int, k: int) -> Work:
     w = dataclasses.replace(gemm(m, n, k), active_warps=0.5)
-    return dataclasses.replace(w, **{f: getattr(w, f) * batch for f in
-                                     ("fp16_tensor_flop", "fp32_flop", "shared_bytes", "l2_bytes",
-                                      "dram_read_bytes", "dram_write_bytes")})
+    return dataclasses.replace(
+        w,
+        **{
+            f: getattr(w, f) * batch
+            for f in (
+                "fp16_tensor_flop",
+                "fp32_flop",
+                "shared_bytes",
+                "l2_bytes",
+                "dram_read_bytes",
+                "dram_write_bytes",
+            )
+        },
+    )
 
 
 def elementwise(read: float, write: float) -> Work:
-    return Work(fp32_flop=read / 2, int_op=read / 4, l2_bytes=read + write, dram_read_bytes=read,
-                dram_write_bytes=write, active_warps=0.9)
+    return Work(
+        fp32_flop=read / 2,
+        int_op=read / 4,
+        l2_bytes=read + write,
+        dram_read_bytes=read,
+        dram_write_bytes=write,
+        active_warps=0.9,
+    )
 
 
 def transformer_forward(b: int = 1, s: int = 2048, h: int = 8192, heads: int = 64) -> list[KernelSpec]:

@@ -1,4 +1,5 @@
 """The virtual GPU as the device protocol sees it: configs, counters, determinism, traces, profiling."""
+
 from __future__ import annotations
 
 import gzip
@@ -18,11 +19,18 @@ from emo.policy import FrequencyPolicy
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("a100", "h100", "rtx3080ti", "v100")
 
-GEMM = KernelSpec("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8,
-                                                                    active_warps=0.5), op_name="aten::mm",
-                  grid=(128, 4, 1), block=(256, 1, 1))
-ADD = KernelSpec("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >",
-                 Work(dram_read_bytes=4e8, dram_write_bytes=2e8), op_name="aten::add")
+GEMM = KernelSpec(
+    "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+    Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8, active_warps=0.5),
+    op_name="aten::mm",
+    grid=(128, 4, 1),
+    block=(256, 1, 1),
+)
+ADD = KernelSpec(
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >",
+    Work(dram_read_bytes=4e8, dram_write_bytes=2e8),
+    op_name="aten::add",
+)
 
 
 def gpu_cfg(name: str = "a100", **over) -> dict:
@@ -40,8 +48,16 @@ def tp_like(ranks: int = 2, layers: int = 3) -> Program:
     for r in range(ranks):
         ops = [(Op.ITER,), (Op.MEMCPY, 7, "HtoD", 1 << 20, False), (Op.BEGIN, "## forward ##")]
         for i in range(layers):
-            ops += [(Op.CPU, 4000, "aten::view"), (Op.LAUNCH, 7, g), (Op.LAUNCH, 7, a), (Op.RECORD, i, 7),
-                    (Op.WAIT, 20, i), (Op.COLLECTIVE, 20, colls[i]), (Op.RECORD, 100 + i, 20), (Op.WAIT, 7, 100 + i)]
+            ops += [
+                (Op.CPU, 4000, "aten::view"),
+                (Op.LAUNCH, 7, g),
+                (Op.LAUNCH, 7, a),
+                (Op.RECORD, i, 7),
+                (Op.WAIT, 20, i),
+                (Op.COLLECTIVE, 20, colls[i]),
+                (Op.RECORD, 100 + i, 20),
+                (Op.WAIT, 7, 100 + i),
+            ]
         ops += [(Op.END,), (Op.STREAM_SYNC, 7), (Op.EVENT_SYNC, 100 + layers - 1), (Op.DEVICE_SYNC,)]
         p.ops[r] = ops
     return p
@@ -119,8 +135,9 @@ def test_energy_keeps_accumulating_across_calls() -> None:
 
 def test_run_result_energy_matches_the_power_times_time() -> None:
     dev = SimDevice(gpu_cfg())
-    p = Program(name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]],
-                kernels=[GEMM])
+    p = Program(
+        name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]], kernels=[GEMM]
+    )
     dev.set_power_limit(600.0)  # this GEMM draws ~503 W: above the 500 W TDP the controller would throttle it
     res = dev.run(p, 60)
     tab = dev.gp.kernel_tables([GEMM.work])
@@ -170,8 +187,15 @@ def test_trace_has_the_categories_and_fields_torch_profiler_writes(trace) -> Non
     cats = Counter(e.get("cat") for e in ev if e.get("ph") == "X")
     assert {"cpu_op", "user_annotation", "cuda_runtime", "kernel", "gpu_memcpy", "cuda_sync", "Trace"} <= set(cats)
     names = {e["name"] for e in ev if e.get("cat") == "cuda_runtime"}
-    assert {"cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord", "cudaStreamWaitEvent",
-            "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"} <= names
+    assert {
+        "cudaLaunchKernel",
+        "cudaMemcpyAsync",
+        "cudaEventRecord",
+        "cudaStreamWaitEvent",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaDeviceSynchronize",
+    } <= names
     steps = sorted(e["name"] for e in ev if e["name"].startswith("ProfilerStep#"))
     assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
     syncs = {e["name"]: e for e in ev if e.get("cat") == "cuda_sync"}
@@ -201,8 +225,10 @@ def test_nccl_kernels_carry_collective_args_and_end_together(trace) -> None:
     _, docs = trace
     per_rank = []
     for d in docs:
-        nccl = sorted((e for e in d["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")),
-                      key=lambda e: e["ts"])
+        nccl = sorted(
+            (e for e in d["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")),
+            key=lambda e: e["ts"],
+        )
         assert nccl[0]["name"] == "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
         a = nccl[0]["args"]
         assert a["Collective name"] == "allreduce" and a["dtype"] == "BFloat16" and a["Group size"] == 2
@@ -239,8 +265,9 @@ def test_profile_range_reports_table_ii_counters_and_costs_time() -> None:
 
 
 def test_counter_noise_keeps_it_monotonic_and_unbiased() -> None:
-    p = Program(name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]],
-                kernels=[GEMM])
+    p = Program(
+        name="steady", ranks=1, ops=[[(Op.ITER,)] + [(Op.LAUNCH, 7, 0)] * 10 + [(Op.STREAM_SYNC, 7)]], kernels=[GEMM]
+    )
     clean = SimDevice(gpu_cfg(noise=0.0)).run(p, 100)
     dev = SimDevice(gpu_cfg(noise=1.0))  # the published sizes (conf/gpu physics noise_*)
     noisy = dev.run(p, 100)

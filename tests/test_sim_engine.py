@@ -1,4 +1,5 @@
 """The virtual GPU's event semantics: clock changes, streams and events, syncs, collectives, power cap."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,11 @@ from emo.policy import FrequencyPolicy, Step
 
 ROOT = Path(__file__).resolve().parents[1]
 
-GEMM = KernelSpec("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8,
-                                                                    active_warps=0.5), op_name="aten::mm")
+GEMM = KernelSpec(
+    "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+    Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8, active_warps=0.5),
+    op_name="aten::mm",
+)
 BIG_GEMM = KernelSpec("sm80_xmma_gemm_big", Work(fp16_tensor_flop=2.5e13, active_warps=0.5), op_name="aten::mm")
 ADD = KernelSpec("vectorized_elementwise_kernel", Work(dram_read_bytes=4e8, dram_write_bytes=2e8), op_name="aten::add")
 
@@ -87,7 +91,7 @@ def test_kernel_spanning_a_clock_change_runs_at_each_clock_in_turn() -> None:
     dev = SimDevice(steady_cfg())
     prog = one_rank(lambda p: [(Op.ITER,), (Op.LAUNCH, 7, p.kernel(BIG_GEMM)), (Op.DEVICE_SYNC,)])
     res = dev.simulate(prog, 1, policy=FrequencyPolicy("a100", {0: [Step(30.0, 705)]}))
-    (_, _, start, end), = kernels(res)
+    ((_, _, start, end),) = kernels(res)
     tab = dev.gp.kernel_tables([BIG_GEMM.work]).dur_ns[0]
     d_hi, d_lo = tab[dev.clocks.index(1410)], tab[dev.clocks.index(705)]
     land = res.gpus[0].clock_t[-1]
@@ -118,8 +122,16 @@ def test_power_cap_throttles_the_clock() -> None:
 def test_wait_event_orders_streams_and_sync_blocks_the_host() -> None:
     def ops(p):
         g, a = p.kernel(GEMM), p.kernel(ADD)
-        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.RECORD, 1, 7), (Op.WAIT, 20, 1), (Op.LAUNCH, 20, a),
-                (Op.STREAM_SYNC, 20), (Op.CPU, 1000, "after_sync")]
+        return [
+            (Op.ITER,),
+            (Op.LAUNCH, 7, g),
+            (Op.RECORD, 1, 7),
+            (Op.WAIT, 20, 1),
+            (Op.LAUNCH, 20, a),
+            (Op.STREAM_SYNC, 20),
+            (Op.CPU, 1000, "after_sync"),
+        ]
+
     dev = SimDevice(gpu_cfg())
     res = dev.simulate(one_rank(ops), 1)
     (k0, s0, a0, e0), (k1, s1, a1, e1) = kernels(res)
@@ -133,8 +145,17 @@ def test_wait_event_orders_streams_and_sync_blocks_the_host() -> None:
 def test_event_sync_and_device_sync_block_until_done() -> None:
     def ops(p):
         g = p.kernel(GEMM)
-        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.RECORD, 3, 7), (Op.LAUNCH, 7, g), (Op.EVENT_SYNC, 3),
-                (Op.CPU, 1000, "after_event"), (Op.DEVICE_SYNC,), (Op.CPU, 1000, "after_device")]
+        return [
+            (Op.ITER,),
+            (Op.LAUNCH, 7, g),
+            (Op.RECORD, 3, 7),
+            (Op.LAUNCH, 7, g),
+            (Op.EVENT_SYNC, 3),
+            (Op.CPU, 1000, "after_event"),
+            (Op.DEVICE_SYNC,),
+            (Op.CPU, 1000, "after_device"),
+        ]
+
     res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
     (_, _, _, e0), (_, _, _, e1) = kernels(res)
     cpu = {c[0]: c[1] for c in res.ranks[0].cpu_ops}
@@ -144,8 +165,14 @@ def test_event_sync_and_device_sync_block_until_done() -> None:
 def test_compute_kernels_share_the_sms_but_copies_overlap() -> None:
     def ops(p):
         g = p.kernel(GEMM)
-        return [(Op.ITER,), (Op.LAUNCH, 7, g), (Op.LAUNCH, 20, g), (Op.MEMCPY, 21, "HtoD", 1 << 26, False),
-                (Op.DEVICE_SYNC,)]
+        return [
+            (Op.ITER,),
+            (Op.LAUNCH, 7, g),
+            (Op.LAUNCH, 20, g),
+            (Op.MEMCPY, 21, "HtoD", 1 << 26, False),
+            (Op.DEVICE_SYNC,),
+        ]
+
     res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
     (_, _, a0, e0), (_, _, a1, e1) = kernels(res)
     assert a1 >= e0  # one compute kernel at a time
@@ -155,8 +182,13 @@ def test_compute_kernels_share_the_sms_but_copies_overlap() -> None:
 
 def test_blocking_memcpy_blocks_the_host() -> None:
     def ops(p):
-        return [(Op.ITER,), (Op.LAUNCH, 7, p.kernel(GEMM)), (Op.MEMCPY, 7, "DtoH", 1 << 20, True),
-                (Op.CPU, 1000, "after")]
+        return [
+            (Op.ITER,),
+            (Op.LAUNCH, 7, p.kernel(GEMM)),
+            (Op.MEMCPY, 7, "DtoH", 1 << 20, True),
+            (Op.CPU, 1000, "after"),
+        ]
+
     res = SimDevice(gpu_cfg()).simulate(one_rank(ops), 1)
     (copy,) = res.ranks[0].copies
     cpu = [c for c in res.ranks[0].cpu_ops if c[0] == "after"][0]
@@ -196,6 +228,7 @@ def test_tp_program_is_slower_at_a_low_clock_where_compute_is_critical() -> None
         if mhz:
             dev.set_policy(FrequencyPolicy.static("a100", 2, mhz))
         return dev.run(prog, 3, warmup=1).time_s
+
     compute_bound = two_rank_program(compute=8, coll_bytes=8 << 20)
     comm_bound = two_rank_program(compute=1, coll_bytes=1 << 30)
     assert iter_time(compute_bound, 1005) / iter_time(compute_bound, None) > 1.25
@@ -242,8 +275,12 @@ def test_policy_is_applied_like_the_runtime_applier() -> None:
     dev = SimDevice(steady_cfg())
     base = dev.simulate(prog, 3)
     period_ms = (base.ranks[0].iter_t[2] - base.ranks[0].iter_t[1]) / 1e6
-    pol = FrequencyPolicy("a100", {0: [Step(0.0, 1005), Step(period_ms / 2, 1410), Step(10 * period_ms, 705)]},
-                          period_ms=period_ms, lead_ms=15.0)
+    pol = FrequencyPolicy(
+        "a100",
+        {0: [Step(0.0, 1005), Step(period_ms / 2, 1410), Step(10 * period_ms, 705)]},
+        period_ms=period_ms,
+        lead_ms=15.0,
+    )
     res = SimDevice(steady_cfg()).simulate(prog, 4, policy=pol)
     marks = res.ranks[0].iter_t
     g = res.gpus[0]

@@ -1,5 +1,6 @@
 """The virtual GPU's power law is not the model's: non-additive activity power, per-chip variation,
 temperature-dependent leakage, counters that are not exact, NVML utilisation as NVML defines it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,18 @@ from emo.device.sim import SimDevice
 from emo.device.sim.program import CollectiveSpec, KernelSpec, Op, Program, Work
 
 ROOT = Path(__file__).resolve().parents[1]
-GEMM = KernelSpec("gemm", Work(fp16_tensor_flop=2e11, dram_read_bytes=5e8, dram_write_bytes=1e8, l2_bytes=1e9,
-                               shared_bytes=4e9, fp32_flop=1e8, active_warps=0.35))
+GEMM = KernelSpec(
+    "gemm",
+    Work(
+        fp16_tensor_flop=2e11,
+        dram_read_bytes=5e8,
+        dram_write_bytes=1e8,
+        l2_bytes=1e9,
+        shared_bytes=4e9,
+        fp32_flop=1e8,
+        active_warps=0.35,
+    ),
+)
 
 
 def gpu_cfg(name: str = "a100", **over) -> dict:

@@ -1,6 +1,7 @@
 """The virtual GPU as an independent truth: kernel phases the counters only total, compute-communication
 contention, transfers re-rated as they progress, seeded noise on by default, heavy-tailed clock
 latency measured through clock_step_latencies_ms, and a power controller that throttles over time."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,10 +17,26 @@ from emo.policy import FrequencyPolicy, Step
 
 ROOT = Path(__file__).resolve().parents[1]
 
-GEMM = Work(fp16_tensor_flop=4e11, fp32_flop=2e8, shared_bytes=6e9, l2_bytes=4e9, dram_read_bytes=9e8,
-            dram_write_bytes=4e8, active_warps=0.35)
-ATTN = Work(fp16_tensor_flop=2e11, sfu_op=3e9, fp32_flop=6e9, int_op=1e9, shared_bytes=3e9, l2_bytes=1e9,
-            dram_read_bytes=3e8, dram_write_bytes=1e8, active_warps=0.4)
+GEMM = Work(
+    fp16_tensor_flop=4e11,
+    fp32_flop=2e8,
+    shared_bytes=6e9,
+    l2_bytes=4e9,
+    dram_read_bytes=9e8,
+    dram_write_bytes=4e8,
+    active_warps=0.35,
+)
+ATTN = Work(
+    fp16_tensor_flop=2e11,
+    sfu_op=3e9,
+    fp32_flop=6e9,
+    int_op=1e9,
+    shared_bytes=3e9,
+    l2_bytes=1e9,
+    dram_read_bytes=3e8,
+    dram_write_bytes=1e8,
+    active_warps=0.4,
+)
 ADD = Work(fp32_flop=1e8, int_op=4e8, l2_bytes=1.2e9, dram_read_bytes=8e8, dram_write_bytes=4e8, active_warps=0.9)
 
 
@@ -71,10 +88,20 @@ def test_counters_report_only_totals() -> None:
     the counters cannot see how a kernel splits its work in time."""
     dev = SimDevice(gpu_cfg(noise=0.0))
     w = work_matrix([GEMM])
-    parts = [share for share, _ in phases(w, dev.gp.p) if any(np.any(v > 0) for k, v in share.items()
-                                                              if k not in ("active_warps", "min_ns"))]
-    split = [Work(**{f: (getattr(GEMM, f) * float(s[f][0]) if f not in ("active_warps", "min_ns")
-                         else getattr(GEMM, f)) for f in WORK_FIELDS}) for s in parts]
+    parts = [
+        share
+        for share, _ in phases(w, dev.gp.p)
+        if any(np.any(v > 0) for k, v in share.items() if k not in ("active_warps", "min_ns"))
+    ]
+    split = [
+        Work(
+            **{
+                f: (getattr(GEMM, f) * float(s[f][0]) if f not in ("active_warps", "min_ns") else getattr(GEMM, f))
+                for f in WORK_FIELDS
+            }
+        )
+        for s in parts
+    ]
     assert len(split) == 2
     one = dev.profile_range([KernelSpec("gemm", GEMM)]).counters
     two = dev.profile_range([KernelSpec("main", split[0]), KernelSpec("epi", split[1])]).counters
@@ -115,8 +142,13 @@ def test_contention_slows_both_compute_and_the_collective() -> None:
 def test_a_transfer_is_re_rated_when_the_clock_changes_mid_way() -> None:
     """A clock-bound transfer (the SMs copy the data) spanning a clock change: it runs at each rate in
     turn, the fraction done at the change kept."""
-    phys = {"comm_clock_fraction": 1.5, "clock_delay_ms": [2.0, 2.0], "clock_tail_prob": 0.0,
-            "clock_target_slope": 0.0, "comm_hbm_per_link_byte": 0.0}
+    phys = {
+        "comm_clock_fraction": 1.5,
+        "clock_delay_ms": [2.0, 2.0],
+        "clock_tail_prob": 0.0,
+        "clock_target_slope": 0.0,
+        "comm_hbm_per_link_byte": 0.0,
+    }
     dev = SimDevice(gpu_cfg(noise=0.0, physics=phys))
     p = Program(name="x", ranks=2, ops=[[], []], streams={20: "comm"})
     cid = p.collective(CollectiveSpec("allreduce", (0, 1), 4 << 30))
@@ -127,7 +159,7 @@ def test_a_transfer_is_re_rated_when_the_clock_changes_mid_way() -> None:
     assert d_lo > 1.5 * d_hi
     pol = FrequencyPolicy("a100", {0: [Step(0.0, 1410), Step(10.0, 705)], 1: [Step(0.0, 1410)]})
     res = dev.simulate(p, 1, policy=pol)
-    (_, _, _, arr, end, _), = res.ranks[0].colls
+    ((_, _, _, arr, end, _),) = res.ranks[0].colls
     start = max(c[3] for rk in res.ranks for c in rk.colls)
     land = res.gpus[0].clock_t[-1]
     assert start < land < end
@@ -145,7 +177,7 @@ def kernel_loop(n: int = 200) -> Program:
 
 
 def test_noise_is_on_by_default_and_deterministic_per_seed() -> None:
-    from emo.plan import compose
+    from emo.workflow.plan import compose
 
     assert compose([])["gpu"]["noise"] == 1.0  # the schema's default: the published sizes
     cfg = gpu_cfg()
@@ -223,7 +255,7 @@ def test_power_limit_throttles_over_time_not_per_kernel() -> None:
     # it steps down over several periods, then holds the average power near the limit
     steps = sorted(set(clocks), reverse=True)
     assert len(steps) >= 3
-    tail = k[len(k) // 2:]
+    tail = k[len(k) // 2 :]
     tab = dev.gp.kernel_tables([GEMM]).power_w[0]
     p_tail = np.mean([tab[r[7]] for r in tail])
     assert p_tail == pytest.approx(0.7 * p_free, rel=0.06)

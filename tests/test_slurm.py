@@ -2,6 +2,7 @@
 slurmctld, slurmd and munge). Uses a cluster that already answers `sinfo`; else starts one (configless,
 so jobs find the configuration through slurmd) and stops what it started. Skips with the reason when
 the packages are missing or the daemons do not come up."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,16 @@ import pytest
 from emo.cli import main as cli_main
 
 pytestmark = pytest.mark.slow
-SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
-         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5"]
+SMALL = [
+    "workload=tp",
+    "workload.tp=2",
+    "workload.model.layers=1",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+    "model.min_seconds=0.2",
+    "trace.iterations=2",
+    "validate.min_seconds=0.5",
+]
 
 
 def sinfo_partition(env=None) -> str | None:
@@ -39,17 +48,37 @@ def start_cluster(work: Path) -> list[int]:
     for d in ("state", "spool", "log"):
         (work / d).mkdir(parents=True, exist_ok=True)
     conf = work / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=emotest", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge",
-        f"StateSaveLocation={work}/state", f"SlurmdSpoolDir={work}/spool",
-        f"SlurmctldPidFile={work}/slurmctld.pid", f"SlurmdPidFile={work}/slurmd.pid",
-        f"SlurmctldLogFile={work}/log/slurmctld.log", f"SlurmdLogFile={work}/log/slurmd.log",
-        "SlurmctldPort=16917", "SlurmdPort=16918", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none",
-        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-        "SlurmctldParameters=enable_configless",
-        f"NodeName={host} CPUs={os.cpu_count()} RealMemory=4000 State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""]))
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=emotest",
+                f"SlurmctldHost={host}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                f"StateSaveLocation={work}/state",
+                f"SlurmdSpoolDir={work}/spool",
+                f"SlurmctldPidFile={work}/slurmctld.pid",
+                f"SlurmdPidFile={work}/slurmd.pid",
+                f"SlurmctldLogFile={work}/log/slurmctld.log",
+                f"SlurmdLogFile={work}/log/slurmd.log",
+                "SlurmctldPort=16917",
+                "SlurmdPort=16918",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core",
+                "ReturnToService=2",
+                "MpiDefault=none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "AccountingStorageType=accounting_storage/none",
+                "SlurmctldParameters=enable_configless",
+                f"NodeName={host} CPUs={os.cpu_count()} RealMemory=4000 State=UNKNOWN",
+                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
+    )
     started = []
     if not Path("/run/munge/munge.socket.2").exists():
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
@@ -74,7 +103,9 @@ def slurm_partition(tmp_path_factory):
     missing = [c for c in ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "sinfo") if shutil.which(c) is None]
     if missing:
         pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing: apt-get install slurmctld slurmd munge)")
-    pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install snakemake-executor-plugin-slurm (extra slurm)")
+    pytest.importorskip(
+        "snakemake_executor_plugin_slurm", reason="pip install snakemake-executor-plugin-slurm (extra slurm)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     partition = sinfo_partition(env)
     started: list[int] = []
@@ -102,12 +133,28 @@ def test_a_sweep_runs_through_the_slurm_executor(slurm_partition, tmp_path, monk
     profile = tmp_path / "profile"
     profile.mkdir()
     # profiles/slurm with this cluster's partition, no accounting (squeue for status) and no GPUs (the virtual GPU)
-    (profile / "config.yaml").write_text("\n".join([
-        "executor: slurm", "jobs: 4", "latency-wait: 5", "slurm-status-command: squeue", "slurm-no-account: true", "slurm-keep-successful-logs: true",
-        "slurm-init-seconds-before-status-checks: 1", "seconds-between-status-checks: 2",
-        "default-resources:", f"  slurm_partition: {slurm_partition}", "  runtime: 30", "  mem_mb: 1000",
-        "  cpus_per_task: 1", "set-resources:", *[f"  {r}: {{gpu: 0}}" for r in ("trace", "calibrate", "profile", "validate")],
-        ""]))
+    (profile / "config.yaml").write_text(
+        "\n".join(
+            [
+                "executor: slurm",
+                "jobs: 4",
+                "latency-wait: 5",
+                "slurm-status-command: squeue",
+                "slurm-no-account: true",
+                "slurm-keep-successful-logs: true",
+                "slurm-init-seconds-before-status-checks: 1",
+                "seconds-between-status-checks: 2",
+                "default-resources:",
+                f"  slurm_partition: {slurm_partition}",
+                "  runtime: 30",
+                "  mem_mb: 1000",
+                "  cpus_per_task: 1",
+                "set-resources:",
+                *[f"  {r}: {{gpu: 0}}" for r in ("trace", "calibrate", "profile", "validate")],
+                "",
+            ]
+        )
+    )
     results = tmp_path / "results"
     assert cli_main(["run", "--profile", str(profile), "-m", f"results={results}", *SMALL, "optimizer=emo,zeus"]) == 0
     assert len([ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("emo: optimizer=")]) == 2

@@ -1,5 +1,6 @@
 """One declaration per stage (emo.stages.Stage): the folder hash, the Snakemake rules and the
 in-process chaining are derived from it, and a stage can open only what it declared."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emo.plan import compose, plan
 from emo.stages import STAGES, declaration, run_in_place, run_stage
+from emo.workflow.plan import compose, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,9 +122,24 @@ def test_every_declared_input_is_an_upstream_output():
 
 def _dry_run(tmp_path: Path, overrides: list[str]) -> dict[str, dict[str, set[str]]]:
     """Snakemake's dry run: rule -> {"input": files, "output": files} of its one job."""
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "-n", "--nolock",
-                        "--config", f"overrides={json.dumps(overrides)}"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "EMO_VERBOSE": ""})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "-n",
+            "--nolock",
+            "--config",
+            f"overrides={json.dumps(overrides)}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "EMO_VERBOSE": ""},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = {}
     for block in re.split(r"\n(?=rule \w+:)", r.stdout + r.stderr):
@@ -144,7 +160,9 @@ def test_the_rules_are_the_declarations(tmp_path, recorded_trace):
     jobs = _dry_run(tmp_path, overrides)
     for stage in STAGES:
         decl = declaration(stage)
-        inputs = {plans[up].out(file) for up, file in decl.inputs_for(cfg).values()} | set(decl.outside_for(cfg).values())
+        inputs = {plans[up].out(file) for up, file in decl.inputs_for(cfg).values()} | set(
+            decl.outside_for(cfg).values()
+        )
         outputs = {plans[stage].out(f) for f in (*decl.outputs, "config.json")}
         assert jobs[stage].get("input", set()) == inputs, stage
         assert jobs[stage]["output"] == outputs, stage

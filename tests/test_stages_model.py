@@ -1,5 +1,6 @@
 """The stages calibrate -> pack -> profile -> fit on a small virtual workload, the predictor on their
 artifacts, and what each stage's hash covers."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ from emo.device import COUNTERS, KernelRange
 from emo.device.backends import open_device
 from emo.graph import Graph
 from emo.graph.whatif import whatif
-from emo.model.predict import load_pack_tables, predict
-from emo.plan import compose, plan
-from emo.policy import FrequencyPolicy, Step
 from emo.model import bench as calibrate_stage
+from emo.model.predict import load_pack_tables, predict
+from emo.policy import FrequencyPolicy, Step
+from emo.workflow.plan import compose, plan
 
 SMALL = ["workload.model.layers=1", "workload.model.seq=1024", "tracking.enabled=false"]
 
@@ -29,12 +30,29 @@ def chain(tmp_path_factory, run_stage):
     m["trace"] = run("trace", cfg, {}, d / "trace")
     m["graph"] = run("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
     m["pack"] = run("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    m["profile"] = run("profile", cfg, {"packs": d / "pack/packs.parquet", "events": d / "trace/events.parquet",
-                                        "measured": d / "trace/measured.json", "graph_nodes": d / "graph/nodes.parquet"},
-                       d / "profile")
-    m["fit"] = run("fit", cfg, {"bench": d / "calibrate/bench.parquet", "metrics": d / "profile/metrics.parquet",
-                                "packs": d / "pack/packs.parquet", "baseline": d / "profile/baseline.json",
-                                "iterations": d / "pack/iterations.parquet"}, d / "fit")
+    m["profile"] = run(
+        "profile",
+        cfg,
+        {
+            "packs": d / "pack/packs.parquet",
+            "events": d / "trace/events.parquet",
+            "measured": d / "trace/measured.json",
+            "graph_nodes": d / "graph/nodes.parquet",
+        },
+        d / "profile",
+    )
+    m["fit"] = run(
+        "fit",
+        cfg,
+        {
+            "bench": d / "calibrate/bench.parquet",
+            "metrics": d / "profile/metrics.parquet",
+            "packs": d / "pack/packs.parquet",
+            "baseline": d / "profile/baseline.json",
+            "iterations": d / "pack/iterations.parquet",
+        },
+        d / "fit",
+    )
     return cfg, d, m
 
 
@@ -63,7 +81,10 @@ def test_packs_and_profile(chain):
     assert set(metrics["signature"]) == set(packs["signature"])  # every signature profiled once
     assert len(metrics) == packs["signature"].nunique() == packs["first_occurrence"].sum()
     assert (metrics["passes"] >= 1).all() and (metrics["cost_s"] > 0).all()
-    assert m["pack"]["kernels"] >= len(packs) and (packs["dur_ns"] <= 5e6).sum() >= len(packs) - packs["kernels"].eq(1).sum()
+    assert (
+        m["pack"]["kernels"] >= len(packs)
+        and (packs["dur_ns"] <= 5e6).sum() >= len(packs) - packs["kernels"].eq(1).sum()
+    )
 
 
 def test_ranges_name_the_packs_kernels(chain):
@@ -75,7 +96,9 @@ def test_ranges_name_the_packs_kernels(chain):
     cfg, d, _ = chain
     packs = pd.read_parquet(d / "pack/packs.parquet")
     nodes = Graph.load(d / "graph").nodes
-    ranges = pack_ranges(packs, nodes["event"].to_numpy(np.int64), kernel_ordinals(pd.read_parquet(d / "trace/events.parquet")))
+    ranges = pack_ranges(
+        packs, nodes["event"].to_numpy(np.int64), kernel_ordinals(pd.read_parquet(d / "trace/events.parquet"))
+    )
     prog = build_program(cfg["workload"], cfg["gpu"]["name"])
     table = launch_table(prog)
     names = nodes["name"].to_numpy(dtype=object)
@@ -147,7 +170,9 @@ def test_predictor(chain):
     # a static policy equals the what-if with every pack at that clock once the change has landed
     ci = list(t.clocks_mhz).index(int(t.clocks_mhz[0]))
     low = predict(t, FrequencyPolicy.static(gpu, devs, int(t.clocks_mhz[0])), transition_ms=0.0)
-    assert low.makespan_ns == pytest.approx(whatif(t.compiled, t.dur_ns[:, ci].round().astype(np.int64), slack=False).makespan_ns, rel=1e-6)
+    assert low.makespan_ns == pytest.approx(
+        whatif(t.compiled, t.dur_ns[:, ci].round().astype(np.int64), slack=False).makespan_ns, rel=1e-6
+    )
     # a change that lands later leaves more of the iteration at the default clock: faster
     pol = FrequencyPolicy(gpu=gpu, steps={g: [Step(0.0, 1410), Step(20.0, 810)] for g in devs}, lead_ms=10.0)
     assert predict(t, pol, transition_ms=30.0).time_s < predict(t, pol, transition_ms=5.0).time_s
@@ -176,15 +201,17 @@ def test_a_slowdown_within_the_measurement_noise_sets_no_time_level():
     base = {"iteration_time_s": 0.100, "iteration_time_sd_s": 0.0005, "iterations": 25}  # standard error 0.1 ms
     assert resolved({"iteration_time_s": 0.102, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)
     assert not resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": 0.0005, "iterations": 25}, base)  # 2.1 se
-    assert resolved({"iteration_time_s": 0.1003, "iteration_time_sd_s": None, "iterations": 25}, base)  # no spread given
+    assert resolved(
+        {"iteration_time_s": 0.1003, "iteration_time_sd_s": None, "iterations": 25}, base
+    )  # no spread given
 
 
 def test_energy_levels_are_fitted_per_gpu_and_recover_the_levels_that_made_the_measurements(chain):
     """Measurements made by the model at known levels (a, k) give those levels back: one equation per
     GPU and measured clock when every measurement names each GPU's energy, one per clock otherwise."""
+    from emo.model.levels import energy_levels, with_levels
     from emo.model.predict import pack_tables
     from emo.policy import policy_device_ids
-    from emo.model.levels import energy_levels, with_levels
 
     cfg, d, _ = chain
     graph, packs = Graph.load(d / "pack"), pd.read_parquet(d / "pack/packs.parquet")
@@ -197,8 +224,12 @@ def test_energy_levels_are_fitted_per_gpu_and_recover_the_levels_that_made_the_m
     def measured(mhz):
         p = predict(t, None if mhz is None else FrequencyPolicy.static(cfg["gpu"]["name"], ids, mhz))
         per = (p.idle_per_device_j + p.dynamic_per_device_j) / p.iterations
-        return {"sm_mhz": mhz, "iteration_energy_j": float(per.sum()), "iterations": 1,
-                "energy_per_device_j": {str(i): float(e) for i, e in zip(ids, per)}}
+        return {
+            "sm_mhz": mhz,
+            "iteration_energy_j": float(per.sum()),
+            "iterations": 1,
+            "energy_per_device_j": {str(i): float(e) for i, e in zip(ids, per)},
+        }
 
     clocks = sorted(m1["sm_mhz"].unique())
     baseline = {**measured(None), "levels": [measured(int(c)) for c in clocks[-4:-1]]}

@@ -1,4 +1,5 @@
 """A sweep as one Snakemake DAG: jobs, shared stage folders once, a GPU per job, MLflow from one writer."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from emo import sweep
 from emo.cli import main as cli_main
+from emo.workflow import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
-         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5"]
+SMALL = [
+    "workload=tp",
+    "workload.tp=2",
+    "workload.model.layers=1",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+    "model.min_seconds=0.2",
+    "trace.iterations=2",
+    "validate.min_seconds=0.5",
+]
 
 
 def test_a_sweep_plans_every_job_and_shares_stage_folders(tmp_path):
@@ -27,25 +36,35 @@ def test_a_sweep_plans_every_job_and_shares_stage_folders(tmp_path):
     assert count["calibrate"] == 1  # one GPU model: one calibration
     assert count["trace"] == count["graph"] == count["pack"] == count["profile"] == count["fit"] == 2  # per workload
     assert count["validate"] == 8
-    assert {j.name for j in sw.jobs} >= {"workload.tp=2 budget=0.02 optimizer=emo", "workload.tp=4 budget=0.05 optimizer=zeus"}
+    assert {j.name for j in sw.jobs} >= {
+        "workload.tp=2 budget=0.02 optimizer=emo",
+        "workload.tp=4 budget=0.05 optimizer=zeus",
+    }
     j = sw.jobs[0]
-    assert sw.upstream("fit", j.plans["fit"].hash, "calibrate", "bench.parquet") == j.plans["calibrate"].out("bench.parquet")
+    assert sw.upstream("fit", j.plans["fit"].hash, "calibrate", "bench.parquet") == j.plans["calibrate"].out(
+        "bench.parquet"
+    )
 
 
 def test_hydras_sweep_grammar_expands_as_its_basic_sweeper_does():
     assert sweep.expand(["budget=range(0,0.06,0.02)"], True) == [["budget=0.0"], ["budget=0.02"], ["budget=0.04"]]
     assert sweep.expand(["optimizer=choice(emo,zeus)", "workload.tp=2"], True) == [
-        ["optimizer=emo", "workload.tp=2"], ["optimizer=zeus", "workload.tp=2"]]
+        ["optimizer=emo", "workload.tp=2"],
+        ["optimizer=zeus", "workload.tp=2"],
+    ]
     assert sweep.expand(["budget=0.01,0.02", "budget=0.05"], True) == [["budget=0.05"]]  # a key twice: the last
     # glob lists the group's configs in conf/, not the typed-config schemas registered beside them
     assert sweep.expand(["gpu=glob(*,exclude=[nvml,rtx*])"], True) == [["gpu=a100"], ["gpu=h100"], ["gpu=v100"]]
 
 
-@pytest.mark.parametrize("override, line", [
-    ("budget=interval(0,0.1)", r"^budget=interval\(0,0.1\): an interval is not a list of values"),
-    ("optimizer=glob(nosuch*)", r"^optimizer=glob\(nosuch\*\): matches no value$"),
-    ("budget=range(0,", r"^bad configuration: budget=range\(0,: Hydra cannot parse this override"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("budget=interval(0,0.1)", r"^budget=interval\(0,0.1\): an interval is not a list of values"),
+        ("optimizer=glob(nosuch*)", r"^optimizer=glob\(nosuch\*\): matches no value$"),
+        ("budget=range(0,", r"^bad configuration: budget=range\(0,: Hydra cannot parse this override"),
+    ],
+)
 def test_a_sweep_hydra_cannot_enumerate_is_one_line(override, line):
     with pytest.raises(ValueError, match=line):
         sweep.expand([override], True)
@@ -67,7 +86,9 @@ def test_a_sweep_writes_into_one_results_folder(tmp_path):
 def test_a_folder_the_sweep_does_not_plan_is_named_in_one_line(tmp_path):
     # what Snakemake asks for when the code or conf/ changed between planning and running a job
     sw = sweep.build(sweep.expand([f"results={tmp_path}"], True))
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'fit' / '0123456789ab'))}: no job of this sweep plans"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(tmp_path / 'fit' / '0123456789ab'))}: no job of this sweep plans"
+    ):
         sw.job("fit", "0123456789ab")
 
 
@@ -89,12 +110,13 @@ def test_the_snakefile_takes_the_sweep_emo_run_planned_and_plans_afresh_otherwis
     (tmp_path / "cut.pickle").write_bytes((tmp_path / "plan.pickle").read_bytes()[:100])
     assert sweep.from_snakemake_config({"jobs": jobs, "planned": str(tmp_path / "cut.pickle")}) == sw  # composed afresh
 
+
 def test_a_fresh_mlflow_store_is_made_by_mlflow_itself(tmp_path, monkeypatch):
     """MLflow creates and migrates each new store (its public client only), with its Default
     experiment and ours; stores side by side stay apart."""
     import sqlite3
 
-    from emo import tracking
+    from emo.workflow import tracking
 
     monkeypatch.chdir(tmp_path)
     stores = []
@@ -119,7 +141,7 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
     import contextlib
     import sqlite3
 
-    from emo import tracking
+    from emo.workflow import tracking
 
     with pytest.raises(ValueError, match=r"^tracking.uri: 'foo://bar' is not an MLflow tracking URI"):
         sweep.build(sweep.expand([f"results={tmp_path}", "tracking.uri=foo://bar"], False))
@@ -140,8 +162,11 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
         db.execute("create table alembic_version (version_num varchar(32) not null primary key)")
         db.execute("insert into alembic_version values ('deadbeef0000')")
         db.commit()
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(newer))}: written by a newer MLflow than the one installed "
-                                         r"\(.*; schema deadbeef0000 is unknown to it\): upgrade MLflow"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(newer))}: written by a newer MLflow than the one installed "
+        r"\(.*; schema deadbeef0000 is unknown to it\): upgrade MLflow",
+    ):
         tracking.search(f"sqlite:///{newer}", "emo")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
@@ -156,7 +181,7 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
 
 
 def job_stats(out: str) -> dict[str, int]:
-    block = out[out.index("Job stats:"):].split("\n\n")[0]
+    block = out[out.index("Job stats:") :].split("\n\n")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
 
 
@@ -164,13 +189,39 @@ def test_the_sweep_is_one_dag_with_each_shared_stage_once(tmp_path):
     """Snakemake's own dry run of three jobs: one calibration, a trace chain per workload, optimize only
     for the offline methods, a validate per job."""
     jobs = '[["budget=0.02","optimizer=emo"],["budget=0.05","optimizer=zeus"],["budget=0.05","optimizer=emo","workload.tp=4"]]'
-    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
-                        "--config", f"jobs={jobs}"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "-d",
+            str(tmp_path),
+            "--config",
+            f"jobs={jobs}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     stats = job_stats(r.stdout + r.stderr)
-    assert stats == {"calibrate": 1, "trace": 2, "graph": 2, "pack": 2, "profile": 2, "fit": 2, "optimize": 2,
-                     "validate": 3, "summary": 1, "all": 1, "total": 18}
+    assert stats == {
+        "calibrate": 1,
+        "trace": 2,
+        "graph": 2,
+        "pack": 2,
+        "profile": 2,
+        "fit": 2,
+        "optimize": 2,
+        "validate": 3,
+        "summary": 1,
+        "all": 1,
+        "total": 18,
+    }
 
 
 def test_parallel_jobs_get_their_own_gpus(tmp_path):
@@ -196,7 +247,9 @@ def test_parallel_jobs_get_their_own_gpus(tmp_path):
     with sweep.claim_gpus(3, tmp_path, ["0", "1", "2"]):
         start = time.perf_counter()
         done = threading.Event()
-        t = threading.Thread(target=lambda: (sweep.claim_gpus(1, tmp_path, ["0", "1", "2"], poll_s=0.01).__enter__(), done.set()))
+        t = threading.Thread(
+            target=lambda: (sweep.claim_gpus(1, tmp_path, ["0", "1", "2"], poll_s=0.01).__enter__(), done.set())
+        )
         t.start()
         time.sleep(0.2)
         assert not done.is_set()
@@ -223,7 +276,7 @@ def test_a_stage_on_a_real_backend_sees_only_its_gpus(tmp_path, monkeypatch):
 def mlflow_runs(results: Path):
     from mlflow.tracking import MlflowClient
 
-    from emo.tracking import search
+    from emo.workflow.tracking import search
 
     uri = f"sqlite:///{results}/mlflow.db"
     return search(uri, "emo"), MlflowClient(tracking_uri=uri)
@@ -242,7 +295,9 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
     assert len(lines) == 4 and all(" ES " in ln and " PL " in ln for ln in lines)
     assert any("policy " in ln and "policy.json" in ln for ln in lines)
 
-    assert cli_main([*args, "--report", str(tmp_path / "report.html")]) == 0  # nothing runs; every metric is still logged
+    assert (
+        cli_main([*args, "--report", str(tmp_path / "report.html")]) == 0
+    )  # nothing runs; every metric is still logged
     report = (tmp_path / "report.html").read_text()
     assert "compare.tsv" in report and "jobs.tsv" in report and "energy_time_a100_tp2.png" in report
     assert len([ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("emo: ")]) == 4
@@ -252,8 +307,9 @@ def test_parallel_sweep_logs_one_parent_and_a_complete_child_per_job(tmp_path, m
     assert len(parents) == 2 and len(children) == 8  # nothing lost, nothing twice
     assert set(parents["params.sweep.budget"]) == {"0.02,0.05"} and set(parents["params.sweep.jobs"]) == {"4"}
     for _, group in children.groupby("tags.mlflow.parentRunId"):
-        assert sorted(group["tags.mlflow.runName"]) == sorted(f"optimizer={o} budget={b}" for o in ("emo", "zeus")
-                                                               for b in ("0.02", "0.05"))
+        assert sorted(group["tags.mlflow.runName"]) == sorted(
+            f"optimizer={o} budget={b}" for o in ("emo", "zeus") for b in ("0.02", "0.05")
+        )
     assert (children["status"] == "FINISHED").all()
     assert children["metrics.validate.es_pct"].notna().all() and children["metrics.trace.trace_wall_s"].notna().all()
     emo_runs = children[children["params.optimizer.name"] == "emo"]
@@ -279,8 +335,8 @@ def check_timeline(results: Path) -> None:
     import json
 
     from emo.model.predict import load_pack_tables
-    from emo.plots import planned_latency_ms, predicted_timeline
     from emo.policy import FrequencyPolicy
+    from emo.report.plots import planned_latency_ms, predicted_timeline
 
     covers = lambda d: json.loads((d / "config.json").read_text())["covers"]
     opt = next(p.parent for p in sorted(results.glob("optimize/*/policy.json")))
@@ -301,5 +357,8 @@ def check_timeline(results: Path) -> None:
     # one scenario of the stage's prediction (which is an expectation over the latencies): every
     # request at the mean latency the plan assumed
     from emo.model.predict import predict
-    assert mine.time_s == pytest.approx(predict(load_pack_tables(pack, fit), policy, transition_ms=latency).time_s, rel=1e-9)
+
+    assert mine.time_s == pytest.approx(
+        predict(load_pack_tables(pack, fit), policy, transition_ms=latency).time_s, rel=1e-9
+    )
     assert set(kernels(mine)["sm_mhz"]) <= {s.sm_mhz for ss in policy.steps.values() for s in ss}

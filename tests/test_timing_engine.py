@@ -1,5 +1,6 @@
 """One timing engine: the optimizer's Problem times a graph exactly as the graph's what-if does
 (per-edge lags, not one delay per node), and its passes agree with the what-if's."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,12 +22,30 @@ def _launch_bound_graph() -> Graph:
     kinds = ["kernel", "runtime", "kernel", "runtime", "kernel", "kernel"]
     starts = [0, 0, 10, 40, 60, 85]
     durs = [5, 5, 20, 5, 20, 5]
-    nodes = typed(pd.DataFrame({"kind": kinds, "rank": 0, "device": [0, -1, 0, -1, 0, 0], "stream": [7, -1, 7, -1, 7, 7],
-                                "thread": [-1, 1, -1, 1, -1, -1], "start_ns": np.array(starts) * US,
-                                "dur_ns": np.array(durs) * US, "name": ["K0", "L1", "K1", "L2", "K2", "K3"],
-                                "event": -1}), NODE_COLUMNS)
-    edges = [(1, 2, "launch", True), (3, 4, "launch", True), (0, 2, "stream", False), (2, 4, "stream", False),
-             (4, 5, "stream", False), (1, 3, "host", False)]
+    nodes = typed(
+        pd.DataFrame(
+            {
+                "kind": kinds,
+                "rank": 0,
+                "device": [0, -1, 0, -1, 0, 0],
+                "stream": [7, -1, 7, -1, 7, 7],
+                "thread": [-1, 1, -1, 1, -1, -1],
+                "start_ns": np.array(starts) * US,
+                "dur_ns": np.array(durs) * US,
+                "name": ["K0", "L1", "K1", "L2", "K2", "K3"],
+                "event": -1,
+            }
+        ),
+        NODE_COLUMNS,
+    )
+    edges = [
+        (1, 2, "launch", True),
+        (3, 4, "launch", True),
+        (0, 2, "stream", False),
+        (2, 4, "stream", False),
+        (4, 5, "stream", False),
+        (1, 3, "host", False),
+    ]
     e = typed(pd.DataFrame(edges, columns=["src", "dst", "kind", "from_start"]), EDGE_COLUMNS)
     return Graph(nodes, e)
 
@@ -39,8 +58,18 @@ def _problem(graph: Graph, c):
     dev = np.where(graph.nodes["device"].to_numpy() >= 0, 0, -1)
     dur = graph.nodes["dur_ns"].to_numpy(np.float64)
     e = graph.edges
-    return build_problem(e["src"], e["dst"], dev, dur, np.zeros_like(dur), [[10.0]], [1410],
-                         from_start=e["from_start"].to_numpy(bool), lag_ns=lag, offset_ns=offset)
+    return build_problem(
+        e["src"],
+        e["dst"],
+        dev,
+        dur,
+        np.zeros_like(dur),
+        [[10.0]],
+        [1410],
+        from_start=e["from_start"].to_numpy(bool),
+        lag_ns=lag,
+        offset_ns=offset,
+    )
 
 
 def test_a_launch_bound_kernel_follows_its_slowed_predecessor_the_same_way_in_both():
@@ -66,12 +95,27 @@ def test_forward_and_latest_finish_equal_the_whatif_on_random_graphs(seed):
     starts = np.sort(rng.integers(0, 500, n)) * US
     durs = rng.integers(1, 40, n) * US
     edges = sorted({(int(u), int(v)) for v in range(1, n) for u in rng.choice(v, size=min(v, 2), replace=False)})
-    nodes = typed(pd.DataFrame({"kind": "kernel", "rank": 0, "device": 0, "stream": 7, "thread": -1,
-                                "start_ns": starts, "dur_ns": durs, "name": [f"n{i}" for i in range(n)], "event": -1}),
-                  NODE_COLUMNS)
+    nodes = typed(
+        pd.DataFrame(
+            {
+                "kind": "kernel",
+                "rank": 0,
+                "device": 0,
+                "stream": 7,
+                "thread": -1,
+                "start_ns": starts,
+                "dur_ns": durs,
+                "name": [f"n{i}" for i in range(n)],
+                "event": -1,
+            }
+        ),
+        NODE_COLUMNS,
+    )
     fs = rng.random(len(edges)) < 0.3
-    e = typed(pd.DataFrame({"src": [a for a, _ in edges], "dst": [b for _, b in edges], "kind": "stream",
-                            "from_start": fs}), EDGE_COLUMNS)
+    e = typed(
+        pd.DataFrame({"src": [a for a, _ in edges], "dst": [b for _, b in edges], "kind": "stream", "from_start": fs}),
+        EDGE_COLUMNS,
+    )
     g = Graph(nodes, e)
     c = compile_graph(g)
     p = _problem(g, c)

@@ -1,4 +1,5 @@
 """emo.trace.read_trace on the real traces, and the one-line errors on bad ones."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from real_traces import TRACES, real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 from emo.trace import COLUMNS, clip_window, read_trace
-
-from real_traces import TRACES, real  # noqa: E402  (bundled small traces, the rest from ../shared)
 
 ALEXNET = TRACES / "hta_alexnet_a100_2stream_cudasync.json.gz"
 ES1 = TRACES / "hta_event_sync_a100_1stream.json.gz"

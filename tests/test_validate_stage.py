@@ -1,14 +1,15 @@
 """validate: measured ES/PL against the max clock, prediction errors, online baselines, bad input."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from emo.plan import compose
 from emo.policy import FrequencyPolicy
 from emo.stages import validate
 from emo.validate import pareto_clocks, prediction_errors, savings
+from emo.workflow.plan import compose
 
 SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "tracking.enabled=false"]
 
@@ -16,8 +17,14 @@ SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "tracking.en
 def test_savings_and_prediction_errors():
     s = savings(t_ori=1.0, e_ori=100.0, t_opt=1.02, e_opt=80.0)
     assert s["es_pct"] == pytest.approx(20.0) and s["pl_pct"] == pytest.approx(2.0)
-    pol = FrequencyPolicy.static("a100", 1, 1200, predicted_time_s=1.1, predicted_energy_j=76.0,
-                                 meta={"baseline_time_s": 1.0, "baseline_energy_j": 100.0})
+    pol = FrequencyPolicy.static(
+        "a100",
+        1,
+        1200,
+        predicted_time_s=1.1,
+        predicted_energy_j=76.0,
+        meta={"baseline_time_s": 1.0, "baseline_energy_j": 100.0},
+    )
     err = prediction_errors(pol, t_opt=1.0, e_opt=80.0, t_ori=1.0, e_ori=100.0)
     assert err["time_error_pct"] == pytest.approx(10.0) and err["energy_error_pct"] == pytest.approx(5.0)
     assert err["es_pred_pct"] == pytest.approx(24.0) and err["pl_pred_pct"] == pytest.approx(10.0)
@@ -73,7 +80,7 @@ def test_static_is_the_best_measured_clock_within_budget_plus_tolerance(tmp_path
 def test_best_measured_clock_and_the_budget_edge():
     import pandas as pd
 
-    from emo.validate import bracket_clocks, best_measured_clock
+    from emo.validate import best_measured_clock, bracket_clocks
 
     curve = pd.DataFrame({"sm_mhz": [900, 1200, 1410], "time_s": [1.5, 1.1, 1.0], "energy_j": [60.0, 70.0, 90.0]})
     assert bracket_clocks(list(range(705, 1411, 15)), curve, 1.12, 705) == list(range(915, 1200, 15))
@@ -85,8 +92,10 @@ def test_best_measured_clock_and_the_budget_edge():
 def test_validate_runs_online_baselines(tmp_path, method):
     if method == "zeus":
         pytest.importorskip("zeus", reason="the `zeus` package (extra `baselines`) is not installed")
-    cfg = compose(SMALL + [f"optimizer.name={method}", "budget=0.05", "optimizer.zeus.pl_step_w=100",
-                           "optimizer.geepafs.periods=1"])
+    cfg = compose(
+        SMALL
+        + [f"optimizer.name={method}", "budget=0.05", "optimizer.zeus.pl_step_w=100", "optimizer.geepafs.periods=1"]
+    )
     m = validate.run(cfg, {}, tmp_path)
     # GEEPAFS's utilisation cap (f_cap = f_max x GPU utilisation / 1.05) and its probing at lower
     # clocks may cost more than the budget on TP, where kernels fill ~93 % of the time

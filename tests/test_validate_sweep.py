@@ -1,4 +1,5 @@
 """Sweeps: re-running a finished sweep does nothing; adding a budget runs only optimize and validate."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,10 +7,19 @@ from pathlib import Path
 import pytest
 
 from emo.cli import main as cli_main
-from emo.plan import STAGES
+from emo.workflow.plan import STAGES
 
-SMALL = ["workload=tp", "workload.tp=2", "workload.model.layers=1", "model.clocks_stride=8", "model.repeats=1",
-         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5", "tracking.enabled=false"]
+SMALL = [
+    "workload=tp",
+    "workload.tp=2",
+    "workload.model.layers=1",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+    "model.min_seconds=0.2",
+    "trace.iterations=2",
+    "validate.min_seconds=0.5",
+    "tracking.enabled=false",
+]
 
 
 def stage_folders(results: Path) -> dict[str, set[tuple[str, float]]]:
@@ -21,7 +31,9 @@ def stage_folders(results: Path) -> dict[str, set[tuple[str, float]]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("optimize" not in STAGES or "validate" not in STAGES, reason="pipeline has no optimize/validate stages")
+@pytest.mark.skipif(
+    "optimize" not in STAGES or "validate" not in STAGES, reason="pipeline has no optimize/validate stages"
+)
 def test_rerun_is_a_no_op_and_a_new_budget_reruns_only_optimize_and_validate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     results = tmp_path / "results"

@@ -2,6 +2,7 @@
 between stages rank to rank, DDP-bucketed gradient all-reduces over the replicas in the last
 micro-batch's backward (overlapping it) before the optimizer step; bad sizes fail in one line; the
 whole pipeline runs on it."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emo.compare import workload_label
 from emo.device.sim.program import Op
+from emo.report.compare import workload_label
 from emo.workloads import build_program
 from emo.workloads.emitter import COMPUTE
 from emo.workloads.pp import DP, Grid, one_f_one_b
@@ -28,8 +29,16 @@ def where(g: Grid, r: int) -> tuple[int, int, int]:
 @pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 2, 1), (1, 4, 2), (2, 1, 4), (8, 2, 2)])
 def test_collectives_run_over_the_right_groups(tp: int, pp: int, dp: int) -> None:
     layers = max(pp, 2)
-    p = build_program({"kind": "hybrid", "tp": tp, "pp": pp, "dp": dp, "microbatches": max(pp, 2),
-                       "model": {"layers": layers, "seq": 512}})
+    p = build_program(
+        {
+            "kind": "hybrid",
+            "tp": tp,
+            "pp": pp,
+            "dp": dp,
+            "microbatches": max(pp, 2),
+            "model": {"layers": layers, "seq": 512},
+        }
+    )
     g = Grid(tp, pp, dp)
     assert p.ranks == tp * pp * dp == g.ranks
     kinds = set()
@@ -87,11 +96,12 @@ def test_gradient_all_reduce_is_bucketed_in_the_last_backward_and_done_before_th
         assert abs(total / 2 - p.meta["params_per_stage"][stage]) / p.meta["params_per_stage"][stage] < 0.01
         assert all(p.collectives[ops[i][2]].nbytes <= 130 * 2**20 for i in dp)
         # the first buckets overlap the rest of the backward on the compute stream ...
-        assert any(op[0] == Op.LAUNCH and op[1] == COMPUTE and "gemm" in p.kernels[op[2]].name
-                   for op in ops[dp[0]:dp[-1]])
+        assert any(
+            op[0] == Op.LAUNCH and op[1] == COMPUTE and "gemm" in p.kernels[op[2]].name for op in ops[dp[0] : dp[-1]]
+        )
         # ... and the compute stream waits for the DP stream before the optimizer touches the gradients
-        rec = [op[1] for op in ops[dp[-1]:adam] if op[0] == Op.RECORD and op[2] == DP]
-        assert any(op[0] == Op.WAIT and op[1] == COMPUTE and op[2] in rec for op in ops[dp[-1]:adam])
+        rec = [op[1] for op in ops[dp[-1] : adam] if op[0] == Op.RECORD and op[2] == DP]
+        assert any(op[0] == Op.WAIT and op[1] == COMPUTE and op[2] in rec for op in ops[dp[-1] : adam])
 
 
 def test_bigger_buckets_mean_fewer_all_reduces() -> None:
@@ -99,8 +109,9 @@ def test_bigger_buckets_mean_fewer_all_reduces() -> None:
     big = build_program({"kind": "hybrid", "bucket_mb": 200})
     count = lambda p: sum(c.group.startswith("dp") for c in p.collectives)  # noqa: E731
     assert count(big) < count(small)
-    assert sum(c.nbytes for c in big.collectives if c.group.startswith("dp")) == \
-        sum(c.nbytes for c in small.collectives if c.group.startswith("dp"))
+    assert sum(c.nbytes for c in big.collectives if c.group.startswith("dp")) == sum(
+        c.nbytes for c in small.collectives if c.group.startswith("dp")
+    )
 
 
 def test_without_data_parallelism_there_is_no_gradient_all_reduce() -> None:
@@ -108,15 +119,27 @@ def test_without_data_parallelism_there_is_no_gradient_all_reduce() -> None:
     assert p.ranks == 4 and not any(c.group.startswith("dp") for c in p.collectives) and DP not in p.streams
 
 
-@pytest.mark.parametrize("cfg,message", [
-    ({"kind": "hybrid", "tp": 3}, "workload.tp must be one of 1, 2, 4, 8 (got 3)"),
-    ({"kind": "hybrid", "dp": 0}, "workload.dp must be one of 1, 2, 4, 8 (got 0)"),
-    ({"kind": "hybrid", "tp": 8, "pp": 8, "dp": 2}, "workload.dp must be such that workload.tp * workload.pp * workload.dp <= 64"),
-    ({"kind": "hybrid", "pp": 4, "microbatches": 2}, "workload.microbatches must be >= workload.pp (4) (got 2)"),
-    ({"kind": "hybrid", "pp": 8, "microbatches": 8, "model": {"layers": 4}}, "workload.model.layers must be >= workload.pp (8) (got 4)"),
-    ({"kind": "hybrid", "tp": 8, "model": {"heads": 12, "hidden": 768}}, "workload.model.heads must be divisible by workload.tp (8)"),
-    ({"kind": "hybrid", "bucket_mb": 0}, "workload.bucket_mb must be > 0"),
-])
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"kind": "hybrid", "tp": 3}, "workload.tp must be one of 1, 2, 4, 8 (got 3)"),
+        ({"kind": "hybrid", "dp": 0}, "workload.dp must be one of 1, 2, 4, 8 (got 0)"),
+        (
+            {"kind": "hybrid", "tp": 8, "pp": 8, "dp": 2},
+            "workload.dp must be such that workload.tp * workload.pp * workload.dp <= 64",
+        ),
+        ({"kind": "hybrid", "pp": 4, "microbatches": 2}, "workload.microbatches must be >= workload.pp (4) (got 2)"),
+        (
+            {"kind": "hybrid", "pp": 8, "microbatches": 8, "model": {"layers": 4}},
+            "workload.model.layers must be >= workload.pp (8) (got 4)",
+        ),
+        (
+            {"kind": "hybrid", "tp": 8, "model": {"heads": 12, "hidden": 768}},
+            "workload.model.heads must be divisible by workload.tp (8)",
+        ),
+        ({"kind": "hybrid", "bucket_mb": 0}, "workload.bucket_mb must be > 0"),
+    ],
+)
 def test_bad_sizes_fail_with_one_line_naming_the_key(cfg: dict, message: str) -> None:
     with pytest.raises(ValueError) as e:
         build_program(cfg)
@@ -130,22 +153,40 @@ def test_compare_labels_the_hybrid_cells() -> None:
 
 
 def test_hydra_sweeps_over_the_grid() -> None:
-    from emo.sweep import build
+    from emo.workflow.sweep import build
 
-    sw = build([["workload=hybrid", f"workload.tp={t}", f"workload.pp={p}", "workload.dp=2"]
-                for t in (1, 2) for p in (2, 4)])
+    sw = build(
+        [["workload=hybrid", f"workload.tp={t}", f"workload.pp={p}", "workload.dp=2"] for t in (1, 2) for p in (2, 4)]
+    )
     assert len(sw.jobs) == 4 and len({j.plans["trace"].hash for j in sw.jobs}) == 4
 
 
-SMALL = ["workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2", "workload.microbatches=2",
-         "workload.model.layers=2", "workload.model.seq=1024", "model.clocks_stride=8", "model.repeats=1",
-         "model.min_seconds=0.2", "trace.iterations=2", "validate.min_seconds=0.5", "tracking.enabled=false"]
+SMALL = [
+    "workload=hybrid",
+    "workload.tp=2",
+    "workload.pp=2",
+    "workload.dp=2",
+    "workload.microbatches=2",
+    "workload.model.layers=2",
+    "workload.model.seq=1024",
+    "model.clocks_stride=8",
+    "model.repeats=1",
+    "model.min_seconds=0.2",
+    "trace.iterations=2",
+    "validate.min_seconds=0.5",
+    "tracking.enabled=false",
+]
 
 
 @pytest.mark.slow
 def test_emo_run_takes_a_hybrid_cell_through_every_stage(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "emo.cli", "run", "-c", "2", f"results={tmp_path}", *SMALL],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "emo.cli", "run", "-c", "2", f"results={tmp_path}", *SMALL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     results = list(tmp_path.glob("validate/*/result.json"))
     assert len(results) == 1

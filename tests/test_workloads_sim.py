@@ -1,5 +1,6 @@
 """The synthetic workloads on the virtual GPU (A100): they run to the end, take realistic time, slow
 down at a lower clock where compute is critical, and the offload workload leaves the GPU idle."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from emo.policy import FrequencyPolicy
 from emo.device.sim import SimDevice
+from emo.policy import FrequencyPolicy
 from emo.workloads import build_program
-
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,11 +42,14 @@ def run(gpu_cfg, workload: dict, mhz: int | None = None, iterations: int = 2, tr
         dev.close()
 
 
-@pytest.mark.parametrize("workload,lo_ms,hi_ms", [
-    ({"kind": "tp"}, 60.0, 600.0),
-    (SMALL_PP, 20.0, 400.0),
-    ({"kind": "offload"}, 30.0, 400.0),
-])
+@pytest.mark.parametrize(
+    "workload,lo_ms,hi_ms",
+    [
+        ({"kind": "tp"}, 60.0, 600.0),
+        (SMALL_PP, 20.0, 400.0),
+        ({"kind": "offload"}, 30.0, 400.0),
+    ],
+)
 def test_workloads_run_for_a_realistic_time(a100, workload: dict, lo_ms: float, hi_ms: float) -> None:
     program, res = run(a100, workload)
     assert res.iterations == 2 and len(res.iteration_times_s) == 2

@@ -1,4 +1,5 @@
 """Structure of the synthetic workload programs: events, collectives, schedules, copies, kernels."""
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -28,7 +29,9 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values() if not isinstance(v, dict)))
+@pytest.fixture(
+    scope="module", params=CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values() if not isinstance(v, dict))
+)
 def program(request) -> Program:
     return build_program(request.param)
 
@@ -78,7 +81,7 @@ def run_abstract(p: Program) -> None:
                     queues[(r, op[1])].append(("coll", op[2]))
                 host[r] += 1
                 progress = True
-        for (r, s), q in queues.items():  # streams
+        for (r, _s), q in queues.items():  # streams
             while q:
                 item = q[0]
                 if item[0] == "record":
@@ -202,8 +205,9 @@ def test_megatron_forward_all_reduces_block_and_backward_ones_overlap_weight_gra
 
 
 def test_tp_kernel_names_follow_the_gpu() -> None:
-    names = {g: " ".join(k.name for k in build_program({"kind": "tp"}, gpu=g).kernels)
-             for g in ("a100", "h100", "v100")}
+    names = {
+        g: " ".join(k.name for k in build_program({"kind": "tp"}, gpu=g).kernels) for g in ("a100", "h100", "v100")
+    }
     assert "ampere_bf16_s16816gemm_bf16" in names["a100"] and "pytorch_flash::flash_fwd_kernel" in names["a100"]
     assert "sm90_xmma_gemm_bf16bf16_bf16f32_f32" in names["h100"]
     assert "volta_fp16_s884gemm_fp16" in names["v100"] and "fmha_cutlassF_f16" in names["v100"]
@@ -235,9 +239,9 @@ def test_one_f_one_b_order(stages: int, micro: int) -> None:
         order = one_f_one_b(s, stages, micro)
         warm = min(stages - s - 1, micro)
         assert [k for k, _ in order[:warm]] == ["F"] * warm
-        steady = order[warm:warm + 2 * (micro - warm)]
+        steady = order[warm : warm + 2 * (micro - warm)]
         assert [k for k, _ in steady] == ["F", "B"] * (micro - warm)
-        assert [k for k, _ in order[warm + 2 * (micro - warm):]] == ["B"] * warm
+        assert [k for k, _ in order[warm + 2 * (micro - warm) :]] == ["B"] * warm
         assert sorted(m for k, m in order if k == "F") == list(range(micro))
         assert [m for k, m in order if k == "B"] == list(range(micro))
 
@@ -288,17 +292,25 @@ def test_offload_gpu_work_is_small_next_to_the_cpu_time() -> None:
     p = build_program({"kind": "offload"})
     cpu_ns = sum(op[1] for op in p.ops[0] if op[0] == Op.CPU)
     # rough roofline lower bound of the GPU's time: A100 tensor peak and DRAM bandwidth
-    gpu_ns = sum(max(p.kernels[op[2]].work.fp16_tensor_flop / 312e3,
-                     (p.kernels[op[2]].work.dram_read_bytes + p.kernels[op[2]].work.dram_write_bytes) / 2039.0)
-                 for op in p.ops[0] if op[0] == Op.LAUNCH)
+    gpu_ns = sum(
+        max(
+            p.kernels[op[2]].work.fp16_tensor_flop / 312e3,
+            (p.kernels[op[2]].work.dram_read_bytes + p.kernels[op[2]].work.dram_write_bytes) / 2039.0,
+        )
+        for op in p.ops[0]
+        if op[0] == Op.LAUNCH
+    )
     assert gpu_ns < 0.3 * cpu_ns
 
 
 def test_abstract_runner_catches_crossed_collectives() -> None:
     from emo.device.sim.program import CollectiveSpec
 
-    p = Program("crossed", 2, [[(Op.COLLECTIVE, 20, 0), (Op.COLLECTIVE, 20, 1)],
-                               [(Op.COLLECTIVE, 20, 1), (Op.COLLECTIVE, 20, 0)]],
-                collectives=[CollectiveSpec("sendrecv", (0, 1), 8), CollectiveSpec("sendrecv", (1, 0), 8)])
+    p = Program(
+        "crossed",
+        2,
+        [[(Op.COLLECTIVE, 20, 0), (Op.COLLECTIVE, 20, 1)], [(Op.COLLECTIVE, 20, 1), (Op.COLLECTIVE, 20, 0)]],
+        collectives=[CollectiveSpec("sendrecv", (0, 1), 8), CollectiveSpec("sendrecv", (1, 0), 8)],
+    )
     with pytest.raises(AssertionError, match="deadlock"):
         run_abstract(p)

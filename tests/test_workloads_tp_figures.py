@@ -4,10 +4,11 @@ share of all-reduce time next to GEMM time lies in the range the datasheet peak,
 efficiency and that bandwidth give for the same bytes and FLOPs, and its GEMMs reach the published
 share of peak. Each figure may stray TOLERANCE (relative) outside its public range: the range is
 an estimate, and the virtual GPU's noise and contention move the figures a little."""
+
 from __future__ import annotations
 
 import importlib.util
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def _load():
 tpf = _load()
 
 
-@lru_cache(maxsize=None)
+@cache
 def measured(gpu: str, tp: int, overlap: str = "domino") -> dict:
     return tpf.figures(gpu, {"kind": "tp", "tp": tp, "overlap": overlap})
 

@@ -7,6 +7,7 @@ needs; a stuck daemon is a timeout, not a hang; and the whole path (trainer -> c
 works, is loud when it fails (each case REPEATS times), under strict ends the job with a non-zero
 status, and resets every GPU through zeusd when the trainer dies violently (REPEATS runs per death).
 """
+
 from __future__ import annotations
 
 import os
@@ -60,6 +61,7 @@ def daemon(short_dir, monkeypatch):
         servers.append(z)
         monkeypatch.setenv(zeusd.SOCK_ENV, z.path)
         return z
+
     yield start
     for z in servers:
         z.close()
@@ -79,12 +81,18 @@ def test_clock_and_power_requests_follow_zeusd_05_routes(daemon, monkeypatch):
     ctl.reset_clock(1)
     ctl.set_power_limit(0, 300)
     assert z.writes() == [
-        ("/gpu/set_gpu_locked_clocks", {"gpu_ids": "1", "min_clock_mhz": "705", "max_clock_mhz": "705", "block": "true"}),
+        (
+            "/gpu/set_gpu_locked_clocks",
+            {"gpu_ids": "1", "min_clock_mhz": "705", "max_clock_mhz": "705", "block": "true"},
+        ),
         ("/gpu/reset_gpu_locked_clocks", {"gpu_ids": "1", "block": "true"}),
         ("/gpu/set_power_limit", {"gpu_ids": "0", "power_limit_mw": "300000", "block": "true"}),
     ]
     assert [c for c in z.nvml.calls if c[0] in ("lock", "reset", "power")] == [  # zeusd's NVML did it
-        ("lock", 1, 705, 705), ("reset", 1), ("power", 0, 300000)]
+        ("lock", 1, 705, 705),
+        ("reset", 1),
+        ("power", 0, 300000),
+    ]
     assert ("GET", "/discover", {}) in z.requests
 
 
@@ -100,11 +108,14 @@ def test_token_from_the_environment_or_a_file(daemon, monkeypatch, short_dir, ho
     assert z.nvml.locked[0] == (900, 900)
 
 
-@pytest.mark.parametrize("token, scopes, words", [
-    (None, ("gpu-read", "gpu-control"), "no token was provided"),
-    ("wrong", ("gpu-read", "gpu-control"), "Token rejected"),
-    ("s3cret", ("gpu-read",), "lacks required scope 'gpu-control'"),
-])
+@pytest.mark.parametrize(
+    "token, scopes, words",
+    [
+        (None, ("gpu-read", "gpu-control"), "no token was provided"),
+        ("wrong", ("gpu-read", "gpu-control"), "Token rejected"),
+        ("s3cret", ("gpu-read",), "lacks required scope 'gpu-control'"),
+    ],
+)
 def test_a_token_zeusd_refuses_is_one_line_that_says_so(daemon, monkeypatch, token, scopes, words):
     daemon(token="s3cret", scopes=scopes)
     if token:
@@ -114,10 +125,13 @@ def test_a_token_zeusd_refuses_is_one_line_that_says_so(daemon, monkeypatch, tok
     assert e.value.cause == zeusd.PERMISSION and words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("nvml_kw, gpu, mhz, cause, words", [
-    ({"lock_supported": False}, 0, 900, zeusd.NOT_SUPPORTED, "not available on the target device"),
-    ({}, 7, 900, zeusd.OUT_OF_RANGE, "GPU index 7 does not exist"),
-])
+@pytest.mark.parametrize(
+    "nvml_kw, gpu, mhz, cause, words",
+    [
+        ({"lock_supported": False}, 0, 900, zeusd.NOT_SUPPORTED, "not available on the target device"),
+        ({}, 7, 900, zeusd.OUT_OF_RANGE, "GPU index 7 does not exist"),
+    ],
+)
 def test_zeusd_errors_name_their_cause(daemon, monkeypatch, nvml_kw, gpu, mhz, cause, words):
     daemon(nvml=nvml_fake.FakeNVML(gpus=2, **nvml_kw))
     ctl = _controller(monkeypatch)
@@ -133,8 +147,10 @@ def test_nvml_permission_refused_behind_zeusd_is_no_permission(daemon, monkeypat
     assert e.value.cause == zeusd.PERMISSION and "does not have permission" in str(e.value)
 
 
-@pytest.mark.parametrize("version, groups", [("0.2", ("gpu-read", "gpu-control")), ("0.4", ("gpu-read", "gpu-control")),
-                                             ("0.5", ("gpu-read",))])
+@pytest.mark.parametrize(
+    "version, groups",
+    [("0.2", ("gpu-read", "gpu-control")), ("0.4", ("gpu-read", "gpu-control")), ("0.5", ("gpu-read",))],
+)
 def test_an_incompatible_daemon_is_one_line_naming_the_version_needed(daemon, monkeypatch, version, groups):
     daemon(version=version, groups=groups)
     with pytest.raises(nv.GpuAccessError) as e:
@@ -199,8 +215,16 @@ REPEATS = 10  # each case, run at once
 def _train(strict: bool, env: dict, n: int = 1) -> list[subprocess.CompletedProcess]:
     """n runs of TRAINER at once."""
     cmd = [sys.executable, "-c", TRAINER.format(here=str(HERE), strict=strict)]
-    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}) for _ in range(n)]
+    ps = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env},
+        )
+        for _ in range(n)
+    ]
     out = []
     for p in ps:
         o, e = p.communicate(timeout=120)
@@ -210,7 +234,7 @@ def _train(strict: bool, env: dict, n: int = 1) -> list[subprocess.CompletedProc
 
 def test_a_job_sets_its_clocks_through_zeusd_and_they_come_back(daemon):
     z = daemon()
-    r, = _train(True, {zeusd.SOCK_ENV: z.path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
+    (r,) = _train(True, {zeusd.SOCK_ENV: z.path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
     assert r.returncode == 0, r.stderr
     landed, failed = map(int, r.stdout.split())
     assert landed > 0 and failed == 0
@@ -258,12 +282,20 @@ def test_a_dying_trainer_s_gpus_are_reset_through_zeusd(tmp_path, short_dir, dea
     import test_clock_owner as deaths
 
     mode, action, status = deaths.DEATHS[death]
-    daemons = [zeusd_fake.FakeZeusd(short_dir / f"d{i}.sock",
-                                    nvml=nvml_fake.FakeNVML(gpus=2, log_path=str(tmp_path / f"{mode}-{i}.jsonl"),
-                                                            stamp=True)) for i in range(deaths.REPEATS)]
+    daemons = [
+        zeusd_fake.FakeZeusd(
+            short_dir / f"d{i}.sock",
+            nvml=nvml_fake.FakeNVML(gpus=2, log_path=str(tmp_path / f"{mode}-{i}.jsonl"), stamp=True),
+        )
+        for i in range(deaths.REPEATS)
+    ]
     try:
-        runs = deaths._run_all(tmp_path, mode, action, env=lambda i: {
-            zeusd.SOCK_ENV: daemons[i].path, **nvml_fake.owner_env(None, gpus=2, permission=False)})
+        runs = deaths._run_all(
+            tmp_path,
+            mode,
+            action,
+            env=lambda i: {zeusd.SOCK_ENV: daemons[i].path, **nvml_fake.owner_env(None, gpus=2, permission=False)},
+        )
     finally:
         for z in daemons:
             z.close()

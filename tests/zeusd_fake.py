@@ -17,6 +17,7 @@ Routes, query fields and error bodies as in github.com/ml-energy/zeus at commit
 it); `version="0.2"` serves only the old `/gpu/{i}/...` JSON routes (EMO's client before issue 33),
 so /discover is an empty 404. `hang=True`: accept connections and never answer.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,10 @@ from urllib.parse import parse_qsl, urlsplit
 import nvml_fake
 
 NVML_TEXT = {  # nvml-wrapper's Display of the NVML errors a clock request meets (its src/error.rs)
-    nvml_fake._real.NVML_ERROR_NO_PERMISSION: (403, "the current user does not have permission to perform this operation"),
+    nvml_fake._real.NVML_ERROR_NO_PERMISSION: (
+        403,
+        "the current user does not have permission to perform this operation",
+    ),
     nvml_fake._real.NVML_ERROR_INVALID_ARGUMENT: (400, "a supplied argument was invalid"),
     nvml_fake._real.NVML_ERROR_NOT_SUPPORTED: (400, "the requested operation is not available on the target device"),
 }
@@ -80,8 +84,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(401, {"error": "Invalid token: InvalidSignature"})
             return False
         if group and group not in z.scopes:
-            self._send(403, {"error": f"Token for user 'emo' lacks required scope '{group}'. Token scopes: "
-                                      f"[{', '.join(repr(s) for s in z.scopes)}]"})
+            self._send(
+                403,
+                {
+                    "error": f"Token for user 'emo' lacks required scope '{group}'. Token scopes: "
+                    f"[{', '.join(repr(s) for s in z.scopes)}]"
+                },
+            )
             return False
         return True
 
@@ -147,9 +156,17 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeZeusd:
     """zeusd on `path`, run in a thread. `nvml` is the FakeNVML it drives (zeusd runs as root)."""
 
-    def __init__(self, path: str, *, nvml: nvml_fake.FakeNVML | None = None, version: str = "0.5",
-                 token: str | None = None, scopes=("gpu-read", "gpu-control"),
-                 groups=("gpu-read", "gpu-control"), hang: bool = False):
+    def __init__(
+        self,
+        path: str,
+        *,
+        nvml: nvml_fake.FakeNVML | None = None,
+        version: str = "0.5",
+        token: str | None = None,
+        scopes=("gpu-read", "gpu-control"),
+        groups=("gpu-read", "gpu-control"),
+        hang: bool = False,
+    ):
         self.path, self.version, self.token, self.hang = str(path), version, token, hang
         self.scopes, self.groups = list(scopes), list(groups)
         self.nvml = nvml or nvml_fake.FakeNVML(gpus=2)
@@ -165,11 +182,27 @@ class FakeZeusd:
     def discover(self) -> dict:
         gpus = list(range(self.nvml.gpus))
         if self.version == "0.4":
-            return {"gpu_ids": gpus, "cpu_ids": [], "dram_available": [], "enabled_api_groups": self.groups,
-                    "auth_required": self.token is not None}
-        return {"gpus": [{"id": i, "name": "NVIDIA A100-SXM4-40GB", "pci_address": f"0000:0{i}:00.0",
-                          "cumulative_energy_available": True} for i in gpus],
-                "cpus": [], "enabled_api_groups": self.groups, "auth_required": self.token is not None}
+            return {
+                "gpu_ids": gpus,
+                "cpu_ids": [],
+                "dram_available": [],
+                "enabled_api_groups": self.groups,
+                "auth_required": self.token is not None,
+            }
+        return {
+            "gpus": [
+                {
+                    "id": i,
+                    "name": "NVIDIA A100-SXM4-40GB",
+                    "pci_address": f"0000:0{i}:00.0",
+                    "cumulative_energy_available": True,
+                }
+                for i in gpus
+            ],
+            "cpus": [],
+            "enabled_api_groups": self.groups,
+            "auth_required": self.token is not None,
+        }
 
     def writes(self) -> list[tuple[str, dict]]:
         return [(p, q) for m, p, q in self.requests if m == "POST"]

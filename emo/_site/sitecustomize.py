@@ -3,6 +3,7 @@ folder first on PYTHONPATH): arms emo.capture's hooks when an EMO_* variable ask
 happens here beyond that; torch is not imported (the hooks wait for the program to import it), and
 a sitecustomize further down sys.path (the user's, the distribution's) still runs.
 """
+
 import os
 import sys
 

@@ -8,9 +8,11 @@
 - perseus: Perseus as its code runs it (profile each pipeline instruction per clock, lowtime, one clock per instruction).
 All run against any `emo.device.Device` (the virtual GPU or NVML), through the same protocol.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from emo.baselines.online import OnlineResult
 from emo.methods import ONLINE, method
@@ -18,8 +20,18 @@ from emo.methods import ONLINE, method
 __all__ = ["ONLINE", "OnlineResult", "run_online"]
 
 
-def run_online(name: str, device: Any, workload: Any, devices: Sequence[int], budget: float,
-               optimizer_cfg: dict, gpu_cfg: dict, *, iterations: int, warmup: int) -> OnlineResult:
+def run_online(
+    name: str,
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    optimizer_cfg: dict,
+    gpu_cfg: dict,
+    *,
+    iterations: int,
+    warmup: int,
+) -> OnlineResult:
     """Run the online method `name` (emo.methods' registry: built-in or a plugin)."""
     m = method(name)
     if not m.online or m.run is None:

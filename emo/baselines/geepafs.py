@@ -30,12 +30,14 @@ state validate scores is the next `periods` whole periods, probing included, as 
     choose_clock(line, budget, supported, floor, probes, power, gpu_util, ...) -> (clock, why)
     run_geepafs(device, workload, devices, budget, options) -> OnlineResult
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,8 +90,11 @@ def _line(f: np.ndarray, u: np.ndarray) -> tuple[float, float, float]:
 
 def _pinned_fold(f: np.ndarray, u: np.ndarray, lo: np.ndarray, xc: float) -> tuple[float, float, float, float, float]:
     """(a1, b1, a2, b2, sse): the least-squares fold line whose segments meet at xc."""
-    a = np.where(lo[:, None], np.stack([f, np.ones_like(f), np.zeros_like(f)], 1),
-                 np.stack([np.full_like(f, xc), np.ones_like(f), f - xc], 1))
+    a = np.where(
+        lo[:, None],
+        np.stack([f, np.ones_like(f), np.zeros_like(f)], 1),
+        np.stack([np.full_like(f, xc), np.ones_like(f), f - xc], 1),
+    )
     (a1, b1, a2), *_ = np.linalg.lstsq(a, u, rcond=None)
     b2 = b1 + xc * (a1 - a2)
     return float(a1), float(b1), float(a2), float(b2), float(((a @ np.array([a1, b1, a2]) - u) ** 2).sum())
@@ -121,8 +126,15 @@ def fit_fold_line(clocks: Sequence[float] | np.ndarray, util: Sequence[float] | 
     return best
 
 
-def choose_clock(line: FoldLine | None, budget: float, supported: Sequence[int], floor_mhz: float,
-                 probes: Sequence[int], power_w: Sequence[float], gpu_util: Sequence[float]) -> tuple[int, dict]:
+def choose_clock(
+    line: FoldLine | None,
+    budget: float,
+    supported: Sequence[int],
+    floor_mhz: float,
+    probes: Sequence[int],
+    power_w: Sequence[float],
+    gpu_util: Sequence[float],
+) -> tuple[int, dict]:
     """(f_opt, its parts): f_opt = min(max(f_bound, f_eff), f_cap) within [floor, f_max], rounded up
     to a supported clock. `probes` ascending; `power_w`, `gpu_util`: their mean samples. `line`
     None: no usable model (f_bound = f_max, f_eff = the lowest probe)."""
@@ -170,8 +182,10 @@ def _sampled(device: Any, d: int, kind: str) -> float:
     phase of the iteration)."""
     samples = device.utilization_samples(d)[kind]
     if not samples:
-        raise ValueError("optimizer.geepafs.sample_ms: a sample interval spans no whole utilisation sample "
-                         "period of the device; raise it")
+        raise ValueError(
+            "optimizer.geepafs.sample_ms: a sample interval spans no whole utilisation sample "
+            "period of the device; raise it"
+        )
     return float(np.mean([v for _, v in samples]))
 
 
@@ -194,16 +208,23 @@ class _Tally:
         return run
 
     def result(self) -> RunResult:
-        return RunResult(iterations=self.iterations, time_s=self.time_s, energy_j=self.energy_j,
-                         iteration_times_s=self.times, energy_per_device_j=dict(self.per_device))
+        return RunResult(
+            iterations=self.iterations,
+            time_s=self.time_s,
+            energy_j=self.energy_j,
+            iteration_times_s=self.times,
+            energy_per_device_j=dict(self.per_device),
+        )
 
 
 def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict) -> OnlineResult:
     """Run the GEEPAFS loop: one period to start, then `options['periods']` periods (more until they
     hold `options['iterations']` iterations) measured as its steady state, probing included."""
     if not callable(getattr(device, "utilization_samples", None)):
-        raise ValueError(f"optimizer=geepafs needs a device with utilization_samples() (NVML's utilisation "
-                         f"samples); {type(device).__name__} has none")
+        raise ValueError(
+            f"optimizer=geepafs needs a device with utilization_samples() (NVML's utilisation "
+            f"samples); {type(device).__name__} has none"
+        )
     supported = device.supported_clocks()
     probes = probe_clocks(supported, options["probe_fractions"])
     if len(probes) < 2:
@@ -211,8 +232,10 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
     schedule = probe_schedule(probes, int(options["samples_per_clock"]))
     sample_s, period_s = float(options["sample_ms"]) * 1e-3, float(options["period_ms"]) * 1e-3
     if period_s <= len(schedule) * sample_s:
-        raise ValueError(f"optimizer.geepafs.period_ms: {options['period_ms']} does not exceed the probing "
-                         f"phase ({len(schedule)} samples x sample_ms={options['sample_ms']})")
+        raise ValueError(
+            f"optimizer.geepafs.period_ms: {options['period_ms']} does not exceed the probing "
+            f"phase ({len(schedule)} samples x sample_ms={options['sample_ms']})"
+        )
     floor = float(options["min_clock_fraction"]) * max(supported)
     name = device.name
     device.set_policy(None)  # one pilot iteration at the max clock times the intervals
@@ -226,7 +249,9 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
     chosen: dict[int, int] = {}
 
     def period(index: int, probe: _Tally, hold: _Tally) -> None:
-        samples: dict[int, dict[str, list[float]]] = {d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices}
+        samples: dict[int, dict[str, list[float]]] = {
+            d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices
+        }
         for f in schedule:
             device.set_policy(_policy(name, {d: f for d in devices}))
             run = probe.add(device.run(workload, k_sample, warmup=0))
@@ -246,10 +271,16 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
                 if line.rms > float(options["max_fit_error"]):
                     line = None
             chosen[d], parts = choose_clock(line, budget, supported, floor, probes, mean["power_w"], mean["gpu"])
-            record[str(d)] = {"clock": chosen[d], **parts, "memory": mean["memory"], "gpu": mean["gpu"],
-                              "power_w": mean["power_w"],
-                              "fold": None if line is None else {"a1": line.a1, "b1": line.b1, "a2": line.a2,
-                                                                  "b2": line.b2, "f_c": line.f_c, "rms": line.rms}}
+            record[str(d)] = {
+                "clock": chosen[d],
+                **parts,
+                "memory": mean["memory"],
+                "gpu": mean["gpu"],
+                "power_w": mean["power_w"],
+                "fold": None
+                if line is None
+                else {"a1": line.a1, "b1": line.b1, "a2": line.a2, "b2": line.b2, "f_c": line.f_c, "rms": line.rms},
+            }
         history.append(record)
         device.set_policy(_policy(name, chosen))
         hold.add(device.run(workload, k_hold, warmup=0))
@@ -265,18 +296,39 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
         steady.add(part.result())
     clocks = {str(d): c for d, c in chosen.items()}
     log.info("geepafs: clocks %s (probes %s)", clocks, probes)
-    return OnlineResult(method="geepafs", steady=steady.result(),
-                        explore=PhaseTotals(time_s=start.time_s, energy_j=start.energy_j),
-                        setting={"clocks": clocks, "probes": probes, "history": history,
-                                 "sample_iterations": k_sample, "hold_iterations": k_hold,
-                                 "measured_periods": i - 1,
-                                 "probe_time_fraction": probe.time_s / max(steady.time_s, 1e-12),
-                                 "probe_energy_fraction": probe.energy_j / max(steady.energy_j, 1e-12)})
+    return OnlineResult(
+        method="geepafs",
+        steady=steady.result(),
+        explore=PhaseTotals(time_s=start.time_s, energy_j=start.energy_j),
+        setting={
+            "clocks": clocks,
+            "probes": probes,
+            "history": history,
+            "sample_iterations": k_sample,
+            "hold_iterations": k_hold,
+            "measured_periods": i - 1,
+            "probe_time_fraction": probe.time_s / max(steady.time_s, 1e-12),
+            "probe_energy_fraction": probe.energy_j / max(steady.energy_j, 1e-12),
+        },
+    )
 
 
-def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict,
-               gpu_cfg: dict, *, iterations: int, warmup: int):
+def run_online(
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    optimizer_cfg: dict,
+    gpu_cfg: dict,
+    *,
+    iterations: int,
+    warmup: int,
+):
     """optimizer.name=geepafs (emo.methods): its options are the optimizer's `geepafs` section."""
-    opts = {**optimizer_cfg["geepafs"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
-            "iterations": iterations, "warmup": warmup}
+    opts = {
+        **optimizer_cfg["geepafs"],
+        "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
+        "iterations": iterations,
+        "warmup": warmup,
+    }
     return run_geepafs(device, workload, devices, budget, opts)

@@ -1,10 +1,12 @@
 """What the online baselines share: a meter for time and energy between two points of a run, read
 from the device's own clock and energy counter, and the result every online baseline returns."""
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from emo.device import RunResult
 

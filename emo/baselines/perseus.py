@@ -21,6 +21,7 @@
 Where the trace holds no pipeline instructions (tensor parallel, offload), Perseus has nothing to
 schedule: its controller locks the max clock and keeps it (setting.note says so).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -51,8 +52,16 @@ def _trace(device: Any, workload: Any, iterations: int, warmup: int):
         return run, read_trace(Path(d))
 
 
-def profile(device: Any, workload: Any, devices: Sequence[int], stages: dict[int, int], clocks_desc: list[int],
-            busy_count: dict[tuple[int, str], int], opts: dict, meter: PhaseMeter) -> dict:
+def profile(
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    stages: dict[int, int],
+    clocks_desc: list[int],
+    busy_count: dict[tuple[int, str], int],
+    opts: dict,
+    meter: PhaseMeter,
+) -> dict:
     """The lookup table {(stage, kind): {clock: (time_ns, energy_j)}} and the clocks profiled."""
     pb = float(opts["p_blocking_w"])
     members: dict[int, list[int]] = {}
@@ -86,8 +95,16 @@ def profile(device: Any, workload: Any, devices: Sequence[int], stages: dict[int
     return {"table": table, "clocks": done}
 
 
-def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocking_w: float, members: dict[int, int],
-         max_iterations: int = 500) -> tuple[np.ndarray, dict]:
+def plan(
+    s: Schedule,
+    table: dict,
+    clocks: list[int],
+    budget: float,
+    *,
+    p_blocking_w: float,
+    members: dict[int, int],
+    max_iterations: int = 500,
+) -> tuple[np.ndarray, dict]:
     """The clock (MHz) of each instruction: lowtime on the instruction DAG (Perseus's planner)."""
     import networkx as nx
     from lowtime.cost_model import ExponentialModel
@@ -123,8 +140,10 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
         key = (int(s.stage[v]), str(s.kind[v]))
         if key not in specs:
             # as Perseus's run_optimization.py: seconds, joules, cost = energy - P2P power x quantised time
-            opts = [ExecutionOption(real_time=float(t) * 1e-9, unit_time=unit * 1e-9, cost=float(e), knob=j)
-                    for j, (t, e) in enumerate(zip(dur[v], en[v]))]
+            opts = [
+                ExecutionOption(real_time=float(t) * 1e-9, unit_time=unit * 1e-9, cost=float(e), knob=j)
+                for j, (t, e) in enumerate(zip(dur[v], en[v]))
+            ]
             for o in opts:
                 o.cost -= pw[v] * o.quant_time * o.unit_time
             cand = CandidateExecutionOptions(options=opts)
@@ -152,8 +171,15 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
                 break
             if iters >= 2 * max_iterations:
                 break
-    info = {"pd_iterations": iters, "unit_time_ms": unit * 1e-6, "instructions": int(n), "dag_edges": len(a),
-            "dag_time_ms": t_fast * 1e-6, "rust_panics": fallbacks[0], "hull_cost_models": hull}
+    info = {
+        "pd_iterations": iters,
+        "unit_time_ms": unit * 1e-6,
+        "instructions": int(n),
+        "dag_edges": len(a),
+        "dag_time_ms": t_fast * 1e-6,
+        "rust_panics": fallbacks[0],
+        "hull_cost_models": hull,
+    }
     if choice is None and last is not None:  # lowtime's shortest schedule: Perseus's pick at its least time
         info["note"] = "no lowtime iterate met the deadline in exact times: its last (shortest) schedule"
         choice = last
@@ -165,8 +191,15 @@ def plan(s: Schedule, table: dict, clocks: list[int], budget: float, *, p_blocki
     return np.array(clocks)[choice], info
 
 
-def policy_of(s: Schedule, mhz: np.ndarray, dur_ns: np.ndarray, stages: dict[int, int], devices: Sequence[int],
-              gpu: str, budget: float) -> FrequencyPolicy:
+def policy_of(
+    s: Schedule,
+    mhz: np.ndarray,
+    dur_ns: np.ndarray,
+    stages: dict[int, int],
+    devices: Sequence[int],
+    gpu: str,
+    budget: float,
+) -> FrequencyPolicy:
     """Per GPU, a step at each instruction's planned start with its clock (the stage's list on every
     rank of the stage), issued at that start (lead 0), the same list every iteration."""
     a, b = dag_edges(s)
@@ -177,12 +210,19 @@ def policy_of(s: Schedule, mhz: np.ndarray, dur_ns: np.ndarray, stages: dict[int
         mine = np.flatnonzero(s.stage == st)
         order = mine[np.argsort(start[mine], kind="stable")]
         steps[int(devices[r])] = [Step(float(start[v] * 1e-6), int(mhz[v])) for v in order]
-    return FrequencyPolicy(gpu=gpu, steps=steps, period_ms=period * 1e-6, budget=budget, lead_ms=0.0,
-                           meta={"method": "perseus", "per": "instruction"})
+    return FrequencyPolicy(
+        gpu=gpu,
+        steps=steps,
+        period_ms=period * 1e-6,
+        budget=budget,
+        lead_ms=0.0,
+        meta={"method": "perseus", "per": "instruction"},
+    )
 
 
-def run_perseus(device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict,
-                *, iterations: int, warmup: int) -> OnlineResult:
+def run_perseus(
+    device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict, *, iterations: int, warmup: int
+) -> OnlineResult:
     devices = list(devices)
     meter = PhaseMeter(device, devices)
     supported = sorted(device.supported_clocks())
@@ -204,13 +244,27 @@ def run_perseus(device: Any, workload: Any, devices: Sequence[int], budget: floa
             busy[(int(st), str(k))] = busy.get((int(st), str(k)), 0) + 1
         prof = profile(device, workload, devices, stages, clocks, busy, opts, meter)
         members = {st: sum(1 for v in stages.values() if v == st) for st in set(stages.values())}
-        mhz, info = plan(sched, prof["table"], prof["clocks"], budget, p_blocking_w=float(opts["p_blocking_w"]),
-                         members=members, max_iterations=int(opts["max_pd_iterations"]))
+        mhz, info = plan(
+            sched,
+            prof["table"],
+            prof["clocks"],
+            budget,
+            p_blocking_w=float(opts["p_blocking_w"]),
+            members=members,
+            max_iterations=int(opts["max_pd_iterations"]),
+        )
         dur = np.array([prof["table"][(int(st), str(k))][int(f)][0] for st, k, f in zip(sched.stage, sched.kind, mhz)])
         policy = policy_of(sched, mhz, dur, stages, devices, device.name, budget)
-        setting.update({"profiled_clocks": [int(c) for c in prof["clocks"]], "lowtime": info,
-                        "instruction_clocks": {str(devices[sched.ranks[i]]): [int(x) for x in mhz[sched.stage == i]]
-                                               for i in range(len(sched.ranks))}})
+        setting.update(
+            {
+                "profiled_clocks": [int(c) for c in prof["clocks"]],
+                "lowtime": info,
+                "instruction_clocks": {
+                    str(devices[sched.ranks[i]]): [int(x) for x in mhz[sched.stage == i]]
+                    for i in range(len(sched.ranks))
+                },
+            }
+        )
     explore = meter.totals("profile")
     setting["profiling_gpu_s"] = explore.time_s * len(devices)
     setting["profiling_energy_j"] = explore.energy_j
@@ -221,8 +275,17 @@ def run_perseus(device: Any, workload: Any, devices: Sequence[int], budget: floa
     return OnlineResult("perseus", steady, explore, setting)
 
 
-def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict, gpu_cfg: dict,
-               *, iterations: int, warmup: int) -> OnlineResult:
+def run_online(
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    optimizer_cfg: dict,
+    gpu_cfg: dict,
+    *,
+    iterations: int,
+    warmup: int,
+) -> OnlineResult:
     """emo.methods' online contract: optimizer.perseus.* and the clock floor, then run_perseus."""
     opts = {**optimizer_cfg["perseus"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"]}
     return run_perseus(device, workload, devices, budget, opts, iterations=iterations, warmup=warmup)

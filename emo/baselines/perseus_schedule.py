@@ -5,6 +5,7 @@ instructions in order; forward j flows down the stages, backward j flows back up
 
 Pure functions over the normalised event table (emo.trace); no device, no model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ def instructions(events: pd.DataFrame) -> pd.DataFrame:
     steps = ann[ann["name"].str.startswith(ITERATION)]
     ins = ann[ann["name"].isin(list(KINDS))]
     launches = events[events["kind"].eq("runtime") & (events["correlation"] >= 0)][["rank", "correlation", "start_ns"]]
-    kern = events[events["kind"].eq("kernel") & ~events["name"].str.startswith("nccl")][["rank", "correlation", "start_ns", "dur_ns"]]
+    kern = events[events["kind"].eq("kernel") & ~events["name"].str.startswith("nccl")][
+        ["rank", "correlation", "start_ns", "dur_ns"]
+    ]
     k = kern.merge(launches.rename(columns={"start_ns": "launch_ns"}), on=["rank", "correlation"], how="inner")
     rows = []
     for rank, a in ins.groupby("rank", sort=True):
@@ -96,8 +99,15 @@ def schedule(events: pd.DataFrame, stages: dict[int, int]) -> Schedule | None:
     ann = events[events["kind"].eq("annotation") & events["name"].str.startswith(ITERATION)]
     period = float(ann.groupby("rank")["dur_ns"].mean().max())
     stage = mean["rank"].map(stages).to_numpy(np.int64)
-    return Schedule(stage, mean["kind"].to_numpy(object), mean["micro"].to_numpy(np.int64),
-                    mean["offset_ns"].to_numpy(float), mean["dur_ns"].to_numpy(float), ranks, period)
+    return Schedule(
+        stage,
+        mean["kind"].to_numpy(object),
+        mean["micro"].to_numpy(np.int64),
+        mean["offset_ns"].to_numpy(float),
+        mean["dur_ns"].to_numpy(float),
+        ranks,
+        period,
+    )
 
 
 def kind_times(events: pd.DataFrame, stages: dict[int, int]) -> dict[tuple[int, str], float]:

@@ -13,11 +13,13 @@ One process drives every GPU of the job, so zeus's framework all-reduce is the i
 
     run_zeus(device, workload, devices, budget, options) -> OnlineResult
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from emo.baselines.online import OnlineResult, PhaseMeter
 
@@ -45,7 +47,7 @@ class DeviceGPU(GPU):
 
     _disable_sys_admin_warning = True
 
-    def __init__(self, owner: "DeviceGPUs", index: int) -> None:
+    def __init__(self, owner: DeviceGPUs, index: int) -> None:
         super().__init__(index)
         self._owner = owner
 
@@ -163,7 +165,9 @@ class JobMonitor:
 
     def end_window(self, key: str, sync_execution: bool = True, cancel: bool = False):
         t0, e0 = self._open.pop(key)
-        return ZeusMeasurement(time=self.time_s - t0, gpu_energy={i: self.energy_j[i] - e0[i] for i in self.gpu_indices})
+        return ZeusMeasurement(
+            time=self.time_s - t0, gpu_energy={i: self.energy_j[i] - e0[i] for i in self.gpu_indices}
+        )
 
 
 @contextlib.contextmanager
@@ -203,20 +207,23 @@ def power_limit_range(device: Any, gpu_cfg: dict, min_w: float) -> tuple[float, 
     return float(min_w), float(gpu_cfg["tdp_w"])
 
 
-def run_zeus(device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict,
-             gpu_cfg: dict) -> OnlineResult:
+def run_zeus(
+    device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict, gpu_cfg: dict
+) -> OnlineResult:
     """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, then measure
     `options['iterations']` iterations at the limit it chose. The selector honours the same budget
     as EMO: the lowest limit whose profiled time is within (1 + budget) of the highest limit's."""
     _require_zeus()
     limits = power_limit_range(device, gpu_cfg, options["min_power_limit_w"])
     meter = PhaseMeter(device, devices)
-    with zeus_on_device(device, devices, limits) as gpus:
+    with zeus_on_device(device, devices, limits):
         plo = zeus_pl.GlobalPowerLimitOptimizer(
             JobMonitor(device, workload, devices),
             optimum_selector=zeus_pl.MaxSlowdownConstraint(factor=1.0 + budget),
-            wait_steps=options["wait_steps"], warmup_steps=options["warmup_steps"],
-            profile_steps=options["profile_steps"], pl_step=options["pl_step_w"],
+            wait_steps=options["wait_steps"],
+            warmup_steps=options["warmup_steps"],
+            profile_steps=options["profile_steps"],
+            pl_step=options["pl_step_w"],
         )
         monitor = plo.monitor
         steps = 0
@@ -227,7 +234,9 @@ def run_zeus(device: Any, workload: Any, devices: Sequence[int], budget: float, 
                 # (long windows, as its energy counter needs), then let it count them
                 n = max(1, int(plo.state.steps))
                 if steps + n > options["max_steps"]:
-                    raise ValueError(f"zeus: no power limit chosen within optimizer.zeus.max_steps={options['max_steps']} steps")
+                    raise ValueError(
+                        f"zeus: no power limit chosen within optimizer.zeus.max_steps={options['max_steps']} steps"
+                    )
                 monitor.run(n)
                 for _ in range(n):
                     plo.on_step_begin()
@@ -237,13 +246,25 @@ def run_zeus(device: Any, workload: Any, devices: Sequence[int], budget: float, 
             steady = device.run(workload, options["iterations"], warmup=options["warmup"])
         profile = [{"power_limit_w": m.power_limit, "time_s": m.time, "energy_j": m.energy} for m in plo.measurements]
     log.info("zeus %s: chose %.0f W after %d steps", ZEUS_VERSION, chosen_w, steps)
-    return OnlineResult(method="zeus", steady=steady, explore=meter.totals("explore"),
-                        setting={"power_limit_w": chosen_w, "profile": profile, "explore_steps": steps,
-                                 "zeus_version": ZEUS_VERSION})
+    return OnlineResult(
+        method="zeus",
+        steady=steady,
+        explore=meter.totals("explore"),
+        setting={"power_limit_w": chosen_w, "profile": profile, "explore_steps": steps, "zeus_version": ZEUS_VERSION},
+    )
 
 
-def run_online(device: Any, workload: Any, devices: Sequence[int], budget: float, optimizer_cfg: dict,
-               gpu_cfg: dict, *, iterations: int, warmup: int):
+def run_online(
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    optimizer_cfg: dict,
+    gpu_cfg: dict,
+    *,
+    iterations: int,
+    warmup: int,
+):
     """optimizer.name=zeus (emo.methods): its options are the optimizer's `zeus` section."""
     opts = {**optimizer_cfg["zeus"], "iterations": iterations, "warmup": warmup}
     return run_zeus(device, workload, devices, budget, opts, gpu_cfg)

@@ -9,6 +9,7 @@ Two parts, as in Zeus:
   use (a frequency policy or a power limit for the next run, the energy counter, restore on close()).
 Backends by name: emo.device.backends (devices), emo.device.control.CONTROLS (control).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -94,8 +95,7 @@ class Execution(Protocol):
         (`gpu`: share of the sample period a kernel ran; `memory`: share of it device memory was
         read or written) a list of (t_s, fraction 0..1), oldest first, one per NVML sample period."""
 
-    def run(self, workload: Any, iterations: int, *, warmup: int = 1,
-            trace_dir: Path | None = None) -> RunResult:
+    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
         """Run `workload` (a workload config) for warmup + iterations under the current policy;
         measure the last `iterations`, and write one Kineto trace per rank into trace_dir if given."""
 
@@ -131,8 +131,9 @@ class Device(Execution, Protocol):
         """Restore default clocks and power limits."""
 
 
-def run_segments(device: Any, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *,
-                 warmup: int = 1) -> list[RunResult]:
+def run_segments(
+    device: Any, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1
+) -> list[RunResult]:
     """Measured runs of `workload`, each (policy or None for default clocks, iterations) after
     `warmup` iterations: in one launch of the program on a device that can (NvmlDevice.run_segments:
     the user's program starts once per stage), else one run each."""

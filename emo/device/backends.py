@@ -2,6 +2,7 @@
 and live in their own module so that code which only needs the device protocol (emo.device) does
 not depend on them. Plugins add a backend with register_backend() or the entry-point group
 `emo.backends` ("name = module:factory", the factory taking the GPU config)."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,10 @@ from typing import Any
 from emo.device import Device
 
 # Backends by name, "module:factory" imported on demand: a model that holds a Device sees only the protocol.
-BACKENDS: dict[str, str | Callable[[Any], Device]] = {"sim": "emo.device.sim:SimDevice",
-                                                      "nvml": "emo.device.nvml:NvmlDevice"}
+BACKENDS: dict[str, str | Callable[[Any], Device]] = {
+    "sim": "emo.device.sim:SimDevice",
+    "nvml": "emo.device.nvml:NvmlDevice",
+}
 
 
 def register_backend(name: str, factory: Callable[[Any], Device]) -> None:

@@ -21,6 +21,7 @@ Protocol: one JSON object per line. Request {"id", "op": "set"|"reset", "gpu", "
 {"id", "ok": true} or {"id", "ok": false, "cause", "error"}; the first line the owner writes is
 a hello ({"id": 0, "ok", "via"} or the error that stops it from controlling clocks).
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,11 @@ class ClockOwner:
 
     def _request(self, req: dict) -> None:
         if os.getpid() != self._pid:
-            raise GpuAccessError("refused in a forked child: only the process that started the clock owner may "
-                                 "change its GPUs", cause="forked child", reason="refused in a forked child")
+            raise GpuAccessError(
+                "refused in a forked child: only the process that started the clock owner may change its GPUs",
+                cause="forked child",
+                reason="refused in a forked child",
+            )
         with self._lock:
             if self._sock is None:
                 raise GpuAccessError(f"{OWNER_DIED}: run `emo reset-clocks`", cause=OWNER_DIED)
@@ -83,7 +87,7 @@ class ClockOwner:
             except (OSError, ValueError) as e:
                 self._sock.close()  # a stuck owner sees EOF, resets and exits
                 self._sock = None
-                why = "no answer in %gs" % REPLY_S if isinstance(e, TimeoutError) else f"exit status {self.proc.poll()}"
+                why = f"no answer in {REPLY_S:g}s" if isinstance(e, TimeoutError) else f"exit status {self.proc.poll()}"
                 raise GpuAccessError(f"{OWNER_DIED} ({why}): run `emo reset-clocks`", cause=OWNER_DIED) from e
         if not answer.get("ok"):
             raise _error(answer)
@@ -149,17 +153,21 @@ def spawn() -> ClockOwner:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *paths]))
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "emo.device.clock_owner", str(theirs.fileno()), str(os.getpid())],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "emo.device.clock_owner", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     finally:
         theirs.close()
     try:
         return ClockOwner(proc, ours)
     except (OSError, ValueError) as e:
         ours.close()
-        raise GpuAccessError(f"the clock owner did not start (exit status {proc.poll()}): {e}",
-                             cause=OWNER_DIED) from e
+        raise GpuAccessError(f"the clock owner did not start (exit status {proc.poll()}): {e}", cause=OWNER_DIED) from e
 
 
 def _after_fork_in_child() -> None:
@@ -227,15 +235,23 @@ def serve(sock: socket.socket, parent: int) -> int:
                 ctl.reset_clock(gpu)
                 locked.discard(gpu)
             except GpuAccessError as e:
-                print(f"emo clock owner: could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"emo clock owner: could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def handle(req: dict) -> dict:
         rid, op, gpu = req.get("id"), req.get("op"), int(req.get("gpu", -1))
         if init_error is not None:
             return {"id": rid, "ok": False, "cause": init_error.cause, "error": str(init_error)}
         if op == "set" and draining:
-            return {"id": rid, "ok": False, "cause": DRAINING, "error": "the clock owner got a signal and reset the clocks"}
+            return {
+                "id": rid,
+                "ok": False,
+                "cause": DRAINING,
+                "error": "the clock owner got a signal and reset the clocks",
+            }
         try:
             if op == "set":
                 ctl.set_clock(gpu, int(req["mhz"]))
@@ -251,8 +267,11 @@ def serve(sock: socket.socket, parent: int) -> int:
             return {"id": rid, "ok": False, "cause": e.cause, "error": e.reason}
         return {"id": rid, "ok": True}
 
-    hello = {"id": 0, "ok": True, "via": ctl.via} if ctl else \
-        {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
+    hello = (
+        {"id": 0, "ok": True, "via": ctl.via}
+        if ctl
+        else {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
+    )
     watched = [sock, wake_r] + ([pidfd] if pidfd is not None else [])
     buf = b""
     alive = send(hello)

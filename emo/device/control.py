@@ -7,6 +7,7 @@ as root or relayed through zeusd: emo.device.nvml_control); everything above it 
 apply`, `emo reset-clocks`, `emo gpu-config`, the capture hooks) asks for `open_control()` and
 never calls a vendor library itself. The virtual GPU implements it too (SimDevice.control).
 """
+
 from __future__ import annotations
 
 import importlib

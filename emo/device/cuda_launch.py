@@ -9,6 +9,7 @@ The pure parts are tested without a GPU; the cuda-python calls are import-guarde
 GPU box. `python -m emo.device.cuda_launch --range a,b` launches benchmarks inside one
 cuProfilerStart/Stop range, for Nsight Compute's range replay (emo.device.nvml.profile_range).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,13 @@ _SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)\s*[{;
 
 # Registry argument types -> (C type in the source, ctypes for cuLaunchKernel; None = device pointer)
 ARG_CTYPES: dict[str, tuple[str, Any]] = {
-    "i32": ("int", ctypes.c_int), "u32": ("unsigned int", ctypes.c_uint),
-    "u64": ("unsigned long long", ctypes.c_ulonglong), "f32": ("float", ctypes.c_float),
-    "float*": ("float*", None), "float4*": ("float4*", None), "const float4*": ("float4*", None),
+    "i32": ("int", ctypes.c_int),
+    "u32": ("unsigned int", ctypes.c_uint),
+    "u64": ("unsigned long long", ctypes.c_ulonglong),
+    "f32": ("float", ctypes.c_float),
+    "float*": ("float*", None),
+    "float4*": ("float4*", None),
+    "const float4*": ("float4*", None),
 }
 
 
@@ -66,22 +71,31 @@ def launch_plan(entry: dict) -> LaunchPlan:
     sigs = parse_signatures(src.read_text())
     kernel = entry["kernel"]
     if kernel not in sigs:
-        raise ValueError(f"{src}: no extern \"C\" kernel {kernel!r} (benchmark {name})")
+        raise ValueError(f'{src}: no extern "C" kernel {kernel!r} (benchmark {name})')
     params = sigs[kernel]
     args = entry["args"]
     if [a["name"] for a in args] != [p[1] for p in params]:
-        raise ValueError(f"microbench {name}: registry args {[a['name'] for a in args]} do not match "
-                         f"{kernel}'s parameters {[p[1] for p in params]}")
+        raise ValueError(
+            f"microbench {name}: registry args {[a['name'] for a in args]} do not match "
+            f"{kernel}'s parameters {[p[1] for p in params]}"
+        )
     out = []
     for a, (ctype, _) in zip(args, params):
         want, ct = ARG_CTYPES[a["type"]]
         if want != ctype:
-            raise ValueError(f"microbench {name}: argument {a['name']} is {ctype} in {src.name}, "
-                             f"registry says {a['type']}")
+            raise ValueError(
+                f"microbench {name}: argument {a['name']} is {ctype} in {src.name}, registry says {a['type']}"
+            )
         out.append(("buffer", int(a["buffer_bytes"])) if ct is None else ("scalar", ct, a["value"]))
-    return LaunchPlan(name=name, source=src, kernel=kernel, grid=tuple(entry["grid"]),
-                      block=tuple(entry["block"]), smem=int(entry.get("dynamic_smem_bytes", 0)),
-                      args=tuple(out))
+    return LaunchPlan(
+        name=name,
+        source=src,
+        kernel=kernel,
+        grid=tuple(entry["grid"]),
+        block=tuple(entry["block"]),
+        smem=int(entry.get("dynamic_smem_bytes", 0)),
+        args=tuple(out),
+    )
 
 
 def registry_plan(name: str) -> LaunchPlan:
@@ -100,10 +114,12 @@ def import_cuda():
         from cuda.bindings import driver, nvrtc
     except ImportError:
         try:
-            from cuda import cuda as driver, nvrtc  # cuda-python < 12.6
+            from cuda import cuda as driver  # cuda-python < 12.6
+            from cuda import nvrtc
         except ImportError as e:
-            raise RuntimeError("cuda-python is not installed: pip install 'emo[gpu]' "
-                               "(cupti-python brings cuda-bindings)") from e
+            raise RuntimeError(
+                "cuda-python is not installed: pip install 'emo[gpu]' (cupti-python brings cuda-bindings)"
+            ) from e
     return driver, nvrtc
 
 
@@ -132,18 +148,24 @@ class CudaContext:
         self.ctx = check(d.cuDevicePrimaryCtxRetain(self.dev))
         check(d.cuCtxSetCurrent(self.ctx))
         attr = d.CUdevice_attribute
-        self.cc = (check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev)),
-                   check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev)))
+        self.cc = (
+            check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev)),
+            check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev)),
+        )
         self.sms = check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev))
-        self.max_threads_per_sm = check(d.cuDeviceGetAttribute(
-            attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, self.dev))
+        self.max_threads_per_sm = check(
+            d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, self.dev)
+        )
         self.stream = check(d.cuStreamCreate(0))
 
     def compile(self, source: str, filename: str) -> bytes:
         """NVRTC: CUDA C++ -> cubin for this device's architecture."""
         n = self.nvrtc
         prog = check(n.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []))
-        opts = [f"--gpu-architecture=sm_{self.cc[0]}{self.cc[1]}".encode(), b"--std=c++17"]  # NVRTC optimises by default; it refuses -O3
+        opts = [
+            f"--gpu-architecture=sm_{self.cc[0]}{self.cc[1]}".encode(),
+            b"--std=c++17",
+        ]  # NVRTC optimises by default; it refuses -O3
         err = n.nvrtcCompileProgram(prog, len(opts), opts)[0]
         if int(err) != 0:
             size = check(n.nvrtcGetProgramLogSize(prog))
@@ -183,8 +205,7 @@ class Microbenchmark:
 
     def launch(self) -> None:
         p = self.plan
-        check(self.ctx.driver.cuLaunchKernel(self.function, *p.grid, *p.block, p.smem, self.ctx.stream,
-                                             self._args, 0))
+        check(self.ctx.driver.cuLaunchKernel(self.function, *p.grid, *p.block, p.smem, self.ctx.stream, self._args, 0))
 
     def run(self, n: int = 1) -> None:
         for _ in range(n):
@@ -226,8 +247,12 @@ def microbenchmark(name: str, device: int = 0) -> Microbenchmark:
 
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m emo.device.cuda_launch")
-    ap.add_argument("--range", required=True, help="comma-separated microbenchmarks, launched once each "
-                    "inside one cuProfilerStart/Stop range (for ncu --replay-mode range)")
+    ap.add_argument(
+        "--range",
+        required=True,
+        help="comma-separated microbenchmarks, launched once each "
+        "inside one cuProfilerStart/Stop range (for ncu --replay-mode range)",
+    )
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
     benches = [microbenchmark(n.strip(), args.device) for n in args.range.split(",") if n.strip()]

@@ -19,6 +19,7 @@ A source column is one of three forms:
 Nothing here is shaped around one device's counter list: a column that no source names is still
 used (as its source's default form, a work feature on a resource of its own) and reported as such.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -134,9 +135,14 @@ EMO = {
 }
 # The unit utilisations of Guerreiro et al.'s Titan X/Xp/K40c data (hpc-ulisboa/gpupowermodel).
 GPUPOWERMODEL = {
-    "SP": Column("fp32", "ratio"), "INT": Column("int", "ratio"), "DP": Column("fp64", "ratio"),
-    "SFU": Column("sfu", "ratio"), "CF": Column("cf", "ratio"), "L2": Column("l2", "ratio"),
-    "Shared": Column("shared", "ratio"), "DRAM": Column("dram", "ratio"),
+    "SP": Column("fp32", "ratio"),
+    "INT": Column("int", "ratio"),
+    "DP": Column("fp64", "ratio"),
+    "SFU": Column("sfu", "ratio"),
+    "CF": Column("cf", "ratio"),
+    "L2": Column("l2", "ratio"),
+    "Shared": Column("shared", "ratio"),
+    "DRAM": Column("dram", "ratio"),
 }
 # EMO's counter vector from ncu / CUPTI metric values (first name present wins: names differ by
 # architecture; absent -> NaN, never a made-up zero). What the NVML backend and trace readers use.
@@ -157,7 +163,9 @@ EMO_FROM_NCU: dict[str, tuple[str, ...]] = {
 
 def emo_counters(metrics: dict[str, float]) -> dict[str, float]:
     """EMO's counter vector from one result's ncu/CUPTI metric values."""
-    return {c: next((float(metrics[n]) for n in names if n in metrics), float("nan")) for c, names in EMO_FROM_NCU.items()}
+    return {
+        c: next((float(metrics[n]) for n in names if n in metrics), float("nan")) for c, names in EMO_FROM_NCU.items()
+    }
 
 
 def sum_counters(kernels: list[dict[str, float]]) -> dict[str, float]:
@@ -166,8 +174,11 @@ def sum_counters(kernels: list[dict[str, float]]) -> dict[str, float]:
     out = {c: float(sum(k[c] for k in kernels)) for c in EMO if c != "active_warps"}
     cyc = [k["sm_active_cycles"] for k in kernels]
     w = sum(cyc)
-    out["active_warps"] = (sum(k["active_warps"] * c for k, c in zip(kernels, cyc)) / w if w > 0
-                           else float(sum(k["active_warps"] for k in kernels) / max(len(kernels), 1)))
+    out["active_warps"] = (
+        sum(k["active_warps"] * c for k, c in zip(kernels, cyc)) / w
+        if w > 0
+        else float(sum(k["active_warps"] for k in kernels) / max(len(kernels), 1))
+    )
     return {c: out[c] for c in EMO}
 
 

@@ -8,6 +8,7 @@ in the process changes, and argv is never rewritten). Ranks read RANK / LOCAL_RA
 every launcher sets them. The parent side of emo.capture, used by the NVML backend, `emo trace` and
 `emo apply`; it imports nothing of the in-program hooks.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
-    "EMO_CAPTURE_DIR", "EMO_CAPTURE_WAIT", "EMO_CAPTURE_WARMUP", "EMO_CAPTURE_ACTIVE", "EMO_POLICY")
+    "EMO_CAPTURE_DIR",
+    "EMO_CAPTURE_WAIT",
+    "EMO_CAPTURE_WARMUP",
+    "EMO_CAPTURE_ACTIVE",
+    "EMO_POLICY",
+)
 # Profiling on hardware (emo.device.nvml.profile_ranges): cudaProfilerStart/Stop around iteration N,
 # a process-wide window (kernels launched by autograd's own thread are inside it too).
 ENV_PROFILE_ITER = "EMO_PROFILE_ITERATION"
@@ -36,12 +41,23 @@ ENV_SEGMENTS = "EMO_SEGMENTS"
 # `emo apply`: each rank writes how many clock requests landed into this folder at exit.
 ENV_REPORT = "EMO_APPLY_REPORT"
 SITE_DIR = Path(__file__).resolve().parent.parent / "_site"  # holds the injected sitecustomize.py
-_NOT_INJECTED = ("No rank at all? A Python started with -E, -I or -S, or a launcher that clears the "
-                 "environment, never imports EMO's sitecustomize (PYTHONPATH).")
+_NOT_INJECTED = (
+    "No rank at all? A Python started with -E, -I or -S, or a launcher that clears the "
+    "environment, never imports EMO's sitecustomize (PYTHONPATH)."
+)
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Commands that start their own ranks: workload.nproc must stay 1 for them.
-LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "mpirun", "srun", "torch.distributed.run",
-             "torch.distributed.launch", "deepspeed.launcher.runner", "accelerate.commands.launch")
+LAUNCHERS = (
+    "torchrun",
+    "deepspeed",
+    "accelerate",
+    "mpirun",
+    "srun",
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.runner",
+    "accelerate.commands.launch",
+)
 # Per-rank window records and the policy live in a subfolder: trace readers take every *.json of the
 # trace folder as a rank's trace. Rank numbers are zero-padded so that name order is rank order.
 SIDECAR = "emo-capture"
@@ -73,17 +89,22 @@ class CaptureSpec:
             raise ValueError(f"emo trace: active and nproc must be >= 1, got {self.active}, {self.nproc}")
 
     @classmethod
-    def from_workload(cls, wl: Any, *, iterations: int | None = None, warmup: int | None = None) -> "CaptureSpec":
+    def from_workload(cls, wl: Any, *, iterations: int | None = None, warmup: int | None = None) -> CaptureSpec:
         get = (lambda k: wl[k]) if isinstance(wl, dict) else (lambda k: getattr(wl, k))
-        return cls(command=[str(c) for c in get("command")], nproc=int(get("nproc")), wait=int(get("wait")),
-                   warmup=max(int(get("warmup")), warmup or 0),
-                   active=int(iterations) if iterations else int(get("active")))
+        return cls(
+            command=[str(c) for c in get("command")],
+            nproc=int(get("nproc")),
+            wait=int(get("wait")),
+            warmup=max(int(get("warmup")), warmup or 0),
+            active=int(iterations) if iterations else int(get("active")),
+        )
 
 
 def is_python(command: list[str]) -> bool:
     """`python ...`, `python3.11 ...`, this interpreter, or a bare `train.py`."""
-    return bool(command) and (bool(_PYTHON.match(Path(command[0]).name)) or command[0] == sys.executable
-                              or command[0].endswith(".py"))
+    return bool(command) and (
+        bool(_PYTHON.match(Path(command[0]).name)) or command[0] == sys.executable or command[0].endswith(".py")
+    )
 
 
 def starts_ranks(command: list[str]) -> bool:
@@ -92,7 +113,7 @@ def starts_ranks(command: list[str]) -> bool:
     if Path(command[0]).name in LAUNCHERS:
         return True
     if is_python(command) and "-m" in command[1:]:
-        module = command[command.index("-m") + 1:][:1]
+        module = command[command.index("-m") + 1 :][:1]
         return bool(module) and module[0] in LAUNCHERS
     return False
 
@@ -106,8 +127,10 @@ def script_argv(command: list[str]) -> list[str]:
     if rest[0] == "-m" and len(rest) < 2:
         raise ValueError("emo trace: -m needs a module name")
     if rest[0].startswith("-") and rest[0] != "-m":
-        raise ValueError(f"emo trace: interpreter option {rest[0]!r} with nproc > 1: give the launcher "
-                         "yourself (`torchrun --nproc-per-node N ...`) and leave nproc at 1")
+        raise ValueError(
+            f"emo trace: interpreter option {rest[0]!r} with nproc > 1: give the launcher "
+            "yourself (`torchrun --nproc-per-node N ...`) and leave nproc at 1"
+        )
     return rest
 
 
@@ -118,10 +141,18 @@ def build_command(spec: CaptureSpec) -> list[str]:
     if spec.nproc == 1:
         return [sys.executable, *cmd] if cmd[0].endswith(".py") else cmd
     if starts_ranks(cmd) or not is_python(cmd):
-        raise ValueError(f"workload.nproc={spec.nproc}: {cmd[0]!r} starts its own processes; set the rank "
-                         "count in its own options (e.g. --nproc-per-node) and leave nproc at 1")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}",
-            *script_argv(cmd)]
+        raise ValueError(
+            f"workload.nproc={spec.nproc}: {cmd[0]!r} starts its own processes; set the rank "
+            "count in its own options (e.g. --nproc-per-node) and leave nproc at 1"
+        )
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={spec.nproc}",
+        *script_argv(cmd),
+    ]
 
 
 def inject_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,8 +160,9 @@ def inject_env(base: dict[str, str] | None = None) -> dict[str, str]:
     imports its sitecustomize) and this emo importable by the ranks."""
     env = dict(os.environ if base is None else base)
     root = str(SITE_DIR.parent.parent)  # the folder that holds this emo package
-    paths = [str(SITE_DIR), root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                     if p and p not in (str(SITE_DIR), root)]
+    paths = [str(SITE_DIR), root] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (str(SITE_DIR), root)
+    ]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA device i == NVML index i
     return env
@@ -141,13 +173,26 @@ def markers_needed(spec: CaptureSpec) -> int:
     return 1 + spec.wait + spec.warmup + spec.active
 
 
-def build_env(spec: CaptureSpec, out_dir: Path, policy: Path | None = None,
-              base: dict[str, str] | None = None, *, stop: bool = True) -> dict[str, str]:
+def build_env(
+    spec: CaptureSpec,
+    out_dir: Path,
+    policy: Path | None = None,
+    base: dict[str, str] | None = None,
+    *,
+    stop: bool = True,
+) -> dict[str, str]:
     env = inject_env(base)
-    env.update({ENV_DIR: str(Path(out_dir).resolve()), ENV_WAIT: str(spec.wait),
-                ENV_WARMUP: str(spec.warmup), ENV_ACTIVE: str(spec.active),
-                ENV_ITERATIONS: str(markers_needed(spec)), ENV_STOP: "1" if stop else "0",
-                ENV_LAUNCH: uuid.uuid4().hex})
+    env.update(
+        {
+            ENV_DIR: str(Path(out_dir).resolve()),
+            ENV_WAIT: str(spec.wait),
+            ENV_WARMUP: str(spec.warmup),
+            ENV_ACTIVE: str(spec.active),
+            ENV_ITERATIONS: str(markers_needed(spec)),
+            ENV_STOP: "1" if stop else "0",
+            ENV_LAUNCH: uuid.uuid4().hex,
+        }
+    )
     if policy is not None:
         env[ENV_POLICY] = str(Path(policy).resolve())
     else:
@@ -174,8 +219,9 @@ class CaptureResult:
     wall_s: float
 
 
-def run_capture(spec: CaptureSpec, out_dir: Path, *, policy: Path | None = None,
-                timeout_s: float | None = None, stop: bool = True) -> CaptureResult:
+def run_capture(
+    spec: CaptureSpec, out_dir: Path, *, policy: Path | None = None, timeout_s: float | None = None, stop: bool = True
+) -> CaptureResult:
     """Run the program with the profiler window injected; one trace and one window record per rank
     this launch started (on this node: another node's ranks may share the folder)."""
     out_dir = Path(out_dir)
@@ -191,13 +237,16 @@ def run_capture(spec: CaptureSpec, out_dir: Path, *, policy: Path | None = None,
     expected = max((int(r.get("local_world_size") or 1) for r in records.values()), default=spec.nproc)
     expected = max(expected, spec.nproc)
     if len(records) < expected:
-        raise ValueError(f"{out_dir}: {len(records)} of {expected} rank traces written; the program must "
-                         f"run at least {need} iterations (the first marker arms the window, then "
-                         f"wait+warmup+active; optimizer steps or emo.step() calls). "
-                         f"It is told so in ${ENV_ITERATIONS}. {_NOT_INJECTED}")
+        raise ValueError(
+            f"{out_dir}: {len(records)} of {expected} rank traces written; the program must "
+            f"run at least {need} iterations (the first marker arms the window, then "
+            f"wait+warmup+active; optimizer steps or emo.step() calls). "
+            f"It is told so in ${ENV_ITERATIONS}. {_NOT_INJECTED}"
+        )
     ranks = sorted(records)
-    return CaptureResult(p.returncode, [out_dir / trace_name(r) for r in ranks],
-                         [out_dir / window_name(r) for r in ranks], wall)
+    return CaptureResult(
+        p.returncode, [out_dir / trace_name(r) for r in ranks], [out_dir / window_name(r) for r in ranks], wall
+    )
 
 
 def launch_records(out_dir: Path, launch: str) -> dict[int, dict]:
@@ -213,8 +262,7 @@ def launch_records(out_dir: Path, launch: str) -> dict[int, dict]:
     return out
 
 
-def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *,
-                 timeout_s: float | None = None) -> list:
+def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *, timeout_s: float | None = None) -> list:
     """One launch that measures every segment ({"warmup", "iterations", "policy": dict or None,
     "label"}) in turn, each under its own policy, then ends the program: a RunResult per segment
     (time: the slowest rank; energy: summed over ranks)."""
@@ -227,8 +275,9 @@ def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *,
     env = inject_env()
     for k in (ENV_DIR, ENV_POLICY, ENV_REPORT, ENV_PROFILE_ITER):
         env.pop(k, None)
-    env.update({ENV_SEGMENTS: str(plan.resolve()), ENV_ITERATIONS: str(need), ENV_STOP: "1",
-                ENV_LAUNCH: uuid.uuid4().hex})
+    env.update(
+        {ENV_SEGMENTS: str(plan.resolve()), ENV_ITERATIONS: str(need), ENV_STOP: "1", ENV_LAUNCH: uuid.uuid4().hex}
+    )
     p = subprocess.run(build_command(spec), env=env, timeout=timeout_s)
     if p.returncode != 0:
         raise ValueError(f"{' '.join(spec.command)}: exited with status {p.returncode}")
@@ -239,17 +288,25 @@ def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *,
             recs.append(rec)
     expected = max([spec.nproc] + [int(r.get("local_world_size") or 1) for r in recs])
     if len(recs) < expected:
-        raise ValueError(f"{' '.join(spec.command)}: {len(recs)} of {expected} ranks measured their runs; the "
-                         f"program must run at least {need} iterations (it is told so in ${ENV_ITERATIONS}). "
-                         f"{_NOT_INJECTED}")
+        raise ValueError(
+            f"{' '.join(spec.command)}: {len(recs)} of {expected} ranks measured their runs; the "
+            f"program must run at least {need} iterations (it is told so in ${ENV_ITERATIONS}). "
+            f"{_NOT_INJECTED}"
+        )
     out = []
-    for i, seg in enumerate(segments):
+    for i, _seg in enumerate(segments):
         per = {int(r["rank"]): r["segments"][i] for r in recs}
         energy = {k: float(v["energy_j"]) for k, v in per.items() if v.get("energy_j") is not None}
         first = per[min(per)]
-        out.append(RunResult(iterations=int(first["iterations"]), time_s=max(float(v["time_s"]) for v in per.values()),
-                             energy_j=sum(energy.values()) if len(energy) == len(per) else float("nan"),
-                             iteration_times_s=list(first["iteration_times_s"]), energy_per_device_j=energy))
+        out.append(
+            RunResult(
+                iterations=int(first["iterations"]),
+                time_s=max(float(v["time_s"]) for v in per.values()),
+                energy_j=sum(energy.values()) if len(energy) == len(per) else float("nan"),
+                iteration_times_s=list(first["iteration_times_s"]),
+                energy_per_device_j=energy,
+            )
+        )
     return out
 
 

@@ -15,6 +15,7 @@ controller, the guard and its handlers do nothing in a process other than the on
 
 Only this module and its helpers import pynvml, lazily, so the package imports without a driver.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -29,14 +30,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
 from emo.device import ProfilingUnavailable as NoCounters
-from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device import zeusd as _zeusd
 from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part of this module's API
+from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier
@@ -61,8 +63,10 @@ def nvml_init(nvml) -> None:
         raise GpuAccessError(f"cannot initialise NVML ({e}): no NVIDIA driver or GPU on this machine") from e
 
 
-PERMISSION_HINT = (f"Run as root, or start zeusd (sudo zeusd --socket-path /var/run/zeusd.sock "
-                   f"--socket-permissions 666) and export {SOCK_ENV}=/var/run/zeusd.sock")
+PERMISSION_HINT = (
+    f"Run as root, or start zeusd (sudo zeusd --socket-path /var/run/zeusd.sock "
+    f"--socket-permissions 666) and export {SOCK_ENV}=/var/run/zeusd.sock"
+)
 
 
 def explain(nvml, e: Exception, what: str) -> GpuAccessError:
@@ -71,11 +75,18 @@ def explain(nvml, e: Exception, what: str) -> GpuAccessError:
     if value == nvml.NVML_ERROR_NO_PERMISSION:
         cause, reason = _zeusd.PERMISSION, f"permission denied (no permission). {PERMISSION_HINT}"
     elif value == nvml.NVML_ERROR_NOT_SUPPORTED:
-        cause, reason = _zeusd.NOT_SUPPORTED, ("this GPU or driver does not support it (NVML_ERROR_NOT_SUPPORTED; "
-                                               "locked clocks need Volta or newer)")
+        cause, reason = (
+            _zeusd.NOT_SUPPORTED,
+            ("this GPU or driver does not support it (NVML_ERROR_NOT_SUPPORTED; locked clocks need Volta or newer)"),
+        )
     elif value == nvml.NVML_ERROR_INVALID_ARGUMENT:
-        cause, reason = _zeusd.OUT_OF_RANGE, ("out of range (NVML_ERROR_INVALID_ARGUMENT): use a clock and GPU index "
-                                              "this GPU supports (`emo gpu-config` lists them)")
+        cause, reason = (
+            _zeusd.OUT_OF_RANGE,
+            (
+                "out of range (NVML_ERROR_INVALID_ARGUMENT): use a clock and GPU index "
+                "this GPU supports (`emo gpu-config` lists them)"
+            ),
+        )
     else:
         cause, reason = _zeusd.OTHER, f"NVML error: {e}"
     return GpuAccessError(f"{what}: {reason}", cause=cause, reason=reason)
@@ -95,7 +106,7 @@ class ClockController:
         self._handles: dict[int, Any] = {}
 
     @classmethod
-    def auto(cls, nvml, *, guarded: bool = True) -> "ClockController":
+    def auto(cls, nvml, *, guarded: bool = True) -> ClockController:
         """zeusd when ZEUSD_SOCK_PATH (or ZEUSD_HOST_PORT) is set, as Zeus does: it must answer as
         zeusd 0.5 and let us control GPUs. Otherwise NVML directly, which needs root (its
         NO_PERMISSION becomes the "root or zeusd" message)."""
@@ -121,9 +132,12 @@ class ClockController:
 
     def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[], None]) -> None:
         if os.getpid() != self._pid:
-            raise GpuAccessError(f"{what}: refused in a forked child (pid {os.getpid()}): only the process "
-                                 "that set up clock control may change its GPUs", cause="forked child",
-                                 reason="refused in a forked child")
+            raise GpuAccessError(
+                f"{what}: refused in a forked child (pid {os.getpid()}): only the process "
+                "that set up clock control may change its GPUs",
+                cause="forked child",
+                reason="refused in a forked child",
+            )
         try:
             relayed() if self.zeusd else direct()
         except self.nvml.NVMLError as e:
@@ -133,16 +147,20 @@ class ClockController:
 
     def set_clock(self, index: int, mhz: int) -> None:
         mhz = int(mhz)
-        self._do(f"lock SM clock of GPU {index} at {mhz} MHz",
-                 lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
-                 lambda: self.zeusd.set_gpu_locked_clocks(index, mhz, mhz))
+        self._do(
+            f"lock SM clock of GPU {index} at {mhz} MHz",
+            lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
+            lambda: self.zeusd.set_gpu_locked_clocks(index, mhz, mhz),
+        )
         if self.guarded:
             _GUARD.changed(self, index, "clocks")
 
     def reset_clock(self, index: int) -> None:
-        self._do(f"reset SM clock of GPU {index}",
-                 lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
-                 lambda: self.zeusd.reset_gpu_locked_clocks(index))
+        self._do(
+            f"reset SM clock of GPU {index}",
+            lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
+            lambda: self.zeusd.reset_gpu_locked_clocks(index),
+        )
         if self.guarded:
             _GUARD.restored(index, "clocks")
 
@@ -151,20 +169,23 @@ class ClockController:
         lo, hi = self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
         mw = int(round(watts * 1000))
         if not lo <= mw <= hi:
-            raise GpuAccessError(f"power limit {watts} W outside GPU {index}'s range "
-                                 f"{lo / 1000:g}-{hi / 1000:g} W")
-        self._do(f"set power limit of GPU {index} to {watts} W",
-                 lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
-                 lambda: self.zeusd.set_power_limit(index, mw))
+            raise GpuAccessError(f"power limit {watts} W outside GPU {index}'s range {lo / 1000:g}-{hi / 1000:g} W")
+        self._do(
+            f"set power limit of GPU {index} to {watts} W",
+            lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
+            lambda: self.zeusd.set_power_limit(index, mw),
+        )
         if self.guarded:
             _GUARD.changed(self, index, "power")
 
     def reset_power_limit(self, index: int) -> None:
         h = self.handle(index)
         mw = int(self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h))
-        self._do(f"reset power limit of GPU {index}",
-                 lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
-                 lambda: self.zeusd.set_power_limit(index, mw))
+        self._do(
+            f"reset power limit of GPU {index}",
+            lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
+            lambda: self.zeusd.set_power_limit(index, mw),
+        )
         if self.guarded:
             _GUARD.restored(index, "power")
 
@@ -291,8 +312,11 @@ class NvmlDevice:
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.nvml = import_pynvml()
         nvml_init(self.nvml)
-        get = (lambda k, d=None: gpu_cfg.get(k, d)) if isinstance(gpu_cfg, dict) else \
-            (lambda k, d=None: getattr(gpu_cfg, k, d))
+        get = (
+            (lambda k, d=None: gpu_cfg.get(k, d))
+            if isinstance(gpu_cfg, dict)
+            else (lambda k, d=None: getattr(gpu_cfg, k, d))
+        )
         self.name = str(get("name", "gpu"))
         self.indices = visible_nvml_indices(self.nvml)
         if not self.indices:
@@ -357,8 +381,10 @@ class NvmlDevice:
         h = self._handles[device]
         out = {}
         window = getattr(self, "_last_run_us", None)
-        for key, kind in (("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
-                          ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
+        for key, kind in (
+            ("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
+            ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES),
+        ):
             vals = []
             if window is not None:
                 try:
@@ -380,21 +406,28 @@ class NvmlDevice:
         out: dict[str, list[tuple[float, float]]] = {"gpu": [], "memory": []}
         if window is None:
             return out
-        for key, kind in (("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
-                          ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
+        for key, kind in (
+            ("gpu", self.nvml.NVML_GPU_UTILIZATION_SAMPLES),
+            ("memory", self.nvml.NVML_MEMORY_UTILIZATION_SAMPLES),
+        ):
             try:
                 _, samples = self.nvml.nvmlDeviceGetSamples(self._handles[device], kind, int(window[0]))
             except self.nvml.NVMLError:
                 continue
-            out[key] = sorted((s.timeStamp * 1e-6, s.sampleValue.uiVal / 100.0)
-                              for s in samples if window[0] <= s.timeStamp <= window[1])
+            out[key] = sorted(
+                (s.timeStamp * 1e-6, s.sampleValue.uiVal / 100.0)
+                for s in samples
+                if window[0] <= s.timeStamp <= window[1]
+            )
         return out
 
     # -- control
     def lock_clock(self, device: int, mhz: int) -> None:
         if mhz not in self.supported_clocks():
-            raise GpuAccessError(f"{mhz} MHz is not a supported SM clock of {self.model} "
-                                 f"({self.supported_clocks()[0]}-{self.default_clock()} MHz)")
+            raise GpuAccessError(
+                f"{mhz} MHz is not a supported SM clock of {self.model} "
+                f"({self.supported_clocks()[0]}-{self.default_clock()} MHz)"
+            )
         self.controller.set_clock(self.indices[device], mhz)
         self._locked[device] = mhz
 
@@ -449,9 +482,11 @@ class NvmlDevice:
             if seen == mhz:
                 return (now - t0) * 1e3
             time.sleep(max(0.0, t0 + (k + 1) * poll_ms * 1e-3 - now))  # the next read on the poll grid
-        raise GpuAccessError(f"the {what} did not reach {mhz} MHz within {LANDING_POLLS} reads "
-                             f"{poll_ms:g} ms apart (it reads {seen} MHz: power or thermal capping, "
-                             "or another process holding a clock lock?)")
+        raise GpuAccessError(
+            f"the {what} did not reach {mhz} MHz within {LANDING_POLLS} reads "
+            f"{poll_ms:g} ms apart (it reads {seen} MHz: power or thermal capping, "
+            "or another process holding a clock lock?)"
+        )
 
     def close(self) -> None:
         """Restore default clocks and power limits of every GPU this process changed."""
@@ -463,7 +498,7 @@ class NvmlDevice:
         if failures:
             raise GpuAccessError("could not restore: " + "; ".join(failures))
 
-    def __enter__(self) -> "NvmlDevice":
+    def __enter__(self) -> NvmlDevice:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -478,8 +513,11 @@ class NvmlDevice:
         fn()
         t1 = time.perf_counter()
         e1 = [self.energy_j(d) for d in devices]
-        return Measurement(time_s=t1 - t0, energy_j=sum(b - a for a, b in zip(e0, e1)),
-                           sm_mhz=self._locked.get(devices[0]) if len(devices) == 1 else None)
+        return Measurement(
+            time_s=t1 - t0,
+            energy_j=sum(b - a for a, b in zip(e0, e1)),
+            sm_mhz=self._locked.get(devices[0]) if len(devices) == 1 else None,
+        )
 
     def run_microbenchmark(self, name: str, sm_mhz: int, min_seconds: float = 1.0) -> Measurement:
         """One microbenchmark at a locked clock; time and energy per single launch, measured over
@@ -522,8 +560,13 @@ class NvmlDevice:
         if not ranges:
             return []
         iteration = spec.wait + spec.warmup  # the first iteration the trace window records
-        cmd = ncu_command(capture.build_command(spec), replay="kernel", available=ncu_available_metrics(),
-                          skip_nccl=True, all_processes=True)
+        cmd = ncu_command(
+            capture.build_command(spec),
+            replay="kernel",
+            available=ncu_available_metrics(),
+            skip_nccl=True,
+            all_processes=True,
+        )
         env = capture.profile_env(iteration)
         if spec.nproc == 1 and not own_ranks:
             env["CUDA_VISIBLE_DEVICES"] = str(self.indices[0])
@@ -539,11 +582,18 @@ class NvmlDevice:
             idx = compute_indices(r)
             kernels = per_rank[r.rank]
             if max(idx) >= len(kernels):
-                raise ValueError(f"ncu profiled {len(kernels)} kernels of rank {r.rank} in iteration {iteration}, but a "
-                                 f"range needs kernel ordinal {max(r.ordinals)}: does the command run the same kernels "
-                                 "each iteration?")
-            out.append(ProfileResult(counters=sum_counters([kernels[i] for i in idx]), passes=passes,
-                                     cost_s=cost * len(r.ordinals) / total))
+                raise ValueError(
+                    f"ncu profiled {len(kernels)} kernels of rank {r.rank} in iteration {iteration}, but a "
+                    f"range needs kernel ordinal {max(r.ordinals)}: does the command run the same kernels "
+                    "each iteration?"
+                )
+            out.append(
+                ProfileResult(
+                    counters=sum_counters([kernels[i] for i in idx]),
+                    passes=passes,
+                    cost_s=cost * len(r.ordinals) / total,
+                )
+            )
         return out
 
     def profile_cost_s(self, kernel_s_by_rank: list[list[float]], run_s: float, passes: int | None = None) -> float:
@@ -553,16 +603,17 @@ class NvmlDevice:
         p = passes or NCU_PASSES_ESTIMATE
         return run_s + max((p * sum(k + NCU_PASS_OVERHEAD_S for k in ks) for ks in kernel_s_by_rank), default=0.0)
 
-    def run(self, workload: Any, iterations: int, *, warmup: int = 1,
-            trace_dir: Path | None = None) -> RunResult:
+    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
         """Run a `command` workload under emo.capture: its profiler window's `active` iterations are
         the measured ones, energy read by each rank at the window's edges."""
         from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
-            raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
-                             "(synthetic workloads are for the virtual GPU)")
+            raise ValueError(
+                f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
+                "(synthetic workloads are for the virtual GPU)"
+            )
         spec = capture.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
         if trace_dir is None:  # a measurement only: the traces are read, then removed (trace_files: none)
             with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
@@ -578,9 +629,9 @@ class NvmlDevice:
         self._last_run_us = (t0, time.time() * 1e6)
         return capture.run_result(result, out)
 
-
-    def run_segments(self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *,
-                     warmup: int = 1) -> list[RunResult]:
+    def run_segments(
+        self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1
+    ) -> list[RunResult]:
         """Several measured runs of a `command` workload in ONE launch of it (emo.segments): each
         (policy or None, iterations) after `warmup` iterations, its clocks set inside the ranks by the
         runtime applier (a static policy is one step), reset between runs; EMO ends the program after
@@ -592,8 +643,15 @@ class NvmlDevice:
             raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
         self.set_policy(None)  # nothing locked from here: the ranks own the clocks for this launch
         spec = capture.CaptureSpec.from_workload(workload)
-        segments = [{"warmup": int(warmup), "iterations": int(n), "policy": p.to_dict() if p else None,
-                     "label": _single_clock(p)} for p, n in runs]
+        segments = [
+            {
+                "warmup": int(warmup),
+                "iterations": int(n),
+                "policy": p.to_dict() if p else None,
+                "label": _single_clock(p),
+            }
+            for p, n in runs
+        ]
         t0 = time.time() * 1e6
         with tempfile.TemporaryDirectory(prefix="emo-runs-") as out:  # the ranks' records: read, then gone
             res = capture.run_segments(spec, Path(out), segments)
@@ -644,9 +702,17 @@ def ncu_available_metrics(ncu: str = "ncu") -> frozenset[str] | None:
     return frozenset(names) if p.returncode == 0 and names else None
 
 
-def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None = None,
-                replay: str = "range", skip_nccl: bool = False, all_processes: bool = False,
-                extra: tuple[str, ...] = (), available: frozenset[str] | None = None) -> list[str]:
+def ncu_command(
+    argv: list[str],
+    *,
+    ncu: str = "ncu",
+    nvtx_include: str | None = None,
+    replay: str = "range",
+    skip_nccl: bool = False,
+    all_processes: bool = False,
+    extra: tuple[str, ...] = (),
+    available: frozenset[str] | None = None,
+) -> list[str]:
     """`ncu` over `argv` with every metric of NCU_METRICS, CSV on stdout. replay="range": each
     cuProfilerStart/Stop pair (or NVTX range matching nvtx_include) is one result; replay="kernel":
     each kernel launched inside the NVTX ranges matching nvtx_include is one result. skip_nccl: do
@@ -657,8 +723,18 @@ def ncu_command(argv: list[str], *, ncu: str = "ncu", nvtx_include: str | None =
     metrics = sorted({m for ms in NCU_METRICS.values() for m in ms} | set(extra))
     if available is not None:  # ncu refuses the whole run for one metric this GPU lacks
         metrics = [m for m in metrics if m.split(".")[0] in available]
-    cmd = [ncu, "--clock-control", "none", "--replay-mode", replay, "--metrics", ",".join(metrics), "--csv",
-           "--print-units", "base"]
+    cmd = [
+        ncu,
+        "--clock-control",
+        "none",
+        "--replay-mode",
+        replay,
+        "--metrics",
+        ",".join(metrics),
+        "--csv",
+        "--print-units",
+        "base",
+    ]
     if all_processes:
         cmd += ["--target-processes", "all"]
     if skip_nccl:
@@ -708,8 +784,10 @@ def parse_ncu_kernels_by_rank(text: str, nproc: int | None) -> list[list[dict[st
         first.setdefault(pid, i)
         device.setdefault(pid, dev)
     if nproc is not None and len(found) != nproc:
-        raise ValueError(f"ncu profiled kernels of {len(found)} processes, but the command has {nproc} ranks "
-                         "(did every rank reach the profiled iteration?)")
+        raise ValueError(
+            f"ncu profiled kernels of {len(found)} processes, but the command has {nproc} ranks "
+            "(did every rank reach the profiled iteration?)"
+        )
     order = sorted(found, key=lambda p: (int(device[p]) if device[p].isdigit() else 1 << 30, first[p]))
     return [found[p] for p in order]
 
@@ -721,7 +799,9 @@ def compute_indices(r) -> list[int]:
     nccl = sorted(r.nccl)
     hit = [o for o in r.ordinals if o in set(nccl)]
     if hit:
-        raise ValueError(f"profile range: rank {r.rank} ordinal {hit[0]} is a NCCL kernel; collectives are not profiled")
+        raise ValueError(
+            f"profile range: rank {r.rank} ordinal {hit[0]} is a NCCL kernel; collectives are not profiled"
+        )
     return [o - bisect.bisect_left(nccl, o) for o in r.ordinals]
 
 
@@ -746,8 +826,9 @@ def parse_ncu_passes(text: str) -> int:
     return max(found) if found else 0
 
 
-def ncu_profile_microbench_range(names: list[str], *, gpu: int = 0, ncu: str = "ncu",
-                                 timeout_s: float = 600) -> ProfileResult:
+def ncu_profile_microbench_range(
+    names: list[str], *, gpu: int = 0, ncu: str = "ncu", timeout_s: float = 600
+) -> ProfileResult:
     """Launch the named microbenchmarks as one cuProfilerStart/Stop range under ncu range replay."""
     argv = [sys.executable, "-m", "emo.device.cuda_launch", "--range", ",".join(names)]
     cmd = ncu_command(argv, ncu=ncu, available=ncu_available_metrics(ncu))
@@ -764,8 +845,10 @@ def _run_ncu(cmd: list[str], env: dict, timeout_s: float = 1800) -> tuple[str, f
         raise ProfilingUnavailable(f"{cmd[0]}: Nsight Compute not found (install it or put ncu on PATH)") from e
     cost = time.perf_counter() - t0
     if "ERR_NVGPUCTRPERM" in (p.stdout or "") + (p.stderr or ""):
-        raise ProfilingUnavailable("ncu: no permission to read GPU performance counters (ERR_NVGPUCTRPERM): run as "
-                                   "root or load the driver with NVreg_RestrictProfilingToAdminUsers=0")
+        raise ProfilingUnavailable(
+            "ncu: no permission to read GPU performance counters (ERR_NVGPUCTRPERM): run as "
+            "root or load the driver with NVreg_RestrictProfilingToAdminUsers=0"
+        )
     if p.returncode != 0:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
         raise GpuAccessError(f"ncu failed ({p.returncode}): {tail[0]}")
@@ -804,10 +887,22 @@ def discover_gpu_config(nvml=None, index: int = 0) -> dict:
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-    return {"name": gpu_key(model), "backend": "nvml", "clocks_mhz": clocks, "default_mhz": clocks[-1],
-            "memory_mhz": mem, "tdp_w": tdp, "seed": 0, "noise": 0.0,
-            "physics": {"device_name": model, "driver": driver, "power_limit_min_w": lo / 1000.0,
-                        "power_limit_max_w": hi / 1000.0}}
+    return {
+        "name": gpu_key(model),
+        "backend": "nvml",
+        "clocks_mhz": clocks,
+        "default_mhz": clocks[-1],
+        "memory_mhz": mem,
+        "tdp_w": tdp,
+        "seed": 0,
+        "noise": 0.0,
+        "physics": {
+            "device_name": model,
+            "driver": driver,
+            "power_limit_min_w": lo / 1000.0,
+            "power_limit_max_w": hi / 1000.0,
+        },
+    }
 
 
 def gpu_config_yaml(cfg: dict) -> str:
@@ -815,10 +910,12 @@ def gpu_config_yaml(cfg: dict) -> str:
     import yaml
 
     p = cfg["physics"]
-    head = (f"# {p['device_name']}, discovered from NVML by `emo gpu-config` (driver {p['driver']}).\n"
-            f"# Real GPU (backend nvml): the clocks and power limits are what the driver reports; no\n"
-            f"# virtual-GPU physics. Board power limit {p['power_limit_min_w']:g}-{p['power_limit_max_w']:g} W.\n"
-            "defaults:\n  - gpu_schema\n  - _self_\n\n")
+    head = (
+        f"# {p['device_name']}, discovered from NVML by `emo gpu-config` (driver {p['driver']}).\n"
+        f"# Real GPU (backend nvml): the clocks and power limits are what the driver reports; no\n"
+        f"# virtual-GPU physics. Board power limit {p['power_limit_min_w']:g}-{p['power_limit_max_w']:g} W.\n"
+        "defaults:\n  - gpu_schema\n  - _self_\n\n"
+    )
     body = {k: v for k, v in cfg.items() if k != "physics"}
     body["physics"] = dict(p)
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)

@@ -2,6 +2,7 @@
 as root or relayed through zeusd (emo.device.nvml.ClockController); a training job's runtime
 applier sets its clocks through the clock owner (emo.device.clock_owner), which resets them
 however the trainer dies."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +55,7 @@ class NvmlControl(GpuControl):
         def read():
             mem = max(int(m) for m in self.nvml.nvmlDeviceGetSupportedMemoryClocks(h))
             return sorted({int(c) for c in self.nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem)})
+
         return self._read(f"supported clocks of GPU {index}", read)
 
     def lock_sm_clock(self, index: int, mhz: int) -> None:
@@ -64,10 +66,12 @@ class NvmlControl(GpuControl):
 
     def power_limit_range_w(self, index: int) -> tuple[float, float, float]:
         h = self.handle(index)
-        lo, hi = self._read(f"power limits of GPU {index}",
-                            lambda: self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h))
-        default = self._read(f"power limits of GPU {index}",
-                             lambda: self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h))
+        lo, hi = self._read(
+            f"power limits of GPU {index}", lambda: self.nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        )
+        default = self._read(
+            f"power limits of GPU {index}", lambda: self.nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
+        )
         return lo / 1000.0, hi / 1000.0, default / 1000.0
 
     def set_power_limit(self, index: int, watts: float) -> None:
@@ -78,14 +82,16 @@ class NvmlControl(GpuControl):
 
     def energy_j(self, index: int) -> float:
         h = self.handle(index)
-        return self._read(f"energy counter of GPU {index}",
-                          lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
+        return self._read(
+            f"energy counter of GPU {index}", lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+        )
 
     def describe(self, index: int) -> dict:
         return nv.discover_gpu_config(self.nvml, index)
 
-    def policy_applier(self, policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
-                       **options: Any) -> PolicyApplier:
+    def policy_applier(
+        self, policy: FrequencyPolicy, *, devices: dict[int, int] | None = None, **options: Any
+    ) -> PolicyApplier:
         return nvml_applier(policy, devices=devices, **options)
 
     def close(self) -> None:
@@ -93,8 +99,13 @@ class NvmlControl(GpuControl):
             self.nvml.nvmlShutdown()
 
 
-def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = None,
-                 lead_ms: float | None = None, strict: bool = False) -> PolicyApplier:
+def nvml_applier(
+    policy: FrequencyPolicy,
+    *,
+    devices: dict[int, int] | None = None,
+    lead_ms: float | None = None,
+    strict: bool = False,
+) -> PolicyApplier:
     """The runtime applier (emo.runtime.PolicyApplier) driving real GPUs through this process's clock
     owner (emo.device.clock_owner: NVML as root, else zeusd), which resets every GPU it locked however
     this process dies. `devices` maps policy device ids to NVML indices; by default rank r of a
@@ -119,4 +130,3 @@ def nvml_applier(policy: FrequencyPolicy, *, devices: dict[int, int] | None = No
     applier = PolicyApplier(policy, owner, devices=devices, lead_ms=lead_ms, strict=strict)
     nv._GUARD.track(applier)
     return applier
-

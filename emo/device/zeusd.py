@@ -10,6 +10,7 @@ by `ZEUSD_TOKEN_FILE`. Every call has a timeout (TIMEOUT_S), so a stuck daemon i
 
 Every failure is a ZeusdError with a `cause` (see CAUSES) and a `reason` that says what to do.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,13 @@ NEEDS = "zeusd 0.5 (the API of zeus>=0.16's ZeusdClient)"
 
 # What went wrong, in words a user can act on (GpuAccessError.cause uses the same words).
 PERMISSION, UNREACHABLE, NOT_SUPPORTED, OUT_OF_RANGE, INCOMPATIBLE, OTHER = (
-    "no permission", "zeusd unreachable", "not supported", "out of range", "incompatible zeusd", "error")
+    "no permission",
+    "zeusd unreachable",
+    "not supported",
+    "out of range",
+    "incompatible zeusd",
+    "error",
+)
 CAUSES = (PERMISSION, UNREACHABLE, NOT_SUPPORTED, OUT_OF_RANGE, INCOMPATIBLE, OTHER)
 
 
@@ -123,7 +130,7 @@ class ZeusdRelay:
         self._client = None
 
     @classmethod
-    def from_env(cls, timeout_s: float = TIMEOUT_S) -> "ZeusdRelay | None":
+    def from_env(cls, timeout_s: float = TIMEOUT_S) -> ZeusdRelay | None:
         sock, host = os.environ.get(SOCK_ENV), os.environ.get(HOST_ENV)
         if not (sock or host):
             return None
@@ -139,8 +146,9 @@ class ZeusdRelay:
         try:
             from zeus.utils import zeusd as z
         except ImportError as e:
-            raise ZeusdError(f"{SOCK_ENV}/{HOST_ENV} is set but Zeus is not installed: pip install 'emo[zeusd]'",
-                             INCOMPATIBLE) from e
+            raise ZeusdError(
+                f"{SOCK_ENV}/{HOST_ENV} is set but Zeus is not installed: pip install 'emo[zeusd]'", INCOMPATIBLE
+            ) from e
         try:
             client = z.ZeusdClient(self._config.zeus_config())
         except z.ZeusdConnectionError as e:
@@ -149,8 +157,9 @@ class ZeusdRelay:
                 raise ZeusdError(f"{self._where()} is not {NEEDS}: {text}", INCOMPATIBLE) from e
             raise ZeusdError(f"{self._where()} unreachable ({text}): {HINTS[UNREACHABLE]}", UNREACHABLE) from e
         except (KeyError, TypeError, ValueError) as e:  # /discover without 0.5's fields: zeusd 0.3 or 0.4
-            raise ZeusdError(f"{self._where()} is older than {NEEDS} (its /discover lacks {e}): upgrade zeusd",
-                             INCOMPATIBLE) from e
+            raise ZeusdError(
+                f"{self._where()} is older than {NEEDS} (its /discover lacks {e}): upgrade zeusd", INCOMPATIBLE
+            ) from e
         try:
             z.require_capabilities(client, control_gpu=True)
         except z.ZeusdAuthError as e:
@@ -169,8 +178,9 @@ class ZeusdRelay:
         try:
             getattr(client, name)(*args)
         except httpx.HTTPError as e:  # the transport: refused, reset, timed out
-            raise ZeusdError(f"{self._where()} unreachable ({type(e).__name__}: {e or 'timeout'}): "
-                             f"{HINTS[UNREACHABLE]}", UNREACHABLE) from e
+            raise ZeusdError(
+                f"{self._where()} unreachable ({type(e).__name__}: {e or 'timeout'}): {HINTS[UNREACHABLE]}", UNREACHABLE
+            ) from e
         except ZeusError as e:
             text = _body(str(e).split(": ", 1)[-1])  # Zeus's client: "Failed to <op>: <body>"
             cause = classify(text)

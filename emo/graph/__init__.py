@@ -1,4 +1,5 @@
 """Execution graph, what-if analysis and slack (see DESIGN.md §1 and emo.graph.whatif)."""
+
 from __future__ import annotations
 
 from emo.graph.build import build_graph

@@ -19,6 +19,7 @@ waited for. Edges: every happens-before the trace implies (see EDGE_KINDS):
 
 Everything is vectorised over numpy columns of the event table (sorted as-of look-ups, joins by
 sorted keys), no loop over events and few pandas calls (their fixed cost is most of a small trace's time)."""
+
 from __future__ import annotations
 
 import itertools
@@ -34,15 +35,25 @@ from emo.trace.kineto import no_gc
 from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, arrow_text, text_at, text_column
 
 # Calls that return only once their copy is done, whatever stream they use.
-SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemset", "cudaMemcpy2D", "cudaMemcpyToSymbol",
-                             "cudaMemcpyFromSymbol", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpy"})
+SYNC_COPY_CALLS = frozenset(
+    {
+        "cudaMemcpy",
+        "cudaMemset",
+        "cudaMemcpy2D",
+        "cudaMemcpyToSymbol",
+        "cudaMemcpyFromSymbol",
+        "cuMemcpyHtoD",
+        "cuMemcpyDtoH",
+        "cuMemcpy",
+    }
+)
 
 
 class _Builder:
     def __init__(self, events: pd.DataFrame):
         self.ev = events.reset_index(drop=True)
         n = len(self.ev)
-        self.in_node = np.full(n, -1, np.int64)   # node an incoming edge of this event attaches to
+        self.in_node = np.full(n, -1, np.int64)  # node an incoming edge of this event attaches to
         self.out_node = np.full(n, -1, np.int64)  # node an outgoing edge leaves from
         self.nodes: list[tuple[int, dict]] = []  # (rows, columns): one frame is built at the end
         self.edges: list[tuple] = []  # (src, dst, kind, from_start)
@@ -85,10 +96,17 @@ class _Builder:
         kinds = pc.if_else(pa.array(nccl), "collective", arrow_text(ev["kind"]).take(pa.array(rows)))
         whole = ~split[rows]
         at = rows[whole]
-        ids = self.add_nodes(kind=kinds.filter(pa.array(whole)), rank=self.col("rank")[at],
-                             device=self.col("device")[at], stream=self.col("stream")[at], thread=-1,
-                             start_ns=self.col("start_ns")[at], dur_ns=self.col("dur_ns")[at],
-                             name=ev["name"].array[at], event=at)
+        ids = self.add_nodes(
+            kind=kinds.filter(pa.array(whole)),
+            rank=self.col("rank")[at],
+            device=self.col("device")[at],
+            stream=self.col("stream")[at],
+            thread=-1,
+            start_ns=self.col("start_ns")[at],
+            dur_ns=self.col("dur_ns")[at],
+            name=ev["name"].array[at],
+            event=at,
+        )
         self.in_node[at] = ids
         self.out_node[at] = ids
         if nccl.any():
@@ -142,12 +160,26 @@ class _Builder:
         first = first_of(m["kc"], m["occ"])
         arrive_of = np.full(len(first), np.iinfo(np.int64).min)
         np.maximum.at(arrive_of, inst, m["start"])
-        rv = self.add_nodes(kind="rendezvous", rank=-1, device=-1, stream=-1, thread=-1, start_ns=arrive_of,
-                            dur_ns=0, name=m["key"][first], event=-1)
+        rv = self.add_nodes(
+            kind="rendezvous",
+            rank=-1,
+            device=-1,
+            stream=-1,
+            thread=-1,
+            start_ns=arrive_of,
+            dur_ns=0,
+            name=m["key"][first],
+            event=-1,
+        )
         rows = m["row"]
-        common = {"rank": self.col("rank")[rows], "device": self.col("device")[rows],
-                  "stream": self.col("stream")[rows], "thread": -1, "name": self.ev["name"].array[rows],
-                  "event": rows}
+        common = {
+            "rank": self.col("rank")[rows],
+            "device": self.col("device")[rows],
+            "stream": self.col("stream")[rows],
+            "thread": -1,
+            "name": self.ev["name"].array[rows],
+            "event": rows,
+        }
         arrive = arrive_of[inst]
         waits = self.add_nodes(kind="coll_wait", start_ns=m["start"], dur_ns=0, **common)
         xfer = self.add_nodes(kind="collective", start_ns=arrive, dur_ns=np.maximum(m["end"] - arrive, 0), **common)
@@ -180,19 +212,39 @@ class _Builder:
         tgrp = grp[top]
         tstart, tend = start[top], end[top]
         name = self.ev["name"].array[top_rows]
-        ids = self.add_nodes(kind="runtime", rank=rank[top], device=-1, stream=-1, thread=thread[top],
-                             start_ns=tstart, dur_ns=tend - tstart, name=name, event=top_rows)
+        ids = self.add_nodes(
+            kind="runtime",
+            rank=rank[top],
+            device=-1,
+            stream=-1,
+            thread=thread[top],
+            start_ns=tstart,
+            dur_ns=tend - tstart,
+            name=name,
+            event=top_rows,
+        )
         self.call_node = np.full(len(self.ev), -1, np.int64)
         self.call_node[rows] = ids[top_pos]
         self.in_node[rows] = ids[top_pos]
         self.out_node[rows] = ids[top_pos]
-        self.top = {"row": top_rows, "grp": tgrp, "start": tstart, "end": tend, "node": ids, "rank": rank[top],
-                    "pid": pid[top], "thread": thread[top], "name": name}
+        self.top = {
+            "row": top_rows,
+            "grp": tgrp,
+            "start": tstart,
+            "end": tend,
+            "node": ids,
+            "rank": rank[top],
+            "pid": pid[top],
+            "thread": thread[top],
+            "name": name,
+        }
 
     def launches(self) -> None:
         """launch edges, and the table of GPU ops with the time their launch call started."""
-        rank, corr, start, device, stream, pid, thread = (self.col(c).astype(np.int64, copy=False) for c in (
-            "rank", "correlation", "start_ns", "device", "stream", "pid", "thread"))
+        rank, corr, start, device, stream, pid, thread = (
+            self.col(c).astype(np.int64, copy=False)
+            for c in ("rank", "correlation", "start_ns", "device", "stream", "pid", "thread")
+        )
         rt = np.flatnonzero(self.kind_is("runtime") & (corr >= 0))
         ops = np.flatnonzero(self.kind_is(*GPU_OP_KINDS))
         # a launch is a call with GPU work of the same (rank, correlation); prefer the outermost
@@ -207,17 +259,30 @@ class _Builder:
         at = np.maximum(call_row, 0)
         t = np.where(has, start[at], start[ops])
         o = np.argsort(t, kind="stable")
-        self.ops = {"rank": rank[ops][o], "device": device[ops][o], "stream": stream[ops][o], "t": t[o],
-                    "row": ops[o], "call_row": call_row[o], "pid": np.where(has, pid[at], -1)[o],
-                    "thread": np.where(has, thread[at], -1)[o], "correlation": corr[ops][o]}
+        self.ops = {
+            "rank": rank[ops][o],
+            "device": device[ops][o],
+            "stream": stream[ops][o],
+            "t": t[o],
+            "row": ops[o],
+            "call_row": call_row[o],
+            "pid": np.where(has, pid[at], -1)[o],
+            "thread": np.where(has, thread[at], -1)[o],
+            "correlation": corr[ops][o],
+        }
 
     def _nearest_op(self, q: dict, forward: bool = False) -> dict:
         """For queries {rank, device, stream, t, ...}: those with an op on that stream launched
         strictly before t (forward: after), in order of t, with the op's row as `op_row`."""
         q = take(q, np.argsort(q["t"], kind="stable"))
         ops = self.ops
-        j = _asof([q["rank"], q["device"], q["stream"]], q["t"], [ops["rank"], ops["device"], ops["stream"]],
-                  ops["t"], forward)
+        j = _asof(
+            [q["rank"], q["device"], q["stream"]],
+            q["t"],
+            [ops["rank"], ops["device"], ops["stream"]],
+            ops["t"],
+            forward,
+        )
         hit = j >= 0
         out = take(q, hit)
         out["op_row"] = ops["row"][j[hit]]
@@ -225,8 +290,9 @@ class _Builder:
 
     def syncs(self) -> dict:
         """(blocked top-level call row, GPU op row it waited for) pairs, and GPU->GPU event edges."""
-        rank, corr, start, device, stream = (self.col(c).astype(np.int64, copy=False) for c in (
-            "rank", "correlation", "start_ns", "device", "stream"))
+        rank, corr, start, device, stream = (
+            self.col(c).astype(np.int64, copy=False) for c in ("rank", "correlation", "start_ns", "device", "stream")
+        )
         calls = np.flatnonzero(self.kind_is("runtime"))
         calls = calls[corr[calls] >= 0]
         key = rank * (1 << 40) + corr  # (as in launches)
@@ -248,32 +314,78 @@ class _Builder:
             else:
                 srows = srows[np.zeros(len(srows), bool)]
                 call_row = np.zeros(0, np.int64)
-            s = {"rank": rank[srows], "device": device[srows], "stream": stream[srows], "call_row": call_row,
-                 "call_t": start[call_row], "wait_event_corr": self.col("wait_event_corr")[srows].astype(np.int64),
-                 "wait_stream": self.col("wait_stream")[srows].astype(np.int64)}
+            s = {
+                "rank": rank[srows],
+                "device": device[srows],
+                "stream": stream[srows],
+                "call_row": call_row,
+                "call_t": start[call_row],
+                "wait_event_corr": self.col("wait_event_corr")[srows].astype(np.int64),
+                "wait_stream": self.col("wait_stream")[srows].astype(np.int64),
+            }
             sk = text_at(self.ev["sync_kind"], srows)
         else:
             s = {"call_row": np.zeros(0, np.int64)}
         if len(s["call_row"]):
             ss = take(s, sk == "Stream Sync")
-            waits.append(self._nearest_op({"rank": ss["rank"], "device": ss["device"], "stream": ss["stream"],
-                                           "t": ss["call_t"], "call_row": ss["call_row"]}))
+            waits.append(
+                self._nearest_op(
+                    {
+                        "rank": ss["rank"],
+                        "device": ss["device"],
+                        "stream": ss["stream"],
+                        "t": ss["call_t"],
+                        "call_row": ss["call_row"],
+                    }
+                )
+            )
             cs = take(s, sk == "Context Sync")
-            waits.append(self._nearest_op(merge({"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"],
-                                                  "call_row": cs["call_row"]}, streams, ["rank", "device"])))
+            waits.append(
+                self._nearest_op(
+                    merge(
+                        {"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"], "call_row": cs["call_row"]},
+                        streams,
+                        ["rank", "device"],
+                    )
+                )
+            )
             # event record -> waiter: find the record call, then the last op on the recorded stream before it
-            es = self._with_record(take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos],
-                                   start)
-            waits.append(self._nearest_op({"rank": es["rank"], "device": es["device"], "stream": es["wait_stream"],
-                                           "t": es["rec_t"], "call_row": es["call_row"]}))
-            sw = self._with_record(take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys,
-                                   calls[cpos], start)
+            es = self._with_record(take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos], start)
+            waits.append(
+                self._nearest_op(
+                    {
+                        "rank": es["rank"],
+                        "device": es["device"],
+                        "stream": es["wait_stream"],
+                        "t": es["rec_t"],
+                        "call_row": es["call_row"],
+                    }
+                )
+            )
+            sw = self._with_record(
+                take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys, calls[cpos], start
+            )
             if len(sw["rank"]):
                 keys = np.arange(len(sw["rank"]))
-                src = self._nearest_op({"rank": sw["rank"], "device": sw["device"], "stream": sw["wait_stream"],
-                                        "t": sw["rec_t"], "key": keys})
-                dst = self._nearest_op({"rank": sw["rank"], "device": sw["device"], "stream": sw["stream"],
-                                        "t": sw["call_t"], "key": keys}, forward=True)
+                src = self._nearest_op(
+                    {
+                        "rank": sw["rank"],
+                        "device": sw["device"],
+                        "stream": sw["wait_stream"],
+                        "t": sw["rec_t"],
+                        "key": keys,
+                    }
+                )
+                dst = self._nearest_op(
+                    {
+                        "rank": sw["rank"],
+                        "device": sw["device"],
+                        "stream": sw["stream"],
+                        "t": sw["call_t"],
+                        "key": keys,
+                    },
+                    forward=True,
+                )
                 dst_of = np.full(len(keys), -1, np.int64)  # keys are unique in both: a look-up, not a merge
                 dst_of[dst["key"]] = dst["op_row"]
                 hit = dst_of[src["key"]] >= 0
@@ -286,19 +398,36 @@ class _Builder:
         self._inferred_stream_waits(take(top, bare & (name == "cudaStreamWaitEvent")))
         ds = take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
         if len(ds["row"]):
-            waits.append(self._nearest_op(merge({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]},
-                                                 streams, ["rank"])))
+            waits.append(
+                self._nearest_op(
+                    merge({"rank": ds["rank"], "t": ds["start"], "call_row": ds["row"]}, streams, ["rank"])
+                )
+            )
         st = take(top, bare & np.isin(name, ["cudaStreamSynchronize", "cuStreamSynchronize"]))
         if len(st["row"]):  # the stream is the one this thread last launched on
-            q = take({"rank": st["rank"], "pid": st["pid"], "thread": st["thread"], "t": st["start"],
-                       "call_row": st["row"]}, np.argsort(st["start"], kind="quicksort"))
+            q = take(
+                {"rank": st["rank"], "pid": st["pid"], "thread": st["thread"], "t": st["start"], "call_row": st["row"]},
+                np.argsort(st["start"], kind="quicksort"),
+            )
             launched = take(ops, ops["call_row"] >= 0)
-            j = _asof([q["rank"], q["pid"], q["thread"]], q["t"],
-                      [launched["rank"], launched["pid"], launched["thread"]], launched["t"])
+            j = _asof(
+                [q["rank"], q["pid"], q["thread"]],
+                q["t"],
+                [launched["rank"], launched["pid"], launched["thread"]],
+                launched["t"],
+            )
             hit = j >= 0
-            waits.append(self._nearest_op({"rank": q["rank"][hit], "device": launched["device"][j[hit]],
-                                           "stream": launched["stream"][j[hit]], "t": q["t"][hit],
-                                           "call_row": q["call_row"][hit]}))
+            waits.append(
+                self._nearest_op(
+                    {
+                        "rank": q["rank"][hit],
+                        "device": launched["device"][j[hit]],
+                        "stream": launched["stream"][j[hit]],
+                        "t": q["t"][hit],
+                        "call_row": q["call_row"][hit],
+                    }
+                )
+            )
         cp = take(ops, ops["call_row"] >= 0)
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
@@ -339,15 +468,26 @@ class _Builder:
         ops = self.ops
         launched = take(ops, ops["call_row"] >= 0)
         by = ("rank", "pid", "thread")
-        q = take({"rank": calls["rank"], "pid": calls["pid"], "thread": calls["thread"], "t": calls["start"],
-                   "key": np.arange(len(calls["row"]))}, np.argsort(calls["start"], kind="quicksort"))
+        q = take(
+            {
+                "rank": calls["rank"],
+                "pid": calls["pid"],
+                "thread": calls["thread"],
+                "t": calls["start"],
+                "key": np.arange(len(calls["row"])),
+            },
+            np.argsort(calls["start"], kind="quicksort"),
+        )
         j = _asof([q[c] for c in by], q["t"], [launched[c] for c in by], launched["t"], forward=True)
         hit = j >= 0
         nxt = take(q, hit)
         nxt.update(waiting=launched["stream"][j[hit]], row=launched["row"][j[hit]])
         streams = take(launched, first_of(*(launched[c] for c in (*by, "device", "stream"))))
-        cand = merge({c: nxt[c] for c in (*by, "t", "key", "waiting")},
-                      {c: streams[c] for c in (*by, "device", "stream")}, list(by))
+        cand = merge(
+            {c: nxt[c] for c in (*by, "t", "key", "waiting")},
+            {c: streams[c] for c in (*by, "device", "stream")},
+            list(by),
+        )
         cand = take(cand, cand["stream"] != cand["waiting"])
         cand = take(cand, np.argsort(cand["t"], kind="stable"))
         if not len(cand["t"]):
@@ -385,9 +525,17 @@ class _Builder:
         b = np.isin(top["row"], calls)
         blocked = take(top, b)
         ready = np.clip(latest[np.searchsorted(calls, blocked["row"])], blocked["start"], blocked["end"])
-        sync_ids = self.add_nodes(kind="sync", rank=blocked["rank"], device=-1, stream=-1,
-                                  thread=blocked["thread"], start_ns=ready, dur_ns=blocked["end"] - ready,
-                                  name=blocked["name"], event=blocked["row"])
+        sync_ids = self.add_nodes(
+            kind="sync",
+            rank=blocked["rank"],
+            device=-1,
+            stream=-1,
+            thread=blocked["thread"],
+            start_ns=ready,
+            dur_ns=blocked["end"] - ready,
+            name=blocked["name"],
+            event=blocked["row"],
+        )
         sync_of = np.full(len(self.ev), -1, np.int64)
         sync_of[blocked["row"]] = sync_ids
         self.out_node[blocked["row"]] = sync_ids
@@ -404,20 +552,38 @@ class _Builder:
         prev_end = np.where(first, lo, np.r_[0, top["end"][:-1]])
         gap = top["start"] - prev_end
         g = gap > 0
-        gap_ids = self.add_nodes(kind="cpu", rank=top["rank"][g], device=-1, stream=-1,
-                                 thread=top["thread"][g], start_ns=prev_end[g], dur_ns=gap[g],
-                                 name="cpu", event=-1)
+        gap_ids = self.add_nodes(
+            kind="cpu",
+            rank=top["rank"][g],
+            device=-1,
+            stream=-1,
+            thread=top["thread"][g],
+            start_ns=prev_end[g],
+            dur_ns=gap[g],
+            name="cpu",
+            event=-1,
+        )
         tail = hi - top["end"]
         t = last & (tail > 0)
-        tail_ids = self.add_nodes(kind="cpu", rank=top["rank"][t], device=-1, stream=-1,
-                                  thread=top["thread"][t], start_ns=top["end"][t],
-                                  dur_ns=tail[t], name="cpu", event=-1)
+        tail_ids = self.add_nodes(
+            kind="cpu",
+            rank=top["rank"][t],
+            device=-1,
+            stream=-1,
+            thread=top["thread"][t],
+            start_ns=top["end"][t],
+            dur_ns=tail[t],
+            name="cpu",
+            event=-1,
+        )
         pos = np.arange(len(grp))
         rows = top["row"]
-        slots = [(grp[g], 3 * pos[g], gap_ids),
-                 (grp, 3 * pos + 1, self.call_node[rows]),
-                 (grp[sync_of[rows] >= 0], 3 * pos[sync_of[rows] >= 0] + 2, sync_of[rows][sync_of[rows] >= 0]),
-                 (grp[t], 3 * pos[t] + 3, tail_ids)]
+        slots = [
+            (grp[g], 3 * pos[g], gap_ids),
+            (grp, 3 * pos + 1, self.call_node[rows]),
+            (grp[sync_of[rows] >= 0], 3 * pos[sync_of[rows] >= 0] + 2, sync_of[rows][sync_of[rows] >= 0]),
+            (grp[t], 3 * pos[t] + 3, tail_ids),
+        ]
         sg = np.concatenate([s[0] for s in slots])
         sk = np.concatenate([s[1] for s in slots])
         sn = np.concatenate([s[2] for s in slots])
@@ -434,8 +600,9 @@ class _Builder:
         start = ev["start_ns"].to_numpy(np.int64)[host]
         end = start + ev["dur_ns"].to_numpy(np.int64)[host]
         o = np.lexsort((thread, pid, rank))
-        new = np.r_[True, (rank[o][1:] != rank[o][:-1]) | (pid[o][1:] != pid[o][:-1])
-                    | (thread[o][1:] != thread[o][:-1])][:len(o)]
+        new = np.r_[
+            True, (rank[o][1:] != rank[o][:-1]) | (pid[o][1:] != pid[o][:-1]) | (thread[o][1:] != thread[o][:-1])
+        ][: len(o)]
         heads = np.flatnonzero(new)
         grp = np.full(len(ev), -1, np.int64)
         grp[host[o]] = np.cumsum(new) - 1
@@ -459,13 +626,15 @@ class _Builder:
         src = np.concatenate([e[0] for e in self.edges] or [np.array([], np.int64)])
         dst = np.concatenate([e[1] for e in self.edges] or [np.array([], np.int64)])
         kinds = list(dict.fromkeys(e[2] for e in self.edges))
-        kind = np.concatenate([np.full(len(e[0]), kinds.index(e[2]), np.int32) for e in self.edges]
-                              or [np.array([], np.int32)])
+        kind = np.concatenate(
+            [np.full(len(e[0]), kinds.index(e[2]), np.int32) for e in self.edges] or [np.array([], np.int32)]
+        )
         fs = np.concatenate([np.full(len(e[0]), e[3], dtype=bool) for e in self.edges] or [np.array([], bool)])
         # the first of each (src, dst, from_start), in the order added
         first = np.sort(np.unique((src * (2 * self.n_nodes + 2) + dst * 2 + fs), return_index=True)[1])
-        edges = pd.DataFrame({"src": src[first], "dst": dst[first], "kind": text_column(kind[first], kinds),
-                              "from_start": fs[first]})
+        edges = pd.DataFrame(
+            {"src": src[first], "dst": dst[first], "kind": text_column(kind[first], kinds), "from_start": fs[first]}
+        )
         self.meta["ranks"] = sorted(int(r) for r in self.ev["rank"].unique())
         return Graph(nodes, edges, self.meta)
 
@@ -478,8 +647,11 @@ def _str_column(parts: list[tuple[int, object]]) -> pd.Series:
         if isinstance(v, str):
             chunks.append(pa.repeat(pa.scalar(v, pa.large_string()), n))
         elif isinstance(v, (pa.Array, pa.ChunkedArray)):
-            chunks.extend(pa.chunked_array([v]).cast(pa.large_string()).chunks if isinstance(v, pa.Array)
-                          else v.cast(pa.large_string()).chunks)
+            chunks.extend(
+                pa.chunked_array([v]).cast(pa.large_string()).chunks
+                if isinstance(v, pa.Array)
+                else v.cast(pa.large_string()).chunks
+            )
         elif hasattr(v, "__arrow_array__"):
             chunks.extend(v.__arrow_array__().cast(pa.large_string()).chunks)
         else:
@@ -565,7 +737,9 @@ def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarr
         if ab:
             why = f"ranks {ab} are absent from the trace"
         elif ex < 0:
-            why = f"the trace does not name the group's members and holds {len(np.unique(c['rank'][x]))} of {world} ranks"
+            why = (
+                f"the trace does not name the group's members and holds {len(np.unique(c['rank'][x]))} of {world} ranks"
+            )
         elif ex <= 1:
             why = "only one rank takes part"
         else:

@@ -19,6 +19,7 @@ Edges (`Graph.edges`): src, dst (int64 node ids), kind (EDGE_KINDS), from_start 
 constraint is "dst starts after src STARTS", e.g. a kernel after the start of its launch call;
 otherwise after src finishes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,8 +33,17 @@ NODE_KINDS = ("kernel", "memcpy", "memset", "collective", "coll_wait", "rendezvo
 GPU_NODE_KINDS = ("kernel", "memcpy", "memset", "collective", "coll_wait")
 EDGE_KINDS = ("program", "launch", "stream", "event", "sync", "collective")
 
-NODE_COLUMNS = {"kind": "str", "rank": "int32", "device": "int32", "stream": "int64", "thread": "int64",
-                "start_ns": "int64", "dur_ns": "int64", "name": "str", "event": "int64"}
+NODE_COLUMNS = {
+    "kind": "str",
+    "rank": "int32",
+    "device": "int32",
+    "stream": "int64",
+    "thread": "int64",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "name": "str",
+    "event": "int64",
+}
 EDGE_COLUMNS = {"src": "int64", "dst": "int64", "kind": "str", "from_start": "bool"}
 
 
@@ -49,7 +59,7 @@ class Graph:
         write_parquet(folder / "edges.parquet", self.edges)
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Graph":
+    def load(cls, folder: str | Path) -> Graph:
         folder = Path(folder)
         nodes = pd.read_parquet(folder / "nodes.parquet")
         edges = pd.read_parquet(folder / "edges.parquet")

@@ -11,6 +11,7 @@ HTA's two sequential walks (each thread's call stacks, the GPU events in time or
 kernels over the event arrays that emit the same edges in the same order as HTA's rules, so the
 longest path (ties broken by edge order) is the same to the microsecond.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,22 +24,31 @@ from emo.graph.tables import codes, first_of, group_numbers, merge, new_group
 from emo.graph.whatif import toposort
 from emo.trace.kineto import no_gc
 
-BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
-                            "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync"})
-HTA_LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
-                              "cudaMemcpyAsync", "cudaMemsetAsync"})
+BLOCKING_CALLS = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventQuery",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cudaMemcpyAsync",
+    }
+)
+HTA_LAUNCH_CALLS = frozenset(
+    {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync"}
+)
 EDGE_TYPES = ("operator", "dependency", "launch_delay", "kernel_kernel_delay", "sync")
 
 
 @dataclass(frozen=True)
 class HtaPath:
-    cp_us: int                 # sum of edge weights on the longest path
+    cp_us: int  # sum of edge weights on the longest path
     path_nodes: int
     graph_nodes: int
     graph_edges: int
-    breakdown_us: dict         # weight on the path by HTA edge type
+    breakdown_us: dict  # weight on the path by HTA edge type
     window_us: tuple[int, int]
-    path_points: tuple = ()    # (event row of the rank, is_start, ts_us) along the path
+    path_points: tuple = ()  # (event row of the rank, is_start, ts_us) along the path
 
 
 def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -48,22 +58,33 @@ def _rank_frame(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     end = (e["start_ns"].to_numpy(np.int64) + e["dur_ns"].to_numpy(np.int64)) // 1000
     gpu_side = e["kind"].isin(("kernel", "memcpy", "memset", "sync", "gpu_annotation")).to_numpy(bool)
     corr = e["correlation"].to_numpy(np.int64)
-    df = pd.DataFrame({
-        "kind": _coded(e["kind"]), "name": _coded(e["name"]),
-        "pid": np.where(gpu_side, e["device"].to_numpy(np.int64), e["pid"].to_numpy(np.int64)),
-        "tid": e["thread"].to_numpy(np.int64), "stream": e["stream"].to_numpy(np.int64),
-        "ts": ts, "end": end, "dur": end - ts, "correlation": corr,
-        "sync_kind": _coded(e["sync_kind"]),
-        "wait_corr": e["wait_event_corr"].to_numpy(np.int64), "wait_stream": e["wait_stream"].to_numpy(np.int64),
-    })
+    df = pd.DataFrame(
+        {
+            "kind": _coded(e["kind"]),
+            "name": _coded(e["name"]),
+            "pid": np.where(gpu_side, e["device"].to_numpy(np.int64), e["pid"].to_numpy(np.int64)),
+            "tid": e["thread"].to_numpy(np.int64),
+            "stream": e["stream"].to_numpy(np.int64),
+            "ts": ts,
+            "end": end,
+            "dur": end - ts,
+            "correlation": corr,
+            "sync_kind": _coded(e["sync_kind"]),
+            "wait_corr": e["wait_event_corr"].to_numpy(np.int64),
+            "wait_stream": e["wait_stream"].to_numpy(np.int64),
+        }
+    )
     df["gpu_side"] = gpu_side  # HTA's GPU filter: stream >= 0 or a cuda_sync event
     # index_correlation: host call <-> GPU event of the same correlation id (HTA's convention:
     # -1 no correlation, 0 correlated but partner absent)
     ic = np.minimum(corr, 0)
     has = corr != -1
     row = np.arange(len(df))
-    m = merge({"x": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]},
-              {"y": row[has & gpu_side], "correlation": corr[has & gpu_side]}, ["correlation"])
+    m = merge(
+        {"x": row[has & ~gpu_side], "correlation": corr[has & ~gpu_side]},
+        {"y": row[has & gpu_side], "correlation": corr[has & gpu_side]},
+        ["correlation"],
+    )
     ic[m["x"]] = m["y"]
     ic[m["y"]] = m["x"]
     df["ic"] = ic
@@ -92,8 +113,9 @@ def _queue_lengths(df: pd.DataFrame) -> np.ndarray:
     """HTA's per-stream queue length after each event (NaN where none): +1 at each launch call,
     -1 at each launched GPU op."""
     corr, stream, ts = (df[c].to_numpy(np.int64) for c in ("correlation", "stream", "ts"))
-    launch = np.flatnonzero((df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS)).to_numpy(bool)
-                            & (df["ic"].to_numpy() > 0))
+    launch = np.flatnonzero(
+        (df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS)).to_numpy(bool) & (df["ic"].to_numpy() > 0)
+    )
     ops = np.flatnonzero((stream != -1) & np.isin(corr, corr[launch]))
     # a launch's stream: that of the last op with its correlation (none: NaN, in no stream's count)
     last = first_of(corr[ops][::-1])
@@ -165,8 +187,10 @@ def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instanc
 
     # ---- CPU: call stacks per thread (HTA's enter/exit callbacks), then GPU
     cpu = clip[clip["stream"].eq(-1)]
-    parts = [_call_stack_edges(cpu, start_node, end_node, blocking, node_ts),
-             _gpu_edges(df, clip, start_node, end_node, node_ts)]
+    parts = [
+        _call_stack_edges(cpu, start_node, end_node, blocking, node_ts),
+        _gpu_edges(df, clip, start_node, end_node, node_ts),
+    ]
     s, d, w, t = (np.concatenate([p[i] for p in parts]) for i in range(4))
 
     n = 2 * k
@@ -180,10 +204,18 @@ def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instanc
     step = by_key[np.searchsorted(key[by_key], path[:-1] * max(n, 1) + path[1:], side="right") - 1]
     types, weights = t[step], w[step]
     first = {k: int(np.argmax(types == k)) for k in range(len(EDGE_TYPES)) if (types == k).any()}
-    on_path = {EDGE_TYPES[k]: int(weights[types == k].sum()) for k in sorted(first, key=first.__getitem__)}  # in path order
-    return HtaPath(cp_us=int(length), path_nodes=len(path), graph_nodes=len(_distinct(np.r_[s, d])),
-                   graph_edges=len(_distinct(key)), breakdown_us=on_path, window_us=(lo, hi),
-                   path_points=tuple(zip(pt_ev[path].tolist(), pt_start[path].tolist(), node_ts[path].tolist())))
+    on_path = {
+        EDGE_TYPES[k]: int(weights[types == k].sum()) for k in sorted(first, key=first.__getitem__)
+    }  # in path order
+    return HtaPath(
+        cp_us=int(length),
+        path_nodes=len(path),
+        graph_nodes=len(_distinct(np.r_[s, d])),
+        graph_edges=len(_distinct(key)),
+        breakdown_us=on_path,
+        window_us=(lo, hi),
+        path_points=tuple(zip(pt_ev[path].tolist(), pt_start[path].tolist(), node_ts[path].tolist())),
+    )
 
 
 def _call_stack_edges(cpu: pd.DataFrame, start_node, end_node, blocking, node_ts) -> tuple:
@@ -211,8 +243,8 @@ def _stack_kernel(grp, is_start, ev, start_node, end_node, blocking, node_ts):
     wt = np.empty(2 * m, np.int64)
     typ = np.empty(2 * m, np.int64)
     ne = 0
-    stack = np.empty(m, np.int64)   # the parse stack (the open calls)
-    walk = np.empty(m, np.int64)    # the walk's path from the root to the call entered last
+    stack = np.empty(m, np.int64)  # the parse stack (the open calls)
+    walk = np.empty(m, np.int64)  # the walk's path from the root to the call entered last
     i = 0
     while i < m:
         g = grp[i]
@@ -283,8 +315,11 @@ def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
     launch = df[df["kind"].eq("runtime") & df["name"].isin(HTA_LAUNCH_CALLS) & (df["ic"] > 0)]
     launch = launch.sort_values("ts", kind="stable")
     op_of = df["ic"].to_numpy(np.int64)
-    launch = launch.assign(stream=df["stream"].to_numpy()[op_of[launch.index]],
-                           gpu=df["pid"].to_numpy()[op_of[launch.index]], launch_id=np.arange(len(launch)))
+    launch = launch.assign(
+        stream=df["stream"].to_numpy()[op_of[launch.index]],
+        gpu=df["pid"].to_numpy()[op_of[launch.index]],
+        launch_id=np.arange(len(launch)),
+    )
 
     # cudaEventRecord -> last launch on the recorded (gpu, stream) before it (by record correlation)
     rec_corr, rec_prev = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -292,7 +327,8 @@ def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
     waits = df[df["wait_stream"] > -1][["wait_corr", "wait_stream", "pid"]].drop_duplicates()
     if len(recs) and len(waits):
         r = recs.reset_index()[["index", "ts", "correlation", "pid"]].merge(
-            waits.rename(columns={"wait_corr": "correlation"}), on="correlation", suffixes=("", "_w"))
+            waits.rename(columns={"wait_corr": "correlation"}), on="correlation", suffixes=("", "_w")
+        )
         corr, prev = [], []
         for (gpu, stream), grp in r.groupby(["pid_w", "wait_stream"]):
             L = launch[(launch["gpu"] == gpu) & (launch["stream"] == stream)]
@@ -327,8 +363,20 @@ def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
     prev_launch = np.where(found & (wait_corr != -1), _at(rec_prev, pos), -1)
     streams = g["stream"].to_numpy(np.int64)
     stream_id = np.searchsorted(_distinct(streams), streams)
-    return _gpu_kernel(g.index.to_numpy(np.int64), code, stream_id.astype(np.int64), g["ic"].to_numpy(np.int64),
-                       prev_launch, next_launch, op_of, ql, df["ts"].to_numpy(np.int64), start_node, end_node, node_ts)
+    return _gpu_kernel(
+        g.index.to_numpy(np.int64),
+        code,
+        stream_id.astype(np.int64),
+        g["ic"].to_numpy(np.int64),
+        prev_launch,
+        next_launch,
+        op_of,
+        ql,
+        df["ts"].to_numpy(np.int64),
+        start_node,
+        end_node,
+        node_ts,
+    )
 
 
 def _distinct(x: np.ndarray) -> np.ndarray:
@@ -358,8 +406,8 @@ def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full
     wt = np.empty(cap, np.int64)
     typ = np.empty(cap, np.int64)
     ne = 0
-    last = np.full(n_streams, -1, np.int64)      # the stream's last op's end point
-    first_set = np.empty(n_streams, np.int64)    # streams in the order they got a last op
+    last = np.full(n_streams, -1, np.int64)  # the stream's last op's end point
+    first_set = np.empty(n_streams, np.int64)  # streams in the order they got a last op
     n_set = 0
     kernel_sync = np.full(full_ts.shape[0], -1, np.int64)
     for q in range(m):
@@ -411,9 +459,12 @@ def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full
             src[ne], dst[ne], wt[ne], typ[ne] = sync_end, sn, 0, 4
             ne += 1
         prev = last[stream[q]]
-        if (ql[runtime] == 1 and ql[e] == 0
-                and (prev < 0 or node_ts[prev] < full_ts[runtime])
-                and (sync_end < 0 or node_ts[sync_end] < full_ts[runtime])):
+        if (
+            ql[runtime] == 1
+            and ql[e] == 0
+            and (prev < 0 or node_ts[prev] < full_ts[runtime])
+            and (sync_end < 0 or node_ts[sync_end] < full_ts[runtime])
+        ):
             rs = start_node[runtime]
             if rs >= 0:
                 src[ne], dst[ne], wt[ne], typ[ne] = rs, sn, node_ts[sn] - node_ts[rs], 2
@@ -431,7 +482,7 @@ def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full
 @numba.njit(cache=True)
 def _grow(a, cap):
     out = np.empty(cap, a.dtype)
-    out[:a.shape[0]] = a
+    out[: a.shape[0]] = a
     return out
 
 

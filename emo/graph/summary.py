@@ -1,5 +1,6 @@
 """The numbers `emo analyze --json` prints: critical path, its breakdown, slack per GPU, replay error,
 collective matching and, for multi-rank traces, who waited for whom."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,12 +11,25 @@ from emo.graph.whatif import Compiled, Result, compile_graph, slack_windows, tak
 from emo.trace.schema import LAUNCH_CALLS
 
 # What a node's own duration counts as on the critical path.
-DUR_CATEGORY = {"cpu": "cpu", "sync": "sync", "kernel": "gpu_compute", "memset": "gpu_compute",
-                "memcpy": "memcpy", "collective": "communication", "coll_wait": "communication",
-                "rendezvous": "communication"}
+DUR_CATEGORY = {
+    "cpu": "cpu",
+    "sync": "sync",
+    "kernel": "gpu_compute",
+    "memset": "gpu_compute",
+    "memcpy": "memcpy",
+    "collective": "communication",
+    "coll_wait": "communication",
+    "rendezvous": "communication",
+}
 # What the fixed delay before a node counts as, by the kind of edge that bound its start.
-DELAY_CATEGORY = {"launch": "launch", "stream": "queueing", "event": "queueing", "sync": "queueing",
-                  "collective": "queueing", "program": "cpu"}
+DELAY_CATEGORY = {
+    "launch": "launch",
+    "stream": "queueing",
+    "event": "queueing",
+    "sync": "queueing",
+    "collective": "queueing",
+    "program": "cpu",
+}
 CATEGORIES = ("cpu", "launch", "queueing", "gpu_compute", "memcpy", "communication", "sync", "start_offset")
 
 
@@ -32,8 +46,11 @@ def _sums(values: np.ndarray, *keys: np.ndarray) -> dict:
     uniq, inv = np.unique(k, axis=1 if len(keys) > 1 else None, return_inverse=True)
     out = np.zeros(uniq.shape[-1], np.int64)
     np.add.at(out, inv.ravel(), values)
-    labels = [tuple(int(x) for x in col) for col in uniq.T] if len(keys) > 1 else [
-        x.item() if hasattr(x, "item") else x for x in uniq]
+    labels = (
+        [tuple(int(x) for x in col) for col in uniq.T]
+        if len(keys) > 1
+        else [x.item() if hasattr(x, "item") else x for x in uniq]
+    )
     return {lab: int(x) for lab, x in zip(labels, out)}
 
 
@@ -51,9 +68,17 @@ def path_breakdown(graph: Graph, result: Result) -> pd.DataFrame:
     dcat = np.array([DUR_CATEGORY.get(k, "cpu") for k in kind], dtype=object)
     dcat[(kind == "runtime") & np.isin(name, list(LAUNCH_CALLS))] = "launch"
     lcat = np.array([DELAY_CATEGORY.get(k, "start_offset") if k else "start_offset" for k in ekind], dtype=object)
-    return pd.DataFrame({"node": path, "rank": nodes["rank"].to_numpy()[path], "kind": kind,
-                         "delay_ns": result.delay_ns[path], "delay_category": lcat,
-                         "dur_ns": dur, "dur_category": dcat})
+    return pd.DataFrame(
+        {
+            "node": path,
+            "rank": nodes["rank"].to_numpy()[path],
+            "kind": kind,
+            "delay_ns": result.delay_ns[path],
+            "delay_category": lcat,
+            "dur_ns": dur,
+            "dur_category": dcat,
+        }
+    )
 
 
 def collective_waits(graph: Graph, result: Result) -> dict:
@@ -73,8 +98,13 @@ def collective_waits(graph: Graph, result: Result) -> dict:
     w["waited_for"] = w["rv"].map(last_rank)
     per = []
     for rv, g in w.groupby("rv", sort=True):
-        per.append({"name": str(n["name"].iat[rv])[:80], "last_rank": int(last_rank[rv]),
-                    "wait_us": {int(r): _us(x) for r, x in zip(g["rank"], g["wait"])}})
+        per.append(
+            {
+                "name": str(n["name"].iat[rv])[:80],
+                "last_rank": int(last_rank[rv]),
+                "wait_us": {int(r): _us(x) for r, x in zip(g["rank"], g["wait"])},
+            }
+        )
     return {
         "wait_us_by_rank": {int(r): _us(x) for r, x in w.groupby("rank")["wait"].sum().items()},
         "waited_for_us_by_rank": {int(r): _us(x) for r, x in w.groupby("waited_for")["wait"].sum().items()},
@@ -99,7 +129,7 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
     slack = {f"rank{r}/gpu{d}": _us(x) for (r, d), x in _sums(win["slack_ns"].to_numpy(np.int64), wr, wd).items()}
     n = graph.nodes
     dev = n["device"].to_numpy()
-    for (r, d) in _sums(np.zeros(int((dev >= 0).sum()), np.int64), n["rank"].to_numpy()[dev >= 0], dev[dev >= 0]):
+    for r, d in _sums(np.zeros(int((dev >= 0).sum()), np.int64), n["rank"].to_numpy()[dev >= 0], dev[dev >= 0]):
         slack.setdefault(f"rank{r}/gpu{d}", 0.0)
     ranks_on_path = sorted(int(r) for r in np.unique(rank) if r >= 0)
     return {

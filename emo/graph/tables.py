@@ -1,6 +1,7 @@
 """Tables as dicts of equal-length numpy columns, and the few pandas operations the graph builders
 need on them (drop_duplicates, merge, groupby numbering), giving pandas' rows in pandas' order
 (tests/test_graph_asof.py checks them against pandas) without pandas' fixed cost per call."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,8 +49,9 @@ def merge(left: dict, right: dict, on: list[str]) -> dict:
     starts = np.r_[0, np.cumsum(cnt)[:-1]]
     n = cnt[lc] if nl else np.zeros(0, np.int64)
     li = np.repeat(np.arange(nl), n)
-    ri = rord[np.repeat(starts[lc] if nl else np.zeros(0, np.int64), n) + np.arange(len(li))
-              - np.repeat(np.cumsum(n) - n, n)]
+    ri = rord[
+        np.repeat(starts[lc] if nl else np.zeros(0, np.int64), n) + np.arange(len(li)) - np.repeat(np.cumsum(n) - n, n)
+    ]
     out = take(left, li)
     out.update({c: v[ri] for c, v in right.items() if c not in on})
     return out

@@ -21,6 +21,7 @@ This module is EMO's one timing engine: the optimizer's passes (`forward`, `late
 predictor's clocked forward pass (`forward_clocked`: durations follow a per-GPU clock timeline, a
 node that spans a clock change runs at each clock in turn) all take the same CSR arrays with a lag
 per edge and a start offset per node, and compare times with one tolerance (TOLERANCE_NS)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import EDGE_KINDS, GPU_NODE_KINDS, Graph
-
 
 # Kineto writes whole microseconds (older PyTorch) or ns decimals of rounded values: a recorded
 # start may precede its constraint by up to this much through rounding alone. It is also the one
@@ -42,21 +42,21 @@ SERIAL_WORK = 200_000  # node × clock visits below which local what-if passes r
 
 @dataclass(frozen=True)
 class Compiled:
-    order: np.ndarray       # topological position -> node id
-    pos: np.ndarray         # node id -> topological position
-    indptr: np.ndarray      # CSR over in-edges, rows in topological order
-    src: np.ndarray         # predecessor's topological position
+    order: np.ndarray  # topological position -> node id
+    pos: np.ndarray  # node id -> topological position
+    indptr: np.ndarray  # CSR over in-edges, rows in topological order
+    src: np.ndarray  # predecessor's topological position
     from_start: np.ndarray  # bool per edge
-    edge_id: np.ndarray     # row of graph.edges per CSR entry
-    dur: np.ndarray         # recorded duration, topological order
-    lag: np.ndarray         # per CSR edge: gap after the constraint is met
-    offset: np.ndarray      # per node, topological order: the recorded start of a source, else 0
-    delay: np.ndarray       # per node, topological order: recorded start minus when its binding
-                            # constraint was met (the lag of its binding edge; a source's offset)
-    t0: int                 # recorded origin (ns)
+    edge_id: np.ndarray  # row of graph.edges per CSR entry
+    dur: np.ndarray  # recorded duration, topological order
+    lag: np.ndarray  # per CSR edge: gap after the constraint is met
+    offset: np.ndarray  # per node, topological order: the recorded start of a source, else 0
+    delay: np.ndarray  # per node, topological order: recorded start minus when its binding
+    # constraint was met (the lag of its binding edge; a source's offset)
+    t0: int  # recorded origin (ns)
     recorded_start: np.ndarray  # relative to t0, topological order
-    is_gpu: np.ndarray      # bool, topological order
-    device: np.ndarray      # (rank, device) key per node, -1 host; topological order
+    is_gpu: np.ndarray  # bool, topological order
+    device: np.ndarray  # (rank, device) key per node, -1 host; topological order
     stream: np.ndarray
     n: int
 
@@ -64,14 +64,14 @@ class Compiled:
 @dataclass(frozen=True)
 class Result:
     makespan_ns: int
-    start_ns: np.ndarray          # per node id, relative to the recorded origin
+    start_ns: np.ndarray  # per node id, relative to the recorded origin
     finish_ns: np.ndarray
-    critical_pred: np.ndarray     # node id of the in-edge that bound the start (-1: none)
-    critical_edge: np.ndarray     # row of graph.edges that bound the start (-1: none)
-    critical_path: np.ndarray     # node ids, first to last
-    slack_ns: np.ndarray          # per node id
-    replay_error_ns: int          # max |replayed - recorded| start over GPU nodes (recorded durations only)
-    delay_ns: np.ndarray          # per node id: start minus the time its binding constraint was met
+    critical_pred: np.ndarray  # node id of the in-edge that bound the start (-1: none)
+    critical_edge: np.ndarray  # row of graph.edges that bound the start (-1: none)
+    critical_path: np.ndarray  # node ids, first to last
+    slack_ns: np.ndarray  # per node id
+    replay_error_ns: int  # max |replayed - recorded| start over GPU nodes (recorded durations only)
+    delay_ns: np.ndarray  # per node id: start minus the time its binding constraint was met
     energy_j: float | None = None  # sum of the per-node energies passed in, if any
 
 
@@ -164,8 +164,27 @@ def free_finish(indptr, src, from_start, lag, offset, dur, start, deadline):
 
 
 @numba.njit(cache=True)
-def _local_chunk(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi,
-                 todo, useful, limit, out, first, last):
+def _local_chunk(
+    indptr,
+    src,
+    from_start,
+    lag,
+    offset,
+    cur_dur,
+    start,
+    finish,
+    slack,
+    dur_table,
+    item_of,
+    lo,
+    hi,
+    todo,
+    useful,
+    limit,
+    out,
+    first,
+    last,
+):
     n = len(cur_dur)
     C = dur_table.shape[1]
     stamp = np.full(n, -1, np.int64)
@@ -216,15 +235,53 @@ def _local_chunk(indptr, src, from_start, lag, offset, cur_dur, start, finish, s
 
 
 @numba.njit(cache=True, parallel=True)
-def _local_all(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo,
-               useful, limit, out, chunks):
+def _local_all(
+    indptr,
+    src,
+    from_start,
+    lag,
+    offset,
+    cur_dur,
+    start,
+    finish,
+    slack,
+    dur_table,
+    item_of,
+    lo,
+    hi,
+    todo,
+    useful,
+    limit,
+    out,
+    chunks,
+):
     for j in numba.prange(chunks):  # items split across threads, each chunk with its own scratch
-        _local_chunk(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi,
-                     todo, useful, limit, out, j * len(todo) // chunks, (j + 1) * len(todo) // chunks)
+        _local_chunk(
+            indptr,
+            src,
+            from_start,
+            lag,
+            offset,
+            cur_dur,
+            start,
+            finish,
+            slack,
+            dur_table,
+            item_of,
+            lo,
+            hi,
+            todo,
+            useful,
+            limit,
+            out,
+            j * len(todo) // chunks,
+            (j + 1) * len(todo) // chunks,
+        )
 
 
-def local_delays(indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo,
-                 useful, limit):
+def local_delays(
+    indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful, limit
+):
     """delay[k, c]: how far past its deadline the end would move if only item k ran at clock c
     (inf: not evaluated, because the clock is not useful for the item or a faster one is already
     past `limit`). Nodes must be in a topological order in which each item's nodes lie in
@@ -236,8 +293,25 @@ def local_delays(indptr, src, from_start, lag, offset, cur_dur, start, finish, s
     """
     out = np.zeros((len(lo), dur_table.shape[1]))
     t = todo[lo[todo] >= 0]
-    args = (indptr, src, from_start, lag, offset, cur_dur, start, finish, slack, dur_table, item_of, lo, hi, todo, useful,
-            float(limit), out)
+    args = (
+        indptr,
+        src,
+        from_start,
+        lag,
+        offset,
+        cur_dur,
+        start,
+        finish,
+        slack,
+        dur_table,
+        item_of,
+        lo,
+        hi,
+        todo,
+        useful,
+        float(limit),
+        out,
+    )
     if (np.sum(hi[t] - lo[t] + 1) * dur_table.shape[1]) < SERIAL_WORK:
         # small: a parallel region costs more than it saves, and far more on a busy machine
         _local_chunk(*args, 0, len(todo))
@@ -247,8 +321,9 @@ def local_delays(indptr, src, from_start, lag, offset, cur_dur, start, finish, s
 
 
 @numba.njit(cache=True)
-def forward_clocked(indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci,
-                    start, finish, used):
+def forward_clocked(
+    indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci, start, finish, used
+):
     """The forward pass under per-GPU clock timelines (CSR tl_ptr [D+1], tl_t, tl_ci: clock column
     tl_ci from tl_t on): a scaled node of GPU g runs at the clock in force on g while it runs, each
     part of it at its clock's rate (dur[v, c], energy[v, c]); other nodes take column `ref`.
@@ -329,8 +404,9 @@ def _monotone_key(indptr, src, key):
     return out
 
 
-def reorder_by_start(indptr, src, from_start, lag, offset, start) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                                           np.ndarray, np.ndarray]:
+def reorder_by_start(
+    indptr, src, from_start, lag, offset, start
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The same graph in a topological order sorted by `start` (per node, current order): returns
     (order, indptr, src, from_start, lag, offset) with order[new] = old. The optimizer wants each
     time window's nodes contiguous (local_delays' spans)."""
@@ -343,14 +419,14 @@ def reorder_by_start(indptr, src, from_start, lag, offset, start) -> tuple[np.nd
     return (order, *csr_in_edges(n, pos[src], pos[dst], from_start, lag), np.asarray(offset)[order])
 
 
-def csr_in_edges(n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarray,
-                 lag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def csr_in_edges(
+    n: int, src: np.ndarray, dst: np.ndarray, from_start: np.ndarray, lag: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CSR of in-edges (indptr [n+1], src, from_start, lag), rows by dst, each row's edges by src."""
     o = np.lexsort((src, dst))
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    return (indptr, np.asarray(src, np.int64)[o], np.asarray(from_start, np.bool_)[o],
-            np.asarray(lag, np.float64)[o])
+    return (indptr, np.asarray(src, np.int64)[o], np.asarray(from_start, np.bool_)[o], np.asarray(lag, np.float64)[o])
 
 
 @numba.njit(cache=True)
@@ -417,8 +493,10 @@ def compile_graph(graph: Graph) -> Compiled:
     if len(order) < n:
         stuck = np.setdiff1d(np.arange(n), order)
         row = nodes.iloc[int(stuck[0])]
-        raise ValueError(f"dependency cycle among {len(stuck)} nodes, e.g. node {int(stuck[0])} "
-                         f"({row['kind']} {str(row['name'])[:60]!r})")
+        raise ValueError(
+            f"dependency cycle among {len(stuck)} nodes, e.g. node {int(stuck[0])} "
+            f"({row['kind']} {str(row['name'])[:60]!r})"
+        )
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     ps, pd_ = pos[s], pos[d]
@@ -436,11 +514,29 @@ def compile_graph(graph: Graph) -> Compiled:
     ekind = to_kind[codes][e_order]  # an unknown or missing kind (code -1: the last entry) reads as "program"
     lag, offset, delay = _recorded_lags(indptr, src, fs, ekind, dur, rec, ROUNDING_TOLERANCE_NS)
     kind = nodes["kind"].to_numpy(dtype=object)[order]
-    dev = np.where(nodes["device"].to_numpy() >= 0,
-                   nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64), -1)[order]
-    return Compiled(order=order, pos=pos, indptr=indptr, src=src, from_start=fs, edge_id=e_order, dur=dur,
-                    lag=lag, offset=offset, delay=delay, t0=t0, recorded_start=rec, is_gpu=np.isin(kind, GPU_NODE_KINDS),
-                    device=dev, stream=nodes["stream"].to_numpy(np.int64)[order], n=n)
+    dev = np.where(
+        nodes["device"].to_numpy() >= 0,
+        nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64),
+        -1,
+    )[order]
+    return Compiled(
+        order=order,
+        pos=pos,
+        indptr=indptr,
+        src=src,
+        from_start=fs,
+        edge_id=e_order,
+        dur=dur,
+        lag=lag,
+        offset=offset,
+        delay=delay,
+        t0=t0,
+        recorded_start=rec,
+        is_gpu=np.isin(kind, GPU_NODE_KINDS),
+        device=dev,
+        stream=nodes["stream"].to_numpy(np.int64)[order],
+        n=n,
+    )
 
 
 def take_edge(per_edge: np.ndarray, edge: np.ndarray, none) -> np.ndarray:
@@ -452,8 +548,9 @@ def take_edge(per_edge: np.ndarray, edge: np.ndarray, none) -> np.ndarray:
     return out
 
 
-def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True,
-           energy_j: np.ndarray | None = None) -> Result:
+def whatif(
+    compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool = True, energy_j: np.ndarray | None = None
+) -> Result:
     """Replay the graph with new per-node durations (indexed by node id; None = as recorded).
 
     `energy_j` (per node id, optional) is summed into Result.energy_j, so a caller trying clocks
@@ -473,11 +570,18 @@ def whatif(compiled: Compiled, dur_ns: np.ndarray | None = None, *, slack: bool 
     to_id = c.pos
     crit_ids = take_edge(c.order[c.src], crit, -1)
     crit_edge = take_edge(c.edge_id, crit, -1)
-    return Result(makespan_ns=end - int(start.min()) if c.n else 0, start_ns=start[to_id], finish_ns=finish[to_id],
-                  critical_pred=crit_ids[to_id], critical_edge=crit_edge[to_id], critical_path=path_ids,
-                  slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
-                  replay_error_ns=replay, delay_ns=(c.offset + take_edge(c.lag, crit, 0))[to_id],
-                  energy_j=None if energy_j is None else float(np.sum(energy_j)))
+    return Result(
+        makespan_ns=end - int(start.min()) if c.n else 0,
+        start_ns=start[to_id],
+        finish_ns=finish[to_id],
+        critical_pred=crit_ids[to_id],
+        critical_edge=crit_edge[to_id],
+        critical_path=path_ids,
+        slack_ns=(latest - finish)[to_id] if slack else np.zeros(c.n, np.int64),
+        replay_error_ns=replay,
+        delay_ns=(c.offset + take_edge(c.lag, crit, 0))[to_id],
+        energy_j=None if energy_j is None else float(np.sum(energy_j)),
+    )
 
 
 def replay_error_ns(compiled: Compiled) -> int:
@@ -492,15 +596,20 @@ def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
     member by at most the stretch so far. Columns: rank, device, stream, start_ns, end_ns, slack_ns, nodes."""
     n = graph.nodes
     gpu = n["kind"].isin(GPU_NODE_KINDS).to_numpy()
-    df = {"rank": n["rank"].to_numpy()[gpu], "device": n["device"].to_numpy()[gpu],
-          "stream": n["stream"].to_numpy()[gpu], "start": result.start_ns[gpu],
-          "end": result.finish_ns[gpu], "slack": result.slack_ns[gpu]}
+    df = {
+        "rank": n["rank"].to_numpy()[gpu],
+        "device": n["device"].to_numpy()[gpu],
+        "stream": n["stream"].to_numpy()[gpu],
+        "start": result.start_ns[gpu],
+        "end": result.finish_ns[gpu],
+        "slack": result.slack_ns[gpu],
+    }
     o = np.lexsort((df["start"], df["stream"], df["device"], df["rank"]))  # (stable)
     df = {c: v[o] for c, v in df.items()}
     pos = df["slack"] > 0
     key = np.stack([df["rank"], df["device"], df["stream"]], axis=1)
-    newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)][:len(pos)]
-    brk = newgrp | ~pos | np.r_[True, ~pos[:-1]][:len(pos)]
+    newgrp = np.r_[True, (key[1:] != key[:-1]).any(axis=1)][: len(pos)]
+    brk = newgrp | ~pos | np.r_[True, ~pos[:-1]][: len(pos)]
     run = np.cumsum(brk)[pos]  # a run's ops are adjacent in this order: reduce each run at its head
     heads = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if len(run) else np.zeros(0, np.int64)
     col = {c: v[pos] for c, v in df.items()}
@@ -508,6 +617,14 @@ def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
     def reduce(f, c):
         return f.reduceat(col[c], heads) if len(heads) else col[c][:0]
 
-    return pd.DataFrame({"rank": col["rank"][heads], "device": col["device"][heads], "stream": col["stream"][heads],
-                         "start_ns": reduce(np.minimum, "start"), "end_ns": reduce(np.maximum, "end"),
-                         "slack_ns": reduce(np.minimum, "slack"), "nodes": np.diff(np.r_[heads, len(run)]).astype(np.int64)})
+    return pd.DataFrame(
+        {
+            "rank": col["rank"][heads],
+            "device": col["device"][heads],
+            "stream": col["stream"][heads],
+            "start_ns": reduce(np.minimum, "start"),
+            "end_ns": reduce(np.maximum, "end"),
+            "slack_ns": reduce(np.minimum, "slack"),
+            "nodes": np.diff(np.r_[heads, len(run)]).astype(np.int64),
+        }
+    )

@@ -1,6 +1,7 @@
 """Hugging Face Trainer: `Trainer(..., callbacks=[EmoCallback("policy.json")])` applies the policy on
 every rank's GPU while it trains. The Trainer's step is an optimizer step (gradient accumulation
 included): its start is the policy's t = 0."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,7 @@
 """PyTorch Lightning: `Trainer(callbacks=[EmoCallback("policy.json")])` applies the policy on every
 rank's GPU while it trains. An iteration is an optimizer step: with gradient accumulation, the first
 micro-batch of each step marks it (the policy's t = 0)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -38,14 +38,35 @@ exactly; any other source's columns (DCGM ratios, ncu metrics) enter through emo
 busy seconds and averages. `fit_predict` (emo.model.kernels) is the open interface: the same mix on
 long tables from any source, for standalone kernels, scored against two references.
 """
+
 from emo.model.calibration import BenchTables, bench_tables, idle_power, idle_power_w, running_power_w
-from emo.model.fit import (MODEL_COLUMNS, Fit, ModelArrays, calibrate_energy_level, fit_arrays,
-                           fit_signatures, fit_table, model_arrays)
+from emo.model.fit import (
+    MODEL_COLUMNS,
+    Fit,
+    ModelArrays,
+    calibrate_energy_level,
+    fit_arrays,
+    fit_signatures,
+    fit_table,
+    model_arrays,
+)
 from emo.model.kernels import fit_predict
 from emo.model.power import fit_power_mixture
 
 __all__ = [
-    "BenchTables", "Fit", "MODEL_COLUMNS", "ModelArrays", "bench_tables", "calibrate_energy_level",
-    "fit_arrays", "fit_power_mixture", "fit_predict", "fit_signatures", "fit_table", "idle_power", "idle_power_w",
-    "model_arrays", "running_power_w",
+    "BenchTables",
+    "Fit",
+    "MODEL_COLUMNS",
+    "ModelArrays",
+    "bench_tables",
+    "calibrate_energy_level",
+    "fit_arrays",
+    "fit_power_mixture",
+    "fit_predict",
+    "fit_signatures",
+    "fit_table",
+    "idle_power",
+    "idle_power_w",
+    "model_arrays",
+    "running_power_w",
 ]

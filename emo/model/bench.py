@@ -7,7 +7,7 @@ so that the energy counter resolves it, `model.repeats` times; its counter vecto
 the default clock through the device's range profiler.
 
 Before it starts, the stage logs what it will cost (measurements x their minimum window, in
-minutes); while it runs, a progress bar with an ETA (emo.progress). `calibration.json` beside
+minutes); while it runs, a progress bar with an ETA (emo.workflow.progress). `calibration.json` beside
 bench.parquet says which GPU model and driver measured it (what `emo calibration export` packs).
 A clock subset (`model.clocks_stride` > 1) is interpolated to every supported clock by the fit.
 
@@ -17,6 +17,7 @@ It also measures how long a clock request takes to land (Device.clock_step_laten
 emo.model.calibration.latency_summary); the optimizer plans with it. A device that cannot measure it
 stores null and says so; optimize then asks for optimizer.transition_ms.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,7 @@ import pandas as pd
 
 from emo.device import COUNTERS, ProfileResult, ProfilingUnavailable
 from emo.model.calibration import latency_line, latency_summary
-from emo.progress import Progress
+from emo.workflow.progress import Progress
 
 log = logging.getLogger("emo")
 
@@ -56,24 +57,42 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
                 if bar is None:
                     ident = device_identity(device)
                     n = len(names) * len(clocks) * repeats
-                    log.info("calibrate: %d benchmarks x %d clocks x %d repeats = %d measurements of >= %g s: "
-                             "at least %.1f minutes of GPU time, plus one profiling range per benchmark",
-                             len(names), len(clocks), repeats, n, min_seconds, n * min_seconds / 60)
+                    log.info(
+                        "calibrate: %d benchmarks x %d clocks x %d repeats = %d measurements of >= %g s: "
+                        "at least %.1f minutes of GPU time, plus one profiling range per benchmark",
+                        len(names),
+                        len(clocks),
+                        repeats,
+                        n,
+                        min_seconds,
+                        n * min_seconds / 60,
+                    )
                     bar = Progress(n, "calibrate")
                 try:
                     prof = device.profile_range([name])
                 except ProfilingUnavailable as e:  # the curves still calibrate; the fit then uses the mean mix
                     if not missing:
-                        log.warning("calibrate: no benchmark counters (%s): the fit will give every pack the "
-                                    "microbenchmarks' mean mix", e)
+                        log.warning(
+                            "calibrate: no benchmark counters (%s): the fit will give every pack the "
+                            "microbenchmarks' mean mix",
+                            e,
+                        )
                     missing.append(name)
                     prof = ProfileResult({c: float("nan") for c in COUNTERS}, passes=0, cost_s=0.0)
                 prof_s += prof.cost_s
                 for mhz in clocks:
                     for r in range(repeats):
                         m = device.run_microbenchmark(name, mhz, min_seconds)
-                        rows.append({"bench": name, "sm_mhz": int(mhz), "repeat": r, "time_s": m.time_s,
-                                     "energy_j": m.energy_j, **prof.counters})
+                        rows.append(
+                            {
+                                "bench": name,
+                                "sm_mhz": int(mhz),
+                                "repeat": r,
+                                "time_s": m.time_s,
+                                "energy_j": m.energy_j,
+                                **prof.counters,
+                            }
+                        )
                         bar.update()
                 dev_s += device.time_s() - t0
             finally:
@@ -83,9 +102,15 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
             bar.close()
     # the counter columns are what the device's profiler names (EMO's vector, or DCGM fields)
     bench = pd.DataFrame(rows, columns=None if rows else list(BENCH_COLUMNS))
-    return bench, {"benchmarks": len(names), "clocks": len(clocks), "measurements": len(rows),
-                   "profile_cost_s": round(prof_s, 3), "device_time_s": round(dev_s, 3),
-                   "counters": "none" if missing else "device", **ident}
+    return bench, {
+        "benchmarks": len(names),
+        "clocks": len(clocks),
+        "measurements": len(rows),
+        "profile_cost_s": round(prof_s, 3),
+        "device_time_s": round(dev_s, 3),
+        "counters": "none" if missing else "device",
+        **ident,
+    }
 
 
 def clock_steps(clocks: list[int], default_mhz: int, n: int) -> list[tuple[int, int]]:
@@ -116,8 +141,11 @@ def measure_clock_latency(open_dev, steps: int, poll_ms: float) -> dict | None:
     try:
         measure = getattr(device, "clock_step_latencies_ms", None)
         if measure is None:
-            log.warning("calibrate: %s cannot time clock requests (no clock_step_latencies_ms): no latency "
-                        "measurement; optimize will need optimizer.transition_ms", type(device).__name__)
+            log.warning(
+                "calibrate: %s cannot time clock requests (no clock_step_latencies_ms): no latency "
+                "measurement; optimize will need optimizer.transition_ms",
+                type(device).__name__,
+            )
             return None
         pairs = clock_steps(device.supported_clocks(), device.default_clock(), steps)
         lat = latency_summary(measure(pairs, poll_ms), pairs, poll_ms)

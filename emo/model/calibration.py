@@ -15,6 +15,7 @@ Power terms, per clock f:
   W_j(f)     the work energy of benchmark j: E_j(f) - P_run(f) * T_j(f), what its operations and
              bytes cost (for CMOS, per operation ~ C V(f)^2; DRAM bytes ~ constant).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ def counter_features(columns) -> FeatureSet:
         return COUNTERS
     fs, _ = resolve_columns(cols)
     return FeatureSet({c: col for c, col in fs.columns.items() if col.feature in FEATURES})
+
+
 IDLE_BENCH = "idle"
 
 
@@ -108,8 +111,13 @@ def repeats_differ(df: pd.DataFrame) -> bool:
     return bool((g.max() > g.min()).to_numpy().any())
 
 
-def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str = "bench",
-                 clocks: Sequence[int] | None = None, smooth: bool = True) -> BenchTables:
+def bench_tables(
+    bench: pd.DataFrame,
+    default_mhz: int | None = None,
+    where: str = "bench",
+    clocks: Sequence[int] | None = None,
+    smooth: bool = True,
+) -> BenchTables:
     """Validate `bench` and pivot it to arrays (median over repeats). `default_mhz`: the clock the
     counters were read at and the anchor of every curve (default: the highest clock). `clocks`: the
     GPU's supported clocks; those between the lowest and highest calibrated one are interpolated
@@ -126,8 +134,10 @@ def bench_tables(bench: pd.DataFrame, default_mhz: int | None = None, where: str
     bad = df[~((df["time_s"] > 0) & (df["energy_j"] > 0))]
     if len(bad):
         r = bad.iloc[0]
-        raise ValueError(f"{where}: {r['bench']} at {r['sm_mhz']} MHz has time_s={r['time_s']}, "
-                         f"energy_j={r['energy_j']} (both must be > 0)")
+        raise ValueError(
+            f"{where}: {r['bench']} at {r['sm_mhz']} MHz has time_s={r['time_s']}, "
+            f"energy_j={r['energy_j']} (both must be > 0)"
+        )
     med = df.groupby(["bench", "sm_mhz"], sort=False)[["time_s", "energy_j"]].median()
     names = tuple(dict.fromkeys(df["bench"]))
     mhz = np.sort(df["sm_mhz"].unique())
@@ -176,7 +186,9 @@ def idle_power(bench: pd.DataFrame, idle_bench: str = IDLE_BENCH) -> pd.Series:
     return pd.Series(idle_power_w(t, idle_bench), index=pd.Index(t.clocks, name="sm_mhz"), name="idle_power_w")
 
 
-def same_work_groups(tables: BenchTables, rtol: float = 0.01, exclude: tuple[str, ...] = (IDLE_BENCH,)) -> list[list[int]]:
+def same_work_groups(
+    tables: BenchTables, rtol: float = 0.01, exclude: tuple[str, ...] = (IDLE_BENCH,)
+) -> list[list[int]]:
     """Benchmarks that do the same work with a different launch (occupancy). When every benchmark is
     in microbench/registry.yaml: the same kernel with the same arguments. Otherwise (a custom suite):
     the same kernel-independent evidence, work counters equal within `rtol`; counters alone cannot
@@ -237,13 +249,20 @@ def latency_summary(samples_ms: Sequence[float], pairs: Sequence[tuple[int, int]
     if not np.all(np.isfinite(x) & (x >= 0)):
         raise ValueError("clock latency: samples must be finite and >= 0 ms")
     q = np.percentile(x, LATENCY_QUANTILES)
-    return {**{f"p{k}": round(float(v), 4) for k, v in zip(LATENCY_QUANTILES, q)},
-            "mean": round(float(x.mean()), 4), "n": int(len(x)), "poll_ms": float(poll_ms),
-            "samples": [round(float(v), 4) for v in x], "pairs": [[int(a), int(b)] for a, b in pairs]}
+    return {
+        **{f"p{k}": round(float(v), 4) for k, v in zip(LATENCY_QUANTILES, q)},
+        "mean": round(float(x.mean()), 4),
+        "n": int(len(x)),
+        "poll_ms": float(poll_ms),
+        "samples": [round(float(v), 4) for v in x],
+        "pairs": [[int(a), int(b)] for a, b in pairs],
+    }
 
 
 def latency_line(lat: dict) -> str:
     """The distribution in one line (logs, `emo calibration`)."""
-    return (f"clock-request latency over {lat['n']} steps (reads every {lat['poll_ms']:g} ms): "
-            f"p10 {lat['p10']:.1f}, p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
-            f"mean {lat['mean']:.1f} ms")
+    return (
+        f"clock-request latency over {lat['n']} steps (reads every {lat['poll_ms']:g} ms): "
+        f"p10 {lat['p10']:.1f}, p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
+        f"mean {lat['mean']:.1f} ms"
+    )

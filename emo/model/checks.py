@@ -15,6 +15,7 @@ Whether the two tables' features share their units (a x1000 slip in counters, or
 table only) depends on how each feature is read, so emo.model.columns warns about it, feature by
 feature (`scale_mismatch`), where the features are known.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -41,7 +42,7 @@ def check_fit_inputs(tables: dict[str, pd.DataFrame], paths: dict[str, str | Pat
         _complete_rows(paths[option], where)
         lines += _duplicates(df, where)
         lines += _power(df, where)
-    bench, targets = tables.get("--bench"), tables.get("--targets")
+    bench = tables.get("--bench")
     if bench is not None:
         lines += _time_vs_clock(bench, f"--bench {paths['--bench']}")
     return lines
@@ -58,8 +59,10 @@ def _complete_rows(path: str | Path, where: str) -> None:
         header = next(rows, [])
         for n, row in enumerate(rows, start=2):
             if row and len(row) != len(header):
-                raise ValueError(f"{where}: line {n} has {len(row)} fields, the header {len(header)} "
-                                 "(a file cut short, or a stray separator)")
+                raise ValueError(
+                    f"{where}: line {n} has {len(row)} fields, the header {len(header)} "
+                    "(a file cut short, or a stray separator)"
+                )
 
 
 def _duplicates(df: pd.DataFrame, where: str) -> list[str]:
@@ -74,16 +77,20 @@ def _duplicates(df: pd.DataFrame, where: str) -> list[str]:
         differ = [c for c in values if g[c].astype(str).nunique() > 1]
         if differ:
             c = differ[0]
-            raise ValueError(f"{where}: {name} at {mhz} MHz is measured {len(g)} times with different {c} "
-                             f"({', '.join(map(str, g[c].head(3)))}): keep one row per name and clock")
+            raise ValueError(
+                f"{where}: {name} at {mhz} MHz is measured {len(g)} times with different {c} "
+                f"({', '.join(map(str, g[c].head(3)))}): keep one row per name and clock"
+            )
     return [f"check: {where}: {int(dup.sum() - rows.groupby(list(KEYS)).ngroups)} identical duplicate row(s) ignored"]
 
 
 def _power(df: pd.DataFrame, where: str) -> list[str]:
     lo, hi = POWER_RANGE_W
     out = []
-    for label, p in (("power_w", df.get("power_w")),
-                     ("energy_j / time_s", df["energy_j"] / df["time_s"] if {"energy_j", "time_s"} <= set(df) else None)):
+    for label, p in (
+        ("power_w", df.get("power_w")),
+        ("energy_j / time_s", df["energy_j"] / df["time_s"] if {"energy_j", "time_s"} <= set(df) else None),
+    ):
         if p is None:
             continue
         p = pd.to_numeric(p, errors="coerce").to_numpy(float)
@@ -92,8 +99,10 @@ def _power(df: pd.DataFrame, where: str) -> list[str]:
             continue
         bad = (p < lo) | (p > hi)
         if bad.mean() > 0.5:  # most rows: a unit, not a noisy row
-            raise ValueError(f"{where}: {label} is {np.median(p):.4g} W (median), outside a GPU's {lo:g}-{hi:g} W: "
-                             "wrong unit? (want time_s in seconds, energy_j in joules, power_w in watts)")
+            raise ValueError(
+                f"{where}: {label} is {np.median(p):.4g} W (median), outside a GPU's {lo:g}-{hi:g} W: "
+                "wrong unit? (want time_s in seconds, energy_j in joules, power_w in watts)"
+            )
         out.append(f"check: {where}: {label} {np.min(p):.3g}-{np.max(p):.3g} W: watts and seconds")
     return out
 
@@ -109,6 +118,12 @@ def _time_vs_clock(df: pd.DataFrame, where: str) -> list[str]:
         total += 1
         slower += bool(g["time_s"].iat[-1] > 1.5 * g["time_s"].iat[0])  # 50 % slower at the highest clock
     if total and slower > total / 2:
-        raise ValueError(f"{where}: {slower} of {total} benchmarks are slower at their highest clock than at their "
-                         "lowest: is time_s a time (not a rate), and sm_mhz the SM clock?")
-    return [f"check: {where}: time_s falls or stays as sm_mhz rises ({total - slower} of {total} benchmarks)"] if total else []
+        raise ValueError(
+            f"{where}: {slower} of {total} benchmarks are slower at their highest clock than at their "
+            "lowest: is time_s a time (not a rate), and sm_mhz the SM clock?"
+        )
+    return (
+        [f"check: {where}: time_s falls or stays as sm_mhz rises ({total - slower} of {total} benchmarks)"]
+        if total
+        else []
+    )

@@ -10,6 +10,7 @@ that unit's work at the suite's peak rate" (emo.model.features). A feature is st
 name has one value at all its clocks (static analysis, instruction mixes), per-clock otherwise
 (counters measured at each clock); both are read at the reference clock.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ SCALE_FACTOR = 10.0  # targets' peak beyond this factor of the benchmarks' (eith
 
 
 def parse_features(spec: str | Sequence[str] | None) -> list[tuple[str, str | None]] | Literal["all"] | None:
-    """"all", None, or [(column, form or None)] from "a,b:total" or a list of such names."""
+    """ "all", None, or [(column, form or None)] from "a,b:total" or a list of such names."""
     if spec is None:
         return None
     if spec == "all":
@@ -47,13 +48,14 @@ def candidate_columns(df: pd.DataFrame, reserved: set[str]) -> list[str]:
 
 
 def infer_form(values: np.ndarray) -> str:
-    """"ratio" when every finite value lies in [0, 1], else "total"."""
+    """ "ratio" when every finite value lies in [0, 1], else "total"."""
     v = values[np.isfinite(values)]
     return "ratio" if v.size and v.min() >= 0 and v.max() <= 1 else "total"
 
 
-def choose_features(bench: pd.DataFrame, targets: pd.DataFrame, features, counters: str | None,
-                    reserved: set[str]) -> tuple[FeatureSet, list[str]]:
+def choose_features(
+    bench: pd.DataFrame, targets: pd.DataFrame, features, counters: str | None, reserved: set[str]
+) -> tuple[FeatureSet, list[str]]:
     """The feature set of a fit and notes on how each unknown column was read.
 
     features None or "all": every numeric column, known names by `counters` (another source's
@@ -79,8 +81,9 @@ def choose_features(bench: pd.DataFrame, targets: pd.DataFrame, features, counte
     for name, form in wanted:
         col = known.columns[name]
         if col.feature not in FEATURES:  # no source names it: its values say its form
-            vals = np.concatenate([pd.to_numeric(d[name], errors="coerce").to_numpy(float)
-                                   for d in (bench, targets) if name in d.columns])
+            vals = np.concatenate(
+                [pd.to_numeric(d[name], errors="coerce").to_numpy(float) for d in (bench, targets) if name in d.columns]
+            )
             form = form or infer_form(vals)
             extra[name] = Feature(name, "work", name, "a column no known source names")
             unknown.append(f"{name} ({form})")
@@ -144,7 +147,7 @@ def collinear_pairs(names: Sequence[str], values: np.ndarray) -> list[tuple[str,
     out = []
     idx = np.nonzero(ok)[0]
     for i_, i in enumerate(idx):
-        for j in idx[i_ + 1:]:
+        for j in idx[i_ + 1 :]:
             r = float(v[:, i] @ v[:, j] / (norm[i] * norm[j]))
             if abs(r) >= COLLINEAR_R:
                 out.append((names[int(i)], names[j], r))
@@ -179,9 +182,13 @@ def feature_warnings(fs: FeatureSet, cb: np.ndarray, tb, cs: np.ndarray, ts) -> 
         out.append(f"feature {names[k]} is {cb[0, k]:.4g} in every benchmark: it cannot tell them apart")
     keep = [k for k in range(len(names)) if not const[k]]
     for a, b, r in collinear_pairs([names[k] for k in keep], cb[:, keep]):
-        out.append(f"features {a} and {b} are collinear over the benchmarks (r = {r:.4f}): the fit cannot tell "
-                   "their work apart")
+        out.append(
+            f"features {a} and {b} are collinear over the benchmarks (r = {r:.4f}): the fit cannot tell "
+            "their work apart"
+        )
     for name, pb, ps in scale_mismatch(fs, cb, tb, cs, ts):
-        out.append(f"feature {name} peaks at {ps:.4g} in the targets but {pb:.4g} in the benchmarks: another "
-                   "unit or scale in one table? (want the same in both)")
+        out.append(
+            f"feature {name} peaks at {ps:.4g} in the targets but {pb:.4g} in the benchmarks: another "
+            "unit or scale in one table? (want the same in both)"
+        )
     return out

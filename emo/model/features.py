@@ -6,6 +6,7 @@ a ratio or a rate is multiplied by the range's duration first. Presence features
 occupancy) become averages over the range, scaled to the suite's largest. Without durations (data
 with power only), a ratio is used as it is (the duration is taken as 1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from emo.device.features import FeatureSet
-
 
 UNATTRIBUTED = "sm_active_unattributed"  # derived work column: SM-active time beyond the busiest named unit
 
@@ -44,8 +44,13 @@ def _raw(values: np.ndarray, fs: FeatureSet, duration: np.ndarray) -> tuple[np.n
     return stack(work), stack(pres), wc, pc
 
 
-def model_inputs(bench_values: np.ndarray, bench_time_s: np.ndarray | None, target_values: np.ndarray,
-                 target_time_s: np.ndarray | None, fs: FeatureSet) -> tuple[Inputs, Inputs]:
+def model_inputs(
+    bench_values: np.ndarray,
+    bench_time_s: np.ndarray | None,
+    target_values: np.ndarray,
+    target_time_s: np.ndarray | None,
+    fs: FeatureSet,
+) -> tuple[Inputs, Inputs]:
     """(bench inputs, target inputs) from counter values [N, K] in the column order of `fs`, read
     at the reference clock, and the ranges' durations there (None: power-only data)."""
     tb = np.ones(len(bench_values)) if bench_time_s is None else np.asarray(bench_time_s, float)
@@ -69,8 +74,9 @@ def model_inputs(bench_values: np.ndarray, bench_time_s: np.ndarray | None, targ
     return out[0], out[1]
 
 
-def mix(bench: Inputs, target: Inputs, basis: list[int], bench_time_s: np.ndarray | None,
-        presence_weight: float) -> np.ndarray:
+def mix(
+    bench: Inputs, target: Inputs, basis: list[int], bench_time_s: np.ndarray | None, presence_weight: float
+) -> np.ndarray:
     """[S, len(basis)] x >= 0: each target's work as a mix of the basis benchmarks' work (NNLS on busy
     seconds), with the presence averages matched time-weighted, presence_weight x
     sum_j x_j T_j (a_j - a_s) = 0 (busy times add up in a mix but overlap in a kernel, so averages,
@@ -98,8 +104,11 @@ def distinguishable(bench: Inputs, rtol: float = 1e-3) -> np.ndarray:
     keep = np.ones(len(w), dtype=bool)
     for j in range(len(w)):
         for i in range(j):
-            if keep[i] and np.allclose(direction[j], direction[i], atol=rtol) and \
-                    np.allclose(bench.presence[j], bench.presence[i], rtol=rtol, atol=1e-12):
+            if (
+                keep[i]
+                and np.allclose(direction[j], direction[i], atol=rtol)
+                and np.allclose(bench.presence[j], bench.presence[i], rtol=rtol, atol=1e-12)
+            ):
                 keep[j] = False
                 break
     return keep

@@ -4,6 +4,7 @@ See `emo.model` for the equations. Inputs are plain tables: the calibration (`be
 `emo.model.calibration`), each signature's counter vector (range profiler, one execution, default
 clock) and its measured time at the default clock. Output: one row per signature x clock.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -13,16 +14,27 @@ import numpy as np
 import pandas as pd
 
 from emo.device import COUNTERS
-from emo.model.calibration import (IDLE_BENCH, TIME_COUNTERS, BenchTables, bench_tables, idle_power_w,
-                                   running_power_w)
+from emo.model.calibration import IDLE_BENCH, TIME_COUNTERS, BenchTables, bench_tables, idle_power_w, running_power_w
 from emo.model.nnls import peak_rates, solve_nnls
 from emo.model.overlap import P_MAX, STRESS_RESOURCE, calibrate_p, time_curves
 
 INTENSIVE = ("active_warps",)  # averages over the range (achieved occupancy), not totals
 TIME_COUNTER_WEIGHT = 0.1  # weight of the average-matching equations of the time-like counters
 OVERLAP_MODES = ("roofline", "sum")
-MODEL_COLUMNS = ("signature", "sm_mhz", "time_s", "energy_j", "idle_energy_j", "dynamic_energy_j",
-                 "idle_power_w", "time_default_s", "default_mhz", "overlap_p", "fit_residual", "energy_level")
+MODEL_COLUMNS = (
+    "signature",
+    "sm_mhz",
+    "time_s",
+    "energy_j",
+    "idle_energy_j",
+    "dynamic_energy_j",
+    "idle_power_w",
+    "time_default_s",
+    "default_mhz",
+    "overlap_p",
+    "fit_residual",
+    "energy_level",
+)
 WEIGHT_PREFIX = "w_"
 
 
@@ -43,14 +55,20 @@ def bench_resources(names: Sequence[str], resources: Mapping[str, str] | None = 
     return [resources[n] for n in names]
 
 
-def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _signature_inputs(
+    counters: pd.DataFrame, time_default, features=COUNTERS
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     df = counters.set_index("signature") if "signature" in counters.columns else counters
     missing = [c for c in features if c not in df.columns]
     if missing:
         raise ValueError(f"counters: missing columns {', '.join(missing)}")
     if df.index.has_duplicates:
         raise ValueError(f"counters: signature {df.index[df.index.duplicated()][0]!r} appears twice")
-    t0 = pd.Series(time_default, dtype=np.float64) if not isinstance(time_default, pd.Series) else time_default.astype(np.float64)
+    t0 = (
+        pd.Series(time_default, dtype=np.float64)
+        if not isinstance(time_default, pd.Series)
+        else time_default.astype(np.float64)
+    )
     sigs = [str(s) for s in df.index]
     t0.index = t0.index.map(str)
     absent = [s for s in sigs if s not in t0.index]
@@ -58,7 +76,9 @@ def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -
         raise ValueError(f"time_default: no time for signature {absent[0]!r}")
     t = t0.reindex(sigs).to_numpy()
     if not np.all(np.isfinite(t) & (t > 0)):
-        raise ValueError(f"time_default: signature {sigs[int(np.argmin(np.where(np.isfinite(t), t, -1)))]!r} has a non-positive time")
+        raise ValueError(
+            f"time_default: signature {sigs[int(np.argmin(np.where(np.isfinite(t), t, -1)))]!r} has a non-positive time"
+        )
     c = df[list(features)].to_numpy(np.float64)
     partial = np.isnan(c).any(axis=1) & ~np.isnan(c).all(axis=1)  # all NaN: profiled without counters
     if partial.any() or np.isinf(c).any() or (c < 0).any():
@@ -68,8 +88,9 @@ def _signature_inputs(counters: pd.DataFrame, time_default, features=COUNTERS) -
 
 def _averages(cb: np.ndarray, tb0: np.ndarray, intensive: Sequence[str]) -> np.ndarray:
     """[J, len(TIME_COUNTERS)] the time-like counters as averages over each benchmark's run."""
-    return np.stack([cb[:, COUNTERS.index(n)] if n in intensive else cb[:, COUNTERS.index(n)] / tb0
-                     for n in TIME_COUNTERS], axis=1)
+    return np.stack(
+        [cb[:, COUNTERS.index(n)] if n in intensive else cb[:, COUNTERS.index(n)] / tb0 for n in TIME_COUNTERS], axis=1
+    )
 
 
 def distinguishable(cb: np.ndarray, tb0: np.ndarray, intensive: Sequence[str], rtol: float = 1e-3) -> np.ndarray:
@@ -84,15 +105,19 @@ def distinguishable(cb: np.ndarray, tb0: np.ndarray, intensive: Sequence[str], r
     keep = np.ones(len(cb), dtype=bool)
     for j in range(len(cb)):
         for i in range(j):
-            if keep[i] and np.allclose(direction[j], direction[i], atol=rtol) and \
-                    np.allclose(avg[j], avg[i], rtol=rtol, atol=1e-12):
+            if (
+                keep[i]
+                and np.allclose(direction[j], direction[i], atol=rtol)
+                and np.allclose(avg[j], avg[i], rtol=rtol, atol=1e-12)
+            ):
                 keep[j] = False
                 break
     return keep
 
 
-def _average_rows(cb: np.ndarray, tb0: np.ndarray, cs: np.ndarray, t0: np.ndarray,
-                  intensive: Sequence[str], weight: float) -> np.ndarray:
+def _average_rows(
+    cb: np.ndarray, tb0: np.ndarray, cs: np.ndarray, t0: np.ndarray, intensive: Sequence[str], weight: float
+) -> np.ndarray:
     """[S, M, J] equations that make the mix's time-weighted average of each time-like counter
     (occupancy, fraction of SM cycles active) equal the signature's:
         sum_j x_j T_j(f0) (a_j - a_s) = 0,
@@ -130,10 +155,19 @@ class Fit:
     time_default_s: np.ndarray  # [S]
 
 
-def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: np.ndarray, *,
-               overlap: str = "roofline", resources: Mapping[str, str] | None = None,
-               intensive: Sequence[str] = INTENSIVE, time_counter_weight: float = TIME_COUNTER_WEIGHT,
-               p_max: float = P_MAX, idle_bench: str = IDLE_BENCH) -> Fit:
+def fit_arrays(
+    tables: BenchTables,
+    sigs: list[str],
+    counters: np.ndarray,
+    t0: np.ndarray,
+    *,
+    overlap: str = "roofline",
+    resources: Mapping[str, str] | None = None,
+    intensive: Sequence[str] = INTENSIVE,
+    time_counter_weight: float = TIME_COUNTER_WEIGHT,
+    p_max: float = P_MAX,
+    idle_bench: str = IDLE_BENCH,
+) -> Fit:
     if overlap not in OVERLAP_MODES:
         raise ValueError(f"overlap: {overlap!r} is not one of {OVERLAP_MODES}")
     f0 = tables.default_index
@@ -158,11 +192,15 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
         keep = distinguishable(cb, tb[:, f0], intensive)
         xk = np.zeros((known.sum(), len(basis)))
         xk[:, keep], resid[known] = solve_nnls(
-            cb[keep][:, work_k], cs[:, work_k], peak_rates(cb[keep][:, work_k], tb[keep, f0]),
-            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, tk, intensive, time_counter_weight))
+            cb[keep][:, work_k],
+            cs[:, work_k],
+            peak_rates(cb[keep][:, work_k], tb[keep, f0]),
+            zero_rows=_average_rows(cb[keep], tb[keep, f0], cs, tk, intensive, time_counter_weight),
+        )
         x[known] = xk
     elif known.any():  # any other source's columns (DCGM ratios, ncu metrics): the model's feature inputs
-        from emo.model.features import distinguishable as distinct, mix, model_inputs
+        from emo.model.features import distinguishable as distinct
+        from emo.model.features import mix, model_inputs
 
         wi_b, wi_s = model_inputs(cb, tb[:, f0], cs, tk, tables.features)
         keep = distinct(wi_b)
@@ -170,7 +208,9 @@ def fit_arrays(tables: BenchTables, sigs: list[str], counters: np.ndarray, t0: n
         xk[:, keep] = mix(wi_b, wi_s, list(np.nonzero(keep)[0]), tb[:, f0], time_counter_weight)
         fitted = xk @ wi_b.work
         norm = np.linalg.norm(wi_s.work, axis=1)
-        resid[known] = np.where(norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0)
+        resid[known] = np.where(
+            norm > 0, np.linalg.norm(fitted - wi_s.work, axis=1) / np.where(norm > 0, norm, 1.0), 0.0
+        )
         x[known] = xk
 
     res = bench_resources(names, resources)
@@ -190,29 +230,41 @@ def fit_table(fit: Fit, energy_level: np.ndarray | float = 1.0) -> pd.DataFrame:
     s, c = len(fit.signatures), len(fit.clocks)
     level = np.broadcast_to(np.asarray(energy_level, dtype=np.float64), (s,))
     dyn = fit.dynamic_energy_j * level[:, None]
-    out = pd.DataFrame({
-        "signature": np.repeat(np.asarray(fit.signatures, dtype=object), c),
-        "sm_mhz": np.tile(fit.clocks.astype(np.int64), s),
-        "time_s": fit.time_s.ravel(),
-        "energy_j": (fit.idle_energy_j + dyn).ravel(),
-        "idle_energy_j": fit.idle_energy_j.ravel(),
-        "dynamic_energy_j": dyn.ravel(),
-        "idle_power_w": np.tile(fit.idle_power_w, s),
-        "time_default_s": np.repeat(fit.time_default_s, c),
-        "default_mhz": np.int64(fit.clocks[fit.default_index]),
-        "overlap_p": np.repeat(fit.overlap_p, c),
-        "fit_residual": np.repeat(fit.residual, c),
-        "energy_level": np.repeat(level, c),
-    })
+    out = pd.DataFrame(
+        {
+            "signature": np.repeat(np.asarray(fit.signatures, dtype=object), c),
+            "sm_mhz": np.tile(fit.clocks.astype(np.int64), s),
+            "time_s": fit.time_s.ravel(),
+            "energy_j": (fit.idle_energy_j + dyn).ravel(),
+            "idle_energy_j": fit.idle_energy_j.ravel(),
+            "dynamic_energy_j": dyn.ravel(),
+            "idle_power_w": np.tile(fit.idle_power_w, s),
+            "time_default_s": np.repeat(fit.time_default_s, c),
+            "default_mhz": np.int64(fit.clocks[fit.default_index]),
+            "overlap_p": np.repeat(fit.overlap_p, c),
+            "fit_residual": np.repeat(fit.residual, c),
+            "energy_level": np.repeat(level, c),
+        }
+    )
     weights = pd.DataFrame(np.repeat(fit.weights, c, axis=0), columns=[WEIGHT_PREFIX + n for n in fit.basis])
     return pd.concat([out, weights], axis=1)
 
 
-def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
-                   default_mhz: int | None = None, overlap: str = "roofline",
-                   resources: Mapping[str, str] | None = None, intensive: Sequence[str] = INTENSIVE,
-                   time_counter_weight: float = TIME_COUNTER_WEIGHT, p_max: float = P_MAX,
-                   idle_bench: str = IDLE_BENCH, clocks: Sequence[int] | None = None, smooth: bool = True) -> pd.DataFrame:
+def fit_signatures(
+    bench: pd.DataFrame,
+    counters: pd.DataFrame,
+    time_default,
+    *,
+    default_mhz: int | None = None,
+    overlap: str = "roofline",
+    resources: Mapping[str, str] | None = None,
+    intensive: Sequence[str] = INTENSIVE,
+    time_counter_weight: float = TIME_COUNTER_WEIGHT,
+    p_max: float = P_MAX,
+    idle_bench: str = IDLE_BENCH,
+    clocks: Sequence[int] | None = None,
+    smooth: bool = True,
+) -> pd.DataFrame:
     """Predicted time and energy of every signature at every calibrated clock (and, with `clocks`,
     at every one of those between the lowest and highest calibrated clock, interpolated).
 
@@ -224,13 +276,30 @@ def fit_signatures(bench: pd.DataFrame, counters: pd.DataFrame, time_default, *,
     """
     tables = bench_tables(bench, default_mhz, clocks=clocks, smooth=smooth)
     sigs, c, t0 = _signature_inputs(counters, time_default, tables.features)
-    fit = fit_arrays(tables, sigs, c, t0, overlap=overlap, resources=resources, intensive=intensive,
-                     time_counter_weight=time_counter_weight, p_max=p_max, idle_bench=idle_bench)
+    fit = fit_arrays(
+        tables,
+        sigs,
+        c,
+        t0,
+        overlap=overlap,
+        resources=resources,
+        intensive=intensive,
+        time_counter_weight=time_counter_weight,
+        p_max=p_max,
+        idle_bench=idle_bench,
+    )
     return fit_table(fit)
 
 
-def calibrate_energy_level(model: pd.DataFrame, occurrences, measured_energy_j: float, makespan_s: float, *,
-                           devices: int = 1, other_energy_j: float = 0.0) -> tuple[pd.DataFrame, float]:
+def calibrate_energy_level(
+    model: pd.DataFrame,
+    occurrences,
+    measured_energy_j: float,
+    makespan_s: float,
+    *,
+    devices: int = 1,
+    other_energy_j: float = 0.0,
+) -> tuple[pd.DataFrame, float]:
     """Scale every signature's dynamic energy by one factor k so that one iteration at the default
     clock costs what was measured:
 
@@ -257,8 +326,10 @@ def calibrate_energy_level(model: pd.DataFrame, occurrences, measured_energy_j: 
     idle = devices * float(at0["idle_power_w"].iloc[0]) * makespan_s
     above = measured_energy_j - idle - other_energy_j
     if packed <= 0 or above <= 0:
-        raise ValueError(f"energy calibration: measured {measured_energy_j:.4g} J leaves {above:.4g} J above idle "
-                         f"({idle:.4g} J) and other ({other_energy_j:.4g} J) for packs whose model says {packed:.4g} J")
+        raise ValueError(
+            f"energy calibration: measured {measured_energy_j:.4g} J leaves {above:.4g} J above idle "
+            f"({idle:.4g} J) and other ({other_energy_j:.4g} J) for packs whose model says {packed:.4g} J"
+        )
     k = above / packed
     out = model.copy()
     unit = out["dynamic_energy_j"] / out["energy_level"]

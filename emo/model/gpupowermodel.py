@@ -8,6 +8,7 @@ per component (measured at the default clocks, so repeated on every row of a con
 Names are not unique (the suite reuses "1", "8", ... across families); a configuration is a run of
 consecutive rows, and a new one starts when the name changes or a clock pair repeats.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,15 +47,21 @@ def read_power_curves(path: str | Path) -> PowerCurves:
         per_domain = [int(v) for v in head[2].split(",")]
         components = [c.strip() for c in head[3].split(",")]
     except (IndexError, ValueError):
-        raise ValueError(f"{path}: not a gpupowermodel CSV (want a 4-line header: domains, default clocks, "
-                         "components per domain, component names)") from None
+        raise ValueError(
+            f"{path}: not a gpupowermodel CSV (want a 4-line header: domains, default clocks, "
+            "components per domain, component names)"
+        ) from None
     if len(default) != domains or domains != 2 or sum(per_domain) != len(components):
-        raise ValueError(f"{path}: header says {domains} domains, defaults {default}, {per_domain} components "
-                         f"but names {len(components)} (want 2 domains: core, memory)")
+        raise ValueError(
+            f"{path}: header says {domains} domains, defaults {default}, {per_domain} components "
+            f"but names {len(components)} (want 2 domains: core, memory)"
+        )
     df = pd.read_csv(path, skiprows=4, header=None)
     if df.shape[1] != 4 + len(components):
-        raise ValueError(f"{path}: rows have {df.shape[1]} fields, want name, power, core MHz, memory MHz "
-                         f"and {len(components)} utilisations")
+        raise ValueError(
+            f"{path}: rows have {df.shape[1]} fields, want name, power, core MHz, memory MHz "
+            f"and {len(components)} utilisations"
+        )
     pair = list(zip(df[2].astype(int), df[3].astype(int)))
     cfg, seen, ids = -1, set[tuple[int, int]](), list[int]()
     prev = None
@@ -70,18 +77,26 @@ def read_power_curves(path: str | Path) -> PowerCurves:
     sizes = df.groupby("cfg").size()
     if (sizes != n_c).any():
         bad = int(sizes[sizes != n_c].index[0])
-        raise ValueError(f"{path}: configuration {bad} ({df[df['cfg'] == bad][0].iloc[0]}) has "
-                         f"{int(sizes[bad])} rows, want one per clock pair ({n_c})")
+        raise ValueError(
+            f"{path}: configuration {bad} ({df[df['cfg'] == bad][0].iloc[0]}) has "
+            f"{int(sizes[bad])} rows, want one per clock pair ({n_c})"
+        )
     j = len(sizes)
     if not (df[[2, 3]].to_numpy(np.int64).reshape(j, n_c, 2) == clocks).all():
         raise ValueError(f"{path}: configurations list their clock pairs in different orders")
-    util = df.iloc[:, 4:4 + len(components)].to_numpy(np.float64).reshape(j, n_c, len(components))
+    util = df.iloc[:, 4 : 4 + len(components)].to_numpy(np.float64).reshape(j, n_c, len(components))
     if not np.allclose(util, util[:, :1, :]):
         raise ValueError(f"{path}: utilisations change within a configuration (want the default-clock vector repeated)")
     if tuple(default) not in set(map(tuple, clocks.tolist())):
         raise ValueError(f"{path}: the default clocks {default} are not among the measured pairs")
-    return PowerCurves(list(df.groupby("cfg")[0].first().astype(str)), components, (default[0], default[1]),
-                       clocks, util[:, 0, :], df[1].to_numpy(np.float64).reshape(j, n_c))
+    return PowerCurves(
+        list(df.groupby("cfg")[0].first().astype(str)),
+        components,
+        (default[0], default[1]),
+        clocks,
+        util[:, 0, :],
+        df[1].to_numpy(np.float64).reshape(j, n_c),
+    )
 
 
 def long_table(curves: PowerCurves, mem_mhz: int | None = None) -> pd.DataFrame:
@@ -99,7 +114,12 @@ def long_table(curves: PowerCurves, mem_mhz: int | None = None) -> pd.DataFrame:
         seen[n] = seen.get(n, 0) + 1
         names.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
     j, c = len(names), len(cols)
-    out = pd.DataFrame({"name": np.repeat(names, c), "sm_mhz": np.tile(curves.clocks[cols, 0], j),
-                        "power_w": curves.power_w[:, cols].ravel()})
+    out = pd.DataFrame(
+        {
+            "name": np.repeat(names, c),
+            "sm_mhz": np.tile(curves.clocks[cols, 0], j),
+            "power_w": curves.power_w[:, cols].ravel(),
+        }
+    )
     util = pd.DataFrame(np.repeat(curves.util, c, axis=0), columns=curves.components)
     return pd.concat([out, util], axis=1)

@@ -29,6 +29,7 @@ Two references are computed from the same inputs and scored alike: the mean curv
 average normalised curve, the target ignored) and a plain anchored NNLS (the same features as plain
 columns, each benchmark's curve mixed by its weight).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,6 +52,8 @@ VALUE_COLUMNS = ("time_s", "energy_j", "power_w")
 RESERVED = {*KEY_COLUMNS, *VALUE_COLUMNS, "mem_mhz", "repeat", "bench", "signature"}
 QUANTITIES = ("time_s", "energy_j", "power_w")
 IDLE_SCALES = np.linspace(0.0, 1.0, 11)  # candidate shares of the lowest benchmark power that are idle
+
+
 @dataclass(frozen=True)
 class Curves:
     """A long table pivoted: N names x C clocks (NaN where a name was not measured)."""
@@ -72,7 +75,9 @@ def _check_columns(df: pd.DataFrame, where: str, features: FeatureSet) -> None:
     """The columns a table of curves needs, and rows at all."""
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{where}: missing column {missing[0]} (want name, sm_mhz, time_s, energy_j or power_w, counters)")
+        raise ValueError(
+            f"{where}: missing column {missing[0]} (want name, sm_mhz, time_s, energy_j or power_w, counters)"
+        )
     if "energy_j" not in df.columns and "power_w" not in df.columns:
         raise ValueError(f"{where}: needs an energy_j or a power_w column")
     if "energy_j" in df.columns and "time_s" not in df.columns and "power_w" not in df.columns:
@@ -140,7 +145,6 @@ def curves_from_table(df: pd.DataFrame, where: str, features: FeatureSet) -> Cur
     return _pivot(df, vals, features)
 
 
-
 @dataclass
 class Result:
     """Predictions of one fit: a long table per method, scores, and what the fit assumed."""
@@ -157,10 +161,18 @@ class Result:
 
     def to_json(self) -> dict:
         emo = self.scores["emo"]
-        out = {"reference_mhz": self.reference_mhz, "features": self.features, "notes": self.notes,
-               "warnings": self.warnings, "normalisation": self.normalisation, "form": self.form,
-               "selection": self.selection,
-               **emo, "mean_curve": self.scores["mean_curve"], "nnls": self.scores["nnls"]}
+        out = {
+            "reference_mhz": self.reference_mhz,
+            "features": self.features,
+            "notes": self.notes,
+            "warnings": self.warnings,
+            "normalisation": self.normalisation,
+            "form": self.form,
+            "selection": self.selection,
+            **emo,
+            "mean_curve": self.scores["mean_curve"],
+            "nnls": self.scores["nnls"],
+        }
         recs = self.predictions.replace({np.nan: None}).to_dict(orient="records")
         out["predictions"] = recs
         return out
@@ -236,12 +248,18 @@ def _check_reference(b: Curves, s: Curves, f_ref: int) -> None:
     if gaps.any():
         j = int(np.argmax(gaps))
         f = b.clocks[np.isnan(b.power_w[j])][0]
-        raise ValueError(f"bench: no measurement of {b.names[j]} at {f} MHz (every benchmark needs every benchmark clock)")
+        raise ValueError(
+            f"bench: no measurement of {b.names[j]} at {f} MHz (every benchmark needs every benchmark clock)"
+        )
     if (b.time_s is None) != (s.time_s is None):
         raise ValueError("bench and targets: one has time_s and the other not")
     i = np.searchsorted(s.clocks, f_ref)
     if i >= len(s.clocks) or s.clocks[i] != f_ref or np.isnan(s.power_w[:, i]).any():
-        miss = s.names[0] if i >= len(s.clocks) or s.clocks[i] != f_ref else s.names[int(np.argmax(np.isnan(s.power_w[:, i])))]
+        miss = (
+            s.names[0]
+            if i >= len(s.clocks) or s.clocks[i] != f_ref
+            else s.names[int(np.argmax(np.isnan(s.power_w[:, i])))]
+        )
         raise ValueError(f"targets: {miss} has no row at the reference clock {f_ref} MHz (its anchor)")
 
 
@@ -250,8 +268,10 @@ def _within(s: Curves, b: Curves, notes: list[str]) -> Curves:
     out_of = (s.clocks < b.clocks[0]) | (s.clocks > b.clocks[-1])
     if not out_of.any():
         return s
-    notes.append(f"target rows at {', '.join(map(str, s.clocks[out_of]))} MHz lie outside the benchmarks' clocks "
-                 f"{b.clocks[0]}-{b.clocks[-1]} MHz: not predicted")
+    notes.append(
+        f"target rows at {', '.join(map(str, s.clocks[out_of]))} MHz lie outside the benchmarks' clocks "
+        f"{b.clocks[0]}-{b.clocks[-1]} MHz: not predicted"
+    )
     k = ~out_of
     cut = lambda a: None if a is None else a[:, k]  # noqa: E731
     return Curves(s.names, s.clocks[k], cut(s.time_s), cut(s.energy_j), s.power_w[:, k], s.counters[:, k], s.features)
@@ -260,7 +280,9 @@ def _within(s: Curves, b: Curves, notes: list[str]) -> Curves:
 def _at_reference(c: Curves, i: int, where: str) -> np.ndarray:
     v = c.counters[:, i, :]
     if np.isnan(v).any():
-        raise ValueError(f"{where}: {c.names[int(np.argmax(np.isnan(v).any(axis=1)))]} has no counters at {c.clocks[i]} MHz")
+        raise ValueError(
+            f"{where}: {c.names[int(np.argmax(np.isnan(v).any(axis=1)))]} has no counters at {c.clocks[i]} MHz"
+        )
     return v
 
 
@@ -285,8 +307,18 @@ def _basis(bn: _Bench, grid: np.ndarray, smooth: bool, p_idle_b: np.ndarray, p_r
     on = lambda v, inv: interp_curves(clocks, v, grid, inv)  # noqa: E731
     r = int(np.searchsorted(grid, clocks[bn.ib]))
     p_idle = on(p_idle_b[None, :], False)[0]
-    return Basis(bn.inputs, bn.raw, None if t is None else on(t, True), on(p, False), bn.resource, bn.rows,
-                 p_idle, np.maximum(on(p_run_b[None, :], False)[0], p_idle), r, bn.p_max)
+    return Basis(
+        bn.inputs,
+        bn.raw,
+        None if t is None else on(t, True),
+        on(p, False),
+        bn.resource,
+        bn.rows,
+        p_idle,
+        np.maximum(on(p_run_b[None, :], False)[0], p_idle),
+        r,
+        bn.p_max,
+    )
 
 
 def _truth(c: Curves) -> dict[str, np.ndarray]:
@@ -328,16 +360,21 @@ def _estimate_idle(bn: _Bench, form: Form, pairs, notes: list[str]) -> np.ndarra
     run = lambda p: _running_power(b, pairs, p)  # noqa: E731
     basis = _basis(bn, b.clocks, form.smooth, envelope, run(envelope))
     k = choose_idle(basis, cand, lambda p: np.maximum(run(p), p), _truth(b), form)
-    notes.append(f"no idle row: idle power taken as {IDLE_SCALES[k]:.1f} x the benchmarks' lowest power at each clock "
-                 f"({cand[k][bn.ib]:.1f} W at the reference clock), the share that predicts each benchmark from the "
-                 "others best")
+    notes.append(
+        f"no idle row: idle power taken as {IDLE_SCALES[k]:.1f} x the benchmarks' lowest power at each clock "
+        f"({cand[k][bn.ib]:.1f} W at the reference clock), the share that predicts each benchmark from the "
+        "others best"
+    )
     return cand[k]
 
 
 def _table(s: Curves, clocks: np.ndarray, f_ref: int, measured: dict, pred: dict) -> pd.DataFrame:
     n_s, n_c = len(s.names), len(clocks)
-    table = {"name": np.repeat(np.asarray(s.names, dtype=object), n_c), "sm_mhz": np.tile(clocks, n_s),
-             "anchor": np.tile(clocks == f_ref, n_s)}
+    table = {
+        "name": np.repeat(np.asarray(s.names, dtype=object), n_c),
+        "sm_mhz": np.tile(clocks, n_s),
+        "anchor": np.tile(clocks == f_ref, n_s),
+    }
     for q in QUANTITIES:
         if np.isfinite(measured[q]).any():
             table[f"measured_{q}"] = measured[q].ravel()
@@ -399,21 +436,34 @@ def _read_inputs(bench: pd.DataFrame, targets: pd.DataFrame, features, counters,
     tb_ref, ts_ref = (b.time_s[:, ib], s.time_s[:, is_]) if has_t else (None, None)
     warns = feature_warnings(fs, cb, tb_ref, cs, ts_ref)
     norm = normalisation(fs, bench, cb, tb_ref)
-    smoothed = {True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
-                False: (b.time_s, b.power_w)}
+    smoothed = {
+        True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
+        False: (b.time_s, b.power_w),
+    }
     wi_b, wi_s = model_inputs(cb, smoothed[True][0][:, ib] if has_t else None, cs, ts_ref, fs)
     return _Data(fs, b, s, f_ref, ib, is_, has_t, ts_ref, smoothed, wi_b, wi_s, cb, cs, warns, norm)
 
 
-def _bench_model(d: _Data, idle, pairs, overlap: str, p_max: float, scale_idle: bool, pinned: Form | None,
-                 select: bool, notes: list[str]):
+def _bench_model(
+    d: _Data,
+    idle,
+    pairs,
+    overlap: str,
+    p_max: float,
+    scale_idle: bool,
+    pinned: Form | None,
+    select: bool,
+    notes: list[str],
+):
     """Step 2: the benchmarks' idle and running power, and the model form (pinned, the default, or
     chosen by cross-validation on the benchmarks). Returns (bench, form, p_idle, p_run, selection, idle row)."""
     b = d.b
     p_idle_b, j_idle = _idle(b, idle)
     rows = [j for j in range(len(b.names)) if j != j_idle]
-    res = [_resource(d.fs, d.wi_b.work_columns[int(np.argmax(d.wi_b.work[j]))]) if d.wi_b.work.shape[1] else "sm"
-           for j in range(len(b.names))]
+    res = [
+        _resource(d.fs, d.wi_b.work_columns[int(np.argmax(d.wi_b.work[j]))]) if d.wi_b.work.shape[1] else "sm"
+        for j in range(len(b.names))
+    ]
     bn = _Bench(b, d.smoothed, d.wi_b, d.cb, res, rows, d.ib, p_max)
     measured = j_idle is not None or bool(pairs)  # the board's running power, not an estimate
     form = pinned or default_form(measured, d.has_t, overlap)
@@ -427,8 +477,10 @@ def _bench_model(d: _Data, idle, pairs, overlap: str, p_max: float, scale_idle: 
         # an idle estimate was fitted to these benchmarks, so they cannot also judge how to anchor on it
         cands = forms(d.has_t, ANCHORS if measured else (default.anchor,))
         form, selection = choose_form(cv, _truth(b), [default, *(f for f in cands if f != default)])
-        notes.append(f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
-                     f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)")
+        notes.append(
+            f"form chosen by cross-validation on the benchmarks: {form} (held-out error "
+            f"{selection[str(form)]:.2f} %, the default form's {selection[str(default)]:.2f} %)"
+        )
     return bn, form, p_idle_b, p_run_b, selection, j_idle
 
 
@@ -444,8 +496,11 @@ def _predictions(d: _Data, bn: _Bench, form: Form, p_idle_b, p_run_b, notes: lis
     pred: dict[str, dict[str, np.ndarray]] = {}
     pred["emo"], mixed = predict(form, basis, anchors)
     mean = mean_shapes(ref)
-    pred["mean_curve"] = {q: anchors_q[:, None] * mean[q][None, :] for q, anchors_q in
-                          (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_])) if q in mean}
+    pred["mean_curve"] = {
+        q: anchors_q[:, None] * mean[q][None, :]
+        for q, anchors_q in (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_]))
+        if q in mean
+    }
     if d.has_t:
         pred["mean_curve"]["power_w"] = pred["mean_curve"]["energy_j"] / pred["mean_curve"]["time_s"]
     pred["nnls"] = _plain_reference(ref, anchors, mean)
@@ -470,15 +525,30 @@ def _scores(pred: dict, measured: dict, r: int) -> dict:
     """MAPE per method and quantity over every measured point but the anchor clock's column `r`."""
     score_mask = np.ones(next(iter(measured.values())).shape, dtype=bool)
     score_mask[:, r] = False
-    return {m: {f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
-                for q in QUANTITIES} for m, v in pred.items()}
+    return {
+        m: {
+            f"mape_{q.split('_')[0]}_pct": (_mape(v[q], measured[q], score_mask) if q in v else None)
+            for q in QUANTITIES
+        }
+        for m, v in pred.items()
+    }
 
 
-def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | Sequence[str] | None = None,
-                counters: str | None = None, ref_mhz: int | None = None, idle: str | None = None,
-                pairs: Sequence[tuple[str, str]] | None = None, overlap: str = "roofline",
-                p_max: float = P_MAX, scale_idle: bool = True, form: Form | None = None,
-                select: bool = False) -> Result:
+def fit_predict(
+    bench: pd.DataFrame,
+    targets: pd.DataFrame,
+    *,
+    features: str | Sequence[str] | None = None,
+    counters: str | None = None,
+    ref_mhz: int | None = None,
+    idle: str | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    overlap: str = "roofline",
+    p_max: float = P_MAX,
+    scale_idle: bool = True,
+    form: Form | None = None,
+    select: bool = False,
+) -> Result:
     """Fit on `bench`, predict every target at its measured clocks and the benchmarks' clocks.
 
     features: None (every numeric column, known counter names by `counters`), "all" (every numeric
@@ -494,8 +564,9 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
         raise ValueError(f"overlap: {overlap!r} is not one of roofline, sum")
     notes: list[str] = []
     d = _read_inputs(bench, targets, features, counters, ref_mhz, notes)
-    bn, form, p_idle_b, p_run_b, selection, j_idle = _bench_model(d, idle, pairs, overlap, p_max, scale_idle, form,
-                                                                   select, notes)
+    bn, form, p_idle_b, p_run_b, selection, j_idle = _bench_model(
+        d, idle, pairs, overlap, p_max, scale_idle, form, select, notes
+    )
     clocks, r, pred = _predictions(d, bn, form, p_idle_b, p_run_b, notes)
     measured = _measured_grid(d.s, clocks)
     scores = _scores(pred, measured, r)
@@ -505,5 +576,14 @@ def fit_predict(bench: pd.DataFrame, targets: pd.DataFrame, *, features: str | S
         notes.append(f"counter columns no benchmark exercises (zero everywhere): {', '.join(unused)}")
     if j_idle is not None:
         notes.append(f"idle power from the row {d.b.names[j_idle]!r}")
-    return Result(_table(d.s, clocks, d.f_ref, measured, pred), scores, d.f_ref, used, notes, d.warns,
-                  {c: d.norm[c] for c in used if c in d.norm}, form.to_json(), selection)
+    return Result(
+        _table(d.s, clocks, d.f_ref, measured, pred),
+        scores,
+        d.f_ref,
+        used,
+        notes,
+        d.warns,
+        {c: d.norm[c] for c in used if c in d.norm},
+        form.to_json(),
+        selection,
+    )

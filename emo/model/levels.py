@@ -16,6 +16,7 @@ total is unchanged by a; column energy_level = k). a must lie in (0, 1]: when th
 separate the levels (a GPU busy all the time has I ~ B), a = 1 and k is fitted to them all; if
 even that fails, k comes from the default-clock iteration alone (emo.model.calibrate_energy_level).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,13 @@ from emo.model.predict import pack_tables, predict
 from emo.policy import FrequencyPolicy, policy_device_ids
 
 
-def fit_time(bench: pd.DataFrame, metrics: pd.DataFrame, packs: pd.DataFrame, default_mhz: int | None,
-             clocks: list[int] | None = None) -> pd.DataFrame:
+def fit_time(
+    bench: pd.DataFrame,
+    metrics: pd.DataFrame,
+    packs: pd.DataFrame,
+    default_mhz: int | None,
+    clocks: list[int] | None = None,
+) -> pd.DataFrame:
     """The model table at energy levels 1, anchored at each signature's median pack time; at every
     one of `clocks` inside the calibrated range (a calibration at a clock subset is interpolated)."""
     time_default = packs.groupby("signature")["dur_ns"].median() * 1e-9
@@ -74,11 +80,14 @@ def resolved(meas: dict, baseline: dict) -> bool:
     if any(x is None for x in sd):
         return True
     se = [float(x) / np.sqrt(max(int(m.get("iterations", 1)), 1)) for x, m in zip(sd, (meas, baseline))]
-    return abs(float(meas["iteration_time_s"]) - float(baseline["iteration_time_s"])) > LEVEL_MIN_SE * float(np.hypot(*se))
+    return abs(float(meas["iteration_time_s"]) - float(baseline["iteration_time_s"])) > LEVEL_MIN_SE * float(
+        np.hypot(*se)
+    )
 
 
-def time_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
-                baseline: dict, gpu: str) -> list[tuple[int, float]]:
+def time_levels(
+    model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame, baseline: dict, gpu: str
+) -> list[tuple[int, float]]:
     """(sm_mhz, λ) for with_time_level: at each clock the profile measured a whole iteration at, the
     λ that makes the predicted iteration equal the measured one (a static clock reads the model at
     that clock only, so each point is matched alone). The microbenchmark mix times each pack in
@@ -133,8 +142,9 @@ def per_device_shares(meas: dict, ids: list[int]) -> np.ndarray | None:
     return e / e.sum() if e.sum() > 0 else None
 
 
-def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame,
-                  baseline: dict, gpu: str) -> tuple[float, float, str]:
+def energy_levels(
+    model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame, baseline: dict, gpu: str
+) -> tuple[float, float, str]:
     """(idle level a, dynamic level k, how) from the measured iterations (module docstring), one
     equation per GPU and measured clock where every measurement names each GPU's energy, else one per
     measured clock. The GPUs of one workload differ in how much of the iteration they wait (pipeline
@@ -154,8 +164,11 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
     for (mhz, meas), share in zip(points, shares):
         pol = None if mhz is None else FrequencyPolicy.static(gpu, ids, mhz)
         p, b = predict(t, pol), predict(tb, pol)
-        i, y, bb = (p.idle_per_device_j / p.iterations, p.dynamic_per_device_j / p.iterations,
-                    b.dynamic_per_device_j / b.iterations)
+        i, y, bb = (
+            p.idle_per_device_j / p.iterations,
+            p.dynamic_per_device_j / p.iterations,
+            b.dynamic_per_device_j / b.iterations,
+        )
         e = float(meas["iteration_energy_j"])
         if per_gpu:
             rows += np.c_[i - bb, y].tolist()
@@ -175,8 +188,15 @@ def energy_levels(model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchor
     return (1.0, k, "dynamic-only") if k > 0 else (1.0, float("nan"), "default-clock")
 
 
-def fit_workload(gpu: dict, bench: pd.DataFrame, metrics: pd.DataFrame, graph: Graph, packs: pd.DataFrame,
-                 anchors: pd.DataFrame, baseline: dict) -> tuple[pd.DataFrame, dict, dict]:
+def fit_workload(
+    gpu: dict,
+    bench: pd.DataFrame,
+    metrics: pd.DataFrame,
+    graph: Graph,
+    packs: pd.DataFrame,
+    anchors: pd.DataFrame,
+    baseline: dict,
+) -> tuple[pd.DataFrame, dict, dict]:
     """(model table, check.json, the fit stage's metrics) of one workload on GPU configuration
     `gpu`: the calibration `bench`, its packs' counters `metrics`, its pack graph, packs and
     iteration anchors, and the profile's measured iterations `baseline` (the module docstring)."""
@@ -195,37 +215,67 @@ def fit_workload(gpu: dict, bench: pd.DataFrame, metrics: pd.DataFrame, graph: G
     elif how != "default-clock":
         model = with_levels(model, a, k)
     else:
-        occurrences = packs.groupby("signature")["dur_ns"].sum() / (
-            packs.groupby("signature")["dur_ns"].median()) / iterations
-        model, k = calibrate_energy_level(model, occurrences, float(baseline["iteration_energy_j"]),
-                                          float(baseline["iteration_time_s"]), devices=devices)
+        occurrences = (
+            packs.groupby("signature")["dur_ns"].sum() / (packs.groupby("signature")["dur_ns"].median()) / iterations
+        )
+        model, k = calibrate_energy_level(
+            model,
+            occurrences,
+            float(baseline["iteration_energy_j"]),
+            float(baseline["iteration_time_s"]),
+            devices=devices,
+        )
         model = with_levels(model, 1.0, k)
     t = pack_tables(graph, packs, model, anchors)
-    check = {"energy_levels": how, "idle_level": a, "energy_level": k,
-             "time_levels": {str(f): lam for f, lam in levels},
-             # one iteration's spread at the default clock, measured over many (optimize's tolerance)
-             "iteration_time_sd_s": baseline.get("iteration_time_sd_s")}
+    check = {
+        "energy_levels": how,
+        "idle_level": a,
+        "energy_level": k,
+        "time_levels": {str(f): lam for f, lam in levels},
+        # one iteration's spread at the default clock, measured over many (optimize's tolerance)
+        "iteration_time_sd_s": baseline.get("iteration_time_sd_s"),
+    }
 
     def versus(meas: dict, pol) -> dict:
         p = predict(t, pol)
         e_meas = meas["iteration_energy_j"]
-        return {"sm_mhz": meas["sm_mhz"], "predicted_iteration_s": p.time_s, "predicted_energy_j": p.energy_j,
-                "measured_iteration_s": meas["iteration_time_s"], "measured_energy_j": e_meas,
-                "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
-                "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1)}
+        return {
+            "sm_mhz": meas["sm_mhz"],
+            "predicted_iteration_s": p.time_s,
+            "predicted_energy_j": p.energy_j,
+            "measured_iteration_s": meas["iteration_time_s"],
+            "measured_energy_j": e_meas,
+            "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
+            "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1),
+        }
 
     check["default"] = versus(baseline, None)
-    check["levels"] = [versus(m, FrequencyPolicy.static(gpu["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
-                       for m in baseline.get("levels", [])]
+    check["levels"] = [
+        versus(m, FrequencyPolicy.static(gpu["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
+        for m in baseline.get("levels", [])
+    ]
     lams = [lam for _, lam in levels] or [1.0]
 
     def worst(key: str) -> float | None:
         return max((abs(c[key]) for c in check["levels"] if c[key] is not None), default=None)
 
-    return model, check, {"signatures": int(model["signature"].nunique()), "clocks": int(model["sm_mhz"].nunique()),
-            "time_level_min": min(lams), "time_level_max": max(lams), "idle_level": a, "energy_level": k,
+    return (
+        model,
+        check,
+        {
+            "signatures": int(model["signature"].nunique()),
+            "clocks": int(model["sm_mhz"].nunique()),
+            "time_level_min": min(lams),
+            "time_level_max": max(lams),
+            "idle_level": a,
+            "energy_level": k,
             "fit_residual_max": float(model["fit_residual"].max()),
             "default_time_error_pct": check["default"]["time_error_pct"],
             "default_energy_error_pct": check["default"]["energy_error_pct"],
-            **({"levels_time_error_pct": worst("time_error_pct"), "levels_energy_error_pct": worst("energy_error_pct")}
-               if check["levels"] else {})}
+            **(
+                {"levels_time_error_pct": worst("time_error_pct"), "levels_energy_error_pct": worst("energy_error_pct")}
+                if check["levels"]
+                else {}
+            ),
+        },
+    )

@@ -7,6 +7,7 @@ count becomes "seconds the unit would need at the suite's peak rate". A residual
 same thing on every row. Counters that no microbenchmark exercises (r_k = 0) carry no information
 about the mix and are left out (what they hold shows up in the residual only).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,9 +19,13 @@ def peak_rates(counters: np.ndarray, time_s: np.ndarray) -> np.ndarray:
     return (counters / time_s[:, None]).max(axis=0)
 
 
-def solve_nnls(basis: np.ndarray, targets: np.ndarray, scale: np.ndarray,
-               row_weight: np.ndarray | None = None,
-               zero_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def solve_nnls(
+    basis: np.ndarray,
+    targets: np.ndarray,
+    scale: np.ndarray,
+    row_weight: np.ndarray | None = None,
+    zero_rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Weights x >= 0 with targets[s] ~ x[s] @ basis, one NNLS per target row.
 
     basis [J, K] (one vector per microbenchmark), targets [S, K], scale [K] (divide each counter
@@ -43,7 +48,10 @@ def solve_nnls(basis: np.ndarray, targets: np.ndarray, scale: np.ndarray,
         if zero_rows is None:
             x[s], _ = nnls(a, b[s], maxiter=50 * max(a.shape[1], 1))
         else:
-            x[s], _ = nnls(np.vstack([a, zero_rows[s]]), np.concatenate([b[s], np.zeros(zero_rows.shape[1])]),
-                           maxiter=50 * max(a.shape[1], 1))
+            x[s], _ = nnls(
+                np.vstack([a, zero_rows[s]]),
+                np.concatenate([b[s], np.zeros(zero_rows.shape[1])]),
+                maxiter=50 * max(a.shape[1], 1),
+            )
         resid[s] = float(np.linalg.norm(a @ x[s] - b[s])) / norm
     return x, resid

@@ -8,6 +8,7 @@ e.g. a compute-bound kernel followed by a memory-bound one). We take the p-norm 
 busy times, a smooth maximum (p = 1: the sum; p -> inf: the max), and pick p per pack from the one
 point we know exactly: its measured time at the default clock. The curve is then anchored there.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,17 @@ import numpy as np
 # Which resource a microbenchmark's stressed unit occupies. The compute pipes share the warp
 # schedulers' issue slots; shared memory and L1 are one SRAM array; DRAM reads and writes share the bus.
 STRESS_RESOURCE = {
-    "int32": "sm", "fp32": "sm", "fp64": "sm", "sfu": "sm", "hmma": "sm", "imma": "sm",
-    "shared": "sram", "l1": "sram", "l2": "l2", "dram_read": "dram", "dram_write": "dram",
+    "int32": "sm",
+    "fp32": "sm",
+    "fp64": "sm",
+    "sfu": "sm",
+    "hmma": "sm",
+    "imma": "sm",
+    "shared": "sram",
+    "l1": "sram",
+    "l2": "l2",
+    "dram_read": "dram",
+    "dram_write": "dram",
 }
 P_MAX = 6.0  # the smoothest max a pack may get: real GPUs never overlap units perfectly
 
@@ -29,7 +39,7 @@ def pnorm(v: np.ndarray, p: np.ndarray | float, axis: int = 1) -> np.ndarray:
     ratio = v / np.expand_dims(safe, axis)
     p = np.asarray(p, dtype=np.float64)
     p_b = np.expand_dims(p, axis) if p.ndim else p
-    return np.where(m > 0, safe * (ratio ** p_b).sum(axis=axis) ** (1.0 / p), 0.0)
+    return np.where(m > 0, safe * (ratio**p_b).sum(axis=axis) ** (1.0 / p), 0.0)
 
 
 def calibrate_p(busy0: np.ndarray, t0: np.ndarray, p_max: float = P_MAX, iters: int = 40) -> np.ndarray:

@@ -13,6 +13,7 @@ units losing utilisation as the core slows), so the mix predicts the shape as we
 `anchor_to_default` rescales a predicted curve to a measured power at the default clock (what EMO
 does with time: the level is measured, the model supplies how it scales).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,17 +21,22 @@ import numpy as np
 from emo.model.nnls import solve_nnls
 
 
-def fit_power_mixture(micro_util: np.ndarray, micro_power_w: np.ndarray, idle_power_w: np.ndarray,
-                      app_util: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fit_power_mixture(
+    micro_util: np.ndarray, micro_power_w: np.ndarray, idle_power_w: np.ndarray, app_util: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(weights [A, J], predicted power [A, C]) from micro_util [J, U], micro_power_w [J, C],
     idle_power_w [C] and app_util [A, U]."""
     micro_util, app_util = np.asarray(micro_util, float), np.atleast_2d(np.asarray(app_util, float))
     micro_power_w, idle_power_w = np.asarray(micro_power_w, float), np.asarray(idle_power_w, float)
     if micro_util.shape[0] != micro_power_w.shape[0] or micro_util.shape[1] != app_util.shape[1]:
-        raise ValueError(f"power model: shapes do not agree: micro_util {micro_util.shape}, "
-                         f"micro_power {micro_power_w.shape}, app_util {app_util.shape}")
+        raise ValueError(
+            f"power model: shapes do not agree: micro_util {micro_util.shape}, "
+            f"micro_power {micro_power_w.shape}, app_util {app_util.shape}"
+        )
     if micro_power_w.shape[1] != idle_power_w.shape[0]:
-        raise ValueError(f"power model: {micro_power_w.shape[1]} clocks of benchmark power but {idle_power_w.shape[0]} of idle power")
+        raise ValueError(
+            f"power model: {micro_power_w.shape[1]} clocks of benchmark power but {idle_power_w.shape[0]} of idle power"
+        )
     x, _ = solve_nnls(micro_util, app_util, np.ones(micro_util.shape[1]))
     return x, idle_power_w[None, :] + x @ (micro_power_w - idle_power_w[None, :])
 
@@ -67,7 +73,12 @@ def evaluate_power_model(micro, apps, idle_name: str = "Idle"):
     _, emo = fit_power_mixture(micro.util[work], micro.power_w[work], micro.power_w[i_idle], apps.util)
     mean = np.broadcast_to(micro.power_w[work].mean(axis=0), apps.power_w.shape)
     measured0 = apps.power_w[:, i0]
-    preds = {"emo": emo, "baseline": mean, "emo_anchored": anchor_to_default(emo, measured0, i0),
-             "baseline_anchored": anchor_to_default(np.array(mean), measured0, i0)}
-    return pd.DataFrame({k: mape(v, apps.power_w, axis=1) for k, v in preds.items()},
-                        index=pd.Index(apps.names, name="application"))
+    preds = {
+        "emo": emo,
+        "baseline": mean,
+        "emo_anchored": anchor_to_default(emo, measured0, i0),
+        "baseline_anchored": anchor_to_default(np.array(mean), measured0, i0),
+    }
+    return pd.DataFrame(
+        {k: mape(v, apps.power_w, axis=1) for k, v in preds.items()}, index=pd.Index(apps.names, name="application")
+    )

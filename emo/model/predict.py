@@ -15,6 +15,7 @@ iteration by period_ms), and lands `transition_ms` later (the caller's latency);
 and a pack that spans a change runs at each clock in turn (the timing engine's forward_clocked). Iteration marks move with the host, which waits for the GPU at synchronisations, so the
 pass is repeated until the marks stop moving (two or three passes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -76,7 +77,9 @@ class PackTables:
         return dense_index(self.device_keys, gpu)
 
 
-def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors: pd.DataFrame | None = None) -> PackTables:
+def pack_tables(
+    graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors: pd.DataFrame | None = None
+) -> PackTables:
     """Build the tables from the pack-level graph, its packs table and the fitted model table."""
     m = model_arrays(model)
     nodes = graph.nodes
@@ -100,7 +103,9 @@ def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors:
     keys = sorted(set(zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())))
     index = {k: i for i, k in enumerate(keys)}
     device = np.full(n, -1, np.int32)
-    device[gpu] = [index[k] for k in zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())]
+    device[gpu] = [
+        index[k] for k in zip(nodes["rank"].to_numpy()[gpu].tolist(), nodes["device"].to_numpy()[gpu].tolist())
+    ]
     compiled = compile_graph(graph)
     lag = np.empty(len(graph.edges), np.int64)
     lag[compiled.edge_id] = compiled.lag
@@ -108,23 +113,47 @@ def pack_tables(graph: Graph, packs: pd.DataFrame, model: pd.DataFrame, anchors:
     offset[compiled.order] = compiled.offset
     e = graph.edges
     iters = int(anchors.groupby("rank").size().max()) if anchors is not None and len(anchors) else 1
-    return PackTables(m.clocks.astype(np.int64), list(m.clocks).index(m.default_mhz), dur, energy, device,
-                      np.repeat(m.idle_power_w[None, :], len(keys), axis=0), is_pack,
-                      e["src"].to_numpy(np.int64), e["dst"].to_numpy(np.int64), e["from_start"].to_numpy(bool),
-                      lag, offset, keys, graph, compiled, anchors, iters)
+    return PackTables(
+        m.clocks.astype(np.int64),
+        list(m.clocks).index(m.default_mhz),
+        dur,
+        energy,
+        device,
+        np.repeat(m.idle_power_w[None, :], len(keys), axis=0),
+        is_pack,
+        e["src"].to_numpy(np.int64),
+        e["dst"].to_numpy(np.int64),
+        e["from_start"].to_numpy(bool),
+        lag,
+        offset,
+        keys,
+        graph,
+        compiled,
+        anchors,
+        iters,
+    )
 
 
 def load_pack_tables(pack_dir: str | Path, fit_dir: str | Path) -> PackTables:
     """pack_tables from a pack stage folder and a fit stage folder."""
     pack_dir, fit_dir = Path(pack_dir), Path(fit_dir)
     anchors = pd.read_parquet(pack_dir / "iterations.parquet") if (pack_dir / "iterations.parquet").exists() else None
-    return pack_tables(Graph.load(pack_dir), pd.read_parquet(pack_dir / "packs.parquet"),
-                       pd.read_parquet(fit_dir / "model.parquet"), anchors)
+    return pack_tables(
+        Graph.load(pack_dir),
+        pd.read_parquet(pack_dir / "packs.parquet"),
+        pd.read_parquet(fit_dir / "model.parquet"),
+        anchors,
+    )
 
 
 # --------------------------------------------------------------------------- clock timelines
-def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns: np.ndarray,
-                    transition_ms: float | tuple[float, float], end_ns: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def clock_timelines(
+    t: PackTables,
+    policy: FrequencyPolicy | None,
+    iter_start_ns: np.ndarray,
+    transition_ms: float | tuple[float, float],
+    end_ns: float = np.inf,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
     (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
 
@@ -152,7 +181,10 @@ def clock_timelines(t: PackTables, policy: FrequencyPolicy | None, iter_start_ns
             cis.append(t.default_index if not steps else snap(steps[-1].sm_mhz))
             ptr.append(len(ts))
             continue
-        plan = [(i.at_s * 1e9, snap(i.sm_mhz)) for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)]
+        plan = [
+            (i.at_s * 1e9, snap(i.sm_mhz))
+            for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
+        ]
         marks = list(iter_start_ns[g])
         first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
         marks = [marks[0] - first_len] + marks  # the warm-up iteration
@@ -207,8 +239,14 @@ def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
     cached = getattr(t, "_engine_arrays", None)
     if cached is None:
         c = t.compiled
-        cached = (t.dur_ns[c.order], t.energy_j[c.order], t.device[c.order].astype(np.int64), t.is_pack[c.order],
-                  c.lag.astype(np.float64), c.offset.astype(np.float64))
+        cached = (
+            t.dur_ns[c.order],
+            t.energy_j[c.order],
+            t.device[c.order].astype(np.int64),
+            t.is_pack[c.order],
+            c.lag.astype(np.float64),
+            c.offset.astype(np.float64),
+        )
         t._engine_arrays = cached
     return cached
 
@@ -233,8 +271,9 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
     return t._anchor_arrays
 
 
-def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
-            transition_ms: float | None = None, max_passes: int = 6) -> Prediction:
+def predict(
+    t: PackTables, policy: FrequencyPolicy | None = None, *, transition_ms: float | None = None, max_passes: int = 6
+) -> Prediction:
     """Time and energy per iteration of the traced workload under `policy` (None: default clocks).
 
     `transition_ms`: how long a clock request takes to land (the configured or measured latency,
@@ -249,14 +288,30 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
     n = len(c.order)
     start, finish, used = np.empty(n), np.empty(n), np.empty(n)
     # first pass at the default clocks gives the iteration marks the policy is timed from
-    marks = None
+    marks, end = None, 0.0  # end: the last pass's iteration end (set before the policy is timed)
     for _ in range(max_passes):
         if marks is None:
             tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
         else:
             tl = clock_timelines(t, policy, marks, transition_ms, end_ns=end)
-        forward_clocked(c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index,
-                        tl[0], tl[1], tl[2], start, finish, used)
+        forward_clocked(
+            c.indptr,
+            c.src,
+            c.from_start,
+            lag,
+            offset,
+            dev,
+            scaled,
+            dur,
+            en,
+            t.default_index,
+            tl[0],
+            tl[1],
+            tl[2],
+            start,
+            finish,
+            used,
+        )
         by_id_start = start[c.pos]
         new = iteration_marks(t, by_id_start)
         end = float(finish.max())
@@ -271,11 +326,12 @@ def predict(t: PackTables, policy: FrequencyPolicy | None = None, *,
     idle_g = np.zeros(d)
     ptr, ts, cis = tl
     for g in range(d):
-        tt = np.clip(np.r_[ts[ptr[g]:ptr[g + 1]], np.inf], t0, t1)
-        idle_g[g] = float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g]:ptr[g + 1]]])) * 1e-9
+        tt = np.clip(np.r_[ts[ptr[g] : ptr[g + 1]], np.inf], t0, t1)
+        idle_g[g] = float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g] : ptr[g + 1]]])) * 1e-9
     on_gpu = dev >= 0  # host nodes and rendezvous add no energy above idle
     dyn_g = np.bincount(dev[on_gpu], weights=used[on_gpu], minlength=d)
     idle, dyn = float(idle_g.sum()), float(used.sum())
     k = max(t.iterations, 1)
-    return Prediction((t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k,
-                      by_id_start, finish[c.pos], idle_g, dyn_g)
+    return Prediction(
+        (t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k, by_id_start, finish[c.pos], idle_g, dyn_g
+    )

@@ -16,14 +16,16 @@ Where the counters come from (column `source` of metrics.parquet):
 A recorded trace cannot be re-run, so its baseline is what its window records (emo-capture/) say,
 or, without them, its iteration time alone (the energy level then stays the model's own).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,35 +65,53 @@ def metrics_table(first: pd.DataFrame, ranges, counters: list[dict], passes, cos
     """One row per signature; the counter columns are what the profiler names (EMO's vector on ncu,
     DCGM field names on a virtual GPU answering in DCGM form)."""
     names = list(counters[0]) if counters else list(COUNTERS)
-    rows = [{"signature": s, "rank": r.rank, "kernels": len(r.ordinals), **{c: v[c] for c in names},
-             "passes": p, "cost_s": cs, "source": source}
-            for s, r, v, p, cs in zip(first["signature"], ranges, counters, passes, cost_s)]
+    rows = [
+        {
+            "signature": s,
+            "rank": r.rank,
+            "kernels": len(r.ordinals),
+            **{c: v[c] for c in names},
+            "passes": p,
+            "cost_s": cs,
+            "source": source,
+        }
+        for s, r, v, p, cs in zip(first["signature"], ranges, counters, passes, cost_s)
+    ]
     return pd.DataFrame(rows, columns=["signature", "rank", "kernels", *names, "passes", "cost_s", "source"])
 
 
 def no_counters(first: pd.DataFrame, ranges, why: str) -> pd.DataFrame:
     """The metrics table without counters (NaN): the fit gives these packs the mean mix."""
-    log.warning("profile: %s: going on without pack counters; each pack gets the microbenchmarks' mean mix "
-                "(docs/gpu.md, 'Without profiling permission', says what that costs)", why)
+    log.warning(
+        "profile: %s: going on without pack counters; each pack gets the microbenchmarks' mean mix "
+        "(docs/gpu.md, 'Without profiling permission', says what that costs)",
+        why,
+    )
     nan = {c: float("nan") for c in COUNTERS}
     return metrics_table(first, ranges, [nan] * len(ranges), [0] * len(ranges), [0.0] * len(ranges), "none")
 
 
-def profile_first_occurrences(device, workload, packs: pd.DataFrame, events: pd.DataFrame,
-                              nodes: pd.DataFrame, run_s: float = 0.0) -> pd.DataFrame:
+def profile_first_occurrences(
+    device, workload, packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame, run_s: float = 0.0
+) -> pd.DataFrame:
     """One row per signature: signature, rank, kernels, COUNTERS, passes, cost_s, source."""
     first, ranges, _, secs = first_ranges(packs, events, nodes)
     estimate = getattr(device, "profile_cost_s", None)
     if estimate is not None:
-        log.info("profile: Nsight Compute will replay %d kernels of one iteration on %d rank(s) (NCCL kernels are not "
-                 "replayed), several passes each: about %.1f minutes including one run of the command (an estimate)",
-                 max((len(k) for k in secs), default=0), len(secs), estimate(secs, run_s) / 60)
+        log.info(
+            "profile: Nsight Compute will replay %d kernels of one iteration on %d rank(s) (NCCL kernels are not "
+            "replayed), several passes each: about %.1f minutes including one run of the command (an estimate)",
+            max((len(k) for k in secs), default=0),
+            len(secs),
+            estimate(secs, run_s) / 60,
+        )
     try:
         results = device.profile_ranges(workload, ranges)
     except ProfilingUnavailable as e:
         return no_counters(first, ranges, str(e))
-    return metrics_table(first, ranges, [r.counters for r in results], [r.passes for r in results],
-                         [r.cost_s for r in results], "device")
+    return metrics_table(
+        first, ranges, [r.counters for r in results], [r.passes for r in results], [r.cost_s for r in results], "device"
+    )
 
 
 BASELINE_SECONDS = 5.0
@@ -112,15 +132,22 @@ def baseline_iterations(iteration_s: float, min_seconds: float) -> int:
 
 def _point(device, res, n: int, sm_mhz: int | None) -> dict:
     times = np.asarray(res.iteration_times_s, dtype=np.float64)
-    return {"sm_mhz": int(sm_mhz or device.default_clock()), "iterations": n, "time_s": res.time_s,
-            "energy_j": res.energy_j, "iteration_time_s": res.time_s / n, "iteration_energy_j": res.energy_j / n,
-            # the iterations' spread (None where the device reports no per-iteration times)
-            "iteration_time_sd_s": float(times.std(ddof=1)) if len(times) >= 2 else None,
-            "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
+    return {
+        "sm_mhz": int(sm_mhz or device.default_clock()),
+        "iterations": n,
+        "time_s": res.time_s,
+        "energy_j": res.energy_j,
+        "iteration_time_s": res.time_s / n,
+        "iteration_energy_j": res.energy_j / n,
+        # the iterations' spread (None where the device reports no per-iteration times)
+        "iteration_time_sd_s": float(times.std(ddof=1)) if len(times) >= 2 else None,
+        "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()},
+    }
 
 
-def measure_baselines(device, workload, iteration_s: float, min_seconds: float, warmup: int = 1,
-                      gpus: list[int] = (0,), fractions=(0.7,)) -> dict:
+def measure_baselines(
+    device, workload, iteration_s: float, min_seconds: float, warmup: int = 1, gpus: list[int] = (0,), fractions=(0.7,)
+) -> dict:
     """The default-clock iteration (top-level keys) and one at the clock nearest each fraction of the
     max clock (key `levels`, highest clock first): the points the fit's time and energy levels match,
     each measured over >= BASELINE_SECONDS (and >= min_seconds), all in one launch of the program
@@ -130,13 +157,23 @@ def measure_baselines(device, workload, iteration_s: float, min_seconds: float, 
 
     top = max(device.supported_clocks())
     clocks = [None, *level_clocks(device.supported_clocks(), fractions)]
-    runs = [(None if mhz is None else FrequencyPolicy.static(device.name, list(gpus), mhz),
-             baseline_iterations(iteration_s * top / (mhz or top), min_seconds)) for mhz in clocks]
+    runs = [
+        (
+            None if mhz is None else FrequencyPolicy.static(device.name, list(gpus), mhz),
+            baseline_iterations(iteration_s * top / (mhz or top), min_seconds),
+        )
+        for mhz in clocks
+    ]
     total = sum(n + warmup for _, n in runs)
     est_s = sum((n + warmup) * iteration_s * top / (mhz or top) for (_, n), mhz in zip(runs, clocks))
-    log.info("profile: the baselines: %d clock(s) (%s MHz), %d iterations in all, in one launch of the program "
-             "(where the device runs one: the nvml backend): about %.1f minutes plus the program's start-up",
-             len(clocks), ", ".join(str(m or top) for m in clocks), total, est_s / 60)
+    log.info(
+        "profile: the baselines: %d clock(s) (%s MHz), %d iterations in all, in one launch of the program "
+        "(where the device runs one: the nvml backend): about %.1f minutes plus the program's start-up",
+        len(clocks),
+        ", ".join(str(m or top) for m in clocks),
+        total,
+        est_s / 60,
+    )
     results = run_segments(device, workload, runs, warmup=warmup)
     points = [_point(device, res, n, mhz) for (_, n), res, mhz in zip(runs, results, clocks)]
     return {**points[0], "levels": points[1:]}
@@ -174,8 +211,10 @@ def recorded_metrics(src: Path, packs, events, nodes) -> pd.DataFrame:
         m = pd.read_parquet(given).drop_duplicates("signature").set_index("signature")
         missing = [s for s in first["signature"] if s not in m.index]
         if missing:
-            raise ValueError(f"{given}: no counters for {len(missing)} of the trace's {len(first)} pack signatures "
-                             f"(e.g. {missing[0]}): it comes from another job or packing")
+            raise ValueError(
+                f"{given}: no counters for {len(missing)} of the trace's {len(first)} pack signatures "
+                f"(e.g. {missing[0]}): it comes from another job or packing"
+            )
         vecs = [m.loc[s, list(COUNTERS)].to_dict() for s in first["signature"]]
         return metrics_table(first, ranges, vecs, [0] * len(ranges), [0.0] * len(ranges), "file")
     return no_counters(first, ranges, f"{folder} has no counters/ folder of per-kernel counters and no metrics.parquet")
@@ -191,19 +230,37 @@ def recorded_baseline(src: Path, events: pd.DataFrame) -> dict:
         n = int(wins[0]["iterations"])
         t = max(float(w["time_s"]) for w in wins)
         e = [float(w["energy_j"]) for w in wins if w.get("energy_j") is not None]
-        return {"sm_mhz": None, "iterations": n, "iteration_time_s": t / n,
-                "iteration_energy_j": sum(e) / n if len(e) == len(wins) else None, "source": "window"}
+        return {
+            "sm_mhz": None,
+            "iterations": n,
+            "iteration_time_s": t / n,
+            "iteration_energy_j": sum(e) / n if len(e) == len(wins) else None,
+            "source": "window",
+        }
     steps = events[(events["kind"] == "annotation") & events["name"].astype(str).str.startswith("ProfilerStep#")]
     if steps.empty:
-        raise ValueError(f"{src}: a recorded trace needs ProfilerStep# annotations or emo-capture window records "
-                         "to know its iteration time")
+        raise ValueError(
+            f"{src}: a recorded trace needs ProfilerStep# annotations or emo-capture window records "
+            "to know its iteration time"
+        )
     t = float(steps.groupby("rank")["dur_ns"].median().max()) * 1e-9
-    return {"sm_mhz": None, "iterations": int(steps.groupby("rank").size().min()), "iteration_time_s": t,
-            "iteration_energy_j": None, "source": "trace"}
+    return {
+        "sm_mhz": None,
+        "iterations": int(steps.groupby("rank").size().min()),
+        "iteration_time_s": t,
+        "iteration_energy_j": None,
+        "source": "trace",
+    }
 
 
-def profile_workload(cfg: dict, packs: pd.DataFrame, events: pd.DataFrame, nodes: pd.DataFrame, measured: dict,
-                     open_dev: Callable[[], Any]) -> tuple[pd.DataFrame, dict, dict]:
+def profile_workload(
+    cfg: dict,
+    packs: pd.DataFrame,
+    events: pd.DataFrame,
+    nodes: pd.DataFrame,
+    measured: dict,
+    open_dev: Callable[[], Any],
+) -> tuple[pd.DataFrame, dict, dict]:
     """(metrics.parquet, baseline.json, the profile stage's metrics) of `cfg`'s workload (sections
     gpu, workload, trace, model), from its trace's events and measured run and its packs, on the
     device `open_dev()` opens (a recorded trace: from its sidecars, no device)."""
@@ -215,13 +272,27 @@ def profile_workload(cfg: dict, packs: pd.DataFrame, events: pd.DataFrame, nodes
         device = open_dev()
         try:
             it_s = float(measured["time_s"]) / int(measured["iterations"])
-            metrics = profile_first_occurrences(device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"]))
+            metrics = profile_first_occurrences(
+                device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"])
+            )
             gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
-            baseline = measure_baselines(device, cfg["workload"], it_s, float(cfg["model"]["min_seconds"]),
-                                         int(cfg["trace"]["warmup"]), gpus, cfg["model"]["level_fractions"])
+            baseline = measure_baselines(
+                device,
+                cfg["workload"],
+                it_s,
+                float(cfg["model"]["min_seconds"]),
+                int(cfg["trace"]["warmup"]),
+                gpus,
+                cfg["model"]["level_fractions"],
+            )
         finally:
             device.close()
-    summary = {"signatures": len(metrics), "profiled_kernels": int(metrics["kernels"].sum()),
-               "profiling_cost_s": round(float(metrics["cost_s"].sum()), 3), "counters": str(metrics["source"].iloc[0]),
-               "baseline_iteration_s": baseline["iteration_time_s"], "baseline_energy_j": baseline["iteration_energy_j"]}
+    summary = {
+        "signatures": len(metrics),
+        "profiled_kernels": int(metrics["kernels"].sum()),
+        "profiling_cost_s": round(float(metrics["cost_s"].sum()), 3),
+        "counters": str(metrics["source"].iloc[0]),
+        "baseline_iteration_s": baseline["iteration_time_s"],
+        "baseline_energy_j": baseline["iteration_energy_j"],
+    }
     return metrics, baseline, summary

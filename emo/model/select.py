@@ -3,6 +3,7 @@ benchmarks only: each benchmark in turn is a target, anchored at the reference c
 from the others; the form (or idle curve) that predicts them best wins, a form other than the
 default only when it is clearly better. The targets are never seen.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -38,9 +39,13 @@ def held_out_errors(form: Form, basis: Basis, truth: dict[str, np.ndarray]) -> n
     r, out = basis.r, []
     for held in folds(basis.rows):
         b = replace(basis, rows=[j for j in basis.rows if j not in held])
-        a = Anchors(_rows(basis.inputs, held), basis.raw[held],
-                    truth["time_s"][held, r] if "time_s" in truth else None,
-                    truth["energy_j"][held, r] if "energy_j" in truth else None, truth["power_w"][held, r])
+        a = Anchors(
+            _rows(basis.inputs, held),
+            basis.raw[held],
+            truth["time_s"][held, r] if "time_s" in truth else None,
+            truth["energy_j"][held, r] if "energy_j" in truth else None,
+            truth["power_w"][held, r],
+        )
         pred, _ = predict(form, b, a)
         errs = []
         for q, v in pred.items():
@@ -70,8 +75,9 @@ def clearly_better(errs: np.ndarray, base: np.ndarray) -> bool:
     return float(d.mean() + d.std(ddof=1) / np.sqrt(len(d))) < 0.0
 
 
-def choose_form(bases: dict[bool, Basis], truth: dict[str, np.ndarray],
-                candidates: list[Form] | None = None) -> tuple[Form, dict[str, float]]:
+def choose_form(
+    bases: dict[bool, Basis], truth: dict[str, np.ndarray], candidates: list[Form] | None = None
+) -> tuple[Form, dict[str, float]]:
     """(form, {form: held-out error %}); bases by smoothing on/off. The first candidate (the
     caller's default) stays unless another is clearly better (one-standard-error rule); of those
     that are, the least error wins."""
@@ -84,8 +90,7 @@ def choose_form(bases: dict[bool, Basis], truth: dict[str, np.ndarray],
     return best, {str(f): round(e, 3) for f, e in mean.items()}
 
 
-def choose_idle(basis: Basis, candidates: np.ndarray, run_power, truth: dict[str, np.ndarray],
-                form: Form) -> int:
+def choose_idle(basis: Basis, candidates: np.ndarray, run_power, truth: dict[str, np.ndarray], form: Form) -> int:
     """Index of the candidate idle curve [K, C] under which the benchmarks, each predicted from the
     others, are predicted best. run_power(p_idle) -> P_run for that idle curve."""
     errs = [held_out_error(form, replace(basis, p_idle=c, p_run=run_power(c)), truth) for c in candidates]

@@ -11,6 +11,7 @@ A form picks, for one fit:
 The defaults are the physics (emo.model.kernels.default_form: the dynamic anchor where idle power
 is measured); `emo.model.select` chooses among forms by cross-validation on the benchmarks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,8 +88,11 @@ def energies(x, t_s, tb, eb, p_run, es_ref, r: int, anchor: str) -> np.ndarray:
     base = p_run[None, :] * t_s
     whole = base + work
     ok = whole[:, r] > 0
-    curve = np.where(ok[:, None], es_ref[:, None] * whole / np.where(ok, whole[:, r], 1.0)[:, None],
-                     es_ref[:, None] * t_s / t_s[:, r:r + 1])
+    curve = np.where(
+        ok[:, None],
+        es_ref[:, None] * whole / np.where(ok, whole[:, r], 1.0)[:, None],
+        es_ref[:, None] * t_s / t_s[:, r : r + 1],
+    )
     if anchor == "curve":
         return curve
     left = es_ref - base[:, r]
@@ -125,7 +129,7 @@ def weights(form: Form, basis: Basis, anchors: Anchors) -> np.ndarray:
 def mean_shapes(basis: Basis) -> dict[str, np.ndarray]:
     """[C] the basis benchmarks' mean normalised curve per quantity (the kernel-agnostic reference)."""
     rows, r = basis.rows, basis.r
-    norm = lambda v: (v[rows] / v[rows, r:r + 1]).mean(axis=0)  # noqa: E731
+    norm = lambda v: (v[rows] / v[rows, r : r + 1]).mean(axis=0)  # noqa: E731
     out = {"power_w": norm(basis.power_w)}
     if basis.time_s is not None:
         out["time_s"], out["energy_j"] = norm(basis.time_s), norm(basis.energy_j)

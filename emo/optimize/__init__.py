@@ -4,6 +4,7 @@ Core: `problem` (the Problem on the timing engine's graph, its items, `evaluate`
 `solvers`: EMO's DP (Algorithm 2), static, Perseus (lowtime), the LP/MILP formulation.
 `pipeline`: PackTables to a Problem, a Solution to a FrequencyPolicy, the predictor's check, `solve`.
 """
+
 from emo.optimize.pipeline.solve import solve
 from emo.optimize.problem import Items, Problem, build_problem, evaluate, make_items
 from emo.optimize.solution import Solution
@@ -12,5 +13,16 @@ from emo.optimize.solvers.milp import solve_exact
 from emo.optimize.solvers.perseus import optimize_perseus
 from emo.optimize.solvers.static import optimize_static
 
-__all__ = ["Items", "Problem", "Solution", "build_problem", "evaluate", "make_items",
-           "optimize", "optimize_perseus", "optimize_static", "solve", "solve_exact"]
+__all__ = [
+    "Items",
+    "Problem",
+    "Solution",
+    "build_problem",
+    "evaluate",
+    "make_items",
+    "optimize",
+    "optimize_perseus",
+    "optimize_static",
+    "solve",
+    "solve_exact",
+]

@@ -16,6 +16,7 @@ Energy of a choice = Σ node energies at their clocks + Σ over GPUs of idle pow
 GPU's idle power follows its window's clock and the iteration's extension beyond the baseline is
 charged at each GPU's idle power at the default clock.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,7 +46,9 @@ class Problem:
     makespan0_ns: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.base_start, self.base_finish, self.makespan0_ns, _ = engine.forward(*self.graph, self.dur_ns[:, self.ref].copy())
+        self.base_start, self.base_finish, self.makespan0_ns, _ = engine.forward(
+            *self.graph, self.dur_ns[:, self.ref].copy()
+        )
 
     @property
     def graph(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -86,8 +89,22 @@ class Problem:
         return len(self.clocks_mhz)
 
 
-def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, *, from_start=None, lag_ns=None,
-                  offset_ns=None, delay_ns=None, min_clock_fraction: float = 0.0, default_mhz: int | None = None) -> Problem:
+def build_problem(
+    src,
+    dst,
+    device,
+    dur_ns,
+    energy_j,
+    idle_power_w,
+    clocks_mhz,
+    *,
+    from_start=None,
+    lag_ns=None,
+    offset_ns=None,
+    delay_ns=None,
+    min_clock_fraction: float = 0.0,
+    default_mhz: int | None = None,
+) -> Problem:
     """A Problem from edge lists and per-node × clock tables (caller's node ids 0..n-1).
 
     Times: a lag per edge (`lag_ns`, the engine's) and a start offset per source node, or a fixed
@@ -102,7 +119,9 @@ def build_problem(src, dst, device, dur_ns, energy_j, idle_power_w, clocks_mhz, 
     clocks = np.asarray(clocks_mhz, dtype=np.int64)
     idle = np.asarray(idle_power_w, dtype=np.float64).reshape(-1, len(clocks))
     if dur.shape != (n, len(clocks)) or en.shape != dur.shape:
-        raise ValueError(f"tables: dur_ns {dur.shape} / energy_j {en.shape} do not match {n} nodes × {len(clocks)} clocks")
+        raise ValueError(
+            f"tables: dur_ns {dur.shape} / energy_j {en.shape} do not match {n} nodes × {len(clocks)} clocks"
+        )
     if np.any(~np.isfinite(dur)) or np.any(dur < 0):
         raise ValueError("tables: dur_ns has negative or non-finite entries")
     if len(device) and device.max() >= idle.shape[0]:
@@ -217,8 +236,15 @@ def symmetric_groups(p: Problem, tol: float = 0.25, bin_ms: float = 5.0) -> list
     return groups
 
 
-def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, windows: np.ndarray | None = None,
-               groups: list[list[int]] | None = None, window_len_ns: np.ndarray | None = None) -> Items:
+def make_items(
+    p: Problem,
+    interval_ms: float,
+    *,
+    replicate: bool = True,
+    windows: np.ndarray | None = None,
+    groups: list[list[int]] | None = None,
+    window_len_ns: np.ndarray | None = None,
+) -> Items:
     """Items for change points every `interval_ms` of the baseline timeline, or explicit per-node
     `windows` (e.g. one per pack for a pack-level baseline). With `window_len_ns` (the GPU time each
     window index covers in all, e.g. its length × iterations) every (group, window) is an item, empty
@@ -283,8 +309,21 @@ def make_items(p: Problem, interval_ms: float, *, replicate: bool = True, window
         np.minimum.at(lo_v, item_of[nodes], nodes)
         np.maximum.at(hi, item_of[nodes], nodes)
         lo = np.where(hi >= 0, lo_v, -1)
-    return Items(groups, gdev, item_of, group.astype(np.int64), (all_keys % nwin).astype(np.int64), t0.astype(np.float64),
-                 length.astype(np.float64), energy, lo, hi, float(p.idle_power_w[:, p.ref].sum()), step, idle_energy)
+    return Items(
+        groups,
+        gdev,
+        item_of,
+        group.astype(np.int64),
+        (all_keys % nwin).astype(np.int64),
+        t0.astype(np.float64),
+        length.astype(np.float64),
+        energy,
+        lo,
+        hi,
+        float(p.idle_power_w[:, p.ref].sum()),
+        step,
+        idle_energy,
+    )
 
 
 # --------------------------------------------------------------------------- evaluation

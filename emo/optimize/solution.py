@@ -1,4 +1,5 @@
 """What every optimiser returns: a clock per item, checked by a full what-if pass."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class Solution:
         out[p.perm[gpu]] = self.item_mhz[it.item_of[gpu]]
         return out
 
-    def baseline(self) -> "Solution":
+    def baseline(self) -> Solution:
         return Solution(self.problem, self.items, np.full(self.items.k, self.problem.ref), "max-clock", self.budget)
 
     def summary(self) -> dict:

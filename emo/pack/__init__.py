@@ -4,6 +4,7 @@ clock change can act on, and each distinct pack (signature) is profiled once.
 
     pg = pack(graph, delta_max_ms=5.0)   # -> PackGraph: .packs table, .graph (pack level), .node_map
 """
+
 from __future__ import annotations
 
 from emo.graph import Graph
@@ -23,5 +24,15 @@ def pack(graph: Graph, delta_max_ms: float = 5.0) -> PackGraph:
     return build_pack_graph(graph, compiled, replay, pack_of, packs)
 
 
-__all__ = ["pack", "PackGraph", "PACK_COLUMNS", "signature", "members_of", "pack_durations",
-           "pack_graph_durations", "pack_kernels", "pack_table", "build_pack_graph"]
+__all__ = [
+    "pack",
+    "PackGraph",
+    "PACK_COLUMNS",
+    "signature",
+    "members_of",
+    "pack_durations",
+    "pack_graph_durations",
+    "pack_kernels",
+    "pack_table",
+    "build_pack_graph",
+]

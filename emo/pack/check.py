@@ -1,5 +1,6 @@
 """How faithful is the pack graph? The what-if makespan of the pack graph against the kernel graph's
 under the same per-kernel durations, for random per-pack clock assignments (stretch factors)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,7 @@ from emo.graph.whatif import compile_graph, whatif
 from emo.pack.packgraph import PackGraph, pack_graph_durations
 
 
-def makespan_gaps(graph: Graph, pg: PackGraph, trials: int = 20, max_stretch: float = 2.0,
-                  seed: int = 0) -> np.ndarray:
+def makespan_gaps(graph: Graph, pg: PackGraph, trials: int = 20, max_stretch: float = 2.0, seed: int = 0) -> np.ndarray:
     """Relative gap (pack - kernel) / kernel of the what-if makespan, one per trial; trial 0 is the
     recorded durations. Each pack gets one random stretch in [1, max_stretch] (a clock between
     1/max_stretch of the default and the default) applied to all its member kernels."""

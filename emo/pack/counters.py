@@ -7,6 +7,7 @@ kernel, with each metric as an argument (libkineto CuptiRangeProfiler). Such a t
 per rank, beside the timeline trace, gives every pack its counters without a re-run: a range's
 kernels are found by launch ordinal and checked by name.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,8 +29,11 @@ def profiler_range_kernels(trace_events: list[dict]) -> list[tuple[str, dict[str
     return out
 
 
-def range_counters(kernels_by_rank: dict[int, list[tuple[str, dict[str, float]]]], ranges: list[KernelRange],
-                   names_by_rank: dict[int, list[str]]) -> list[dict[str, float]]:
+def range_counters(
+    kernels_by_rank: dict[int, list[tuple[str, dict[str, float]]]],
+    ranges: list[KernelRange],
+    names_by_rank: dict[int, list[str]],
+) -> list[dict[str, float]]:
     """EMO's counter vector of each range. A rank's counter events cover one iteration's kernels,
     either all of them or all but the NCCL ones (ranges' ordinals are mapped past those); the trace's
     kernel names at the same positions must match."""
@@ -45,11 +49,15 @@ def range_counters(kernels_by_rank: dict[int, list[tuple[str, dict[str, float]]]
         elif len(kern) == len(names) - len(nccl):
             idx = [o - bisect.bisect_left(nccl, o) for o in r.ordinals]
         else:
-            raise ValueError(f"counters: rank {r.rank} has counters for {len(kern)} kernels, but one iteration of the "
-                             f"trace launches {len(names)} ({len(nccl)} NCCL)")
+            raise ValueError(
+                f"counters: rank {r.rank} has counters for {len(kern)} kernels, but one iteration of the "
+                f"trace launches {len(names)} ({len(nccl)} NCCL)"
+            )
         for o, i in zip(r.ordinals, idx):
             if kern[i][0] != names[o]:
-                raise ValueError(f"counters: rank {r.rank} kernel {o} is {names[o][:60]!r} in the trace but "
-                                 f"{kern[i][0][:60]!r} in the counters: not the same iteration's kernels")
+                raise ValueError(
+                    f"counters: rank {r.rank} kernel {o} is {names[o][:60]!r} in the trace but "
+                    f"{kern[i][0][:60]!r} in the counters: not the same iteration's kernels"
+                )
         out.append(sum_counters([emo_counters(kern[i][1]) for i in idx]))
     return out

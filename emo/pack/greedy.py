@@ -25,6 +25,7 @@ collectives, copies and host nodes stay as they are.
 All times come from one what-if replay of the recorded durations (emo.graph.whatif), so the
 conditions are judged in the same timing model the pack graph is later evaluated in.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +41,20 @@ from emo.graph.whatif import Compiled, Result
 # ahead of the GPU falls behind it once a synchronisation waits for slowed-down work (1.25 ms
 # still left a virtual 2-stage pipeline 1.1 % longer under random clocks; 2.5 ms: exact)
 HOST_MARGIN_MS = 2.5
-PACK_COLUMNS = {"pack": "int64", "rank": "int32", "device": "int32", "stream": "int64", "node": "int64",
-                "first_node": "int64", "last_node": "int64", "kernels": "int64", "start_ns": "int64",
-                "dur_ns": "int64", "signature": "str", "first_occurrence": "bool"}
+PACK_COLUMNS = {
+    "pack": "int64",
+    "rank": "int32",
+    "device": "int32",
+    "stream": "int64",
+    "node": "int64",
+    "first_node": "int64",
+    "last_node": "int64",
+    "kernels": "int64",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "signature": "str",
+    "first_occurrence": "bool",
+}
 
 
 @numba.njit(cache=True)
@@ -98,9 +110,13 @@ def pack_kernels(graph: Graph, compiled: Compiled, replay: Result, delta_max_ns:
     bind = start - delay  # when each node's binding constraint was met
 
     # stream key of every node (-1 for host nodes and rendezvous)
-    gpu = (nodes["device"].to_numpy() >= 0)
-    skey_all = np.where(gpu, (nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64)) * 1_000_003
-                        + nodes["stream"].to_numpy(np.int64), -1)
+    gpu = nodes["device"].to_numpy() >= 0
+    skey_all = np.where(
+        gpu,
+        (nodes["rank"].to_numpy(np.int64) * 1_000 + nodes["device"].to_numpy(np.int64)) * 1_000_003
+        + nodes["stream"].to_numpy(np.int64),
+        -1,
+    )
 
     src = edges["src"].to_numpy(np.int64)
     dst = edges["dst"].to_numpy(np.int64)
@@ -135,9 +151,18 @@ def pack_kernels(graph: Graph, compiled: Compiled, replay: Result, delta_max_ns:
     ends = np.zeros(n, bool)
     ends[src[out_k]] = True
 
-    p = _greedy(local[order], skey_all[kid], np.where(crit[kid] >= 0, local[np.maximum(crit[kid], 0)], -1),
-                offstream[kid] | ends[kid], start[kid], finish[kid], bind[kid], ext_ready[kid],
-                np.int64(delta_max_ns), np.int64(HOST_MARGIN_MS * 1e6))
+    p = _greedy(
+        local[order],
+        skey_all[kid],
+        np.where(crit[kid] >= 0, local[np.maximum(crit[kid], 0)], -1),
+        offstream[kid] | ends[kid],
+        start[kid],
+        finish[kid],
+        bind[kid],
+        ext_ready[kid],
+        np.int64(delta_max_ns),
+        np.int64(HOST_MARGIN_MS * 1e6),
+    )
     out = np.full(n, -1, np.int64)
     out[kid] = p
     return out
@@ -158,12 +183,21 @@ def pack_table(graph: Graph, replay: Result, pack_of: np.ndarray) -> pd.DataFram
     bounds = np.flatnonzero(first).tolist() + [len(m)]
     sigs = [signature(names[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     f, l = m[first], m[last]
-    t = pd.DataFrame({
-        "pack": pid[first], "rank": nodes["rank"].to_numpy()[f], "device": nodes["device"].to_numpy()[f],
-        "stream": nodes["stream"].to_numpy()[f], "node": -1, "first_node": f, "last_node": l,
-        "kernels": np.diff(bounds), "start_ns": replay.start_ns[f], "dur_ns": replay.finish_ns[l] - replay.start_ns[f],
-        "signature": sigs,
-    })
+    t = pd.DataFrame(
+        {
+            "pack": pid[first],
+            "rank": nodes["rank"].to_numpy()[f],
+            "device": nodes["device"].to_numpy()[f],
+            "stream": nodes["stream"].to_numpy()[f],
+            "node": -1,
+            "first_node": f,
+            "last_node": l,
+            "kernels": np.diff(bounds),
+            "start_ns": replay.start_ns[f],
+            "dur_ns": replay.finish_ns[l] - replay.start_ns[f],
+            "signature": sigs,
+        }
+    )
     # first occurrence: earliest start over all ranks (ties: lower rank)
     o = t.sort_values(["start_ns", "rank", "pack"], kind="stable")
     t["first_occurrence"] = False

@@ -3,6 +3,7 @@
 the predictor needs that instant in what-if time. It is anchored to the host node whose recorded
 interval holds it (the last host node of the rank starting at or before it) plus the offset into
 that node; host nodes have fixed durations, so the anchor moves with the node."""
+
 from __future__ import annotations
 
 import numpy as np

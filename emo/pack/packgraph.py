@@ -11,6 +11,7 @@ A pack's duration is its members' durations plus the fixed delays between them (
 `pack_durations` computes it for any per-kernel durations, so the same stretch can be applied to
 both graphs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,15 +25,16 @@ from emo.graph.whatif import Compiled, Result
 
 @dataclass
 class PackGraph:
-    graph: Graph              # the pack-level graph (packs are `kernel` nodes named "pack:<signature>")
-    packs: pd.DataFrame       # emo.pack.greedy.PACK_COLUMNS, `node` = the pack's node in `graph`
-    node_map: np.ndarray      # kernel-graph node id -> pack-graph node id
-    pack_of: np.ndarray       # kernel-graph node id -> pack id (-1: not packed)
+    graph: Graph  # the pack-level graph (packs are `kernel` nodes named "pack:<signature>")
+    packs: pd.DataFrame  # emo.pack.greedy.PACK_COLUMNS, `node` = the pack's node in `graph`
+    node_map: np.ndarray  # kernel-graph node id -> pack-graph node id
+    pack_of: np.ndarray  # kernel-graph node id -> pack id (-1: not packed)
     inner_delay_ns: np.ndarray  # per pack: fixed delays between its members (recorded)
 
 
-def build_pack_graph(graph: Graph, compiled: Compiled, replay: Result, pack_of: np.ndarray,
-                     packs: pd.DataFrame) -> PackGraph:
+def build_pack_graph(
+    graph: Graph, compiled: Compiled, replay: Result, pack_of: np.ndarray, packs: pd.DataFrame
+) -> PackGraph:
     nodes, edges = graph.nodes, graph.edges
     n = len(nodes)
     packed = pack_of >= 0
@@ -73,8 +75,13 @@ def build_pack_graph(graph: Graph, compiled: Compiled, replay: Result, pack_of: 
     e = e[ns != nd].drop_duplicates(["src", "dst", "from_start"]).reset_index(drop=True)
     packs = packs.copy()
     packs["node"] = node_of_pack[packs["pack"].to_numpy(np.int64)]
-    return PackGraph(Graph(typed(out, NODE_COLUMNS), typed(e, EDGE_COLUMNS), dict(graph.meta, packs=len(packs))),
-                     packs, node_map, pack_of, inner)
+    return PackGraph(
+        Graph(typed(out, NODE_COLUMNS), typed(e, EDGE_COLUMNS), dict(graph.meta, packs=len(packs))),
+        packs,
+        node_map,
+        pack_of,
+        inner,
+    )
 
 
 def pack_durations(pg: PackGraph, kernel_dur_ns: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@ within its iteration), from the trace alone. The ordinal counts every kernel the
 that iteration in host launch order (correlation order), NCCL kernels included, copies not; the
 iteration is the `ProfilerStep#i` annotation the launching call falls in (the whole trace is one
 iteration when there are none)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,9 @@ def kernel_ordinals(events: pd.DataFrame) -> pd.DataFrame:
     ev = events.reset_index(drop=True)
     k = ev[ev["kind"] == "kernel"]
     calls = ev[(ev["kind"] == "runtime") & (ev["correlation"] >= 0)].drop_duplicates(["rank", "correlation"])
-    j = k.reset_index(names="row").merge(calls[["rank", "correlation", "start_ns"]], on=["rank", "correlation"],
-                                          how="left", suffixes=("", "_call"))
+    j = k.reset_index(names="row").merge(
+        calls[["rank", "correlation", "start_ns"]], on=["rank", "correlation"], how="left", suffixes=("", "_call")
+    )
     j["t"] = j["start_ns_call"].fillna(j["start_ns"]).astype(np.int64)
     steps = ev[(ev["kind"] == "annotation") & ev["name"].str.startswith("ProfilerStep#")]
     j["iteration"] = 0

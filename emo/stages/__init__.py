@@ -1,7 +1,7 @@
 """Pipeline stages: one module per Snakemake rule, each with `STAGE = Stage(...)` (what it reads and
 writes) and `run(cfg, inputs, out) -> metrics`.
 
-The declaration is the stage's contract, written once: the folder hash (emo.plan), the Snakemake
+The declaration is the stage's contract, written once: the folder hash (emo.workflow.plan), the Snakemake
 rules' inputs and outputs (workflow/rules/common.smk) and the in-process chaining (run_in_place) are
 derived from it, and run_in_place holds the stage to it: the stage is handed its config sections
 only, its inputs as links in a folder that holds nothing else, and reading an undeclared file in an
@@ -10,13 +10,14 @@ upstream folder or beside a declared outside file fails (an audit hook, emo.stag
 `run_stage` is what every workflow script calls: it builds the stage folder in a hidden temporary
 folder beside it and moves the files in only when the stage succeeded (`config.json`, which says what
 the folder's hash covers, last); its `metrics.json` goes to MLflow when the Snakemake run ends
-(emo.tracking.log_sweep). An interrupted run therefore never leaves a stage folder that a later run
+(emo.workflow.tracking.log_sweep). An interrupted run therefore never leaves a stage folder that a later run
 would trust.
 
-A failure is one line (`emo.errors`): the traceback goes to the stage log, the line to `emo run`
+A failure is one line (`emo.workflow.errors`): the traceback goes to the stage log, the line to `emo run`
 (through EMO_ERRORS) or to stderr; `emo run` marks the job's MLflow run FAILED (KILLED when a
 signal stopped it) with the line as a tag.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,12 +47,15 @@ class Stage:
     outputs  the files it always writes into its folder (config.json and metrics.json come with
              every stage); a name ending in "/" is a folder;
     outside  a function of the config sections: name -> a path outside results/ it reads (a
-             recorded trace and its sidecars), hashed by content (emo.plan.content_digest);
+             recorded trace and its sidecars), hashed by content (emo.workflow.plan.content_digest);
     code     paths under the repository its code reads (the microbenchmarks' sources), hashed
-             with its code (emo.plan.code_digest).
+             with its code (emo.workflow.plan.code_digest).
     """
+
     reads: tuple[str, ...] = ()
-    inputs: Mapping[str, tuple[str, str]] | Callable[[dict], Mapping[str, tuple[str, str]]] = field(default_factory=dict)
+    inputs: Mapping[str, tuple[str, str]] | Callable[[dict], Mapping[str, tuple[str, str]]] = field(
+        default_factory=dict
+    )
     outputs: tuple[str, ...] = ()
     outside: Callable[[dict], Mapping[str, str]] | None = None
     code: tuple[str, ...] = ()
@@ -99,8 +103,10 @@ def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
     wanted = decl.inputs_for(cfg)
     extra = sorted(set(inputs) - set(wanted))
     if extra:
-        raise ValueError(f"{stage}: {', '.join(extra)}: not an input emo.stages.{stage}.STAGE declares "
-                         f"({', '.join(wanted) or 'none'})")
+        raise ValueError(
+            f"{stage}: {', '.join(extra)}: not an input emo.stages.{stage}.STAGE declares "
+            f"({', '.join(wanted) or 'none'})"
+        )
     given = {k: Path(v).absolute() for k, v in inputs.items()}
     folders = {wanted[k][0]: p.parent for k, p in given.items()}  # each upstream stage's folder
     with tempfile.TemporaryDirectory(prefix=f"emo-{stage}-inputs-") as tmp:
@@ -126,6 +132,7 @@ def run_in_place(stage: str, cfg: dict, inputs: dict, out: str | Path) -> dict:
 
 def _rename(e: BaseException, paths: dict[str, str]) -> None:
     """Replace `paths` (old -> new) in the strings an exception shows."""
+
     def new(text):
         if not isinstance(text, str):
             return text
@@ -140,12 +147,14 @@ def _rename(e: BaseException, paths: dict[str, str]) -> None:
         e.filename2 = new(e.filename2)
 
 
-def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> dict:
+def run_stage(
+    stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None
+) -> dict:
     """Run `stage` with params {"cfg": resolved config, "covers": what the hash covers, "hash": ...}."""
     out = Path(out_dir)
     _setup_logging(log_file)
     out.mkdir(parents=True, exist_ok=True)
-    # named with EMO's mark (emo.locks.STAGE_TMP): a later run removes it if this one is killed
+    # named with EMO's mark (emo.workflow.locks.STAGE_TMP): a later run removes it if this one is killed
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.emo-stage-", suffix=".tmp", dir=out.parent))
     log.info("%s %s: started", stage, params["hash"])
     try:
@@ -171,10 +180,12 @@ def run_stage(stage: str, params: dict, inputs: dict[str, str], out_dir: str | P
     return metrics
 
 
-def run_script(stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None) -> int:
+def run_script(
+    stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None
+) -> int:
     """What the workflow script runs: `run_stage` with SIGTERM/SIGHUP stopping it as Ctrl-C does;
     the exit status (0, 1, or 128 + the signal), the failure already reported in one line."""
-    from emo import errors
+    from emo.workflow import errors
 
     try:
         with errors.signals_raise():
@@ -189,11 +200,12 @@ def run_script(stage: str, params: dict, inputs: dict[str, str], out_dir: str | 
 def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, log_file: str | None) -> None:
     """The error path: traceback to the log, the one line to whoever shows it (emo run records it in
     MLflow: one writer)."""
-    from emo import errors
+    from emo.workflow import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
-    errors.report(stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e),
-                  folder=str(out))
+    errors.report(
+        stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e), folder=str(out)
+    )
 
 
 def _setup_logging(log_file: str | None) -> None:

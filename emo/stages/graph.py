@@ -1,11 +1,14 @@
 """graph: the execution graph of the traced run and its slack summary."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from emo.stages import Stage
 
-STAGE = Stage(inputs={"events": ("trace", "events.parquet")}, outputs=("nodes.parquet", "edges.parquet", "summary.json"))
+STAGE = Stage(
+    inputs={"events": ("trace", "events.parquet")}, outputs=("nodes.parquet", "edges.parquet", "summary.json")
+)
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:

@@ -9,6 +9,7 @@ and dotfiles are let through: a recorded trace may sit in the folder a stage imp
 or in /tmp. The hook costs one function call per audited event and returns at once when no stage
 runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,7 +36,7 @@ class Rule:
         if _under(path, self.upstream):
             return True
         name = os.path.basename(path)
-        return (os.path.dirname(path) in self.beside and not name.startswith(".") and not name.endswith(CODE))
+        return os.path.dirname(path) in self.beside and not name.startswith(".") and not name.endswith(CODE)
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:
@@ -70,8 +71,13 @@ def only(stage: str, upstream: Iterable[Path], outside: Iterable[str], out: Path
     the `outside` paths themselves (its inputs reach it as links elsewhere)."""
     global _rule, _installed
     outside = [os.path.abspath(p) for p in outside]
-    rule = Rule(stage, tuple(os.path.abspath(p) for p in upstream), tuple({os.path.dirname(p) for p in outside}),
-                tuple(outside), os.path.abspath(out))
+    rule = Rule(
+        stage,
+        tuple(os.path.abspath(p) for p in upstream),
+        tuple({os.path.dirname(p) for p in outside}),
+        tuple(outside),
+        os.path.abspath(out),
+    )
     if not _installed:
         sys.addaudithook(_hook)  # for the life of the process (hooks cannot be removed)
         _installed = True

@@ -8,6 +8,7 @@ zeus, geepafs and perseus tune online inside validate; for them optimize writes 
 The clock-request latency it plans with is the calibration's measurement (calibrate's
 calibration.json, `clock_latency_ms`; check.planning_latencies), unless optimizer.transition_ms
 overrides it; the stage logs which."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,19 @@ from emo.stages import Stage
 
 log = logging.getLogger("emo")
 
-STAGE = Stage(reads=("gpu", "optimizer", "budget"),
-              inputs={"packs": ("pack", "packs.parquet"), "nodes": ("pack", "nodes.parquet"),
-                      "edges": ("pack", "edges.parquet"), "iterations": ("pack", "iterations.parquet"),
-                      "model": ("fit", "model.parquet"),
-                      "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
-                      "calibration": ("calibrate", "calibration.json")},  # the measured clock-request latency
-              outputs=("policy.json", "summary.json"))
-
+STAGE = Stage(
+    reads=("gpu", "optimizer", "budget"),
+    inputs={
+        "packs": ("pack", "packs.parquet"),
+        "nodes": ("pack", "nodes.parquet"),
+        "edges": ("pack", "edges.parquet"),
+        "iterations": ("pack", "iterations.parquet"),
+        "model": ("fit", "model.parquet"),
+        "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
+        "calibration": ("calibrate", "calibration.json"),
+    },  # the measured clock-request latency
+    outputs=("policy.json", "summary.json"),
+)
 
 
 def _read(path: Path | None) -> dict:
@@ -61,17 +67,34 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     measured = clock_latency(inputs.get("calibration"))
     planning_latencies(opt, measured, where=str(where))  # before any work: one line if it is missing
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
-    policy, summary = solve(tables, opt, float(cfg["budget"]), gpu=cfg["gpu"]["name"], clock_latency=measured,
-                            iteration_sd_s=iteration_sd(inputs.get("check")))
+    policy, summary = solve(
+        tables,
+        opt,
+        float(cfg["budget"]),
+        gpu=cfg["gpu"]["name"],
+        clock_latency=measured,
+        iteration_sd_s=iteration_sd(inputs.get("check")),
+    )
     lo, mean, hi = summary[opt["name"]]["transition_ms"]  # what solve planned with, its clock groups' included
-    log.info("optimize: planned with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
-             lo, hi, mean, summary[opt["name"]]["transition_source"])
+    log.info(
+        "optimize: planned with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
+        lo,
+        hi,
+        mean,
+        summary[opt["name"]]["transition_source"],
+    )
     base = predict(tables, None)
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})
     policy.save(out / "policy.json")
     # per iteration, by the stage's predictor at the mean configured latency
     t, e = policy.predicted_time_s, policy.predicted_energy_j
-    summary["predicted"] = {"time_s": t, "energy_j": e, "baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j,
-                            "es_pct": 100 * (1 - e / base.energy_j), "pl_pct": 100 * (t / base.time_s - 1)}
+    summary["predicted"] = {
+        "time_s": t,
+        "energy_j": e,
+        "baseline_time_s": base.time_s,
+        "baseline_energy_j": base.energy_j,
+        "es_pct": 100 * (1 - e / base.energy_j),
+        "pl_pct": 100 * (t / base.time_s - 1),
+    }
     write_json(out / "summary.json", summary)
     return {f"predicted_{k}": v for k, v in summary["predicted"].items()}

@@ -1,16 +1,21 @@
 """pack: pack the execution graph's compute kernels (emo.pack) into packs of at most Δmax and write
 the packs table and the pack-level graph (same schema as the execution graph)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from emo.stages import Stage
 
-STAGE = Stage(reads=("packing",),
-              inputs={"nodes": ("graph", "nodes.parquet"), "edges": ("graph", "edges.parquet"),
-                      "events": ("trace", "events.parquet")},
-              outputs=("packs.parquet", "nodes.parquet", "edges.parquet", "node_map.parquet", "iterations.parquet"))
-
+STAGE = Stage(
+    reads=("packing",),
+    inputs={
+        "nodes": ("graph", "nodes.parquet"),
+        "edges": ("graph", "edges.parquet"),
+        "events": ("trace", "events.parquet"),
+    },
+    outputs=("packs.parquet", "nodes.parquet", "edges.parquet", "node_map.parquet", "iterations.parquet"),
+)
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -37,15 +42,20 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     anchors["node"] = pg.node_map[anchors["node"].to_numpy()]  # host nodes keep their place in the pack graph
     write_parquet(out / "iterations.parquet", anchors)
     kernels = int(m.sum())
-    return {"kernels": kernels, "packs": len(packs), "signatures": int(packs["signature"].nunique()),
-            "kernels_per_pack": round(kernels / max(len(packs), 1), 3),
-            "max_pack_ms": round(float(packs["dur_ns"].max()) / 1e6, 3) if len(packs) else 0.0,
-            "pack_graph_nodes": len(pg.graph.nodes)}
+    return {
+        "kernels": kernels,
+        "packs": len(packs),
+        "signatures": int(packs["signature"].nunique()),
+        "kernels_per_pack": round(kernels / max(len(packs), 1), 3),
+        "max_pack_ms": round(float(packs["dur_ns"].max()) / 1e6, 3) if len(packs) else 0.0,
+        "pack_graph_nodes": len(pg.graph.nodes),
+    }
 
 
 def _node_map(pg):
     import numpy as np
     import pandas as pd
 
-    return pd.DataFrame({"node": np.arange(len(pg.node_map), dtype=np.int64), "pack_node": pg.node_map,
-                         "pack": pg.pack_of})
+    return pd.DataFrame(
+        {"node": np.arange(len(pg.node_map), dtype=np.int64), "pack_node": pg.node_map, "pack": pg.pack_of}
+    )

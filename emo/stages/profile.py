@@ -3,6 +3,7 @@ default clock and a few static clocks (emo.model.profiling, whose docstring says
 from), into metrics.parquet and baseline.json. A recorded trace is not re-run: its counters and
 baseline come from the sidecars beside it (counters/, metrics.parquet, emo-capture/), declared as
 outside files so that rewriting one re-runs this stage."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,11 +21,18 @@ def sidecars(cfg: dict) -> dict[str, Path]:
     return sidecar_paths(Path(wl["path"]))
 
 
-STAGE = Stage(reads=("gpu", "workload", "trace", "model"),
-              inputs={"packs": ("pack", "packs.parquet"), "events": ("trace", "events.parquet"),
-                      "measured": ("trace", "measured.json"), "graph_nodes": ("graph", "nodes.parquet"),
-                      "graph_edges": ("graph", "edges.parquet")},
-              outputs=("metrics.parquet", "baseline.json"), outside=sidecars)
+STAGE = Stage(
+    reads=("gpu", "workload", "trace", "model"),
+    inputs={
+        "packs": ("pack", "packs.parquet"),
+        "events": ("trace", "events.parquet"),
+        "measured": ("trace", "measured.json"),
+        "graph_nodes": ("graph", "nodes.parquet"),
+        "graph_edges": ("graph", "edges.parquet"),
+    },
+    outputs=("metrics.parquet", "baseline.json"),
+    outside=sidecars,
+)
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -37,10 +45,14 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.io import write_json, write_parquet
     from emo.model.profiling import profile_workload
 
-    metrics, baseline, summary = profile_workload(cfg, pd.read_parquet(inputs["packs"]), pd.read_parquet(inputs["events"]),
-                                                  Graph.load(inputs["graph_nodes"].parent).nodes,
-                                                  json.loads(inputs["measured"].read_text()),
-                                                  lambda: open_device(cfg["gpu"]))
+    metrics, baseline, summary = profile_workload(
+        cfg,
+        pd.read_parquet(inputs["packs"]),
+        pd.read_parquet(inputs["events"]),
+        Graph.load(inputs["graph_nodes"].parent).nodes,
+        json.loads(inputs["measured"].read_text()),
+        lambda: open_device(cfg["gpu"]),
+    )
     write_parquet(out / "metrics.parquet", metrics)
     write_json(out / "baseline.json", baseline)
     return summary

@@ -6,6 +6,7 @@ Kineto files; only those trace files are copied (sub-folders and other files are
 symbolic link is followed only when it points inside the folder), and an error names the user's file,
 not the copy.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,11 @@ from emo.stages import Stage
 
 log = logging.getLogger("emo")
 
-STAGE = Stage(reads=("gpu", "workload", "trace"), outputs=("events.parquet", "measured.json"),
-              outside=lambda cfg: {"workload.path": cfg["workload"]["path"]} if cfg["workload"]["kind"] == "recorded" else {})
+STAGE = Stage(
+    reads=("gpu", "workload", "trace"),
+    outputs=("events.parquet", "measured.json"),
+    outside=lambda cfg: {"workload.path": cfg["workload"]["path"]} if cfg["workload"]["kind"] == "recorded" else {},
+)
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
@@ -47,16 +51,26 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     else:
         device = open_device(cfg["gpu"])
         if wl["kind"] == "command":
-            log.info("trace: one launch of %s: %d iterations (%d recorded), then EMO ends it", " ".join(wl["command"]),
-                     1 + int(wl["wait"]) + max(int(wl["warmup"]), int(cfg["trace"]["warmup"])) + int(cfg["trace"]["iterations"]),
-                     int(cfg["trace"]["iterations"]))
+            log.info(
+                "trace: one launch of %s: %d iterations (%d recorded), then EMO ends it",
+                " ".join(wl["command"]),
+                1
+                + int(wl["wait"])
+                + max(int(wl["warmup"]), int(cfg["trace"]["warmup"]))
+                + int(cfg["trace"]["iterations"]),
+                int(cfg["trace"]["iterations"]),
+            )
         try:
             res = device.run(wl, cfg["trace"]["iterations"], warmup=cfg["trace"]["warmup"], trace_dir=kineto)
         finally:
             device.close()
-        measured = {"iterations": res.iterations, "time_s": res.time_s, "energy_j": res.energy_j,
-                    "iteration_times_s": res.iteration_times_s,
-                    "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()}}
+        measured = {
+            "iterations": res.iterations,
+            "time_s": res.time_s,
+            "energy_j": res.energy_j,
+            "iteration_times_s": res.iteration_times_s,
+            "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()},
+        }
         events = read_trace(kineto)
     write_parquet(out / "events.parquet", events)
     write_json(out / "measured.json", measured)
@@ -64,7 +78,11 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         "events": len(events),
         "ranks": int(events["rank"].nunique()),
         "kernels": int((events["kind"] == "kernel").sum()) if "kind" in events else 0,
-        **({"iteration_time_s": measured["time_s"] / measured["iterations"], "energy_j": measured["energy_j"]} if measured else {}),
+        **(
+            {"iteration_time_s": measured["time_s"] / measured["iterations"], "energy_j": measured["energy_j"]}
+            if measured
+            else {}
+        ),
     }
 
 
@@ -76,5 +94,8 @@ def recorded_files(src: Path) -> list[Path]:
     if not src.is_dir():
         return [src]
     root = src.resolve()
-    return [f for f in sorted(src.iterdir())
-            if f.name.endswith(TRACE_SUFFIXES) and f.is_file() and f.resolve().is_relative_to(root)]
+    return [
+        f
+        for f in sorted(src.iterdir())
+        if f.name.endswith(TRACE_SUFFIXES) and f.is_file() and f.resolve().is_relative_to(root)
+    ]

@@ -1,5 +1,6 @@
 """validate: measure what a method saves on the device (the protocol: emo.validate) and write
 result.json (and, for optimizer=static, pareto.parquet: the static clocks it measured)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,10 +8,12 @@ from pathlib import Path
 from emo.methods import ONLINE
 from emo.stages import Stage
 
-STAGE = Stage(reads=("gpu", "workload", "optimizer", "budget", "validate"),
-              # offline methods bring optimize's policy; online ones tune while validate runs them
-              inputs=lambda cfg: {} if cfg["optimizer"]["name"] in ONLINE else {"policy": ("optimize", "policy.json")},
-              outputs=("result.json",))
+STAGE = Stage(
+    reads=("gpu", "workload", "optimizer", "budget", "validate"),
+    # offline methods bring optimize's policy; online ones tune while validate runs them
+    inputs=lambda cfg: {} if cfg["optimizer"]["name"] in ONLINE else {"policy": ("optimize", "policy.json")},
+    outputs=("result.json",),
+)
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:

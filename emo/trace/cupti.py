@@ -15,6 +15,7 @@ so the same reader takes both. Timestamps are CUPTI's (ns) in microseconds.
 The conversion (`to_kineto`) works on plain dicts and is tested without a GPU; only CuptiTracer
 touches cupti-python, imported when the tracer starts.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,11 +25,23 @@ from pathlib import Path
 from typing import Any
 
 SYNC_NAMES = {  # CUpti_ActivitySynchronizationType -> Kineto's cuda_sync names
-    "EVENT_SYNCHRONIZE": "Event Sync", "STREAM_WAIT_EVENT": "Stream Wait Event",
-    "STREAM_SYNCHRONIZE": "Stream Sync", "CONTEXT_SYNCHRONIZE": "Context Sync",
+    "EVENT_SYNCHRONIZE": "Event Sync",
+    "STREAM_WAIT_EVENT": "Stream Wait Event",
+    "STREAM_SYNCHRONIZE": "Stream Sync",
+    "CONTEXT_SYNCHRONIZE": "Context Sync",
 }
-MEMCPY_NAMES = {"HTOD": "HtoD", "DTOH": "DtoH", "DTOD": "DtoD", "HTOH": "HtoH", "PTOP": "PtoP",
-                "ATOD": "AtoD", "DTOA": "DtoA", "HTOA": "HtoA", "ATOH": "AtoH", "ATOA": "AtoA"}
+MEMCPY_NAMES = {
+    "HTOD": "HtoD",
+    "DTOH": "DtoH",
+    "DTOD": "DtoD",
+    "HTOH": "HtoH",
+    "PTOP": "PtoP",
+    "ATOD": "AtoD",
+    "DTOA": "DtoA",
+    "HTOA": "HtoA",
+    "ATOH": "AtoH",
+    "ATOA": "AtoA",
+}
 _VERSION = re.compile(r"_v\d+$")
 
 
@@ -36,8 +49,14 @@ def _us(ns: int | float) -> float:
     return round(ns / 1000.0, 3)
 
 
-def to_kineto(rows: list[dict], *, steps_ns: list[int] | None = None, pid: int | None = None,
-              tid: int | None = None, name: str = "emo-cupti") -> dict:
+def to_kineto(
+    rows: list[dict],
+    *,
+    steps_ns: list[int] | None = None,
+    pid: int | None = None,
+    tid: int | None = None,
+    name: str = "emo-cupti",
+) -> dict:
     """Kineto trace dict from normalised CUPTI rows (see CuptiTracer._row for their fields).
 
     steps_ns: iteration-marker timestamps; consecutive pairs become ProfilerStep#i annotations.
@@ -54,56 +73,140 @@ def to_kineto(rows: list[dict], *, steps_ns: list[int] | None = None, pid: int |
     for r in rows:
         k = r["kind"]
         if k in ("runtime", "driver"):
-            events.append({"ph": "X", "cat": "cuda_runtime" if k == "runtime" else "cuda_driver",
-                           "name": _VERSION.sub("", r["name"]), "pid": r.get("process_id", pid),
-                           "tid": r.get("thread_id", tid), "ts": _us(r["start"]), "dur": _us(r["end"] - r["start"]),
-                           "args": {"cbid": r["cbid"], "correlation": r["correlation_id"],
-                                    "External id": r["correlation_id"]}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime" if k == "runtime" else "cuda_driver",
+                    "name": _VERSION.sub("", r["name"]),
+                    "pid": r.get("process_id", pid),
+                    "tid": r.get("thread_id", tid),
+                    "ts": _us(r["start"]),
+                    "dur": _us(r["end"] - r["start"]),
+                    "args": {"cbid": r["cbid"], "correlation": r["correlation_id"], "External id": r["correlation_id"]},
+                }
+            )
         elif k in ("kernel", "memcpy", "memset"):
             dev = r["device_id"]
-            args = {"device": dev, "context": r["context_id"], "stream": r["stream_id"],
-                    "correlation": r["correlation_id"], "External id": r["correlation_id"]}
+            args = {
+                "device": dev,
+                "context": r["context_id"],
+                "stream": r["stream_id"],
+                "correlation": r["correlation_id"],
+                "External id": r["correlation_id"],
+            }
             if k == "kernel":
                 cat, nm = "kernel", r["name"]
-                args.update({"grid": list(r["grid"]), "block": list(r["block"]),
-                             "registers per thread": r.get("registers_per_thread", 0),
-                             "shared memory": r.get("shared_memory", 0)})
+                args.update(
+                    {
+                        "grid": list(r["grid"]),
+                        "block": list(r["block"]),
+                        "registers per thread": r.get("registers_per_thread", 0),
+                        "shared memory": r.get("shared_memory", 0),
+                    }
+                )
             elif k == "memcpy":
                 cat, nm = "gpu_memcpy", f"Memcpy {MEMCPY_NAMES.get(r['copy_kind'], r['copy_kind'])}"
                 args["bytes"] = r["bytes"]
             else:
                 cat, nm = "gpu_memset", "Memset (Device)"
                 args["bytes"] = r["bytes"]
-            events.append({"ph": "X", "cat": cat, "name": nm, "pid": dev, "tid": r["stream_id"],
-                           "ts": _us(r["start"]), "dur": _us(r["end"] - r["start"]), "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": nm,
+                    "pid": dev,
+                    "tid": r["stream_id"],
+                    "ts": _us(r["start"]),
+                    "dur": _us(r["end"] - r["start"]),
+                    "args": args,
+                }
+            )
             api = api_at.get(r["correlation_id"])
             if api is not None:  # the launch -> GPU flow torch.profiler draws
-                events.append({"ph": "s", "id": r["correlation_id"], "pid": api.get("process_id", pid),
-                               "tid": api.get("thread_id", tid), "ts": _us(api["start"]), "cat": "ac2g",
-                               "name": "ac2g"})
-                events.append({"ph": "f", "id": r["correlation_id"], "pid": dev, "tid": r["stream_id"],
-                               "ts": _us(r["start"]), "cat": "ac2g", "name": "ac2g", "bp": "e"})
+                events.append(
+                    {
+                        "ph": "s",
+                        "id": r["correlation_id"],
+                        "pid": api.get("process_id", pid),
+                        "tid": api.get("thread_id", tid),
+                        "ts": _us(api["start"]),
+                        "cat": "ac2g",
+                        "name": "ac2g",
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "f",
+                        "id": r["correlation_id"],
+                        "pid": dev,
+                        "tid": r["stream_id"],
+                        "ts": _us(r["start"]),
+                        "cat": "ac2g",
+                        "name": "ac2g",
+                        "bp": "e",
+                    }
+                )
         elif k == "sync":
             sync_name = SYNC_NAMES.get(r["sync_type"], r["sync_type"])
             dev = ctx_device.get(r["context_id"], 0)
             stream = r["stream_id"] if r["stream_id"] not in (None, 0xFFFFFFFF) else -1
-            args = {"cuda_sync_kind": sync_name, "stream": stream, "correlation": r["correlation_id"],
-                    "External id": r["correlation_id"], "device": dev, "context": r["context_id"]}
+            args = {
+                "cuda_sync_kind": sync_name,
+                "stream": stream,
+                "correlation": r["correlation_id"],
+                "External id": r["correlation_id"],
+                "device": dev,
+                "context": r["context_id"],
+            }
             rec = event_record.get((r["context_id"], r.get("cuda_event_id")))
             if sync_name in ("Stream Wait Event", "Event Sync") and rec is not None:
                 args["wait_on_cuda_event_record_corr_id"] = rec[0]
                 args["wait_on_stream"] = rec[1]
-            events.append({"ph": "X", "cat": "cuda_sync", "name": sync_name, "pid": dev, "tid": stream,
-                           "ts": _us(r["start"]), "dur": _us(r["end"] - r["start"]), "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_sync",
+                    "name": sync_name,
+                    "pid": dev,
+                    "tid": stream,
+                    "ts": _us(r["start"]),
+                    "dur": _us(r["end"] - r["start"]),
+                    "args": args,
+                }
+            )
     steps = list(steps_ns or [])
     for i, (a, b) in enumerate(zip(steps, steps[1:])):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": pid, "tid": tid,
-                       "ts": _us(a), "dur": _us(b - a), "args": {}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{i}",
+                "pid": pid,
+                "tid": tid,
+                "ts": _us(a),
+                "dur": _us(b - a),
+                "args": {},
+            }
+        )
     events.sort(key=lambda e: e["ts"])
-    events.append({"name": "process_name", "ph": "M", "ts": events[0]["ts"] if events else 0, "pid": pid,
-                   "tid": 0, "args": {"name": name}})
-    return {"schemaVersion": 1, "deviceProperties": [], "traceName": name, "displayTimeUnit": "ms",
-            "traceEvents": events}
+    events.append(
+        {
+            "name": "process_name",
+            "ph": "M",
+            "ts": events[0]["ts"] if events else 0,
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": name},
+        }
+    )
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [],
+        "traceName": name,
+        "displayTimeUnit": "ms",
+        "traceEvents": events,
+    }
 
 
 def import_cupti():
@@ -140,40 +243,91 @@ class CuptiTracer:
         K = c.ActivityKind
         kind = a.kind
         if kind in (K.CONCURRENT_KERNEL, K.KERNEL):
-            return {"kind": "kernel", "name": a.name, "start": a.start, "end": a.end, "device_id": a.device_id,
-                    "context_id": a.context_id, "stream_id": a.stream_id, "correlation_id": a.correlation_id,
-                    "grid": (a.grid_x, a.grid_y, a.grid_z), "block": (a.block_x, a.block_y, a.block_z),
-                    "registers_per_thread": a.registers_per_thread,
-                    "shared_memory": a.static_shared_memory + a.dynamic_shared_memory}
+            return {
+                "kind": "kernel",
+                "name": a.name,
+                "start": a.start,
+                "end": a.end,
+                "device_id": a.device_id,
+                "context_id": a.context_id,
+                "stream_id": a.stream_id,
+                "correlation_id": a.correlation_id,
+                "grid": (a.grid_x, a.grid_y, a.grid_z),
+                "block": (a.block_x, a.block_y, a.block_z),
+                "registers_per_thread": a.registers_per_thread,
+                "shared_memory": a.static_shared_memory + a.dynamic_shared_memory,
+            }
         if kind == K.MEMCPY:
-            return {"kind": "memcpy", "copy_kind": c.ActivityMemcpyKind(a.copy_kind).name, "bytes": a.bytes,
-                    "start": a.start, "end": a.end, "device_id": a.device_id, "context_id": a.context_id,
-                    "stream_id": a.stream_id, "correlation_id": a.correlation_id}
+            return {
+                "kind": "memcpy",
+                "copy_kind": c.ActivityMemcpyKind(a.copy_kind).name,
+                "bytes": a.bytes,
+                "start": a.start,
+                "end": a.end,
+                "device_id": a.device_id,
+                "context_id": a.context_id,
+                "stream_id": a.stream_id,
+                "correlation_id": a.correlation_id,
+            }
         if kind == K.MEMSET:
-            return {"kind": "memset", "bytes": a.bytes, "start": a.start, "end": a.end, "device_id": a.device_id,
-                    "context_id": a.context_id, "stream_id": a.stream_id, "correlation_id": a.correlation_id}
+            return {
+                "kind": "memset",
+                "bytes": a.bytes,
+                "start": a.start,
+                "end": a.end,
+                "device_id": a.device_id,
+                "context_id": a.context_id,
+                "stream_id": a.stream_id,
+                "correlation_id": a.correlation_id,
+            }
         if kind in (K.RUNTIME, K.DRIVER):
             domain = c.CallbackDomain.RUNTIME_API if kind == K.RUNTIME else c.CallbackDomain.DRIVER_API
-            return {"kind": "runtime" if kind == K.RUNTIME else "driver",
-                    "name": str(c.get_callback_name(domain, a.cbid)), "cbid": a.cbid, "start": a.start,
-                    "end": a.end, "process_id": a.process_id, "thread_id": a.thread_id,
-                    "correlation_id": a.correlation_id}
+            return {
+                "kind": "runtime" if kind == K.RUNTIME else "driver",
+                "name": str(c.get_callback_name(domain, a.cbid)),
+                "cbid": a.cbid,
+                "start": a.start,
+                "end": a.end,
+                "process_id": a.process_id,
+                "thread_id": a.thread_id,
+                "correlation_id": a.correlation_id,
+            }
         if kind == K.SYNCHRONIZATION:
-            return {"kind": "sync", "sync_type": c.ActivitySynchronizationType(a.type).name, "start": a.start,
-                    "end": a.end, "context_id": a.context_id, "stream_id": a.stream_id,
-                    "correlation_id": a.correlation_id, "cuda_event_id": a.cuda_event_id}
+            return {
+                "kind": "sync",
+                "sync_type": c.ActivitySynchronizationType(a.type).name,
+                "start": a.start,
+                "end": a.end,
+                "context_id": a.context_id,
+                "stream_id": a.stream_id,
+                "correlation_id": a.correlation_id,
+                "cuda_event_id": a.cuda_event_id,
+            }
         if kind == K.CUDA_EVENT:
-            return {"kind": "cuda_event", "context_id": a.context_id, "stream_id": a.stream_id,
-                    "correlation_id": a.correlation_id, "event_id": a.event_id}
+            return {
+                "kind": "cuda_event",
+                "context_id": a.context_id,
+                "stream_id": a.stream_id,
+                "correlation_id": a.correlation_id,
+                "event_id": a.event_id,
+            }
         if kind == K.CONTEXT:
             return {"kind": "context", "context_id": a.context_id, "device_id": a.device_id}
         return None
 
-    def __enter__(self) -> "CuptiTracer":
+    def __enter__(self) -> CuptiTracer:
         c = self._cupti = import_cupti()
         K = c.ActivityKind
-        self._kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.SYNCHRONIZATION,
-                       K.CUDA_EVENT, K.CONTEXT]
+        self._kinds = [
+            K.CONCURRENT_KERNEL,
+            K.MEMCPY,
+            K.MEMSET,
+            K.RUNTIME,
+            K.DRIVER,
+            K.SYNCHRONIZATION,
+            K.CUDA_EVENT,
+            K.CONTEXT,
+        ]
         c.activity_register_callbacks(lambda: (self.BUFFER_BYTES, 0), self._completed)
         for k in self._kinds:
             c.activity_enable(k)

@@ -9,6 +9,7 @@ Speed: the file is inflated with ISA-L (`isal`), decoded by msgspec straight int
 structs (only the fields EMO reads; the rest of each event, e.g. a cpu_op's long args, is skipped
 by the parser), and each column is then pulled out of all structs at once by C-level
 `attrgetter`/`zip` transposition: there is no per-event Python code."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ import re
 from itertools import count, repeat
 from operator import attrgetter, eq
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -34,13 +35,18 @@ except ImportError:  # pragma: no cover - isal is a dependency; plain zlib still
 from emo.trace.schema import normalise
 
 CATEGORY_KIND = {
-    "cpu_op": "cpu_op", "operator": "cpu_op",
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
     "user_annotation": "annotation",
     "gpu_user_annotation": "gpu_annotation",
-    "cuda_runtime": "runtime", "cuda_driver": "runtime", "runtime": "runtime",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "runtime": "runtime",
     "kernel": "kernel",
-    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "memset": "memset",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
     "cuda_sync": "sync",
 }
 GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_annotation"})
@@ -91,7 +97,7 @@ class _Event(msgspec.Struct, gc=False):
     dur: Any = None
     pid: Any = None
     tid: Any = None
-    args: Union[_Args, list, str, float, int, bool, None] = _NO_ARGS
+    args: _Args | list | str | float | int | bool | None = _NO_ARGS
 
 
 class _Trace(msgspec.Struct, gc=False):
@@ -124,8 +130,10 @@ def inflate(path: Path, raw: bytes) -> bytes:
             parts.append(chunk)
             size += len(chunk)
             if size > limit:
-                raise _TooBig(f"{path}: inflates to more than {limit >> 20} MiB ({GZIP_MAX_RATIO}x its size; a gzip bomb?): "
-                                 "refused; if it is a real trace, gunzip it and analyse the plain .json")
+                raise _TooBig(
+                    f"{path}: inflates to more than {limit >> 20} MiB ({GZIP_MAX_RATIO}x its size; a gzip bomb?): "
+                    "refused; if it is a real trace, gunzip it and analyse the plain .json"
+                )
             rest = d.unconsumed_tail
             if d.eof:
                 break
@@ -221,7 +229,7 @@ def load_json(path: Path) -> dict:
     return doc
 
 
-_INT64 = (-2 ** 63, 2 ** 63 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def _int(v, default=-1) -> int:
@@ -242,13 +250,20 @@ _CODE_OF_CAT = {c: _CODE[k] for c, k in _KIND_OF_CAT.items()}
 # Kinds whose args EMO reads (a cpu_op's ids are not used)
 _ARG_KINDS = ("runtime", "kernel", "memcpy", "memset", "sync", "gpu_annotation")
 _ARG_CODES = [_CODE[k] for k in _ARG_KINDS]
-_ARG_INTS = ("correlation", "external_id", "device", "stream", "wait_on_cuda_event_record_corr_id",
-             "wait_on_stream", "bytes")
+_ARG_INTS = (
+    "correlation",
+    "external_id",
+    "device",
+    "stream",
+    "wait_on_cuda_event_record_corr_id",
+    "wait_on_stream",
+    "bytes",
+)
 _CAT, _PH, _TS, _DUR = attrgetter("cat"), attrgetter("ph"), attrgetter("ts"), attrgetter("dur")
 _NAME = attrgetter("name")
 _KIND_NAMES = np.array(KIND_CODES, dtype=object)
 # The largest |microseconds| whose nanoseconds fit in int64
-_MAX_US = (2 ** 63 - 1) // 1000
+_MAX_US = (2**63 - 1) // 1000
 MAX_RANKS = 1 << 23
 
 
@@ -326,12 +341,16 @@ def _read_kineto(path: Path, rank: int | None):
         big = np.abs(vals) > _MAX_US
         if big.any():
             i = int(np.argmax(big))
-            raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
-                             f"{vals[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)")
+            raise ValueError(
+                f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
+                f"{vals[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)"
+            )
     ts, dur = _us_to_ns(ts_us), _us_to_ns(dur_us)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
-        raise ValueError(f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a negative duration")
+        raise ValueError(
+            f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a negative duration"
+        )
     runtime = codes == _CODE["runtime"]
     hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
@@ -377,16 +396,31 @@ def _read_kineto(path: Path, rank: int | None):
         groups = _group_ranks(info)
         cfg = named & ~listed
         granks[need[cfg]] = [groups.get(x, "") for x in pg[need[cfg]]]
-    sync_kind, pg, granks = (_sparse_text(c, need[at]) for c, at in
-                             ((sync_kind, ss), (pg, named), (granks, named | listed)))
-    return normalise({
-        "rank": np.full(n, rank, np.int32), "world_size": np.full(n, world, np.int32), "device": device,
-        "stream": stream, "pid": pid, "thread": tid, "kind": pd.Categorical.from_codes(codes - 1, KIND_CODES[1:]),
-        "name": pd.Categorical.from_codes(name_codes, pd.Index(name_values, dtype=object)), "start_ns": ts,
-        "dur_ns": dur, "correlation": col["correlation"], "external_id": col["external_id"],
-        "sync_kind": sync_kind, "wait_event_corr": col["wait_on_cuda_event_record_corr_id"],
-        "wait_stream": col["wait_on_stream"], "process_group": pg, "group_ranks": granks, "bytes": col["bytes"],
-    })
+    sync_kind, pg, granks = (
+        _sparse_text(c, need[at]) for c, at in ((sync_kind, ss), (pg, named), (granks, named | listed))
+    )
+    return normalise(
+        {
+            "rank": np.full(n, rank, np.int32),
+            "world_size": np.full(n, world, np.int32),
+            "device": device,
+            "stream": stream,
+            "pid": pid,
+            "thread": tid,
+            "kind": pd.Categorical.from_codes(codes - 1, KIND_CODES[1:]),
+            "name": pd.Categorical.from_codes(name_codes, pd.Index(name_values, dtype=object)),
+            "start_ns": ts,
+            "dur_ns": dur,
+            "correlation": col["correlation"],
+            "external_id": col["external_id"],
+            "sync_kind": sync_kind,
+            "wait_event_corr": col["wait_on_cuda_event_record_corr_id"],
+            "wait_stream": col["wait_on_stream"],
+            "process_group": pg,
+            "group_ranks": granks,
+            "bytes": col["bytes"],
+        }
+    )
 
 
 def _group_ranks(info: dict) -> dict[str, str]:
@@ -447,7 +481,9 @@ def _explain_bad_event(path: Path, events: list, keep) -> None:
     for i in keep.tolist():
         ev = events[i]
         if ev.name is not None and not isinstance(ev.name, (str, int, float, bool)):
-            raise ValueError(f"{path}: event #{i} ({ev.cat}) has a name that is not text ({type(ev.name).__name__})") from None
+            raise ValueError(
+                f"{path}: event #{i} ({ev.cat}) has a name that is not text ({type(ev.name).__name__})"
+            ) from None
         for field in ("ts", "dur", "name"):
             if getattr(ev, field) is None:
                 raise ValueError(f"{path}: event #{i} ({ev.cat}) lacks the field '{field}'") from None

@@ -3,6 +3,7 @@
 Uses the CUPTI_ACTIVITY_KIND_{RUNTIME,KERNEL,MEMCPY,MEMSET,SYNCHRONIZATION} tables and StringIds.
 A synchronisation row's kind is taken from the runtime call it shares a correlationId with:
 nsys 2024 writes syncType 1 (event sync) even for cudaDeviceSynchronize, so syncType is not trusted."""
+
 from __future__ import annotations
 
 import re
@@ -18,12 +19,24 @@ from emo.trace.schema import normalise
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel
 SYNC_KIND_OF_CALL = {
-    "cudaDeviceSynchronize": "Context Sync", "cudaCtxSynchronize": "Context Sync",
-    "cudaStreamSynchronize": "Stream Sync", "cudaEventSynchronize": "Event Sync",
+    "cudaDeviceSynchronize": "Context Sync",
+    "cudaCtxSynchronize": "Context Sync",
+    "cudaStreamSynchronize": "Stream Sync",
+    "cudaEventSynchronize": "Event Sync",
     "cudaStreamWaitEvent": "Stream Wait Event",
 }
-COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-             8: "DtoD", 9: "HtoH", 10: "PtoP"}
+COPY_KIND = {
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+}
 NULLABLE = {"bytes", "copyKind"}
 NO_STREAM = 4294967295  # nsys writes UINT32_MAX where a sync names no stream
 
@@ -33,8 +46,9 @@ def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, require
 
 
 @overload
-def _table(con: sqlite3.Connection, path: Path, name: str, columns: str,
-           required: bool = False) -> pd.DataFrame | None: ...
+def _table(
+    con: sqlite3.Connection, path: Path, name: str, columns: str, required: bool = False
+) -> pd.DataFrame | None: ...
 
 
 def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, required: bool = False) -> pd.DataFrame | None:
@@ -63,7 +77,7 @@ def _numbers(t: pd.DataFrame, path: Path, name: str) -> pd.DataFrame:
         num = pd.to_numeric(col, errors="coerce")
         if c in NULLABLE:  # not every export fills them
             num = num.where(col.notna(), -1)
-        bad = num.isna() | (num.abs() >= 2 ** 63) | (num != num.round())
+        bad = num.isna() | (num.abs() >= 2**63) | (num != num.round())
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             v = "NULL" if pd.isna(col.iat[i]) else repr(col.iat[i])
@@ -77,7 +91,7 @@ REQUIRED = {
     "StringIds": "not an nsys SQLite export",
     "CUPTI_ACTIVITY_KIND_KERNEL": "no kernel was traced: profile with `nsys profile --trace=cuda`",
     "CUPTI_ACTIVITY_KIND_RUNTIME": "no CUDA API call was traced, so nothing says which host call launched "
-                                   "which GPU op: profile with `nsys profile --trace=cuda`",
+    "which GPU op: profile with `nsys profile --trace=cuda`",
 }
 
 
@@ -98,35 +112,56 @@ def read_nsys(path: Path) -> pd.DataFrame:
 def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     strings = _table(con, path, "StringIds", "id, value", required=True)
     name_of = dict(zip(strings["id"], strings["value"]))
-    rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId",
-                required=True)
+    rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId", required=True)
     parts = []
     if rt is not None and len(rt):
         names = rt["nameId"].map(name_of).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
         if names.str.match(r"^hip[A-Z]").any():
             raise ValueError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
         gtid = rt["globalTid"].to_numpy(np.int64)
-        parts.append(pd.DataFrame({
-            "device": -1, "stream": -1, "pid": (gtid >> 24) & 0xFFFFFF, "thread": gtid & 0xFFFFFF,
-            "kind": "runtime", "name": names, "start": rt["start"], "end": rt["end"],
-            "correlation": rt["correlationId"]}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "device": -1,
+                    "stream": -1,
+                    "pid": (gtid >> 24) & 0xFFFFFF,
+                    "thread": gtid & 0xFFFFFF,
+                    "kind": "runtime",
+                    "name": names,
+                    "start": rt["start"],
+                    "end": rt["end"],
+                    "correlation": rt["correlationId"],
+                }
+            )
+        )
         call_of_corr = dict(zip(rt["correlationId"], names))
     else:
         call_of_corr = {}
-    k = _table(con, path, "CUPTI_ACTIVITY_KIND_KERNEL",
-               "start, end, deviceId, streamId, correlationId, globalPid, demangledName", required=True)
+    k = _table(
+        con,
+        path,
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "start, end, deviceId, streamId, correlationId, globalPid, demangledName",
+        required=True,
+    )
     if k is not None and len(k):
         parts.append(_gpu_rows(k, "kernel", k["demangledName"].map(name_of).fillna("?")))
-    m = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY",
-               "start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind")
+    m = _table(
+        con,
+        path,
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        "start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind",
+    )
     if m is not None and len(m):
         parts.append(_gpu_rows(m, "memcpy", "Memcpy " + m["copyKind"].map(COPY_KIND).fillna("?"), m["bytes"]))
-    s = _table(con, path, "CUPTI_ACTIVITY_KIND_MEMSET",
-               "start, end, deviceId, streamId, correlationId, globalPid, bytes")
+    s = _table(
+        con, path, "CUPTI_ACTIVITY_KIND_MEMSET", "start, end, deviceId, streamId, correlationId, globalPid, bytes"
+    )
     if s is not None and len(s):
         parts.append(_gpu_rows(s, "memset", pd.Series("Memset", index=s.index), s["bytes"]))
-    y = _table(con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-               "start, end, deviceId, streamId, correlationId, globalPid")
+    y = _table(
+        con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "start, end, deviceId, streamId, correlationId, globalPid"
+    )
     if y is not None and len(y):
         kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
         rows = _gpu_rows(y, "sync", kind)
@@ -141,19 +176,40 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
         bad = df[df["end"] < df["start"]].iloc[0]
         raise ValueError(f"{path}: events out of order: {bad['kind']} {bad['name']!r} ends before it starts")
     n = len(df)
-    return normalise({
-        "rank": np.zeros(n, np.int32), "device": df["device"], "stream": df["stream"], "pid": df["pid"],
-        "thread": df["thread"], "kind": df["kind"], "name": df["name"], "start_ns": df["start"],
-        "dur_ns": df["end"] - df["start"], "correlation": df["correlation"],
-        "external_id": np.full(n, -1), "sync_kind": df.get("sync_kind", pd.Series("", index=df.index)).fillna(""),
-        "wait_event_corr": np.full(n, -1), "wait_stream": np.full(n, -1),
-        "process_group": np.full(n, ""), "bytes": df.get("bytes", pd.Series(-1, index=df.index)).fillna(-1),
-    })
+    return normalise(
+        {
+            "rank": np.zeros(n, np.int32),
+            "device": df["device"],
+            "stream": df["stream"],
+            "pid": df["pid"],
+            "thread": df["thread"],
+            "kind": df["kind"],
+            "name": df["name"],
+            "start_ns": df["start"],
+            "dur_ns": df["end"] - df["start"],
+            "correlation": df["correlation"],
+            "external_id": np.full(n, -1),
+            "sync_kind": df.get("sync_kind", pd.Series("", index=df.index)).fillna(""),
+            "wait_event_corr": np.full(n, -1),
+            "wait_stream": np.full(n, -1),
+            "process_group": np.full(n, ""),
+            "bytes": df.get("bytes", pd.Series(-1, index=df.index)).fillna(-1),
+        }
+    )
 
 
 def _gpu_rows(t: pd.DataFrame, kind: str, names: pd.Series, nbytes=None) -> pd.DataFrame:
-    return pd.DataFrame({
-        "device": t["deviceId"], "stream": t["streamId"], "pid": (t["globalPid"].to_numpy(np.int64) >> 24) & 0xFFFFFF,
-        "thread": t["streamId"], "kind": kind, "name": names.astype(str), "start": t["start"],
-        "end": t["end"], "correlation": t["correlationId"],
-        "bytes": nbytes if nbytes is not None else -1})
+    return pd.DataFrame(
+        {
+            "device": t["deviceId"],
+            "stream": t["streamId"],
+            "pid": (t["globalPid"].to_numpy(np.int64) >> 24) & 0xFFFFFF,
+            "thread": t["streamId"],
+            "kind": kind,
+            "name": names.astype(str),
+            "start": t["start"],
+            "end": t["end"],
+            "correlation": t["correlationId"],
+            "bytes": nbytes if nbytes is not None else -1,
+        }
+    )

@@ -6,6 +6,7 @@ an Arrow (Feather) file, so memory is bounded by the tables themselves plus one 
 per reader. Fresh processes rather than a fork: the
 caller may hold threads (a progress bar, a tracking client), and a forked lock is a deadlock; and
 unlike multiprocessing's spawn, no caller's main module is re-imported."""
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,22 @@ def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     share = [i % n for i in range(len(files))]  # this process reads share 0 while the workers read theirs
     with tempfile.TemporaryDirectory(prefix="emo-ranks-") as tmp:
-        procs = [subprocess.Popen([sys.executable, "-m", "emo.trace.ranks", tmp,
-                                   *(f"{i}={f}" for i, f in enumerate(files) if share[i] == w)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for w in range(1, n)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "emo.trace.ranks",
+                    tmp,
+                    *(f"{i}={f}" for i, f in enumerate(files) if share[i] == w),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for w in range(1, n)
+        ]
         try:
             mine = {i: read_kineto(f, rank=i) for i, f in enumerate(files) if share[i] == 0}
         finally:

@@ -7,6 +7,7 @@ or the entry-point group `emo.trace_formats`), then the per-rank folder, an Nsig
 export, and Kineto JSON, which takes any other file. A new format is its reader module, a line in
 FORMATS and a line in docs/analyze.md; a package outside EMO registers its own.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -128,8 +129,10 @@ def regular_file(path: Path):
             while chunk := src.read(1 << 20):
                 copied += len(chunk)
                 if copied > SPOOL_LIMIT_BYTES:
-                    raise ValueError(f"{path}: more than {SPOOL_LIMIT_BYTES >> 20} MiB from a pipe or device: "
-                                     "refused; save the trace to a file and analyse that")
+                    raise ValueError(
+                        f"{path}: more than {SPOOL_LIMIT_BYTES >> 20} MiB from a pipe or device: "
+                        "refused; save the trace to a file and analyse that"
+                    )
                 dst.write(chunk)
         yield local
 
@@ -142,15 +145,18 @@ def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
         by_size = sorted(worlds.items(), key=lambda x: x[1])
         (f0, w0), (f1, w1) = by_size[0], by_size[-1]
         raise ValueError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
-    spans = [(int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f)
-             for f, p in zip(files, parts) if len(p)]
+    spans = [
+        (int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f) for f, p in zip(files, parts) if len(p)
+    ]
     if len(spans) > 1:
         first_end = min(spans, key=lambda s: s[1])
         last_start = max(spans, key=lambda s: s[0])
         if last_start[0] > first_end[1]:
             gap = (last_start[0] - first_end[1]) / 1e9
-            raise ValueError(f"{last_start[2]}: its events start {gap:.3g} s after the last event of "
-                             f"{first_end[2].name}: the files are not ranks of one run (or not of the same steps)")
+            raise ValueError(
+                f"{last_start[2]}: its events start {gap:.3g} s after the last event of "
+                f"{first_end[2].name}: the files are not ranks of one run (or not of the same steps)"
+            )
 
 
 def validate_events(events: pd.DataFrame, path) -> None:
@@ -174,11 +180,12 @@ def validate_events(events: pd.DataFrame, path) -> None:
         i = o[int(np.flatnonzero(overlap)[0]) + 1]
         raise ValueError(
             f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the previous op on "
-            f"rank {rank[i]} stream {stream[i]} ends")
+            f"rank {rank[i]} stream {stream[i]} ends"
+        )
     # A GPU op cannot start before the host call that launched it.
     calls = np.flatnonzero(text_at(kind, isin=("runtime",)) & (corr >= 0))
     calls = calls[np.lexsort((calls, corr[calls], rank[calls]))]  # per (rank, correlation): the outermost first
-    first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])][:len(calls)]
+    first = np.r_[True, (rank[calls][1:] != rank[calls][:-1]) | (corr[calls][1:] != corr[calls][:-1])][: len(calls)]
     _check_nested(events, path, calls, first, start, end, corr)
     launch = calls[first]
     ops = rows[corr[rows] >= 0]
@@ -191,8 +198,10 @@ def validate_events(events: pd.DataFrame, path) -> None:
     early = start[ops] < start[call] - STREAM_OVERLAP_TOLERANCE_NS
     if early.any():
         i = ops[int(np.argmax(early))]
-        raise ValueError(f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
-                         f"that launched it (correlation {corr[i]})")
+        raise ValueError(
+            f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
+            f"that launched it (correlation {corr[i]})"
+        )
     _check_unique_ops(events, path, ops, call, text_at(kind, ops, isin=("kernel",)), rank, corr)
 
 
@@ -216,9 +225,11 @@ def _check_nested(events, path, calls, first, start, end, corr) -> None:
     apart = ~first & (corr[calls] > 0) & ((start[calls] < start[outer]) | (end[calls] > end[outer]))
     if apart.any():
         i, j = calls[int(np.argmax(apart))], outer[int(np.argmax(apart))]
-        raise ValueError(f"{path}: correlation id {corr[i]} is used by two separate runtime calls "
-                         f"({events['name'].iat[j]!r} and {events['name'].iat[i]!r}, rank {events['rank'].iat[i]}): "
-                         "ids must be unique per rank (were traces of different runs merged?)")
+        raise ValueError(
+            f"{path}: correlation id {corr[i]} is used by two separate runtime calls "
+            f"({events['name'].iat[j]!r} and {events['name'].iat[i]!r}, rank {events['rank'].iat[i]}): "
+            "ids must be unique per rank (were traces of different runs merged?)"
+        )
 
 
 def _check_unique_ops(events, path, ops, call, is_kernel, rank, corr) -> None:
@@ -237,6 +248,8 @@ def _check_unique_ops(events, path, ops, call, is_kernel, rank, corr) -> None:
     graph = np.array(["Graph" in str(n) for n in names[call[o][dup]]])
     if (~graph).any():
         i = ops[o][dup][int(np.argmax(~graph))]
-        raise ValueError(f"{path}: correlation id {corr[i]} is shared by several GPU ops ({names[i][:60]!r} ...) "
-                         f"on rank {rank[i]}, but was launched by one {names[call[o][dup][int(np.argmax(~graph))]]!r}: "
-                         "ids must be unique per rank (were traces of different runs merged?)")
+        raise ValueError(
+            f"{path}: correlation id {corr[i]} is shared by several GPU ops ({names[i][:60]!r} ...) "
+            f"on rank {rank[i]}, but was launched by one {names[call[o][dup][int(np.argmax(~graph))]]!r}: "
+            "ids must be unique per rank (were traces of different runs merged?)"
+        )

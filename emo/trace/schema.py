@@ -26,6 +26,7 @@ the trace's own clock, so ranks recorded on one host share a time base):
 
 Rows are sorted by (rank, start_ns, -dur_ns) so parents come before the children they enclose.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,10 +61,17 @@ COLUMNS: dict[str, str] = {
 }
 
 # Runtime/driver calls that put one kernel or copy on a stream (HTA's list, plus the driver call).
-LAUNCH_CALLS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-    "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel",
-})
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaMemcpyAsync",
+        "cudaMemsetAsync",
+        "cudaLaunchCooperativeKernel",
+    }
+)
 
 
 def empty_events() -> pd.DataFrame:
@@ -87,8 +95,10 @@ def normalise(columns: dict) -> pd.DataFrame:
     a = {c: array(c, t) for c, t in COLUMNS.items()}
     order = np.lexsort((-a["dur_ns"].astype(np.int64), a["start_ns"].astype(np.int64), a["rank"].astype(np.int64)))
     # (copy=False: each column its own block; stacking same-dtype columns would copy them all once more)
-    return pd.DataFrame({c: _text(a[c][order]) if t == "str" else a[c][order].astype(t, copy=False)
-                         for c, t in COLUMNS.items()}, copy=False)
+    return pd.DataFrame(
+        {c: _text(a[c][order]) if t == "str" else a[c][order].astype(t, copy=False) for c, t in COLUMNS.items()},
+        copy=False,
+    )
 
 
 def _text(values: np.ndarray) -> pd.Series:

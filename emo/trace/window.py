@@ -1,4 +1,5 @@
 """Restrict an event table to one annotation instance (e.g. one `ProfilerStep`), per rank."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,7 @@ def annotation_window(events: pd.DataFrame, rank: int, name: str, instance: int)
     host = events[(events["rank"] == rank) & events["kind"].isin(["annotation", "cpu_op", "runtime"])]
     hits = host[host["name"].str.contains(name, regex=False)].sort_values("start_ns", kind="stable")
     if len(hits) <= instance:
-        raise ValueError(f"annotation {name!r} instance {instance} not found on rank {rank} "
-                         f"({len(hits)} instance(s))")
+        raise ValueError(f"annotation {name!r} instance {instance} not found on rank {rank} ({len(hits)} instance(s))")
     row = hits.iloc[instance]
     return int(row["start_ns"]), int(row["start_ns"] + row["dur_ns"])
 

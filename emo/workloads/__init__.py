@@ -15,6 +15,7 @@ A kind is found, in this order: registered in this process; a module `emo.worklo
 `SCHEMA` (a dataclass, its config) and `build(workload, arch) -> Program`; an entry point of group
 `emo.workloads` naming such a module. So a new workload is its module plus conf/workload/<kind>.yaml.
 """
+
 from __future__ import annotations
 
 import importlib

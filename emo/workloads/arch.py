@@ -1,6 +1,7 @@
 """What a workload needs to know about the GPU it pretends to run on: the kernel-name family the
 libraries pick on it (cuBLAS/cutlass/flash-attention differ per architecture), its SM count and L2
 size (for grids, waves and L2 reuse). Nothing about speed or power: that is the simulator's physics."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

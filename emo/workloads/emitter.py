@@ -7,6 +7,7 @@ host runs ahead of long kernels and falls behind short ones. Each overhead is a 
 named after the cheap view/shape ops a profiler shows in front of the launching op, with a
 deterministic per-rank jitter.
 """
+
 from __future__ import annotations
 
 import random
@@ -42,8 +43,9 @@ class Builder:
     and globally unique event ids (unique across ranks too, so no rank can wait on another's event)."""
 
     def __init__(self, name: str, ranks: int, streams: dict[int, str], meta: dict | None = None):
-        self.program = Program(name=name, ranks=ranks, ops=[[] for _ in range(ranks)], streams=dict(streams),
-                               meta=dict(meta or {}))
+        self.program = Program(
+            name=name, ranks=ranks, ops=[[] for _ in range(ranks)], streams=dict(streams), meta=dict(meta or {})
+        )
         self._kernel_ids: dict[int, int] = {}  # id(spec) -> index (specs are cached objects)
         self._colls: dict[tuple, int] = {}
         self._events = 0
@@ -68,7 +70,7 @@ class Builder:
         self._events += 1
         return self._events - 1
 
-    def rank(self, r: int, seed: int = 0) -> "RankEmitter":
+    def rank(self, r: int, seed: int = 0) -> RankEmitter:
         return RankEmitter(self, r, seed)
 
 

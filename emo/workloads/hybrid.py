@@ -9,6 +9,7 @@ backward, bucket by bucket as DDP's reducer does, so the buckets of the late lay
 backward of the early ones. Then clip-grad-norm over the model-parallel group and AdamW.
 The schedule and the stage emission are the pipeline's (emo.workloads.pp.pipeline).
 """
+
 from __future__ import annotations
 
 import dataclasses

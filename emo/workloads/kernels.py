@@ -7,11 +7,12 @@ streams. `active_warps` is the achieved occupancy a profiler reports (fraction o
 wave quantisation for grids smaller than the GPU. All factories are cached: the same shape yields
 the same KernelSpec object, so building a program with many launches stays cheap.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 from emo.workloads.arch import Arch
 from emo.workloads.program import KernelSpec, Work
@@ -54,8 +55,10 @@ def _gemm_tile(arch: Arch, m: int, n: int) -> tuple[int, int, str]:
 def _gemm_name(arch: Arch, dtype: str, m: int, n: int, layout: str) -> str:
     tm, tn, extra = _gemm_tile(arch, m, n)
     if arch.family == "hopper":
-        return (f"sm90_xmma_gemm_{dtype}{dtype}_{dtype}f32_f32_{layout}_n_tilesize{tm}x{tn}x64_"
-                f"warpgroupsize{extra}_execute_segment_k_off_kernel__5x_cublas")
+        return (
+            f"sm90_xmma_gemm_{dtype}{dtype}_{dtype}f32_f32_{layout}_n_tilesize{tm}x{tn}x64_"
+            f"warpgroupsize{extra}_execute_segment_k_off_kernel__5x_cublas"
+        )
     if arch.family == "volta":
         return f"volta_fp16_s884gemm_fp16_{tm}x{tn}_ldg8_f2f_{layout}"
     if m < 64 and arch.family == "ampere":  # decode-sized GEMMs go to cutlass wmma kernels
@@ -65,7 +68,7 @@ def _gemm_name(arch: Arch, dtype: str, m: int, n: int, layout: str) -> str:
     return f"ampere_{dtype}_s16816gemm_{dtype}_{tm}x{tn}{sliced}_ldg8_f2f_stages_{extra}_{layout}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def gemm(arch: Arch, dtype: str, m: int, n: int, k: int, layout: str = "tn", op: str = "aten::mm") -> KernelSpec:
     """C[m,n] = A[m,k] · B[k,n] on tensor cores. layout: "tn" forward (x·Wᵀ), "nn" data-gradient
     (dy·W), "nt" weight-gradient (dyᵀ·x)."""
@@ -116,13 +119,17 @@ def gemm(arch: Arch, dtype: str, m: int, n: int, k: int, layout: str = "tn", op:
 def _flash_traits(dtype: str, d: int, bwd: bool) -> str:
     t = _cutlass_t(dtype)
     if bwd:
-        return (f"pytorch_flash::Flash_bwd_kernel_traits<{d}, 64, 128, 8, 2, 4, 2, false, false, {t}, "
-                f"pytorch_flash::Flash_kernel_traits<{d}, 64, 128, 8, {t}> >")
-    return (f"pytorch_flash::Flash_fwd_kernel_traits<{d}, 128, 64, 4, false, false, {t}, "
-            f"pytorch_flash::Flash_kernel_traits<{d}, 128, 64, 4, {t}> >")
+        return (
+            f"pytorch_flash::Flash_bwd_kernel_traits<{d}, 64, 128, 8, 2, 4, 2, false, false, {t}, "
+            f"pytorch_flash::Flash_kernel_traits<{d}, 64, 128, 8, {t}> >"
+        )
+    return (
+        f"pytorch_flash::Flash_fwd_kernel_traits<{d}, 128, 64, 4, false, false, {t}, "
+        f"pytorch_flash::Flash_kernel_traits<{d}, 128, 64, 4, {t}> >"
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def attention_fwd(arch: Arch, dtype: str, batch: int, heads: int, seq: int, d: int) -> KernelSpec:
     """Causal self-attention forward (flash-attention 2 via SDPA; cutlass mem-efficient on Volta)."""
     pairs = batch * heads * seq * seq / 2  # causal: half the score matrix
@@ -140,15 +147,21 @@ def attention_fwd(arch: Arch, dtype: str, batch: int, heads: int, seq: int, d: i
         min_ns=4000.0,
     )
     if arch.family == "volta":
-        name = ("fmha_cutlassF_f16_aligned_64x64_rf_sm70(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
-                "cutlass::arch::Sm70, true, 64, 64, 64, true, true>::Params)")
-        return KernelSpec(name, work, "aten::_efficient_attention_forward", (math.ceil(seq / 64), heads, batch), (128, 1, 1))
-    name = (f"void pytorch_flash::flash_fwd_kernel<{_flash_traits(dtype, d, False)}, false, true, false, false, "
-            f"true, true, false, false>(pytorch_flash::Flash_fwd_params)")
+        name = (
+            "fmha_cutlassF_f16_aligned_64x64_rf_sm70(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+            "cutlass::arch::Sm70, true, 64, 64, 64, true, true>::Params)"
+        )
+        return KernelSpec(
+            name, work, "aten::_efficient_attention_forward", (math.ceil(seq / 64), heads, batch), (128, 1, 1)
+        )
+    name = (
+        f"void pytorch_flash::flash_fwd_kernel<{_flash_traits(dtype, d, False)}, false, true, false, false, "
+        f"true, true, false, false>(pytorch_flash::Flash_fwd_params)"
+    )
     return KernelSpec(name, work, "aten::_flash_attention_forward", (math.ceil(seq / 128), batch, heads), (128, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def attention_bwd(arch: Arch, dtype: str, batch: int, heads: int, seq: int, d: int) -> tuple[KernelSpec, ...]:
     """Causal attention backward: flash-attention 2 launches dot(dO,O), the dq/dk/dv main loop and
     the dq conversion; Volta's mem-efficient kernel does it in one."""
@@ -166,71 +179,135 @@ def attention_bwd(arch: Arch, dtype: str, batch: int, heads: int, seq: int, d: i
         min_ns=5000.0,
     )
     if arch.family == "volta":
-        name = ("fmha_cutlassB_f16_aligned_64x64_k128_sm70(PyTorchMemEffAttention::AttentionBackwardKernel<"
-                "cutlass::arch::Sm70, cutlass::half_t, true, false, true, 64, 64, 128>::Params)")
+        name = (
+            "fmha_cutlassB_f16_aligned_64x64_k128_sm70(PyTorchMemEffAttention::AttentionBackwardKernel<"
+            "cutlass::arch::Sm70, cutlass::half_t, true, false, true, 64, 64, 128>::Params)"
+        )
         return (KernelSpec(name, main, "aten::_efficient_attention_backward", (heads, batch, 1), (256, 1, 1)),)
     traits = _flash_traits(dtype, d, True)
     rows = batch * heads * seq
-    dot = Work(fp32_flop=2.0 * rows * d, dram_read_bytes=2 * tensor, dram_write_bytes=rows * 4 + rows * d * 4,
-               l2_bytes=2 * tensor, active_warps=0.5, min_ns=3000.0)
-    conv = Work(fp32_flop=rows * d, dram_read_bytes=rows * d * 4, dram_write_bytes=tensor,
-                l2_bytes=rows * d * 4, active_warps=0.5, min_ns=3000.0)
+    dot = Work(
+        fp32_flop=2.0 * rows * d,
+        dram_read_bytes=2 * tensor,
+        dram_write_bytes=rows * 4 + rows * d * 4,
+        l2_bytes=2 * tensor,
+        active_warps=0.5,
+        min_ns=3000.0,
+    )
+    conv = Work(
+        fp32_flop=rows * d,
+        dram_read_bytes=rows * d * 4,
+        dram_write_bytes=tensor,
+        l2_bytes=rows * d * 4,
+        active_warps=0.5,
+        min_ns=3000.0,
+    )
     op = "aten::_flash_attention_backward"
     return (
-        KernelSpec(f"void pytorch_flash::flash_bwd_dot_do_o_kernel<true, {traits}>(pytorch_flash::Flash_bwd_params)",
-                   dot, op, (math.ceil(seq / 128), batch, heads), (256, 1, 1)),
-        KernelSpec(f"void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<{traits}, true, false, false, "
-                   f"false, false, false, false>(pytorch_flash::Flash_bwd_params)",
-                   main, op, (math.ceil(seq / 128), batch, heads), (256, 1, 1)),
-        KernelSpec(f"void pytorch_flash::flash_bwd_convert_dq_kernel<{traits}>(pytorch_flash::Flash_bwd_params, int)",
-                   conv, op, (math.ceil(seq / 128), batch, heads), (256, 1, 1)),
+        KernelSpec(
+            f"void pytorch_flash::flash_bwd_dot_do_o_kernel<true, {traits}>(pytorch_flash::Flash_bwd_params)",
+            dot,
+            op,
+            (math.ceil(seq / 128), batch, heads),
+            (256, 1, 1),
+        ),
+        KernelSpec(
+            f"void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<{traits}, true, false, false, "
+            f"false, false, false, false>(pytorch_flash::Flash_bwd_params)",
+            main,
+            op,
+            (math.ceil(seq / 128), batch, heads),
+            (256, 1, 1),
+        ),
+        KernelSpec(
+            f"void pytorch_flash::flash_bwd_convert_dq_kernel<{traits}>(pytorch_flash::Flash_bwd_params, int)",
+            conv,
+            op,
+            (math.ceil(seq / 128), batch, heads),
+            (256, 1, 1),
+        ),
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def attention_decode(arch: Arch, dtype: str, batch: int, heads: int, ctx: int, d: int) -> tuple[KernelSpec, ...]:
     """One new token per sequence against a KV cache of `ctx` tokens: split-KV flash decoding
     (a DRAM stream over the cache) plus the combine of the splits."""
     per_wave = arch.sms * 4  # small CTAs, four resident per SM
     splits = max(1, min(16, math.ceil(ctx / 128), round(per_wave / (batch * heads))))
     kv = 2 * batch * heads * ctx * d * ELT
-    main = Work(fp16_tensor_flop=4.0 * batch * heads * ctx * d, fp32_flop=4.0 * batch * heads * ctx,
-                sfu_op=batch * heads * ctx, l2_bytes=kv, dram_read_bytes=kv,
-                dram_write_bytes=batch * heads * splits * (d + 1) * 4,
-                active_warps=_occupancy(arch, batch * heads * splits, 4, 4), min_ns=4000.0)
-    comb = Work(fp32_flop=3.0 * batch * heads * splits * d, dram_read_bytes=batch * heads * splits * (d + 1) * 4,
-                dram_write_bytes=batch * heads * d * ELT, active_warps=0.05, min_ns=2500.0)
-    traits = (f"pytorch_flash::Flash_fwd_kernel_traits<{d}, 64, 128, 4, false, false, {_cutlass_t(dtype)}, "
-              f"pytorch_flash::Flash_kernel_traits<{d}, 64, 128, 4, {_cutlass_t(dtype)}> >")
+    main = Work(
+        fp16_tensor_flop=4.0 * batch * heads * ctx * d,
+        fp32_flop=4.0 * batch * heads * ctx,
+        sfu_op=batch * heads * ctx,
+        l2_bytes=kv,
+        dram_read_bytes=kv,
+        dram_write_bytes=batch * heads * splits * (d + 1) * 4,
+        active_warps=_occupancy(arch, batch * heads * splits, 4, 4),
+        min_ns=4000.0,
+    )
+    comb = Work(
+        fp32_flop=3.0 * batch * heads * splits * d,
+        dram_read_bytes=batch * heads * splits * (d + 1) * 4,
+        dram_write_bytes=batch * heads * d * ELT,
+        active_warps=0.05,
+        min_ns=2500.0,
+    )
+    traits = (
+        f"pytorch_flash::Flash_fwd_kernel_traits<{d}, 64, 128, 4, false, false, {_cutlass_t(dtype)}, "
+        f"pytorch_flash::Flash_kernel_traits<{d}, 64, 128, 4, {_cutlass_t(dtype)}> >"
+    )
     op = "aten::_flash_attention_forward"
     return (
-        KernelSpec(f"void pytorch_flash::flash_fwd_splitkv_kernel<{traits}, true, false, false, false, true, true, "
-                   f"false, false>(pytorch_flash::Flash_fwd_params)", main, op, (1, batch * heads, splits), (128, 1, 1)),
-        KernelSpec(f"void pytorch_flash::flash_fwd_splitkv_combine_kernel<{traits}, 4, 4, false>"
-                   f"(pytorch_flash::Flash_fwd_params)", comb, op, (max(1, batch * heads // 4), 1, 1), (128, 1, 1)),
+        KernelSpec(
+            f"void pytorch_flash::flash_fwd_splitkv_kernel<{traits}, true, false, false, false, true, true, "
+            f"false, false>(pytorch_flash::Flash_fwd_params)",
+            main,
+            op,
+            (1, batch * heads, splits),
+            (128, 1, 1),
+        ),
+        KernelSpec(
+            f"void pytorch_flash::flash_fwd_splitkv_combine_kernel<{traits}, 4, 4, false>"
+            f"(pytorch_flash::Flash_fwd_params)",
+            comb,
+            op,
+            (max(1, batch * heads // 4), 1, 1),
+            (128, 1, 1),
+        ),
     )
 
 
 # --------------------------------------------------------------------------- norms and elementwise
-def _stream(arch: Arch, n: int, read: float, write: float, flop: float, sfu: float = 0.0,
-            threads_per_item: float = 0.25) -> Work:
+def _stream(
+    arch: Arch, n: int, read: float, write: float, flop: float, sfu: float = 0.0, threads_per_item: float = 0.25
+) -> Work:
     """A DRAM-bound kernel over n elements (vectorised by 4: a quarter thread per element)."""
     ctas = max(1, math.ceil(n * threads_per_item / 128))
-    return Work(fp32_flop=flop, sfu_op=sfu, l2_bytes=read + write, dram_read_bytes=read, dram_write_bytes=write,
-                active_warps=_occupancy(arch, ctas, 4, 16), min_ns=2000.0)
+    return Work(
+        fp32_flop=flop,
+        sfu_op=sfu,
+        l2_bytes=read + write,
+        dram_read_bytes=read,
+        dram_write_bytes=write,
+        active_warps=_occupancy(arch, ctas, 4, 16),
+        min_ns=2000.0,
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def layer_norm_fwd(arch: Arch, dtype: str, rows: int, hidden: int) -> KernelSpec:
     n = rows * hidden
     t = _ctype(dtype)
-    name = (f"void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<{t}, float>(int, float, {t} const*, "
-            f"{t} const*, {t} const*, float*, float*, {t}*)")
+    name = (
+        f"void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<{t}, float>(int, float, {t} const*, "
+        f"{t} const*, {t} const*, float*, float*, {t}*)"
+    )
     work = _stream(arch, n, n * ELT + 2 * hidden * ELT, n * ELT + rows * 8, 8.0 * n, sfu=rows, threads_per_item=1 / 8)
     return KernelSpec(name, work, "aten::native_layer_norm", (rows, 1, 1), (128, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def layer_norm_bwd(arch: Arch, dtype: str, rows: int, hidden: int) -> tuple[KernelSpec, KernelSpec]:
     n = rows * hidden
     t = _ctype(dtype)
@@ -238,132 +315,209 @@ def layer_norm_bwd(arch: Arch, dtype: str, rows: int, hidden: int) -> tuple[Kern
     gi = KernelSpec(
         f"void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<{t}, float>({t} const*, "
         f"{t} const*, float const*, float const*, {t} const*, {t}*, int)",
-        _stream(arch, n, 2 * n * ELT + rows * 8, n * ELT, 10.0 * n, threads_per_item=1 / 8), op, (rows, 1, 1), (128, 1, 1))
+        _stream(arch, n, 2 * n * ELT + rows * 8, n * ELT, 10.0 * n, threads_per_item=1 / 8),
+        op,
+        (rows, 1, 1),
+        (128, 1, 1),
+    )
     gb = KernelSpec(
         f"void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<{t}, float>(long, long, {t} const*, "
         f"{t} const*, float const*, float const*, {t}*, {t}*)",
         _stream(arch, n, 2 * n * ELT + rows * 8, 2 * hidden * ELT, 4.0 * n, threads_per_item=1 / 16),
-        op, (math.ceil(hidden / 32), 1, 1), (32, 32, 1))
+        op,
+        (math.ceil(hidden / 32), 1, 1),
+        (32, 32, 1),
+    )
     return gi, gb
 
 
-@lru_cache(maxsize=None)
+@cache
 def rms_norm(arch: Arch, dtype: str, rows: int, hidden: int) -> KernelSpec:
     """flashinfer's fused RMSNorm, as inference stacks (KTransformers, vLLM) launch it."""
     t = "__nv_bfloat16" if dtype == "bf16" else "half"
     n = rows * hidden
-    name = (f"void flashinfer::norm::RMSNormKernel<8u, {t}>({t}*, {t}*, {t}*, unsigned int, unsigned int, "
-            f"unsigned int, float, float)")
+    name = (
+        f"void flashinfer::norm::RMSNormKernel<8u, {t}>({t}*, {t}*, {t}*, unsigned int, unsigned int, "
+        f"unsigned int, float, float)"
+    )
     work = _stream(arch, n, n * ELT + hidden * ELT, n * ELT, 4.0 * n, sfu=rows, threads_per_item=1 / 8)
     return KernelSpec(name, work, "flashinfer::rmsnorm", (rows, 1, 1), (min(1024, hidden // 8), 1, 1))
 
 
 _EW = {  # op -> (functor text, inputs, FLOPs and SFU ops per element)
     "add": ("at::native::CUDAFunctor_add<{t}>", 2, 1, 0, "aten::add"),
-    "gelu": ("at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}::operator()() "
-             "const::{{lambda()#4}}::operator()() const::{{lambda({t})#1}}", 1, 12, 1, "aten::gelu"),
-    "gelu_backward": ("at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}"
-                      "::operator()() const::{{lambda()#4}}::operator()() const::{{lambda({t}, {t})#1}}", 2, 20, 1,
-                      "aten::gelu_backward"),
-    "dropout_backward": ("at::native::(anonymous namespace)::masked_scale_kernel<bool, {t}, float>(at::Tensor&, "
-                         "at::Tensor const&, at::Tensor const&, float)::{{lambda({t}, bool)#1}}", 2, 1, 0,
-                         "aten::native_dropout_backward"),
+    "gelu": (
+        "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}::operator()() "
+        "const::{{lambda()#4}}::operator()() const::{{lambda({t})#1}}",
+        1,
+        12,
+        1,
+        "aten::gelu",
+    ),
+    "gelu_backward": (
+        "at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}"
+        "::operator()() const::{{lambda()#4}}::operator()() const::{{lambda({t}, {t})#1}}",
+        2,
+        20,
+        1,
+        "aten::gelu_backward",
+    ),
+    "dropout_backward": (
+        "at::native::(anonymous namespace)::masked_scale_kernel<bool, {t}, float>(at::Tensor&, "
+        "at::Tensor const&, at::Tensor const&, float)::{{lambda({t}, bool)#1}}",
+        2,
+        1,
+        0,
+        "aten::native_dropout_backward",
+    ),
     "mul": ("at::native::binary_internal::MulFunctor<{t}>", 2, 1, 0, "aten::mul"),
-    "silu_mul": ("at::native::silu_kernel(at::TensorIteratorBase&)::{{lambda()#1}}::operator()() const::{{lambda()#4}}"
-                 "::operator()() const::{{lambda({t})#1}}", 1, 6, 1, "aten::silu"),
-    "rotary": ("at::native::BinaryFunctor<{t}, {t}, {t}, at::native::binary_internal::MulFunctor<float> >", 2, 6, 0,
-               "aten::mul"),
-    "copy": ("at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{{lambda()#3}}::operator()() const::"
-             "{{lambda()#7}}::operator()() const::{{lambda({t})#1}}", 1, 0, 0, "aten::copy_"),
-    "softmax_grad": ("at::native::(anonymous namespace)::CUDAFunctor_sub<{t}>", 2, 2, 1,
-                     "aten::_log_softmax_backward_data"),
+    "silu_mul": (
+        "at::native::silu_kernel(at::TensorIteratorBase&)::{{lambda()#1}}::operator()() const::{{lambda()#4}}"
+        "::operator()() const::{{lambda({t})#1}}",
+        1,
+        6,
+        1,
+        "aten::silu",
+    ),
+    "rotary": (
+        "at::native::BinaryFunctor<{t}, {t}, {t}, at::native::binary_internal::MulFunctor<float> >",
+        2,
+        6,
+        0,
+        "aten::mul",
+    ),
+    "copy": (
+        "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{{lambda()#3}}::operator()() const::"
+        "{{lambda()#7}}::operator()() const::{{lambda({t})#1}}",
+        1,
+        0,
+        0,
+        "aten::copy_",
+    ),
+    "softmax_grad": (
+        "at::native::(anonymous namespace)::CUDAFunctor_sub<{t}>",
+        2,
+        2,
+        1,
+        "aten::_log_softmax_backward_data",
+    ),
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def elementwise(arch: Arch, dtype: str, kind: str, n: int) -> KernelSpec:
     """A vectorised TensorIterator kernel (at::native::vectorized_elementwise_kernel<4, ...>)."""
     functor, inputs, flop, sfu, op = _EW[kind]
     f = functor.format(t=_ctype(dtype))
     arrays = inputs + 1
-    name = (f"void at::native::vectorized_elementwise_kernel<4, {f}, at::detail::Array<char*, {arrays}> >(int, {f}, "
-            f"at::detail::Array<char*, {arrays}>)")
+    name = (
+        f"void at::native::vectorized_elementwise_kernel<4, {f}, at::detail::Array<char*, {arrays}> >(int, {f}, "
+        f"at::detail::Array<char*, {arrays}>)"
+    )
     work = _stream(arch, n, inputs * n * ELT, n * ELT, float(flop * n), sfu=float(sfu * n))
     return KernelSpec(name, work, op, _grid_1d(n, 512), (128, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def dropout(arch: Arch, dtype: str, n: int) -> KernelSpec:
     t = _ctype(dtype)
-    name = (f"void at::native::(anonymous namespace)::fused_dropout_kernel_vec<{t}, float, unsigned int, 1, 4, bool>("
-            f"at::cuda::detail::TensorInfo<{t}, unsigned int>, at::cuda::detail::TensorInfo<{t}, unsigned int>, "
-            f"at::cuda::detail::TensorInfo<bool, unsigned int>, unsigned int, float, at::PhiloxCudaState)")
+    name = (
+        f"void at::native::(anonymous namespace)::fused_dropout_kernel_vec<{t}, float, unsigned int, 1, 4, bool>("
+        f"at::cuda::detail::TensorInfo<{t}, unsigned int>, at::cuda::detail::TensorInfo<{t}, unsigned int>, "
+        f"at::cuda::detail::TensorInfo<bool, unsigned int>, unsigned int, float, at::PhiloxCudaState)"
+    )
     work = replace(_stream(arch, n, n * ELT, n * ELT + n, 3.0 * n), int_op=10.0 * n)  # Philox random numbers
     return KernelSpec(name, work, "aten::native_dropout", _grid_1d(n, 1024), (256, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def bias_grad(arch: Arch, dtype: str, rows: int, cols: int) -> KernelSpec:
     """Sum of the output gradient over tokens (aten::sum for a Linear's bias)."""
     t = _ctype(dtype)
-    ro = (f"at::native::ReduceOp<{t}, at::native::func_wrapper_t<{t}, at::native::sum_functor<{t}, float, {t}>::"
-          f"operator()(at::TensorIterator&)::{{lambda(float, float)#1}}>, unsigned int, {t}, 4>")
+    ro = (
+        f"at::native::ReduceOp<{t}, at::native::func_wrapper_t<{t}, at::native::sum_functor<{t}, float, {t}>::"
+        f"operator()(at::TensorIterator&)::{{lambda(float, float)#1}}>, unsigned int, {t}, 4>"
+    )
     n = rows * cols
     work = _stream(arch, n, n * ELT, cols * ELT, float(n), threads_per_item=1 / 16)
-    return KernelSpec(f"void at::native::reduce_kernel<512, 1, {ro} >({ro})", work, "aten::sum",
-                      (math.ceil(cols / 32), 16, 1), (32, 16, 1))
+    return KernelSpec(
+        f"void at::native::reduce_kernel<512, 1, {ro} >({ro})",
+        work,
+        "aten::sum",
+        (math.ceil(cols / 32), 16, 1),
+        (32, 16, 1),
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def row_reduce(arch: Arch, kind: str, rows: int, cols: int, in_bytes: int = ELT) -> KernelSpec:
     """Per-row max / sum-exp / argmax over logits (vocab-parallel cross entropy, sampling)."""
-    fn = {"max": ("MaxOps<float>", "aten::max"), "sumexp": ("sum_functor<float, float, float>", "aten::sum"),
-          "argmax": ("ArgMaxOps<float>", "aten::argmax")}[kind]
+    fn = {
+        "max": ("MaxOps<float>", "aten::max"),
+        "sumexp": ("sum_functor<float, float, float>", "aten::sum"),
+        "argmax": ("ArgMaxOps<float>", "aten::argmax"),
+    }[kind]
     ro = f"at::native::ReduceOp<float, at::native::{fn[0]}, unsigned int, float, 4>"
     n = rows * cols
-    work = _stream(arch, n, n * in_bytes, rows * 8, 2.0 * n, sfu=float(n) if kind == "sumexp" else 0.0,
-                   threads_per_item=1 / 16)
+    work = _stream(
+        arch, n, n * in_bytes, rows * 8, 2.0 * n, sfu=float(n) if kind == "sumexp" else 0.0, threads_per_item=1 / 16
+    )
     return KernelSpec(f"void at::native::reduce_kernel<512, 1, {ro} >({ro})", work, fn[1], (rows, 1, 1), (512, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def log_softmax_fwd(arch: Arch, dtype: str, rows: int, cols: int) -> KernelSpec:
     t = _ctype(dtype)
     n = rows * cols
-    name = (f"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, {t}, float, float, "
-            f"at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, {t} const*, int)")
-    return KernelSpec(name, _stream(arch, n, 2 * n * ELT, n * 4, 4.0 * n, sfu=float(n), threads_per_item=1 / 8),
-                      "aten::_log_softmax", (rows, 1, 1), (1024, 1, 1))
+    name = (
+        f"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, {t}, float, float, "
+        f"at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, {t} const*, int)"
+    )
+    return KernelSpec(
+        name,
+        _stream(arch, n, 2 * n * ELT, n * 4, 4.0 * n, sfu=float(n), threads_per_item=1 / 8),
+        "aten::_log_softmax",
+        (rows, 1, 1),
+        (1024, 1, 1),
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def nll_loss(arch: Arch, rows: int, backward: bool = False) -> KernelSpec:
     if backward:
-        name = ("void at::native::(anonymous namespace)::nll_loss_backward_reduce_cuda_kernel_2d<float, long>(float*, "
-                "float const*, long const*, float const*, float const*, bool, int, int, long, long)")
+        name = (
+            "void at::native::(anonymous namespace)::nll_loss_backward_reduce_cuda_kernel_2d<float, long>(float*, "
+            "float const*, long const*, float const*, float const*, bool, int, int, long, long)"
+        )
         op = "aten::nll_loss_backward"
     else:
-        name = ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>("
-                "float*, float*, float const*, long const*, float const*, bool, long, long, long, long)")
+        name = (
+            "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>("
+            "float*, float*, float const*, long const*, float const*, bool, long, long, long, long)"
+        )
         op = "aten::nll_loss_forward"
-    work = Work(fp32_flop=2.0 * rows, dram_read_bytes=rows * 12.0, dram_write_bytes=8.0, active_warps=0.01, min_ns=3000.0)
+    work = Work(
+        fp32_flop=2.0 * rows, dram_read_bytes=rows * 12.0, dram_write_bytes=8.0, active_warps=0.01, min_ns=3000.0
+    )
     return KernelSpec(name, work, op, (1, 1, 1), (1024, 1, 1))
 
 
 # --------------------------------------------------------------------------- embedding
-@lru_cache(maxsize=None)
+@cache
 def embedding_fwd(arch: Arch, dtype: str, tokens: int, hidden: int) -> KernelSpec:
     t = _ctype(dtype)
-    name = (f"void at::native::(anonymous namespace)::indexSelectLargeIndex<{t}, long, unsigned int, 2, 2, -2, true>("
-            f"at::cuda::detail::TensorInfo<{t}, unsigned int>, at::cuda::detail::TensorInfo<{t} const, unsigned int>, "
-            f"at::cuda::detail::TensorInfo<long const, unsigned int>, int, int, unsigned int, unsigned int, long)")
+    name = (
+        f"void at::native::(anonymous namespace)::indexSelectLargeIndex<{t}, long, unsigned int, 2, 2, -2, true>("
+        f"at::cuda::detail::TensorInfo<{t}, unsigned int>, at::cuda::detail::TensorInfo<{t} const, unsigned int>, "
+        f"at::cuda::detail::TensorInfo<long const, unsigned int>, int, int, unsigned int, unsigned int, long)"
+    )
     n = tokens * hidden
     work = _stream(arch, n, n * ELT + tokens * 8, n * ELT, 0.0)
     work = replace(work, int_op=4.0 * n)
     return KernelSpec(name, work, "aten::index_select", _grid_1d(n, 512), (128, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def embedding_bwd(arch: Arch, dtype: str, tokens: int, hidden: int) -> tuple[KernelSpec, KernelSpec]:
     t = _ctype(dtype)
     n = tokens * hidden
@@ -371,11 +525,19 @@ def embedding_bwd(arch: Arch, dtype: str, tokens: int, hidden: int) -> tuple[Ker
     cg = KernelSpec(
         f"void at::native::(anonymous namespace)::compute_grad_weight<{t}, float, long>(long const*, {t} const*, "
         f"long const*, long, long, long const*, long const*, at::AccumulateType<{t}, true>::type*)",
-        _stream(arch, n, n * ELT + tokens * 16, n * 4, float(n)), op, _grid_1d(n, 512), (128, 1, 1))
+        _stream(arch, n, n * ELT + tokens * 16, n * 4, float(n)),
+        op,
+        _grid_1d(n, 512),
+        (128, 1, 1),
+    )
     ss = KernelSpec(
         f"void at::native::(anonymous namespace)::sum_and_scatter<{t}, float, long>(long const*, {t}*, long, "
         f"long const*, long const*, at::AccumulateType<{t}, true>::type const*, long const*, long, long)",
-        _stream(arch, n, n * 4 + tokens * 16, n * ELT, float(n)), op, _grid_1d(n, 512), (128, 1, 1))
+        _stream(arch, n, n * 4 + tokens * 16, n * ELT, float(n)),
+        op,
+        _grid_1d(n, 512),
+        (128, 1, 1),
+    )
     return cg, ss
 
 
@@ -391,7 +553,7 @@ def multi_tensor_launches(params: int) -> list[int]:
     return [per_launch] * full + ([rest] if rest else [])
 
 
-@lru_cache(maxsize=None)
+@cache
 def adam(arch: Arch, elements: int) -> KernelSpec:
     """torch.optim.AdamW(fused=True) over fp32 params, grads and moments: 16 B read, 12 B written per
     element, ~15 FLOPs and a sqrt."""
@@ -405,7 +567,7 @@ def adam(arch: Arch, elements: int) -> KernelSpec:
     return KernelSpec(name, work, "aten::_fused_adamw_", (blocks, 1, 1), (512, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def grad_norm(arch: Arch, elements: int) -> KernelSpec:
     """torch.nn.utils.clip_grad_norm_: _foreach_norm over the fp32 gradients."""
     fn = "at::native::(anonymous namespace)::LpNormFunctor<float, (at::native::(anonymous namespace)::NormType)1, float, float>"
@@ -417,29 +579,61 @@ def grad_norm(arch: Arch, elements: int) -> KernelSpec:
     return KernelSpec(name, work, "aten::_foreach_norm", (blocks, 1, 1), (512, 1, 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def grad_norm_cleanup(arch: Arch) -> KernelSpec:
-    name = ("void at::native::(anonymous namespace)::lpnorm_cleanup<float, (at::native::(anonymous namespace)::NormType)1, "
-            "float, float>(float const*, at::native::(anonymous namespace)::TensorListAddresses, int)")
-    return KernelSpec(name, Work(fp32_flop=4096.0, sfu_op=1.0, dram_read_bytes=16384.0, dram_write_bytes=4.0,
-                                 active_warps=0.005, min_ns=2500.0), "aten::_foreach_norm", (1, 1, 1), (512, 1, 1))
+    name = (
+        "void at::native::(anonymous namespace)::lpnorm_cleanup<float, (at::native::(anonymous namespace)::NormType)1, "
+        "float, float>(float const*, at::native::(anonymous namespace)::TensorListAddresses, int)"
+    )
+    return KernelSpec(
+        name,
+        Work(
+            fp32_flop=4096.0,
+            sfu_op=1.0,
+            dram_read_bytes=16384.0,
+            dram_write_bytes=4.0,
+            active_warps=0.005,
+            min_ns=2500.0,
+        ),
+        "aten::_foreach_norm",
+        (1, 1, 1),
+        (512, 1, 1),
+    )
 
 
 # --------------------------------------------------------------------------- MoE router
-@lru_cache(maxsize=None)
+@cache
 def topk(arch: Arch, rows: int, cols: int, k: int) -> tuple[KernelSpec, KernelSpec]:
     """Router: softmax over experts, then top-k selection."""
     sm = KernelSpec(
         "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
         "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
-        Work(fp32_flop=5.0 * rows * cols, sfu_op=float(rows * cols), dram_read_bytes=rows * cols * 4.0,
-             dram_write_bytes=rows * cols * 4.0, active_warps=0.01, min_ns=2500.0),
-        "aten::_softmax", (rows, 1, 1), (128, 1, 1))
+        Work(
+            fp32_flop=5.0 * rows * cols,
+            sfu_op=float(rows * cols),
+            dram_read_bytes=rows * cols * 4.0,
+            dram_write_bytes=rows * cols * 4.0,
+            active_warps=0.01,
+            min_ns=2500.0,
+        ),
+        "aten::_softmax",
+        (rows, 1, 1),
+        (128, 1, 1),
+    )
     tk = KernelSpec(
         "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(at::cuda::detail::TensorInfo<float const, "
         "unsigned int>, unsigned int, unsigned int, bool, unsigned int, unsigned int, at::cuda::detail::TensorInfo<float, "
         "unsigned int>, unsigned int, at::cuda::detail::TensorInfo<long, unsigned int>, unsigned int, float*)",
-        Work(fp32_flop=4.0 * rows * cols, int_op=8.0 * rows * cols, dram_read_bytes=rows * cols * 4.0,
-             dram_write_bytes=rows * k * 12.0, active_warps=0.01, min_ns=3500.0),
-        "aten::topk", (rows, 1, 1), (1024, 1, 1))
+        Work(
+            fp32_flop=4.0 * rows * cols,
+            int_op=8.0 * rows * cols,
+            dram_read_bytes=rows * cols * 4.0,
+            dram_write_bytes=rows * k * 12.0,
+            active_warps=0.01,
+            min_ns=3500.0,
+        ),
+        "aten::topk",
+        (rows, 1, 1),
+        (1024, 1, 1),
+    )
     return sm, tk

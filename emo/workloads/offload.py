@@ -7,6 +7,7 @@ experts while the CPU computes the routed experts (a host interval of expert FLO
 the result is copied back and added. After the last layer: final norm, LM head, argmax, and the new
 tokens to the host. The GPU waits for the CPU most of the time: lots of slack by design.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,19 @@ def build(w: OffloadWorkload, arch: Arch) -> Program:
     bsz, h, hd = m.batch, m.hidden, m.hidden // m.heads
     fe_shared = w.shared_experts * w.expert_hidden
     cpu_us = expert_flops(w) / (w.cpu_gflops * 1e9) * 1e6
-    b = Builder("offload", 1, {COMPUTE: "compute"},
-                {"kind": "offload", "gpu": arch.gpu, "dtype": t, "pcie_gbps": w.pcie_gbps,
-                 "cpu_expert_us": cpu_us, "decode_tokens": w.decode_tokens})
+    b = Builder(
+        "offload",
+        1,
+        {COMPUTE: "compute"},
+        {
+            "kind": "offload",
+            "gpu": arch.gpu,
+            "dtype": t,
+            "pcie_gbps": w.pcie_gbps,
+            "cpu_expert_us": cpu_us,
+            "decode_tokens": w.decode_tokens,
+        },
+    )
     em = b.rank(0)
     em.iteration()
     for step in range(w.decode_tokens):

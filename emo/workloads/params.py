@@ -1,4 +1,5 @@
 """Workload configs in, typed dataclasses out, with one-line errors for values that make no sense."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -7,6 +7,7 @@ pair its own communicator. Both ends of a link issue its transfers in the same o
 which the later stage consumes and produces them), so in-order streams cannot deadlock. The step
 ends with clip-grad-norm all-reduced over all stages, AdamW per stage and a blocking .item().
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ def parameter_partition(layers: int, stages: int, layer_w: int, first_w: int, la
     also holding `first_w` (embedding) and the last `last_w` (LM head), every stage at least one
     layer: DeepSpeed's partition_method="parameters", solved exactly. Among the partitions with
     that bottleneck, the one with the most even loads (least sum of squares) wins."""
+
     def load(s: int, n: int) -> int:
         return n * layer_w + (first_w if s == 0 else 0) + (last_w if s == stages - 1 else 0)
 
@@ -99,6 +101,7 @@ def build(w: PPWorkload, arch: Arch) -> Program:
 class Grid:
     """Where each rank sits in a TP x PP x DP job, in Megatron-LM's order: tensor-parallel ranks
     adjacent (one NVLink domain), then data-parallel replicas, then pipeline stages."""
+
     tp: int
     pp: int
     dp: int
@@ -152,18 +155,31 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
     sizes = partition(w, Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, 1))
     act = m.batch * m.seq * m.hidden * K.ELT  # one micro-batch's activation (or its gradient), whole on every TP rank
     schedules = [one_f_one_b(s, P, M) for s in range(P)]
-    params = [sizes[s] * d.layer_params() + (d.embedding_params() if s == 0 else 0)
-              + (d.head_params() if s == P - 1 else 0) for s in range(P)]
+    params = [
+        sizes[s] * d.layer_params() + (d.embedding_params() if s == 0 else 0) + (d.head_params() if s == P - 1 else 0)
+        for s in range(P)
+    ]
     streams = {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"}
     if grid.dp > 1:
         streams[DP] = "nccl_dp"
     if w.kind == "pp":
         meta = {"kind": "pp", "pp": P, "microbatches": M, "partition": w.partition}
     else:
-        meta = {"kind": "hybrid", "tp": T, "pp": P, "dp": grid.dp, "microbatches": M, "partition": w.partition,
-                "bucket_mb": w.bucket_mb}
-    b = Builder(f"pp{P}" if meta["kind"] == "pp" else f"tp{T}pp{P}dp{grid.dp}", grid.ranks, streams,
-                {**meta, "layers_per_stage": sizes, "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype})
+        meta = {
+            "kind": "hybrid",
+            "tp": T,
+            "pp": P,
+            "dp": grid.dp,
+            "microbatches": M,
+            "partition": w.partition,
+            "bucket_mb": w.bucket_mb,
+        }
+    b = Builder(
+        f"pp{P}" if meta["kind"] == "pp" else f"tp{T}pp{P}dp{grid.dp}",
+        grid.ranks,
+        streams,
+        {**meta, "layers_per_stage": sizes, "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype},
+    )
     h, f = m.hidden, m.ffn_mult * m.hidden
     grad_bytes = K.ELT * ((4 * h * h + 3 * h) // T + 3 * h), K.ELT * ((2 * f * h + f) // T + 3 * h)
 
@@ -174,8 +190,11 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
         tp_group, tp_name = grid.tp_group(s, dd), grid.name("tp", s, dd) if T > 1 else "tp"
         fwd = forward_phases(d, m.batch, sizes[s], first, last)
         bwd = backward_phases(d, m.batch, sizes[s], first, last)
-        grads = {ph.name: grad_bytes[0] if ph.name.startswith("attention") else grad_bytes[1]
-                 for ph in bwd if ph.name.endswith("_backward")}
+        grads = {
+            ph.name: grad_bytes[0] if ph.name.startswith("attention") else grad_bytes[1]
+            for ph in bwd
+            if ph.name.endswith("_backward")
+        }
         grads["lm_head_backward"] = K.ELT * d.head_params()
         grads["embedding_backward"] = K.ELT * d.embedding_params()
         # the link to the next stage carries transfers in the order that stage meets them
@@ -187,8 +206,10 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
         def transfer(src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
             lo = min(src, dst)
             ranks = (grid.rank(src, dd, t), grid.rank(dst, dd, t))
-            return (("p2p", lo, dd, t, direction, mb),
-                    CollectiveSpec("sendrecv", ranks, act, grid.name("p2p", lo, dd, t), dtype))
+            return (
+                ("p2p", lo, dd, t, direction, mb),
+                CollectiveSpec("sendrecv", ranks, act, grid.name("p2p", lo, dd, t), dtype),
+            )
 
         def flush() -> None:
             """Post the next link's transfers as far as this stage can: receives at once, sends once
@@ -217,8 +238,11 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
                 nbytes = sum(grads.get(ph.name, 0) for ph in run)
                 if nbytes:
                     em.join(COMPUTE, DP)
-                    em.collective(DP, ("dp", s, t, i), CollectiveSpec("allreduce", grid.dp_group(s, t), nbytes,
-                                                                      grid.name("dp", s, dd, t), dtype))
+                    em.collective(
+                        DP,
+                        ("dp", s, t, i),
+                        CollectiveSpec("allreduce", grid.dp_group(s, t), nbytes, grid.name("dp", s, dd, t), dtype),
+                    )
             em.wait(COMPUTE, em.record(DP))  # the optimizer step needs every bucket reduced
 
         em.iteration()

@@ -19,6 +19,7 @@ a million-kernel program is cheap to build and fast to execute.
 
 Event ids and collective ids are per iteration: the simulator keys collectives by (iteration, coll_id).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -9,6 +9,7 @@ RowParallelLinear); in backward the input-gradient all-reduce still overlaps the
 GEMMs, as Megatron's async grad-input all-reduce does. Forward, backward (input-gradient all-reduce overlapping the weight gradients), clip-grad-norm
 with its all-reduce, fused AdamW, and loss.item() at the end.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,9 +36,21 @@ def build(w: TPWorkload, arch: Arch) -> Program:
     seqs = m.batch // chunks
     group = tuple(range(w.tp))
     params = m.layers * d.layer_params() + d.embedding_params() + d.head_params()
-    b = Builder(f"tp{w.tp}", w.tp, {COMPUTE: "compute", NCCL: "nccl"},
-                {"kind": "tp", "tp": w.tp, "chunks": chunks, "overlap": w.overlap, "training": w.training,
-                 "gpu": arch.gpu, "dtype": dtype, "params_per_rank": params})
+    b = Builder(
+        f"tp{w.tp}",
+        w.tp,
+        {COMPUTE: "compute", NCCL: "nccl"},
+        {
+            "kind": "tp",
+            "tp": w.tp,
+            "chunks": chunks,
+            "overlap": w.overlap,
+            "training": w.training,
+            "gpu": arch.gpu,
+            "dtype": dtype,
+            "params_per_rank": params,
+        },
+    )
     fwd = forward_phases(d, seqs, m.layers, first=True, last=True)
     bwd = backward_phases(d, seqs, m.layers, first=True, last=True)
     for r in group:

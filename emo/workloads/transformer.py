@@ -6,10 +6,11 @@ QKV/FC1, row-parallel out-proj/FC2, so each attention and MLP block ends in a pa
 gradients), `post` consumes it (bias, dropout, residual; layer-norm backward). With tp = 1 (the
 pipeline stages) the same phases run back to back without collectives.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
@@ -90,17 +91,25 @@ def forward_phases(d: Dims, seqs: int, layers: int, first: bool, last: bool) -> 
 
     phases: list[Phase] = []
     if first:
-        phases.append(Phase("embedding", lambda em, c: em.launch(K.embedding_fwd(a, t, rows, h)), act,
-                            post=lambda em, c: em.launch(K.dropout(a, t, n))))
+        phases.append(
+            Phase(
+                "embedding",
+                lambda em, c: em.launch(K.embedding_fwd(a, t, rows, h)),
+                act,
+                post=lambda em, c: em.launch(K.dropout(a, t, n)),
+            )
+        )
     for i in range(layers):
         phases.append(Phase(f"attention{i}", attn, act, post=bias_dropout_add))
         phases.append(Phase(f"mlp{i}", mlp, act, post=bias_dropout_add))
     if last:
+
         def logits(em: RankEmitter, c: int) -> None:
             em.launch(K.layer_norm_fwd(a, t, rows, h))
             em.launch(K.gemm(a, t, rows, v_tp, h, "tn", "aten::mm"))
 
         if d.tp == 1:
+
             def loss(em: RankEmitter, c: int) -> None:
                 logits(em, c)
                 em.launch(K.log_softmax_fwd(a, t, rows, v_tp))
@@ -108,13 +117,21 @@ def forward_phases(d: Dims, seqs: int, layers: int, first: bool, last: bool) -> 
 
             phases.append(Phase("lm_head", loss))
         else:  # vocab-parallel cross entropy: all-reduce the row max, then the sum of exponentials
+
             def head(em: RankEmitter, c: int) -> None:
                 logits(em, c)
                 em.launch(K.row_reduce(a, "max", rows, v_tp))
 
             phases.append(Phase("lm_head", head, rows * 4, "fp32"))
-            phases.append(Phase("cross_entropy", lambda em, c: em.launch(K.row_reduce(a, "sumexp", rows, v_tp)),
-                                rows * 4, "fp32", post=lambda em, c: em.launch(K.nll_loss(a, rows))))
+            phases.append(
+                Phase(
+                    "cross_entropy",
+                    lambda em, c: em.launch(K.row_reduce(a, "sumexp", rows, v_tp)),
+                    rows * 4,
+                    "fp32",
+                    post=lambda em, c: em.launch(K.nll_loss(a, rows)),
+                )
+            )
     return phases
 
 
@@ -158,18 +175,26 @@ def backward_phases(d: Dims, seqs: int, layers: int, first: bool, last: bool) ->
 
     phases: list[Phase] = []
     if last:
+
         def head(em: RankEmitter, c: int) -> None:
             em.launch(K.nll_loss(a, rows, backward=True))
             em.launch(K.elementwise(a, t, "softmax_grad", rows * v_tp))
             em.launch(K.gemm(a, t, rows, h, v_tp, "nn", "aten::mm"))
 
-        phases.append(Phase("lm_head_backward", head, act if d.tp > 1 else 0,
-                            side=lambda em, c: em.launch(K.gemm(a, t, v_tp, h, rows, "nt", "aten::mm")),
-                            post=lambda em, c: em.launch_all(K.layer_norm_bwd(a, t, rows, h))))
+        phases.append(
+            Phase(
+                "lm_head_backward",
+                head,
+                act if d.tp > 1 else 0,
+                side=lambda em, c: em.launch(K.gemm(a, t, v_tp, h, rows, "nt", "aten::mm")),
+                post=lambda em, c: em.launch_all(K.layer_norm_bwd(a, t, rows, h)),
+            )
+        )
     for i in reversed(range(layers)):
         phases.append(Phase(f"mlp{i}_backward", mlp, act, side=mlp_wgrad, post=ln_bwd_residual))
         phases.append(Phase(f"attention{i}_backward", attn, act, side=attn_wgrad, post=ln_bwd_residual))
     if first:
+
         def embed(em: RankEmitter, c: int) -> None:
             em.launch(K.elementwise(a, t, "dropout_backward", n))
             em.launch_all(K.embedding_bwd(a, t, rows, h))
@@ -179,8 +204,9 @@ def backward_phases(d: Dims, seqs: int, layers: int, first: bool, last: bool) ->
 
 
 # --------------------------------------------------------------------------- issuing
-def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, ...], key: tuple,
-          name: str = "tp") -> None:
+def issue(
+    em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, ...], key: tuple, name: str = "tp"
+) -> None:
     """Issue `phases` for `chunks` chunks, Domino style: phase p of every chunk is issued before phase
     p+1, so the all-reduce of chunk i (on the NCCL stream, after a record/wait join) overlaps the
     compute of chunk i+1; the consumer of a reduced tensor waits for its event just before `post`.
@@ -209,7 +235,9 @@ def issue(em: RankEmitter, phases: list[Phase], chunks: int, group: tuple[int, .
             prev.post(em, c)
 
 
-def optimizer_step(em: RankEmitter, arch: Arch, params: int, norm_group: tuple[int, ...] = (), group: str = "0") -> None:
+def optimizer_step(
+    em: RankEmitter, arch: Arch, params: int, norm_group: tuple[int, ...] = (), group: str = "0"
+) -> None:
     """clip_grad_norm_ (foreach norm, all-reduced over `norm_group` when it spans several ranks, as
     Megatron does over the model-parallel group) then fused AdamW, one multi_tensor_apply launch
     per 320 chunks of 64 Ki elements."""

@@ -1,4 +1,5 @@
 """The fake CUDA context of tests/fake_ncu: a process-wide profiler flag and a launch log."""
+
 import json
 import os
 import threading

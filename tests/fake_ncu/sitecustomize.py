@@ -2,13 +2,14 @@
 for the CUDA driver of a CPU-only torch. cudaProfilerStart/Stop (torch.cuda.profiler.start/stop) turn
 one process-wide flag on and off, as the real ones do for the whole CUDA context; fake_cuda.launch()
 records each kernel launch with its thread and whether the profiler was on."""
+
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emo.postimport import when_imported  # noqa: E402
-
 import fake_cuda  # noqa: E402
+
+from emo.postimport import when_imported  # noqa: E402
 
 
 def _patch(torch) -> None:

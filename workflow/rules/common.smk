@@ -1,9 +1,9 @@
 # Helpers the rules share: every rule is generic over its stage folder's {hash}; SWEEP (the Snakefile)
-# says which job planned that folder, hence its inputs, params and GPUs (emo/sweep.py).
+# says which job planned that folder, hence its inputs, params and GPUs (emo/workflow/sweep.py).
 
 
 def out(stage, name):
-    """An output of `stage` in the folder its {hash} names (emo.plan: results/<stage>/<hash>/)."""
+    """An output of `stage` in the folder its {hash} names (emo.workflow.plan: results/<stage>/<hash>/)."""
     return str(SWEEP.results / stage / "{hash}" / name)
 
 
@@ -50,8 +50,10 @@ def outside_files(stage):
 def stage_outputs(stage):
     """The files `stage` declares it writes (Stage.outputs, a folder as directory()), named by their
     stem, and config.json, written last, which a later run trusts the folder by."""
-    files = {f.rstrip("/").split(".")[0]: (directory(out(stage, f.rstrip("/"))) if f.endswith("/") else out(stage, f))
-             for f in declaration(stage).outputs}
+    files = {
+        f.rstrip("/").split(".")[0]: (directory(out(stage, f.rstrip("/"))) if f.endswith("/") else out(stage, f))
+        for f in declaration(stage).outputs
+    }
     return {**files, "config": out(stage, "config.json")}
 
 

@@ -4,9 +4,9 @@ rule fit:
         outside_files("fit"),
     output:
         **stage_outputs("fit"),
-    params:
-        emo=params("fit"),
     log:
         log_of("fit"),
+    params:
+        emo=params("fit"),
     script:
         "../scripts/stage.py"

@@ -4,9 +4,9 @@ rule graph:
         outside_files("graph"),
     output:
         **stage_outputs("graph"),
-    params:
-        emo=params("graph"),
     log:
         log_of("graph"),
+    params:
+        emo=params("graph"),
     script:
         "../scripts/stage.py"

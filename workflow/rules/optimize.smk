@@ -6,10 +6,10 @@ rule optimize:
         outside_files("optimize"),
     output:
         **stage_outputs("optimize"),
-    params:
-        emo=params("optimize"),
     log:
         log_of("optimize"),
     threads: share_of_cores
+    params:
+        emo=params("optimize"),
     script:
         "../scripts/stage.py"

@@ -4,9 +4,9 @@ rule pack:
         outside_files("pack"),
     output:
         **stage_outputs("pack"),
-    params:
-        emo=params("pack"),
     log:
         log_of("pack"),
+    params:
+        emo=params("pack"),
     script:
         "../scripts/stage.py"

@@ -4,12 +4,12 @@ rule trace:
         outside_files("trace"),
     output:
         **stage_outputs("trace"),
-    params:
-        emo=params("trace"),
     log:
         log_of("trace"),
     resources:
         gpu=gpus("trace"),
         gpu_model=gpu_model("trace"),
+    params:
+        emo=params("trace"),
     script:
         "../scripts/stage.py"

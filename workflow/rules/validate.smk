@@ -6,12 +6,12 @@ rule validate:
         outside_files("validate"),
     output:
         **stage_outputs("validate"),
-    params:
-        emo=params("validate"),
     log:
         log_of("validate"),
     resources:
         gpu=gpus("validate"),
         gpu_model=gpu_model("validate"),
+    params:
+        emo=params("validate"),
     script:
         "../scripts/stage.py"

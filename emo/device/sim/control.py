@@ -1,5 +1,6 @@
 """The virtual GPU behind the vendor-neutral control interface (emo.device.control.GpuControl), so
 that code written against GpuControl runs on it as it does on NVML."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,7 +36,9 @@ class SimControl(GpuControl):
     def lock_sm_clock(self, index: int, mhz: int) -> None:
         self._check(index)
         if int(mhz) not in self.device.supported_clocks():
-            raise GpuAccessError(f"lock SM clock of GPU {index} at {mhz} MHz: not a supported clock of {self.device.name}")
+            raise GpuAccessError(
+                f"lock SM clock of GPU {index} at {mhz} MHz: not a supported clock of {self.device.name}"
+            )
         self.locked[index] = int(mhz)
         self._apply()
 

@@ -3,6 +3,7 @@
 One SimDevice stands for one node of identical GPUs (as many as the program has ranks). Virtual time
 and the energy counters persist across calls: the clock keeps running and the counters keep counting.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,14 +16,13 @@ from typing import Any
 import numpy as np
 
 from emo.device import COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
-
-COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 from emo.device.sim.energy import EnergyMeter, ThermalLeakage, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
+from emo.policy import FrequencyPolicy, issue_plan
 from emo.workloads.program import KernelSpec, Op, Program, Work
-from emo.policy import FrequencyPolicy
-from emo.policy import issue_plan
+
+COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 
 MAX_GPUS = 64
 
@@ -97,13 +97,25 @@ class SimDevice:
         def thermal(g: int) -> ThermalLeakage | None:
             if ph.thermal_r_k_per_w <= 0 or ph.leak_temp_coeff == 0:
                 return None  # the die starts at its idle temperature at the default clock
-            return ThermalLeakage(ph.thermal_r_k_per_w, ph.thermal_tau_s, ph.leak_temp_coeff, float(self.idle_w_g[g][d0]))
+            return ThermalLeakage(
+                ph.thermal_r_k_per_w, ph.thermal_tau_s, ph.leak_temp_coeff, float(self.idle_w_g[g][d0])
+            )
 
-        self.meters = [EnergyMeter(ph.counter_period_ms, ph.sensor_window_ms, self.seed, g,
-                                   counter_noise=k * ph.noise_energy, counter_gain=k * ph.noise_energy_gain,
-                                   sensor_noise=k * ph.noise_power, sensor_gain=k * ph.noise_power_gain,
-                                   thermal=thermal(g), static_w=float(self.static_w_g[g][d0]))
-                       for g in range(MAX_GPUS)]
+        self.meters = [
+            EnergyMeter(
+                ph.counter_period_ms,
+                ph.sensor_window_ms,
+                self.seed,
+                g,
+                counter_noise=k * ph.noise_energy,
+                counter_gain=k * ph.noise_energy_gain,
+                sensor_noise=k * ph.noise_power,
+                sensor_gain=k * ph.noise_power_gain,
+                thermal=thermal(g),
+                static_w=float(self.static_w_g[g][d0]),
+            )
+            for g in range(MAX_GPUS)
+        ]
         top = len(clocks) - 1
         self._cap_ci = [top] * MAX_GPUS  # the power controller's clock ceiling per GPU ...
         self._p_avg = [0.0] * MAX_GPUS  # ... and its averaged power: the controller runs on across calls
@@ -241,8 +253,10 @@ class SimDevice:
                 steps = sorted(policy.steps.get(g, []), key=lambda s: s.t_ms)
                 if not steps:
                     continue
-                issues = [(i.at_s * 1e9, self.clock_index(i.sm_mhz))
-                          for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)]
+                issues = [
+                    (i.at_s * 1e9, self.clock_index(i.sm_mhz))
+                    for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
+                ]
                 first = None if g in self._applier_started else self.clock_index(steps[0].sm_mhz)
                 plan[g] = (first, issues)
                 self._applier_started.add(g)
@@ -252,42 +266,76 @@ class SimDevice:
         # the power controller only runs where the limit can bind (what this program can draw)
         ph = self.phys
         top = len(self.clocks) - 1
-        peak = max(float(tab.power_w.max()) if tab.power_w.size else 0.0,
-                   float(self.idle_w.max()) + ph.comm_spin_w + ph.comm_link_w)
+        peak = max(
+            float(tab.power_w.max()) if tab.power_w.size else 0.0,
+            float(self.idle_w.max()) + ph.comm_spin_w + ph.comm_link_w,
+        )
         power = None
         if self.meters[0].thermal is not None or self.phys.chip_leak_spread or self.phys.chip_volt_spread:
             peak *= 1.15  # a warm die, a leaky chip draw more than the nominal tables say
-        if self.cap_w < peak or min(self._cap_ci[:program.ranks]) < top:  # binds, or still recovering
+        if self.cap_w < peak or min(self._cap_ci[: program.ranks]) < top:  # binds, or still recovering
             gs = range(program.ranks)
             th = None
             if self.meters[0].thermal is not None:
-                th = ([self.static_w_g[g].tolist() for g in gs], [self.meters[g].thermal.theta for g in gs],
-                      [self.meters[g].thermal.p_ref for g in gs])
-            power = (self.cap_w, [tab.chip_power_w(self.gp, g, self.seed).tolist() for g in gs],
-                     [self.idle_w_g[g].tolist() for g in gs], th)
+                th = (
+                    [self.static_w_g[g].tolist() for g in gs],
+                    [self.meters[g].thermal.theta for g in gs],
+                    [self.meters[g].thermal.p_ref for g in gs],
+                )
+            power = (
+                self.cap_w,
+                [tab.chip_power_w(self.gp, g, self.seed).tolist() for g in gs],
+                [self.idle_w_g[g].tolist() for g in gs],
+                th,
+            )
         else:
-            self._cap_ci[:program.ranks] = [top] * program.ranks
-            self._p_avg[:program.ranks] = [0.0] * program.ranks
-        eng = Engine(program, dur=dur, slow=slow, cslow=cslow, phys=self.phys, gphys=self.gp,
-                     clock_ci=self._ci[:program.ranks], last_issue=self._last_issue[:program.ranks],
-                     t_start=self.now, iterations=iterations, policy_plan=plan, rng=rng,
-                     coll_ns={}, noise=self.noise, power=power, cap_ci=self._cap_ci[:program.ranks],
-                     p_avg=self._p_avg[:program.ranks])
+            self._cap_ci[: program.ranks] = [top] * program.ranks
+            self._p_avg[: program.ranks] = [0.0] * program.ranks
+        eng = Engine(
+            program,
+            dur=dur,
+            slow=slow,
+            cslow=cslow,
+            phys=self.phys,
+            gphys=self.gp,
+            clock_ci=self._ci[: program.ranks],
+            last_issue=self._last_issue[: program.ranks],
+            t_start=self.now,
+            iterations=iterations,
+            policy_plan=plan,
+            rng=rng,
+            coll_ns={},
+            noise=self.noise,
+            power=power,
+            cap_ci=self._cap_ci[: program.ranks],
+            p_avg=self._p_avg[: program.ranks],
+        )
         with _no_gc():
             res = eng.run()
         self.last_sim_seconds = time.perf_counter() - wall
         t_dev = max([res.t_end] + [g.clock_t[-1] for g in res.gpus])
         for g in res.gpus:
             pw = tab.chip_power_w(self.gp, g.idx, self.seed)  # this chip's voltage and leakage
-            t, e = power_steps(self.now, t_dev, g.clock_t, g.clock_ci, self.idle_w_g[g.idx], g.segs, pw, g.xsegs,
-                               res.ranks[g.idx].kernels)
+            t, e = power_steps(
+                self.now,
+                t_dev,
+                g.clock_t,
+                g.clock_ci,
+                self.idle_w_g[g.idx],
+                g.segs,
+                pw,
+                g.xsegs,
+                res.ranks[g.idx].kernels,
+            )
             self.meters[g.idx].append(t, e, (np.asarray(g.clock_t), self.static_w_g[g.idx][np.asarray(g.clock_ci)]))
             self._ci[g.idx] = g.req_ci
             self._last_issue[g.idx] = g.last_issue
             if power is not None:
                 self._cap_ci[g.idx], self._p_avg[g.idx] = g.cap_ci, g.p_avg
         for gi in range(program.ranks, MAX_GPUS):
-            self.meters[gi].idle(t_dev, float(self.idle_w_g[gi][self._ci[gi]]), float(self.static_w_g[gi][self._ci[gi]]))
+            self.meters[gi].idle(
+                t_dev, float(self.idle_w_g[gi][self._ci[gi]]), float(self.static_w_g[gi][self._ci[gi]])
+            )
         self.now = t_dev
         self.last_sim = res
         self.last_tables = tab
@@ -325,9 +373,14 @@ class SimDevice:
             from emo.device.sim.kineto import write_traces
 
             files = write_traces(res, program, self, Path(trace_dir), first_step=warmup)
-        return RunResult(iterations=iterations, time_s=(res.t_end - res.t_start) * 1e-9,
-                         energy_j=float(sum(per.values())), iteration_times_s=iter_times,
-                         energy_per_device_j=per, trace_files=files)
+        return RunResult(
+            iterations=iterations,
+            time_s=(res.t_end - res.t_start) * 1e-9,
+            energy_j=float(sum(per.values())),
+            iteration_times_s=iter_times,
+            energy_per_device_j=per,
+            trace_files=files,
+        )
 
     def _program(self, workload: Any) -> Program:
         if isinstance(workload, Program):
@@ -444,7 +497,6 @@ class SimDevice:
     def __repr__(self) -> str:
         return f"SimDevice({self.name}, t={self.time_s():.3f}s)"
 
-
     def utilization_samples(self, device: int = 0) -> dict[str, list[tuple[float, float]]]:
         """NVML-style utilisation samples of the last run (nvmlDeviceGetSamples): one per sample
         period (`gpu.nvml_sample_ms`, default 1/6 s, NVML's fastest rate) lying wholly inside the
@@ -460,8 +512,14 @@ class SimDevice:
         cols = _kernel_segments(res, g)
         edges = res.t_start + period * np.arange(n + 1)
         busy, mem = np.zeros(n), np.zeros(n)
-        overlap = lambda s0, s1: np.clip(np.minimum(s1[:, None], edges[None, 1:])  # noqa: E731
-                                         - np.maximum(s0[:, None], edges[None, :-1]), 0, None)
+        overlap = (
+            lambda s0, s1: np.clip(
+                np.minimum(s1[:, None], edges[None, 1:])  # noqa: E731
+                - np.maximum(s0[:, None], edges[None, :-1]),
+                0,
+                None,
+            )
+        )
         for s0, s1, kid, eff in cols:
             # each segment's overlap with each sample period
             mem += (overlap(s0, s1) * tab.util["dram"][kid.astype(np.int64), eff.astype(np.int64)][:, None]).sum(axis=0)

@@ -13,6 +13,7 @@ Temperature-dependent leakage (`ThermalLeakage`): the die's temperature follows 
 a first-order lag, and leakage grows exponentially with it; the meter adds that extra energy to the
 history it is given, so every readout (and the true integral) includes it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -23,9 +24,17 @@ import numpy as np
 from scipy.signal import lfilter
 
 
-def power_steps(t0: float, t1: float, clock_t: list[float], clock_ci: list[int], base_w: np.ndarray,
-                segs: list[tuple], kernel_power: np.ndarray, xsegs: list[tuple],
-                kernels: list[tuple] = ()) -> tuple[np.ndarray, np.ndarray]:
+def power_steps(
+    t0: float,
+    t1: float,
+    clock_t: list[float],
+    clock_ci: list[int],
+    base_w: np.ndarray,
+    segs: list[tuple],
+    kernel_power: np.ndarray,
+    xsegs: list[tuple],
+    kernels: list[tuple] = (),
+) -> tuple[np.ndarray, np.ndarray]:
     """Breakpoints and cumulative energy (J) over [t0, t1] (ns) of one GPU.
 
     clock_t/clock_ci: requested-clock timeline (first entry at or before t0); base_w[ci]: power with
@@ -79,7 +88,13 @@ class ThermalLeakage:
     extra leakage's own heating is left out (second order)."""
 
     def __init__(self, r_k_per_w: float, tau_s: float, coeff: float, p_idle_w: float, dt_ns: float = 10e6):
-        self.r, self.tau, self.k, self.p_ref, self.dt = float(r_k_per_w), float(tau_s) * 1e9, float(coeff), float(p_idle_w), dt_ns
+        self.r, self.tau, self.k, self.p_ref, self.dt = (
+            float(r_k_per_w),
+            float(tau_s) * 1e9,
+            float(coeff),
+            float(p_idle_w),
+            dt_ns,
+        )
         self.theta = 0.0
 
     def extra_j(self, t: np.ndarray, e: np.ndarray, st_t: np.ndarray, st_w: np.ndarray) -> np.ndarray:
@@ -111,9 +126,20 @@ class EnergyMeter:
     has lived (calibration makes thousands of runs on one device).
     """
 
-    def __init__(self, period_ms: float, window_ms: float, seed: int, gpu: int, *, counter_noise: float = 0.0,
-                 counter_gain: float = 0.0, sensor_noise: float = 0.0, sensor_gain: float = 0.0,
-                 thermal: ThermalLeakage | None = None, static_w: float = 0.0):
+    def __init__(
+        self,
+        period_ms: float,
+        window_ms: float,
+        seed: int,
+        gpu: int,
+        *,
+        counter_noise: float = 0.0,
+        counter_gain: float = 0.0,
+        sensor_noise: float = 0.0,
+        sensor_gain: float = 0.0,
+        thermal: ThermalLeakage | None = None,
+        static_w: float = 0.0,
+    ):
         self.period = period_ms * 1e6
         self.window = window_ms * 1e6
         self.noise = float(counter_noise)

@@ -19,6 +19,7 @@ contention starting or stopping re-rates the running kernel and every transfer i
 fraction of work left is kept). CUDA semantics: in-order streams, cudaEventRecord completes when
 prior work on its stream is done, cudaStreamWaitEvent waits for the most recent record at call time.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -38,8 +39,16 @@ K_KERNEL, K_COLL, K_COPY, K_RECORD, K_WAIT = 0, 1, 2, 3, 4
 E_KEND, E_XEND, E_TRY, E_CLOCK, E_HOST, E_CEND, E_POWER = 0, 1, 2, 3, 4, 5, 6
 # host runtime call codes (trace)
 RT_LAUNCH, RT_NCCL, RT_MEMCPY, RT_RECORD, RT_WAIT, RT_SSYNC, RT_ESYNC, RT_DSYNC = range(8)
-RT_NAMES = ("cudaLaunchKernel", "cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord",
-            "cudaStreamWaitEvent", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+RT_NAMES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernel",
+    "cudaMemcpyAsync",
+    "cudaEventRecord",
+    "cudaStreamWaitEvent",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+)
 RT_CBID = (211, 211, 41, 135, 147, 131, 133, 165)
 
 
@@ -57,9 +66,29 @@ class _Stream:
 
 
 class _Gpu:
-    __slots__ = ("idx", "streams", "sm_busy", "sm_waiters", "run", "ver", "req_ci", "last_issue",
-                 "clock_t", "clock_ci", "segs", "xsegs", "pending", "dev_waiters", "end_t", "cap_ci", "xfers",
-                 "p_avg", "p_acc", "p_t", "cs")
+    __slots__ = (
+        "idx",
+        "streams",
+        "sm_busy",
+        "sm_waiters",
+        "run",
+        "ver",
+        "req_ci",
+        "last_issue",
+        "clock_t",
+        "clock_ci",
+        "segs",
+        "xsegs",
+        "pending",
+        "dev_waiters",
+        "end_t",
+        "cap_ci",
+        "xfers",
+        "p_avg",
+        "p_acc",
+        "p_t",
+        "cs",
+    )
 
     def __init__(self, idx: int, ci: int, last_issue: float, t0: float, cap_ci: int = 1 << 30, p_avg: float = 0.0):
         self.idx = idx
@@ -133,11 +162,27 @@ class SimResult:
 class Engine:
     """Runs `iterations` repetitions of a program from virtual time `t_start` (ns)."""
 
-    def __init__(self, program: Program, *, dur: list[list[float]], slow: list[list[float]],
-                 cslow: list[list[float]], phys, gphys, clock_ci: list[int], last_issue: list[float], t_start: float,
-                 iterations: int, policy_plan: dict[int, tuple[int | None, list[tuple[float, int]]]] | None,
-                 rng: np.random.Generator, coll_ns, noise: float = 0.0,
-                 power: tuple | None = None, cap_ci: list[int] | None = None, p_avg: list[float] | None = None):
+    def __init__(
+        self,
+        program: Program,
+        *,
+        dur: list[list[float]],
+        slow: list[list[float]],
+        cslow: list[list[float]],
+        phys,
+        gphys,
+        clock_ci: list[int],
+        last_issue: list[float],
+        t_start: float,
+        iterations: int,
+        policy_plan: dict[int, tuple[int | None, list[tuple[float, int]]]] | None,
+        rng: np.random.Generator,
+        coll_ns,
+        noise: float = 0.0,
+        power: tuple | None = None,
+        cap_ci: list[int] | None = None,
+        p_avg: list[float] | None = None,
+    ):
         """dur[kid][ci]: kernel time alone; slow/cslow[kid][ci]: the factor by which a kernel is slowed
         by a transfer in flight / slows one; noise: the multiplier of the physics' noise sizes;
         power: None (no cap binds) or (cap_w, kernel power [gpu][kid][ci], idle power [gpu][ci], thermal)
@@ -159,8 +204,9 @@ class Engine:
         top = len(gphys.clocks) - 1
         cap_ci = cap_ci or [top] * n
         p_avg = p_avg or [0.0] * n
-        self.gpus = [_Gpu(g, clock_ci[g], last_issue[g], t_start, cap_ci[g] if power else top, p_avg[g])
-                     for g in range(n)]
+        self.gpus = [
+            _Gpu(g, clock_ci[g], last_issue[g], t_start, cap_ci[g] if power else top, p_avg[g]) for g in range(n)
+        ]
         self.ranks = [RankRecord() for _ in range(n)]
         self.heap: list = []
         self.cnt = itertools.count()
@@ -271,12 +317,16 @@ class Engine:
                     done[a] = True
         if not all(done):
             stuck = [r for r, d in enumerate(done) if not d]
-            raise ValueError(f"program {self.prog.name!r}: ranks {stuck} never finish (a collective misses a "
-                             f"participant, or a sync waits for work that is never launched)")
+            raise ValueError(
+                f"program {self.prog.name!r}: ranks {stuck} never finish (a collective misses a "
+                f"participant, or a sync waits for work that is never launched)"
+            )
         for g in gpus:
             if g.pending:
-                raise ValueError(f"program {self.prog.name!r}: GPU {g.idx} still has {g.pending} unfinished items "
-                                 f"(a collective misses a participant?)")
+                raise ValueError(
+                    f"program {self.prog.name!r}: GPU {g.idx} still has {g.pending} unfinished items "
+                    f"(a collective misses a participant?)"
+                )
         t_end = self.t_start
         for rec, g in zip(self.ranks, gpus):
             rec.gpu_end = max(rec.host_end, g.end_t)
@@ -393,13 +443,15 @@ class Engine:
             return
         del self.colls[key]
         if len({e[0].idx for e in entry}) != len(entry):
-            raise ValueError(f"program {self.prog.name!r}: collective {cidx} launched twice by one rank in "
-                             f"iteration {key[0]} (collective ids are per iteration: one launch per participant)")
+            raise ValueError(
+                f"program {self.prog.name!r}: collective {cidx} launched twice by one rank in "
+                f"iteration {key[0]} (collective ids are per iteration: one launch per participant)"
+            )
         last = max(e[3] for e in entry)
         # a transfer: [participants, frac_left, progress_t, full duration at the current rate, version,
         # coll_idx, start]
         tr = [entry, 1.0, last, 0.0, 0, cidx, last]
-        for pg, pst, pitem, arr in entry:
+        for pg, _pst, _pitem, arr in entry:
             if last > arr:
                 pg.xsegs.append((arr, last, self.spin_w[pg.req_ci]))
             pg.xfers.append(tr)

@@ -5,6 +5,7 @@ rebuilt afterwards from per-iteration arrays (`HostLog`).
 
 Ops are validated once here: a bad op is a one-line ValueError naming the rank and the op.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,8 +55,9 @@ def plan(prog, r: int, phys, stream_of) -> HostPlan:
     pre, post = phys.cpu_op_pre_us * 1e3, phys.cpu_op_post_us * 1e3
     qlat = phys.launch_queue_us * 1e3
     comm = phys.comm_op_us * 1e3
-    rng_ns = {k: (getattr(phys, k)[0] * 1e3, (getattr(phys, k)[1] - getattr(phys, k)[0]) * 1e3)
-              for k in JITTER_KEYS if k}
+    rng_ns = {
+        k: (getattr(phys, k)[0] * 1e3, (getattr(phys, k)[1] - getattr(phys, k)[0]) * 1e3) for k in JITTER_KEYS if k
+    }
     code = np.zeros(n, dtype=np.int64)
     cat = np.zeros(n, dtype=np.int64)
     fixed_adv = np.zeros(n)
@@ -163,10 +165,28 @@ def plan(prog, r: int, phys, stream_of) -> HostPlan:
     corr_idx = np.cumsum(corr_inc)
     ext_idx = np.cumsum(ext_inc)
     act = [(i, c, a, b, int(corr_idx[i]), int(ext_idx[i])) for i, c, a, b in active]
-    return HostPlan(n=n, code=code, lo=lo, span=span, fixed_adv=fixed_adv, adv_has_d=adv_has_d,
-                    rel_fixed=rel_fixed, corr_idx=corr_idx, ext_idx=ext_idx, n_corr=int(corr_idx[-1]) if n else 0,
-                    n_ext=int(ext_idx[-1]) if n else 0, active=act, names=names, arg=arg, sid=sid, scopes=scopes,
-                    wait_src=wait_src, pre_ns=pre, comm_ns=comm, extra=extra)
+    return HostPlan(
+        n=n,
+        code=code,
+        lo=lo,
+        span=span,
+        fixed_adv=fixed_adv,
+        adv_has_d=adv_has_d,
+        rel_fixed=rel_fixed,
+        corr_idx=corr_idx,
+        ext_idx=ext_idx,
+        n_corr=int(corr_idx[-1]) if n else 0,
+        n_ext=int(ext_idx[-1]) if n else 0,
+        active=act,
+        names=names,
+        arg=arg,
+        sid=sid,
+        scopes=scopes,
+        wait_src=wait_src,
+        pre_ns=pre,
+        comm_ns=comm,
+        extra=extra,
+    )
 
 
 @dataclass
@@ -227,8 +247,18 @@ class HostLog:
                     kind = {BLOCKING_MEMCPY: 0, SSYNC: 0, ESYNC: 1, DSYNC: 2}[c]
                     rc, rs = self._record_of_event(i, k) if c == ESYNC else (-1, -1)
                     t0 = t[i] + (d[i] if c == BLOCKING_MEMCPY else 1000.0)
-                    syncs.append((kind, p.sid[i] if c in (SSYNC, BLOCKING_MEMCPY) else -1, t0, max(t0, t1 - 300.0),
-                                  corr[i], ext[i], rc, rs))
+                    syncs.append(
+                        (
+                            kind,
+                            p.sid[i] if c in (SSYNC, BLOCKING_MEMCPY) else -1,
+                            t0,
+                            max(t0, t1 - 300.0),
+                            corr[i],
+                            ext[i],
+                            rc,
+                            rs,
+                        )
+                    )
             for b, e in p.scopes:
                 annotations.append((p.names[b], t[b], t[e] - t[b], ext[b]))
         self._built = (host, cpu_ops, annotations, comm_ops, syncs)

@@ -27,6 +27,7 @@ Power (board, W), per phase, averaged over the kernel by time:
   dram_w*dram_util. Per chip (`chip_power`): a voltage offset and a leakage factor drawn per GPU.
   Temperature-dependent leakage is added over time by the energy meter (energy.ThermalLeakage).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,7 +84,9 @@ class SimPhysics:
     phase_fill_cycles: float = 1500.0  # per phase: prologue / pipeline fill (SM cycles)
     phase_fill_ns: float = 800.0  # per phase: first DRAM round trips (clock independent)
     epilogue_occupancy: float = 0.5  # a GEMM epilogue's occupancy relative to its main loop
-    mainloop_ilp: float = 4.0  # a tiled matrix product's main loop: independent MMAs / copy stages in flight per warp ...
+    mainloop_ilp: float = (
+        4.0  # a tiled matrix product's main loop: independent MMAs / copy stages in flight per warp ...
+    )
     mainloop_occupancy: float = 0.35  # ... up to the occupancy its k-slice barriers let it behave like
     epilogue_fp32_share: float = 0.6  # share of a GEMM's fp32 work (bias, activation, scaling) in its epilogue
     occupancy_half_compute: float = 0.1  # derate a/(a+k)*(1+k) of compute pipes at occupancy a
@@ -160,7 +163,7 @@ class SimPhysics:
     sensor_window_ms: float = 25.0
 
     @classmethod
-    def from_config(cls, physics: Any, where: str = "gpu.physics") -> "SimPhysics":
+    def from_config(cls, physics: Any, where: str = "gpu.physics") -> SimPhysics:
         d = dict(physics or {})
         names = {f.name for f in dataclasses.fields(cls)}
         for key in d:
@@ -181,7 +184,9 @@ class SimPhysics:
         if p.sms <= 0 or p.dram_gbps <= 0:
             raise ValueError(f"{where}: sms, dram_gbps must be > 0")
         if not 0 <= p.comm_sm_fraction < 1 or not 0 <= p.clock_tail_prob <= 1 or p.clock_tail_alpha <= 0:
-            raise ValueError(f"{where}: want 0 <= comm_sm_fraction < 1, 0 <= clock_tail_prob <= 1, clock_tail_alpha > 0")
+            raise ValueError(
+                f"{where}: want 0 <= comm_sm_fraction < 1, 0 <= clock_tail_prob <= 1, clock_tail_alpha > 0"
+            )
         if p.power_period_ms <= 0 or p.power_window_ms <= 0:
             raise ValueError(f"{where}: power_period_ms and power_window_ms must be > 0")
         if not 0 <= p.hide_max < 1 or p.hide_half <= 0:
@@ -315,7 +320,9 @@ class GpuPhysics:
         for wf, rate_f, _ in COMPUTE_UNITS:
             peak[wf] = (x[wf][:, None] / (getattr(p, rate_f) * p.sms)) / f_hz * 1e9
             comp = comp + peak[wf]  # pipelines share the warp schedulers' issue slots
-        peak["shared"] = ((x["shared_bytes"] + x["l1_bytes"])[:, None] / (p.shared_bytes_per_sm_cycle * p.sms)) / f_hz * 1e9
+        peak["shared"] = (
+            ((x["shared_bytes"] + x["l1_bytes"])[:, None] / (p.shared_bytes_per_sm_cycle * p.sms)) / f_hz * 1e9
+        )
         peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
         dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
@@ -330,13 +337,19 @@ class GpuPhysics:
         # (stores are posted: a warp does not wait for a write's round trip, so only reads are bound)
         latency = p.dram_latency_ns + p.dram_latency_cycles / f_hz * 1e9
         t_lat = x["dram_read_bytes"][:, None] * latency / in_flight
-        parts = np.stack([comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m,
-                          np.maximum(np.maximum(t_bw, t_issue), t_lat)])
+        parts = np.stack(
+            [comp / occ_c, peak["shared"] / occ_c, peak["l2"] / occ_m, np.maximum(np.maximum(t_bw, t_issue), t_lat)]
+        )
         top = parts.max(axis=0)
         hide = p.hide_max * aw / (aw + p.hide_half)
         t = top + (1.0 - hide) * expose * (parts.sum(axis=0) - top)
-        busy = (dram_bytes[:, 0] + x["l2_bytes"] + x["shared_bytes"] + x["l1_bytes"]
-                + sum(x[wf] for wf, _, _ in COMPUTE_UNITS)) > 0
+        busy = (
+            dram_bytes[:, 0]
+            + x["l2_bytes"]
+            + x["shared_bytes"]
+            + x["l1_bytes"]
+            + sum(x[wf] for wf, _, _ in COMPUTE_UNITS)
+        ) > 0
         t = t + np.where(busy[:, None], p.phase_fill_cycles / f_hz * 1e9, 0.0)
         t = t + np.where(dram_bytes > 0, p.phase_fill_ns, 0.0)  # the first DRAM round trips
         return t, peak
@@ -404,11 +417,17 @@ class GpuPhysics:
         elif kind == "sendrecv":
             moved, steps, bw = float(spec.nbytes), 1, p.p2p_gbps
         else:
-            raise ValueError(f"collective kind {kind!r} is not one of allreduce, allgather, reducescatter, alltoall, sendrecv")
+            raise ValueError(
+                f"collective kind {kind!r} is not one of allreduce, allgather, reducescatter, alltoall, sendrecv"
+            )
         t_link = moved / bw
         # the SMs copy/reduce the data: clock-bound only below ~comm_clock_fraction of max
         t_sm = t_link * (p.comm_clock_fraction * self.fmax / float(mhz))
-        return p.comm_base_ns + steps * p.link_latency_us * 1e3 + float(_pnorm([np.float64(t_link), np.float64(t_sm)], 4.0))
+        return (
+            p.comm_base_ns
+            + steps * p.link_latency_us * 1e3
+            + float(_pnorm([np.float64(t_link), np.float64(t_sm)], 4.0))
+        )
 
     def comm_spin_w(self, ci: int) -> float:
         return self.p.comm_spin_w * float(self.v2f[ci])
@@ -437,8 +456,12 @@ def shape_factors(w: dict[str, np.ndarray], p: SimPhysics) -> tuple[np.ndarray, 
     u3 = (h3 >> np.uint64(11)).astype(np.float64) / 2.0**53
     u4 = (_mix64(h3) >> np.uint64(11)).astype(np.float64) / 2.0**53
     spread = lambda s, u: (1.0 + s * (2 * u - 1))[:, None]  # noqa: E731
-    return (spread(p.shape_dram_spread, u1), spread(p.shape_hide_spread, u2), spread(p.shape_power_spread, u3),
-            spread(p.shape_issue_spread, u4))
+    return (
+        spread(p.shape_dram_spread, u1),
+        spread(p.shape_hide_spread, u2),
+        spread(p.shape_power_spread, u3),
+        spread(p.shape_issue_spread, u4),
+    )
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -460,9 +483,15 @@ def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.n
     Shares missing from a phase's dict default to the whole field for single-phase kernels and to
     zero in multi-phase ones (each field's shares over a kernel's phases sum to 1).
     """
-    tensor = w["fp16_tensor_flop"] / p.fp16_tensor_flop_per_sm_cycle + w["int8_tensor_op"] / p.int8_tensor_op_per_sm_cycle
-    other = (w["fp32_flop"] / p.fp32_flop_per_sm_cycle + w["fp64_flop"] / p.fp64_flop_per_sm_cycle
-             + w["int_op"] / p.int_op_per_sm_cycle + w["sfu_op"] / p.sfu_op_per_sm_cycle)
+    tensor = (
+        w["fp16_tensor_flop"] / p.fp16_tensor_flop_per_sm_cycle + w["int8_tensor_op"] / p.int8_tensor_op_per_sm_cycle
+    )
+    other = (
+        w["fp32_flop"] / p.fp32_flop_per_sm_cycle
+        + w["fp64_flop"] / p.fp64_flop_per_sm_cycle
+        + w["int_op"] / p.int_op_per_sm_cycle
+        + w["sfu_op"] / p.sfu_op_per_sm_cycle
+    )
     mm = (tensor > 0) & (tensor >= other)
     attn = (tensor > 0) & (w["sfu_op"] > 0)
     mm = mm & ~attn
@@ -473,7 +502,6 @@ def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.n
     # fields per phase as [K] shares; a kernel of one kind gets zero shares in the other kinds' phases
     e32 = p.epilogue_fp32_share
     wr = w["dram_write_bytes"]
-    rd = w["dram_read_bytes"]
     # the output tile crosses L2 once: the epilogue's L2 share is the written bytes, the operand
     # re-reads (most of a matrix product's L2 traffic) belong to the main loop
     l2_wr = np.where(w["l2_bytes"] > 0, np.minimum(wr / np.maximum(w["l2_bytes"], 1e-30), 1.0), 0.0)
@@ -481,25 +509,55 @@ def phases(w: dict[str, np.ndarray], p: SimPhysics) -> list[tuple[dict[str, np.n
     s1 = {f: np.where(single, 1.0, 0.0) for f in WORK_FIELDS}
     out.append((s1, aw))
     main = {f: zero for f in WORK_FIELDS}
-    main.update(fp16_tensor_flop=one, int8_tensor_op=one, fp32_flop=one * (1 - e32), dram_read_bytes=one,
-                shared_bytes=one, l1_bytes=one, l2_bytes=1 - l2_wr, int_op=one, fp64_flop=one, sfu_op=one)
+    main.update(
+        fp16_tensor_flop=one,
+        int8_tensor_op=one,
+        fp32_flop=one * (1 - e32),
+        dram_read_bytes=one,
+        shared_bytes=one,
+        l1_bytes=one,
+        l2_bytes=1 - l2_wr,
+        int_op=one,
+        fp64_flop=one,
+        sfu_op=one,
+    )
     epi = {f: zero for f in WORK_FIELDS}
     epi.update(fp32_flop=one * e32, dram_write_bytes=one, l2_bytes=l2_wr)  # int work: the main loop's addresses
     # the main loop hides latency with instruction-level parallelism (a warp's tile is many independent
     # MMAs, operands copied stages ahead) more than with resident warps: it behaves like `mainloop_ilp`
     # times its occupancy; the epilogue (dependent stores) does not
-    out.append(({f: np.where(mm, v, 0.0) for f, v in main.items()}, np.maximum(aw, np.minimum(aw * p.mainloop_ilp, p.mainloop_occupancy))))
+    out.append(
+        (
+            {f: np.where(mm, v, 0.0) for f, v in main.items()},
+            np.maximum(aw, np.minimum(aw * p.mainloop_ilp, p.mainloop_occupancy)),
+        )
+    )
     out.append(({f: np.where(mm, v, 0.0) for f, v in epi.items()}, aw * p.epilogue_occupancy))
     # attention: QK^T (half the tensor work), softmax, PV (the other half and the output)
     half = one * 0.5
     qk = {f: zero for f in WORK_FIELDS}
-    qk.update(fp16_tensor_flop=half, int8_tensor_op=half, shared_bytes=half, l1_bytes=half, dram_read_bytes=one,
-              l2_bytes=(1 - l2_wr), fp32_flop=one * 0.1, fp64_flop=one)
+    qk.update(
+        fp16_tensor_flop=half,
+        int8_tensor_op=half,
+        shared_bytes=half,
+        l1_bytes=half,
+        dram_read_bytes=one,
+        l2_bytes=(1 - l2_wr),
+        fp32_flop=one * 0.1,
+        fp64_flop=one,
+    )
     sm = {f: zero for f in WORK_FIELDS}
     sm.update(sfu_op=one, fp32_flop=one * 0.8, int_op=one)
     pv = {f: zero for f in WORK_FIELDS}
-    pv.update(fp16_tensor_flop=half, int8_tensor_op=half, shared_bytes=half, l1_bytes=half, dram_write_bytes=one,
-              l2_bytes=l2_wr, fp32_flop=one * 0.1)
+    pv.update(
+        fp16_tensor_flop=half,
+        int8_tensor_op=half,
+        shared_bytes=half,
+        l1_bytes=half,
+        dram_write_bytes=one,
+        l2_bytes=l2_wr,
+        fp32_flop=one * 0.1,
+    )
     for ph in (qk, sm, pv):
         out.append(({f: np.where(attn, v, 0.0) for f, v in ph.items()}, aw))
     return out

@@ -7,6 +7,7 @@ CUPTI's range profiler (push a range before the n-th launch, pop after the m-th,
 index the program's launches, and each range is profiled by `SimDevice.profile_range`, which
 charges the replay passes' time and energy to the GPU.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,12 +58,16 @@ def profile_ranges(device, workload: Any, ranges: list[KernelRange]) -> list[Pro
         launches = table[r.rank]
         bad = [o for o in r.ordinals if not 0 <= o < len(launches)]
         if bad or not r.ordinals:
-            raise ValueError(f"profile range: rank {r.rank} launches {len(launches)} kernels per iteration; "
-                             f"ordinals {list(r.ordinals)[:5]} are out of range")
+            raise ValueError(
+                f"profile range: rank {r.rank} launches {len(launches)} kernels per iteration; "
+                f"ordinals {list(r.ordinals)[:5]} are out of range"
+            )
         kids = [launches[o] for o in r.ordinals]
         if min(kids) < 0:
-            raise ValueError(f"profile range: rank {r.rank} ordinal {r.ordinals[kids.index(-1)]} is a NCCL kernel; "
-                             "collectives are not profiled")
+            raise ValueError(
+                f"profile range: rank {r.rank} ordinal {r.ordinals[kids.index(-1)]} is a NCCL kernel; "
+                "collectives are not profiled"
+            )
         results.append(device.profile_range([program.kernels[k] for k in kids]))
     return results
 
@@ -84,21 +89,26 @@ def dcgm_fields(works: list[Work], dur_ns: np.ndarray, f_hz: float, phys) -> dic
     return {
         "DCGM_FI_PROF_SM_ACTIVE": float(np.sum(d * np.minimum(1.0, aw * 8 + 0.05)) / span),
         "DCGM_FI_PROF_SM_OCCUPANCY": float(np.sum(d * aw) / span),
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": pipe(("fp16_tensor_flop", "fp16_tensor_flop_per_sm_cycle"),
-                                                ("int8_tensor_op", "int8_tensor_op_per_sm_cycle")),
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": pipe(
+            ("fp16_tensor_flop", "fp16_tensor_flop_per_sm_cycle"), ("int8_tensor_op", "int8_tensor_op_per_sm_cycle")
+        ),
         "DCGM_FI_PROF_PIPE_FP64_ACTIVE": pipe(("fp64_flop", "fp64_flop_per_sm_cycle")),
         "DCGM_FI_PROF_PIPE_FP32_ACTIVE": pipe(("fp32_flop", "fp32_flop_per_sm_cycle")),
         "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0,  # the virtual GPU's work has no non-tensor FP16
-        "DCGM_FI_PROF_DRAM_ACTIVE": float(min(1.0, (get("dram_read_bytes").sum() + get("dram_write_bytes").sum())
-                                             / (phys.dram_gbps * span))),
+        "DCGM_FI_PROF_DRAM_ACTIVE": float(
+            min(1.0, (get("dram_read_bytes").sum() + get("dram_write_bytes").sum()) / (phys.dram_gbps * span))
+        ),
     }
 
 
 # ncu's replay passes (Kernel Profiling Guide, "Kernel Replay"): counters from different hardware
 # units are collected in different passes of the same range; instruction counts are exact, while what
 # a pass measures in cycles or bytes varies with its clock ramp and cache/DRAM state after the restore
-REPLAY_PASSES = (("sm_active_cycles", "active_warps"), ("dram_read_bytes", "dram_write_bytes"),
-                 ("l1_bytes", "l2_bytes"))
+REPLAY_PASSES = (
+    ("sm_active_cycles", "active_warps"),
+    ("dram_read_bytes", "dram_write_bytes"),
+    ("l1_bytes", "l2_bytes"),
+)
 
 
 def replay_noise(c: dict[str, float], sigma: float, rng: np.random.Generator) -> dict[str, float]:

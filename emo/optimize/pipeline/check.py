@@ -18,6 +18,7 @@ When the raises run out (or the rounds do) with the pick still late, the plan is
 max clock as a whole (`_shrink`: the largest on-time share of each window's way down), never
 replaced by the max clock, which would drop the slack it found.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,9 @@ from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
 
 
-def _node_windows(tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np.ndarray, group: np.ndarray,
-                  period_ns: float) -> np.ndarray:
+def _node_windows(
+    tables, times_ns: np.ndarray, marks: np.ndarray, starts_ns: np.ndarray, group: np.ndarray, period_ns: float
+) -> np.ndarray:
     """Window index of each GPU node at `times_ns` (node id order): the last window of its clock
     group (`group`, per node) whose start (`starts_ns` [group, window], offsets from the GPU's last
     iteration mark) it has reached."""
@@ -70,6 +72,7 @@ class Latencies:
     that of every request to a slower one (None: the node's too). `own_nodes`/`own_weights`: the same
     for one GPU's own raise when `nodes` are the latest of several peers' (None: `nodes`): a GPU's
     clock follows its own request, while the group's time waits for the latest one."""
+
     lo: float
     mean: float
     hi: float
@@ -80,7 +83,7 @@ class Latencies:
     own_weights: tuple[float, ...] | None = None
 
     @classmethod
-    def of(cls, lats) -> "Latencies":
+    def of(cls, lats) -> Latencies:
         """A Latencies, or a plain [min, max] (or (min, mean, max)) range: requests landing uniformly
         in it, Simpson's three nodes (its ends and middle)."""
         if isinstance(lats, cls):
@@ -128,8 +131,9 @@ def latest_of(samples_ms: np.ndarray, peers: int) -> np.ndarray:
     return np.quantile(samples_ms, u ** (1.0 / peers))
 
 
-def planning_latencies(opt: dict, measured: dict | None, where: str = "calibration",
-                       peers: int = 1) -> tuple[Latencies, str]:
+def planning_latencies(
+    opt: dict, measured: dict | None, where: str = "calibration", peers: int = 1
+) -> tuple[Latencies, str]:
     """(Latencies, where they come from): the clock-request latencies the optimizer plans with.
 
     optimizer.transition_ms, when set, overrides: requests land uniformly in that [min, max]
@@ -146,9 +150,11 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
         return Latencies.of(opt["transition_ms"]), "optimizer.transition_ms"
     samples = (measured or {}).get("samples") or []
     if not samples:
-        raise ValueError(f"{where}: no clock-request latency measurement (a calibration from before EMO measured "
-                         "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
-                         "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)")
+        raise ValueError(
+            f"{where}: no clock-request latency measurement (a calibration from before EMO measured "
+            "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
+            "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)"
+        )
     x, x_up, x_down = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
     a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
@@ -157,8 +163,10 @@ def planning_latencies(opt: dict, measured: dict | None, where: str = "calibrati
     down = float(x_down[x_down <= np.percentile(x_down, b)].mean())
     latest = f", the latest of {peers} GPUs' raises" if peers > 1 else ""
     own = quadrature(x_up) if peers > 1 else (None, None)
-    return (Latencies(lo, float(np.dot(nodes, weights)), hi, nodes, weights, down, *own),
-            f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}")
+    return (
+        Latencies(lo, float(np.dot(nodes, weights)), hi, nodes, weights, down, *own),
+        f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}",
+    )
 
 
 def _directions(measured: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -242,7 +250,10 @@ def expected(tables, policy: FrequencyPolicy, lats):
 
     def per_gpu(runs, weights) -> dict:
         w = np.asarray(weights) / np.sum(weights)
-        return {k: np.tensordot(w, [getattr(r, k) for r in runs], axes=1) for k in ("idle_per_device_j", "dynamic_per_device_j")}
+        return {
+            k: np.tensordot(w, [getattr(r, k) for r in runs], axes=1)
+            for k in ("idle_per_device_j", "dynamic_per_device_j")
+        }
 
     slow = max(runs, key=lambda r: r.makespan_ns)
     time = {k: mean(runs, q.weights, k) for k in ("time_s", "makespan_ns")}
@@ -262,8 +273,19 @@ def expected(tables, policy: FrequencyPolicy, lats):
     return dataclasses.replace(slow, **time, **energy, **per_gpu(own, q.own_weights))
 
 
-def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_ms: float, period_ns: float,
-                      transitions_ms: tuple[float, ...], max_rounds: int = 400, window_starts=None, shrink_steps: int = 8):
+def fit_to_prediction(
+    tables,
+    sol: Solution,
+    build,
+    *,
+    budget: float,
+    interval_ms: float,
+    period_ns: float,
+    transitions_ms: tuple[float, ...],
+    max_rounds: int = 400,
+    window_starts=None,
+    shrink_steps: int = 8,
+):
     """(solution, policy, info): `sol` with windows raised until predict(tables, policy) is within
     (1 + budget) × the predicted max-clock time in expectation over the clock-request latencies
     `transitions_ms` (expected). `build(sol) -> FrequencyPolicy` makes the policy; `window_starts(sol)` ->
@@ -306,8 +328,10 @@ def fit_to_prediction(tables, sol: Solution, build, *, budget: float, interval_m
         crit = crit[gpu[crit] & tables.is_pack[crit] & (item_of[crit] >= 0)]
         marks = iteration_marks(tables, pred.start_ns)
         edges = starts(sol)
-        wins = [_node_windows(tables, x, marks, edges, grp, period_ns)[crit]
-                for x in (pred.start_ns, np.maximum(pred.finish_ns - 1.0, pred.start_ns))]
+        wins = [
+            _node_windows(tables, x, marks, edges, grp, period_ns)[crit]
+            for x in (pred.start_ns, np.maximum(pred.finish_ns - 1.0, pred.start_ns))
+        ]
         want = choice[item_of[crit]]  # the clock the DP timed each critical pack at
         raised = False
         for w in wins:

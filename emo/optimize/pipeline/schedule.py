@@ -10,6 +10,7 @@ The schedule repeats every iteration, so the first step is a down-step too when 
 the last step's. Steps closer than `min_interval_ms` to the previous one are merged into it, keeping
 the faster clock.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,10 +19,19 @@ from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy, Step
 
 
-def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[int] | None = None,
-                 transition_ms: tuple[float, float], min_interval_ms: float = 10.0,
-                 period_ms: float | None = None, window_start_ms: np.ndarray | None = None,
-                 window_clear_ms: np.ndarray | None = None, meta: dict | None = None) -> FrequencyPolicy:
+def build_policy(
+    sol: Solution,
+    gpu: str,
+    *,
+    window_ms: float,
+    device_ids: list[int] | None = None,
+    transition_ms: tuple[float, float],
+    min_interval_ms: float = 10.0,
+    period_ms: float | None = None,
+    window_start_ms: np.ndarray | None = None,
+    window_clear_ms: np.ndarray | None = None,
+    meta: dict | None = None,
+) -> FrequencyPolicy:
     """`device_ids[g]`: the policy's device id of the problem's GPU g (default: g). `window_start_ms`
     [group, window]: where each window starts in the iteration (default: the items' change points on
     the baseline timeline, else window × window_ms; pipeline.tables.planned_window_starts gives
@@ -37,8 +47,11 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
     mhz = sol.item_mhz
     nwin = int(items.window.max()) + 1
     if window_start_ms is None:  # the baseline change points
-        window_start_ms = (items.edges_ns * 1e-6 if items.edges_ns is not None
-                           else np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1)))
+        window_start_ms = (
+            items.edges_ns * 1e-6
+            if items.edges_ns is not None
+            else np.tile(np.arange(nwin + 1) * window_ms, (len(items.groups), 1))
+        )
     else:  # the end of the last window: the period
         window_start_ms = np.hstack([window_start_ms, np.full((len(window_start_ms), 1), np.inf)])
     if window_clear_ms is None:
@@ -85,8 +98,18 @@ def build_policy(sol: Solution, gpu: str, *, window_ms: float, device_ids: list[
             steps[int(device_ids[d]) if device_ids is not None else int(d)] = list(raw)
     s = sol.summary()
     return FrequencyPolicy(
-        gpu=gpu, steps=steps, period_ms=period,
-        budget=float(sol.budget), lead_ms=hi, meta={"method": sol.method, "window_ms": window_ms,
-                                                     "transition_ms": [lo, hi], "min_interval_ms": min_interval_ms,
-                                                     "model_saving": s["predicted_saving"],
-                                                     "model_slowdown": s["predicted_slowdown"], **(meta or {})})
+        gpu=gpu,
+        steps=steps,
+        period_ms=period,
+        budget=float(sol.budget),
+        lead_ms=hi,
+        meta={
+            "method": sol.method,
+            "window_ms": window_ms,
+            "transition_ms": [lo, hi],
+            "min_interval_ms": min_interval_ms,
+            "model_saving": s["predicted_saving"],
+            "model_slowdown": s["predicted_slowdown"],
+            **(meta or {}),
+        },
+    )

@@ -1,6 +1,7 @@
 """The optimize stage's one local search: single-window moves judged by the predictor itself (the
 timing engine with clock timelines, at the configured request latencies), bounded by a count of
 candidate policies predicted."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,7 @@ from emo.optimize.pipeline.check import deadline_ns, expected
 from emo.optimize.solution import Solution
 
 
-def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluations: int,
-                        transitions_ms):
+def polish_on_predictor(tables, sol: Solution, build, *, budget: float, evaluations: int, transitions_ms):
     """(solution, policy, moves): single-window moves judged by the stage's predictor itself, clock
     transitions included, which the DP does not see: lower a window one clock step, give it a
     neighbouring window's clock (one step fewer, one transition less), or raise it one step while

@@ -12,25 +12,41 @@ the search asks. The ablation emo-dp is the DP's pick alone; emo-pass and emo-gr
 change points (their configs). Perseus itself runs online (emo.baselines.perseus). Every limit is a
 count, so the same inputs give the same files.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from emo.methods import ABLATIONS, OFFLINE, ONLINE, method
 from emo.model.predict import predict
-from emo.optimize.pipeline.check import (CURVE_MIN_GAIN, LEAD_SCREEN_SHARE, Latencies, below_curve, deadline_ns, expected,
-                                         fit_to_prediction, kept_lead, lead_options, planning_latencies)
+from emo.optimize.pipeline.check import (
+    CURVE_MIN_GAIN,
+    LEAD_SCREEN_SHARE,
+    Latencies,
+    below_curve,
+    deadline_ns,
+    expected,
+    fit_to_prediction,
+    kept_lead,
+    lead_options,
+    planning_latencies,
+)
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor
-from emo.optimize.pipeline.tables import (baseline_timing, iteration_items, planned_window_clear,
-                                          planned_window_starts, problem_from_tables, time_tolerance_ns)
+from emo.optimize.pipeline.tables import (
+    baseline_timing,
+    iteration_items,
+    planned_window_clear,
+    planned_window_starts,
+    problem_from_tables,
+    time_tolerance_ns,
+)
 from emo.optimize.problem import Items, Problem
 from emo.optimize.solution import Solution
 from emo.optimize.solvers.dp import optimize
 from emo.optimize.solvers.perseus import optimize_perseus
 from emo.optimize.solvers.static import optimize_static
 from emo.policy import FrequencyPolicy, policy_device_ids
-
 
 
 def project(sol: Solution, items: Items) -> np.ndarray:
@@ -98,8 +114,15 @@ def fit_budget(tables, solve_at, build, repair, budget: float, *, transitions_ms
     return sol, policy, {**sol.info, **info}
 
 
-def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | None = None,
-          iteration_sd_s: float | None = None) -> tuple[FrequencyPolicy, dict]:
+def solve(
+    tables,
+    opt: dict,
+    budget: float,
+    *,
+    gpu: str,
+    clock_latency: dict | None = None,
+    iteration_sd_s: float | None = None,
+) -> tuple[FrequencyPolicy, dict]:
     """The policy of method opt["name"] within `budget`, and its summary: the method's own record
     under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency).
     `clock_latency`: the calibration's measured clock-request latency (check.planning_latencies:
@@ -109,8 +132,10 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     name = opt["name"]
     m = method(name)
     if m.online:
-        raise ValueError(f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
-                         f"{', '.join(ONLINE)} run online in validate")
+        raise ValueError(
+            f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
+            f"{', '.join(ONLINE)} run online in validate"
+        )
     if m.run is not None:  # a registered solver (emo.methods) plans by itself
         return m.run(tables, opt, budget, gpu=gpu, clock_latency=clock_latency, iteration_sd_s=iteration_sd_s)
     planner = ABLATIONS.get(name, name)  # an ablation runs its method's planner on its own config
@@ -118,7 +143,9 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
         raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
     interval, min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
     if interval < min_interval:
-        raise ValueError(f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})")
+        raise ValueError(
+            f"optimizer.change_interval_ms ({interval}) is below optimizer.min_interval_ms ({min_interval})"
+        )
     p = problem_from_tables(tables, float(opt["min_clock_fraction"]))
     timing = baseline_timing(p, tables)
     items = iteration_items(p, timing, interval, align=str(opt["change_points"]))
@@ -129,42 +156,76 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     # strict 0, microseconds of predicted delay would rule out every lower clock
     tolerance_ns = time_tolerance_ns(timing, p.makespan0_ns, None if iteration_sd_s is None else iteration_sd_s * 1e9)
     plan_budget = budget + tolerance_ns / p.makespan0_ns
-    record: dict = {"planning_budget": plan_budget, "time_tolerance_ms": tolerance_ns * 1e-6,
-                    "transition_ms": lats.range(), "transition_source": source,
-                    "latency_quadrature": {"nodes_ms": [round(x, 4) for x in lats.nodes],
-                                           "weights": [round(x, 6) for x in lats.weights]}}
+    record: dict = {
+        "planning_budget": plan_budget,
+        "time_tolerance_ms": tolerance_ns * 1e-6,
+        "transition_ms": lats.range(),
+        "transition_source": source,
+        "latency_quadrature": {
+            "nodes_ms": [round(x, 4) for x in lats.nodes],
+            "weights": [round(x, 6) for x in lats.weights],
+        },
+    }
     if lats.own_nodes is not None:  # the energy's: each GPU's own raise
-        record["latency_quadrature"].update({"own_nodes_ms": [round(x, 4) for x in lats.own_nodes],
-                                             "own_weights": [round(x, 6) for x in lats.own_weights]})
+        record["latency_quadrature"].update(
+            {
+                "own_nodes_ms": [round(x, 4) for x in lats.own_nodes],
+                "own_weights": [round(x, 6) for x in lats.own_weights],
+            }
+        )
 
     def starts(s: Solution) -> np.ndarray:
         return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def build(s: Solution, lats: Latencies) -> FrequencyPolicy:
-        return build_policy(s, gpu, window_ms=interval, device_ids=policy_device_ids(tables.device_keys),
-                            transition_ms=(lats.lo, lats.hi), min_interval_ms=min_interval,
-                            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
-                            window_start_ms=starts(s) * 1e-6,
-                            window_clear_ms=planned_window_clear(s, tables, timing) * 1e-6)
+        return build_policy(
+            s,
+            gpu,
+            window_ms=interval,
+            device_ids=policy_device_ids(tables.device_keys),
+            transition_ms=(lats.lo, lats.hi),
+            min_interval_ms=min_interval,
+            period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
+            window_start_ms=starts(s) * 1e-6,
+            window_clear_ms=planned_window_clear(s, tables, timing) * 1e-6,
+        )
 
     def repair(s: Solution, lats: Latencies):
-        return fit_to_prediction(tables, s, lambda s2: build(s2, lats), budget=plan_budget, interval_ms=interval,
-                                 period_ns=timing.period_ns, transitions_ms=lats, window_starts=starts)
+        return fit_to_prediction(
+            tables,
+            s,
+            lambda s2: build(s2, lats),
+            budget=plan_budget,
+            interval_ms=interval,
+            period_ns=timing.period_ns,
+            transitions_ms=lats,
+            window_starts=starts,
+        )
 
     def energy(policy: FrequencyPolicy, lats: Latencies) -> float:
         return expected(tables, policy, lats).energy_j
 
     def search(solve_at, lats: Latencies):  # the budget search over one method's solves, every method the same count
-        return fit_budget(tables, solve_at, lambda s2: build(s2, lats), lambda s2: repair(s2, lats), plan_budget,
-                          transitions_ms=lats, solves=int(opt["budget_solves"]))
+        return fit_budget(
+            tables,
+            solve_at,
+            lambda s2: build(s2, lats),
+            lambda s2: repair(s2, lats),
+            plan_budget,
+            transitions_ms=lats,
+            solves=int(opt["budget_solves"]),
+        )
 
     def polish(sol: Solution, policy: FrequencyPolicy, checked: dict, lats: Latencies, evaluations: int):
         """The same predictor polish for every method; a second call goes on from the first one's plan."""
         checked.setdefault("start_energy_j", energy(policy, lats))
-        sol, policy, moves = polish_on_predictor(tables, sol, lambda s2: build(s2, lats), budget=plan_budget,
-                                                 evaluations=evaluations, transitions_ms=lats)
+        sol, policy, moves = polish_on_predictor(
+            tables, sol, lambda s2: build(s2, lats), budget=plan_budget, evaluations=evaluations, transitions_ms=lats
+        )
         checked["predictor_moves"] = checked.get("predictor_moves", 0) + moves
-        checked["predictor_slowdown"] = expected(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        checked["predictor_slowdown"] = (
+            expected(tables, policy, lats).makespan_ns / predict(tables, None).makespan_ns - 1.0
+        )
         checked["polished_energy_j"] = energy(policy, lats)
         return sol, policy, checked
 
@@ -176,8 +237,12 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
             dp_energy = energy(policy, lats)
             # every static schedule is an EMO schedule too: start from the best one when clock transitions
             # (which the DP does not charge) cost the windowed pick more than it saved
-            uni, uni_policy, uni_checked = repair(Solution(p, items, optimize_static(p, plan_budget, items=items).choice,
-                                                           "emo", plan_budget, info=sol.info), lats)
+            uni, uni_policy, uni_checked = repair(
+                Solution(
+                    p, items, optimize_static(p, plan_budget, items=items).choice, "emo", plan_budget, info=sol.info
+                ),
+                lats,
+            )
             if energy(uni_policy, lats) < dp_energy:
                 sol, policy, checked = uni, uni_policy, {**checked, **uni_checked, "start_view": "uniform"}
             checked["dp_energy_j"] = dp_energy  # which layer saved what
@@ -190,9 +255,14 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
 
     def perseus_at(b: float) -> Solution:  # its per-unit clocks projected onto windows
         raw = optimize_perseus(p, b, level=str(opt["perseus_level"]))
-        return Solution(p, items, project(raw, items), raw.method, b,
-                        info={**raw.info, "unprojected_energy_j": raw.energy_j,
-                              "unprojected_time_ms": raw.makespan_ns * 1e-6})
+        return Solution(
+            p,
+            items,
+            project(raw, items),
+            raw.method,
+            b,
+            info={**raw.info, "unprojected_energy_j": raw.energy_j, "unprojected_time_ms": raw.makespan_ns * 1e-6},
+        )
 
     def single_clock_unless_clear(sol: Solution, policy: FrequencyPolicy, lats: Latencies, deadline: float):
         """EMO's plan, or the single clock the predictor puts least energy on time when the plan is
@@ -261,13 +331,33 @@ def solve(tables, opt: dict, budget: float, *, gpu: str, clock_latency: dict | N
     policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
     plan = sol.summary()
     summary = {
-        "method": name, "budget": budget,
+        "method": name,
+        "budget": budget,
         "plan": {k: plan[k] for k in ("feasible", "items", "clock_groups")}
-        | {"time_ms": plan["predicted_time_ms"], "energy_j": plan["predicted_energy_j"],
-           "baseline_time_ms": plan["baseline_time_ms"], "baseline_energy_j": plan["baseline_energy_j"]},
-        name: {k: v for k, v in {**plan, **record}.items() if k not in (
-            "method", "budget", "feasible", "items", "clock_groups", "predicted_time_ms", "predicted_energy_j",
-            "baseline_time_ms", "baseline_energy_j", "predicted_saving", "predicted_slowdown")},
+        | {
+            "time_ms": plan["predicted_time_ms"],
+            "energy_j": plan["predicted_energy_j"],
+            "baseline_time_ms": plan["baseline_time_ms"],
+            "baseline_energy_j": plan["baseline_energy_j"],
+        },
+        name: {
+            k: v
+            for k, v in {**plan, **record}.items()
+            if k
+            not in (
+                "method",
+                "budget",
+                "feasible",
+                "items",
+                "clock_groups",
+                "predicted_time_ms",
+                "predicted_energy_j",
+                "baseline_time_ms",
+                "baseline_energy_j",
+                "predicted_saving",
+                "predicted_slowdown",
+            )
+        },
         "graph": {"packs": int(np.sum(tables.is_pack)), "nodes": int(p.n), "clocks": [int(c) for c in p.clocks_mhz]},
         "steps": {str(d): len(s) for d, s in policy.steps.items()},
     }

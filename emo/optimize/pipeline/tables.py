@@ -1,6 +1,7 @@
 """From the model's PackTables (emo.model.predict) to a Problem, with windows that repeat every
 iteration: a frequency policy is one iteration's schedule, replayed from each iteration mark, so a
 window is (clock group, offset from the iteration mark // change interval) over all traced iterations."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +29,20 @@ class Timing:
 def problem_from_tables(t, min_clock_fraction: float = 0.5) -> Problem:
     """A Problem over the compiled pack graph of `t` (a PackTables): the engine's lags and offsets,
     the predictor's own, so plan and check time the same graph the same way."""
-    return build_problem(t.src, t.dst, t.device, t.dur_ns, t.energy_j, t.idle_power_w, t.clocks_mhz,
-                         from_start=t.from_start, lag_ns=t.lag_ns, offset_ns=t.offset_ns,
-                         min_clock_fraction=min_clock_fraction, default_mhz=int(t.clocks_mhz[t.default_index]))
+    return build_problem(
+        t.src,
+        t.dst,
+        t.device,
+        t.dur_ns,
+        t.energy_j,
+        t.idle_power_w,
+        t.clocks_mhz,
+        from_start=t.from_start,
+        lag_ns=t.lag_ns,
+        offset_ns=t.offset_ns,
+        min_clock_fraction=min_clock_fraction,
+        default_mhz=int(t.clocks_mhz[t.default_index]),
+    )
 
 
 def baseline_timing(p: Problem, t) -> Timing:
@@ -53,8 +65,9 @@ def iteration_marks(p: Problem, t, start_ns: np.ndarray) -> np.ndarray | None:
     return model_iteration_marks(t, start)
 
 
-def window_edges(p: Problem, timing: Timing, interval_ms: float, groups: list[list[int]], *,
-                 align: str = "grid") -> np.ndarray:
+def window_edges(
+    p: Problem, timing: Timing, interval_ms: float, groups: list[list[int]], *, align: str = "grid"
+) -> np.ndarray:
     """float64[G, W + 1]: the change points of each clock group, offsets from the iteration mark on
     the baseline timeline (ns), from 0 to the period; groups with fewer windows are padded with
     empty ones at the end.
@@ -156,7 +169,11 @@ def planned_window_clear(sol, t, timing: Timing) -> np.ndarray:
         v, i = v[i >= 0], i[i >= 0]  # work before the first mark belongs to no traced iteration
         off = sol.finish_ns[v] - planned[devs[0]][i]
         np.maximum.at(out[g], items.window[items.item_of[v]], off)
-    real = (np.diff(items.edges_ns, axis=1) > 0).sum(axis=1) if items.edges_ns is not None else np.full(len(items.groups), nwin)
+    real = (
+        (np.diff(items.edges_ns, axis=1) > 0).sum(axis=1)
+        if items.edges_ns is not None
+        else np.full(len(items.groups), nwin)
+    )
     clear = np.full_like(out, -np.inf)
     clear[:, 1:] = out[:, :-1]
     clear[np.arange(len(items.groups)), 0] = out[np.arange(len(items.groups)), real - 1] - period
@@ -193,8 +210,9 @@ def time_tolerance_ns(timing: Timing, makespan_ns: float, iteration_sd_ns: float
     return min(iters * per_iteration, MAX_TIME_TOLERANCE * makespan_ns)
 
 
-def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True,
-                    align: str = "grid") -> Items:
+def iteration_items(
+    p: Problem, timing: Timing, interval_ms: float, *, replicate: bool = True, align: str = "grid"
+) -> Items:
     """Items = (group, window of the iteration), windows by window_edges(align): node v of GPU g in
     iteration i (the last mark at or before its baseline start) falls in the window its offset
     (start - mark_i) is in. Work before the first mark is counted as the end of an iteration (it runs
@@ -219,7 +237,9 @@ def iteration_items(p: Problem, timing: Timing, interval_ms: float, *, replicate
     # idle time each window covers: its share of the period, in every iteration
     iters = timing.marks_ns.shape[1]
     lens = np.diff(edges, axis=1) * iters
-    lens[np.arange(len(groups)), real - 1] += max(0.0, p.makespan0_ns - iters * timing.period_ns)  # work outside the marked iterations
+    lens[np.arange(len(groups)), real - 1] += max(
+        0.0, p.makespan0_ns - iters * timing.period_ns
+    )  # work outside the marked iterations
     items = make_items(p, interval_ms, windows=win, groups=groups, window_len_ns=lens)
     items.edges_ns = edges
     items.t0_ns = edges[items.group, items.window]

@@ -28,6 +28,7 @@
 Every limit is a count (starts, rounds, trades), never a duration: the same problem gives the same
 schedule on an idle or a loaded machine. Every time comparison uses the engine's one tolerance.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,10 +44,23 @@ from emo.optimize.solvers.milp import formulation
 MIN_STEPS = 256
 
 
-def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, budget_step_ms: float = 1.0,
-             replicate: bool = True, items: Items | None = None, polish_rounds: int = 50,
-             max_starts: int = 32, max_repairs: int = 3, polish_starts: int = 1, kicks: int = 20, crash_share: float = 0.5,
-             lp_max_size: int = 250_000, search: bool = True) -> Solution:
+def optimize(
+    p: Problem,
+    budget: float,
+    *,
+    change_interval_ms: float = 20.0,
+    budget_step_ms: float = 1.0,
+    replicate: bool = True,
+    items: Items | None = None,
+    polish_rounds: int = 50,
+    max_starts: int = 32,
+    max_repairs: int = 3,
+    polish_starts: int = 1,
+    kicks: int = 20,
+    crash_share: float = 0.5,
+    lp_max_size: int = 250_000,
+    search: bool = True,
+) -> Solution:
     """The least-energy clock per (group, window) whose makespan stays within (1 + budget) × baseline.
 
     Counts bound the work: `max_starts` DP read-backs per view, `polish_starts` starts searched
@@ -65,7 +79,9 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     deadline = p.makespan0_ns * (1.0 + budget)
     # 1 ms or finer: at least MIN_STEPS steps per budget, since rounding each window's delay up
     # to a step wastes up to a step per slowed window
-    step = min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3)) if budget > 0 else budget_step_ms * 1e6
+    step = (
+        min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3)) if budget > 0 else budget_step_ms * 1e6
+    )
     info: dict = {"dp_tries": 0, "critical_repairs": 0, "polish_rounds": 0, "polish_moves": 0}
 
     # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
@@ -76,22 +92,43 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     info["budget_step_ms"] = step * 1e-6
     s0, f0, T0 = p.base_start, p.base_finish, p.makespan0_ns
     # (name, start, finish, latest finish, budget steps left) of each view
-    views = [("total", s0, f0, p.latest_finish(dur_ref, T0), B),
-             ("free", s0, f0, engine.free_finish(*p.graph, dur_ref, s0, T0), B)]
+    views = [
+        ("total", s0, f0, p.latest_finish(dur_ref, T0), B),
+        ("free", s0, f0, engine.free_finish(*p.graph, dur_ref, s0, T0), B),
+    ]
     # the max-clock timeline stretched by a share of the budget: every GPU slows down at once, as in
     # a pipeline where all stages are critical in turn; free slack against it is additive and the
     # rest of the budget goes to the DP
     for share in (0.5, 1.0) if budget > 0 else ():
         sc = 1.0 + share * budget
         ss = s0 * sc
-        views.append((f"stretch{share:g}", ss, ss + dur_ref, engine.free_finish(*p.graph, dur_ref, ss, T0 * sc),
-                      int(np.floor((deadline - T0 * sc) / step + 1e-9))))
+        views.append(
+            (
+                f"stretch{share:g}",
+                ss,
+                ss + dur_ref,
+                engine.free_finish(*p.graph, dur_ref, ss, T0 * sc),
+                int(np.floor((deadline - T0 * sc) / step + 1e-9)),
+            )
+        )
     todo = np.arange(items.k)
     useful = items.useful
     starts: list[tuple[float, str, np.ndarray]] = []
     for view, vs, vf, lf, vb in views:
-        d = engine.local_delays(*p.graph, dur_ref, vs, vf, lf - vf, p.dur_ns, items.item_of, items.lo, items.hi, todo,
-                                useful, vb * step + TOL_NS)
+        d = engine.local_delays(
+            *p.graph,
+            dur_ref,
+            vs,
+            vf,
+            lf - vf,
+            p.dur_ns,
+            items.item_of,
+            items.lo,
+            items.hi,
+            todo,
+            useful,
+            vb * step + TOL_NS,
+        )
         q = _quantise(d, step, vb)
         # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
         best, arg = knapsack(q, items.energy, vb)
@@ -137,7 +174,7 @@ def optimize(p: Problem, budget: float, *, change_interval_ms: float = 20.0, bud
     best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
     seen: set[bytes] = set()
     polished = 0  # DP and crash starts polished
-    for e0, v, cand in starts:
+    for _e0, v, cand in starts:
         if cand.tobytes() in seen or (v != "lp" and polished >= polish_starts):
             continue
         seen.add(cand.tobytes())
@@ -163,7 +200,7 @@ def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray) -> np
     if res.status != 0 or res.x is None:
         return None
     C = len(cols)
-    used = res.x[:items.k * C].reshape(items.k, C) > 1e-6
+    used = res.x[: items.k * C].reshape(items.k, C) > 1e-6
     return cols[C - 1 - np.argmax(used[:, ::-1], axis=1)].astype(np.int64)
 
 
@@ -175,7 +212,9 @@ def _quantise(d: np.ndarray, step: float, B: int) -> np.ndarray:
     return np.minimum(q, B + 1)
 
 
-def repair_deadline(p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict, share: float = 0.5) -> np.ndarray:
+def repair_deadline(
+    p: Problem, items: Items, choice: np.ndarray, deadline: float, info: dict, share: float = 0.5
+) -> np.ndarray:
     """Raise clocks on the critical path until the iteration meets the deadline (all-max does):
     each round, the slowed critical items with the least energy per ns of critical time won back,
     enough of them to cover the overshoot, one clock step faster each."""
@@ -209,8 +248,9 @@ def repair_deadline(p: Problem, items: Items, choice: np.ndarray, deadline: floa
         info["critical_repairs"] += len(take)
 
 
-def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, rounds: int, info: dict,
-            frozen: int = -1) -> np.ndarray:
+def _polish(
+    p: Problem, items: Items, choice: np.ndarray, deadline: float, rounds: int, info: dict, frozen: int = -1
+) -> np.ndarray:
     """Best single-item moves that keep the deadline, applied until none saves energy (at most
     `rounds` rounds)."""
     choice = choice.copy()
@@ -222,8 +262,20 @@ def _polish(p: Problem, items: Items, choice: np.ndarray, deadline: float, round
         slack = p.latest_finish(dur, mk) - f
         useful = items.useful
         useful[rows, choice] = True
-        d = engine.local_delays(*p.graph, dur, s, f, slack, p.dur_ns, items.item_of, items.lo, items.hi, rows,
-                                useful, deadline - mk + TOL_NS)
+        d = engine.local_delays(
+            *p.graph,
+            dur,
+            s,
+            f,
+            slack,
+            p.dur_ns,
+            items.item_of,
+            items.lo,
+            items.hi,
+            rows,
+            useful,
+            deadline - mk + TOL_NS,
+        )
         d = np.where(d <= TOL_NS, 0.0, d)
         cost = items.energy + items.ext_power_w * d * 1e-9  # a move that lengthens the iteration pays idle power
         cost[mk + d > deadline + TOL_NS] = np.inf
@@ -277,8 +329,20 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
     for lf in (engine.free_finish(*p.graph, dur, s, mk), p.latest_finish(dur, mk)):
         useful = items.useful
         useful[np.arange(items.k), choice] = True
-        d = engine.local_delays(*p.graph, dur, s, f, lf - f, p.dur_ns, items.item_of, items.lo, items.hi, np.arange(items.k),
-                                useful, B * step + TOL_NS)
+        d = engine.local_delays(
+            *p.graph,
+            dur,
+            s,
+            f,
+            lf - f,
+            p.dur_ns,
+            items.item_of,
+            items.lo,
+            items.hi,
+            np.arange(items.k),
+            useful,
+            B * step + TOL_NS,
+        )
         q = _quantise(d, step, B)
         if frozen >= 0:
             q[frozen] = B + 1
@@ -300,8 +364,9 @@ def _redp(p: Problem, items: Items, choice: np.ndarray, deadline: float, step: f
     return out
 
 
-def _kick(p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: int, info: dict,
-          step: float) -> np.ndarray:
+def _kick(
+    p: Problem, items: Items, choice: np.ndarray, deadline: float, kicks: int, info: dict, step: float
+) -> np.ndarray:
     """Iterated local search: raise a slowed critical item one clock step, re-polish, keep if better."""
     best_e, _ = _energy(p, items, choice)
     info["kicks"] = info["kicks_kept"] = 0

@@ -4,6 +4,7 @@
 MIP reference: x binary, otherwise the same constraints. HiGHS proves optimality on small instances;
 with a time limit (a reference, not a schedule anyone applies) it still reports a bound.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,23 +60,47 @@ def formulation(p: Problem, items: Items, deadline_ns: float, cols: np.ndarray |
     return c, A, lo, hi, lb, ub
 
 
-def solve_exact(p: Problem, budget: float, *, change_interval_ms: float = 20.0, items: Items | None = None,
-                replicate: bool = True, time_limit_s: float = 60.0, rel_gap: float = 1e-6) -> Solution:
+def solve_exact(
+    p: Problem,
+    budget: float,
+    *,
+    change_interval_ms: float = 20.0,
+    items: Items | None = None,
+    replicate: bool = True,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+) -> Solution:
     """The MIP optimum (or HiGHS' best within `time_limit_s`, with its bound in info)."""
     items = items or make_items(p, change_interval_ms, replicate=replicate)
     K, C = items.k, p.n_clocks
     # the deadline by the engine's tolerance, the same on-time rule as every other solver's
     c, A, lo, hi, lb, ub = formulation(p, items, p.makespan0_ns * (1 + budget) + TOLERANCE_NS)
     integrality = np.zeros(len(c))
-    integrality[:K * C] = 1
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
-               options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap, "disp": False})
+    integrality[: K * C] = 1
+    res = milp(
+        c,
+        constraints=LinearConstraint(A, lo, hi),
+        integrality=integrality,
+        bounds=Bounds(lb, ub),
+        options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap, "disp": False},
+    )
     if res.x is None:
         raise ValueError(f"exact reference: HiGHS found no solution ({res.message})")
-    choice = res.x[:K * C].reshape(K, C).argmax(axis=1)
+    choice = res.x[: K * C].reshape(K, C).argmax(axis=1)
     bound = getattr(res, "mip_dual_bound", None)
-    return Solution(p, items, choice, "exact", budget,
-                    info={"milp_status": int(res.status), "milp_message": str(res.message),
-                          "milp_objective_j": float(res.fun), "milp_gap": float(getattr(res, "mip_gap", 0.0) or 0.0),
-                          "milp_bound_j": float(bound) if bound is not None else float(res.fun),
-                          "variables": len(c), "constraints": A.shape[0]})
+    return Solution(
+        p,
+        items,
+        choice,
+        "exact",
+        budget,
+        info={
+            "milp_status": int(res.status),
+            "milp_message": str(res.message),
+            "milp_objective_j": float(res.fun),
+            "milp_gap": float(getattr(res, "mip_gap", 0.0) or 0.0),
+            "milp_bound_j": float(bound) if bound is not None else float(res.fun),
+            "variables": len(c),
+            "constraints": A.shape[0],
+        },
+    )

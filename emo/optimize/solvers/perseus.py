@@ -11,6 +11,7 @@ exact what-if pass, meets the deadline.
 lowtime's Rust min-cut can panic on some inputs (pyo3 `PanicException`, a BaseException): we catch
 it, rerun that cut with lowtime's pure-Python reference min-cut, and count the fallbacks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ def lowtime_version() -> str | None:
         return None
 
 
-def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None,
-                     max_iterations: int = 500) -> Solution:
+def optimize_perseus(
+    p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None, max_iterations: int = 500
+) -> Solution:
     """Perseus (lowtime) at `level` granularity. Raises ImportError if lowtime is not installed.
 
     The time quantum (`unit_time_ms`, default: see below) sets the number of Phillips–Dessouky
@@ -83,8 +85,10 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     g = nx.DiGraph()
 
     def spec_for(times_ns: np.ndarray, costs: np.ndarray) -> OperationSpec:
-        opts = [ExecutionOption(real_time=float(t), unit_time=ut, cost=float(e) * COST_SCALE, knob=int(c))
-                for c, (t, e) in enumerate(zip(times_ns, costs))]
+        opts = [
+            ExecutionOption(real_time=float(t), unit_time=ut, cost=float(e) * COST_SCALE, knob=int(c))
+            for c, (t, e) in enumerate(zip(times_ns, costs))
+        ]
         cand = CandidateExecutionOptions(options=opts)
         return OperationSpec(options=cand, cost_model=HullCost(cand))
 
@@ -122,7 +126,7 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
     stopped = None
     with _rust_fallback(fallbacks):
         solver = PhillipsDessouky(g, attr_name="op")
-        for res in solver.run():
+        for _res in solver.run():
             iters += 1
             # lowtime's time leaves out host gaps: the exact what-if decides (a pass costs < 1 ms)
             cand = np.array([g.nodes[k]["op"].assigned_knob for k in range(K)], dtype=np.int64)
@@ -133,9 +137,16 @@ def optimize_perseus(p: Problem, budget: float, *, level: str = "pass", unit_tim
             if iters >= 2 * max_iterations:
                 stopped = "iterations"
                 break
-    info = {"perseus_level": level, "lowtime_version": lowtime_version(), "pd_iterations": iters,
-            "unit_time_ms": unit_time_ms, "max_pd_iterations": max_iterations,
-            "units": int(K), "dag_edges": int(g.number_of_edges()), "rust_panics": fallbacks[0]}
+    info = {
+        "perseus_level": level,
+        "lowtime_version": lowtime_version(),
+        "pd_iterations": iters,
+        "unit_time_ms": unit_time_ms,
+        "max_pd_iterations": max_iterations,
+        "units": int(K),
+        "dag_edges": int(g.number_of_edges()),
+        "rust_panics": fallbacks[0],
+    }
     if stopped:
         info["perseus_stopped"] = stopped
     if choice is None and last is not None:
@@ -241,8 +252,15 @@ def gpu_edges(p: Problem, with_gaps: bool = False):
     o = np.argsort(src, kind="stable")
     succ_ptr = np.zeros(n + 1, dtype=np.int64)
     np.add.at(succ_ptr, src + 1, 1)
-    a, b, gap = _gpu_edges(np.cumsum(succ_ptr), dst[o], p.from_start[o], p.device.astype(np.int64), D,
-                           p.dur_ns[:, p.ref].copy(), p.delay_ns.astype(np.float64))
+    a, b, gap = _gpu_edges(
+        np.cumsum(succ_ptr),
+        dst[o],
+        p.from_start[o],
+        p.device.astype(np.int64),
+        D,
+        p.dur_ns[:, p.ref].copy(),
+        p.delay_ns.astype(np.float64),
+    )
     return (a, b, gap) if with_gaps else (a, b)
 
 

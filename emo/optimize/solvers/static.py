@@ -1,5 +1,6 @@
 """The static baseline: one clock for every GPU for the whole run, the lowest-energy one (by the
 model) whose makespan stays within the budget."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,9 @@ from emo.optimize.problem import Items, Problem, evaluate, make_items
 from emo.optimize.solution import Solution
 
 
-def optimize_static(p: Problem, budget: float, *, change_interval_ms: float = 20.0, items: Items | None = None) -> Solution:
+def optimize_static(
+    p: Problem, budget: float, *, change_interval_ms: float = 20.0, items: Items | None = None
+) -> Solution:
     items = items or make_items(p, change_interval_ms)
     deadline = p.makespan0_ns * (1 + budget)
     curve = []
@@ -19,5 +22,11 @@ def optimize_static(p: Problem, budget: float, *, change_interval_ms: float = 20
         curve.append({"sm_mhz": int(p.clocks_mhz[c]), "time_ms": ev.makespan_ns * 1e-6, "energy_j": ev.energy_j})
         if ev.makespan_ns <= deadline + TOLERANCE_NS and ev.energy_j < best_e:
             best_c, best_e = c, ev.energy_j
-    return Solution(p, items, np.full(items.k, best_c), "static", budget,
-                    info={"static_mhz": int(p.clocks_mhz[best_c]), "static_curve": curve})
+    return Solution(
+        p,
+        items,
+        np.full(items.k, best_c),
+        "static",
+        budget,
+        info={"static_mhz": int(p.clocks_mhz[best_c]), "static_curve": curve},
+    )

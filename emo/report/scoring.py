@@ -13,6 +13,7 @@
   (the energy that slack saved, not a slower clock), per seed, then mean and spread. The curve is
   the measured clocks' monotone fit (`frontier`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,9 +59,13 @@ def score(es: list[float], pl: list[float]) -> Score:
 def relative_curve(curve: pd.DataFrame, t_ori_s: float, e_ori_j: float) -> pd.DataFrame:
     """A measured static curve (sm_mhz, time_s, energy_j) as PL/ES % against the max-clock baseline it
     was measured with."""
-    return pd.DataFrame({"sm_mhz": curve["sm_mhz"].to_numpy(),
-                         "pl_pct": 100.0 * (curve["time_s"].to_numpy() / t_ori_s - 1.0),
-                         "es_pct": 100.0 * (1.0 - curve["energy_j"].to_numpy() / e_ori_j)})
+    return pd.DataFrame(
+        {
+            "sm_mhz": curve["sm_mhz"].to_numpy(),
+            "pl_pct": 100.0 * (curve["time_s"].to_numpy() / t_ori_s - 1.0),
+            "es_pct": 100.0 * (1.0 - curve["energy_j"].to_numpy() / e_ori_j),
+        }
+    )
 
 
 def static_points(curve: pd.DataFrame, metrics: dict) -> pd.DataFrame:
@@ -76,8 +81,12 @@ def frontier(curve: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     static clock gives in expectation at each PL. Not the points' upper envelope: a running maximum
     keeps the points that noise lifted, so a clock re-measured in its own run scores below the
     curve it lies on (paper_tables prints that check: `the bar`)."""
-    pts = pd.DataFrame({"pl": np.concatenate([[0.0], curve["pl_pct"].to_numpy(float)]),
-                        "es": np.concatenate([[0.0], curve["es_pct"].to_numpy(float)])})
+    pts = pd.DataFrame(
+        {
+            "pl": np.concatenate([[0.0], curve["pl_pct"].to_numpy(float)]),
+            "es": np.concatenate([[0.0], curve["es_pct"].to_numpy(float)]),
+        }
+    )
     knots = pts.groupby("pl", sort=True)["es"].agg(["mean", "size"])
     fit = isotonic_regression(knots["mean"].to_numpy(), weights=knots["size"].to_numpy(float)).x
     return knots.index.to_numpy(float), fit
@@ -124,6 +133,7 @@ def ahead(scores: dict[str, Score], budget_pct: float, lead: str = "emo") -> tup
         return False, f"{lead} not measured"
     if not me.within(budget_pct):
         return False, f"{lead} PL {me.pl:.2f} % over budget"
-    not_beaten = [m for m, s in scores.items() if m != lead and s.within(budget_pct)
-                  and me.es - s.es <= me.es_sd + s.es_sd]
+    not_beaten = [
+        m for m, s in scores.items() if m != lead and s.within(budget_pct) and me.es - s.es <= me.es_sd + s.es_sd
+    ]
     return (not not_beaten), ("" if not not_beaten else "not beyond the spread of " + ", ".join(not_beaten))

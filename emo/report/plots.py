@@ -1,5 +1,6 @@
 """The plots a reader of a sweep wants: energy vs time per GPU x workload (the static clocks' measured
 curve, each method's point, the budgets) and one iteration's timeline per job."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from emo.methods import METHODS as METHOD_ORDER
-from emo.runs import latest, static_curve
+from emo.report.runs import latest, static_curve
 
 MARKERS = dict(zip(METHOD_ORDER, "osD^v"))
 COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
@@ -21,19 +22,29 @@ def seed_points(group: pd.DataFrame) -> pd.DataFrame:
     measured time (ms) and energy, and of ES and PL; how many seeds."""
     g = group.assign(t_ms=group["t_opt_s"] * 1e3)
     agg = g.groupby(["method", "budget"]).agg(
-        t_ms=("t_ms", "mean"), t_sd=("t_ms", "std"), e_j=("e_opt_j", "mean"), e_sd=("e_opt_j", "std"),
-        es=("es_pct", "mean"), es_sd=("es_pct", "std"), pl=("pl_pct", "mean"), pl_sd=("pl_pct", "std"),
-        seeds=("t_ms", "size"))
+        t_ms=("t_ms", "mean"),
+        t_sd=("t_ms", "std"),
+        e_j=("e_opt_j", "mean"),
+        e_sd=("e_opt_j", "std"),
+        es=("es_pct", "mean"),
+        es_sd=("es_pct", "std"),
+        pl=("pl_pct", "mean"),
+        pl_sd=("pl_pct", "std"),
+        seeds=("t_ms", "size"),
+    )
     return agg.fillna(0.0).reset_index()
 
 
 def point_label(row) -> str:
     """A method's legend entry: its budget and measured ES / PL, ± the seeds' spread when there are several."""
+
     def pm(v: float, sd: float) -> str:
         return f"{v:.1f}" + (f"±{sd:.1f}" if row["seeds"] > 1 else "")
 
-    return (f"{row['method']}, budget {row['budget']:.0%}: ES {pm(row['es'], row['es_sd'])} %, "
-            f"PL {pm(row['pl'], row['pl_sd'])} %" + (f" ({int(row['seeds'])} seeds)" if row["seeds"] > 1 else ""))
+    return (
+        f"{row['method']}, budget {row['budget']:.0%}: ES {pm(row['es'], row['es_sd'])} %, "
+        f"PL {pm(row['pl'], row['pl_sd'])} %" + (f" ({int(row['seeds'])} seeds)" if row["seeds"] > 1 else "")
+    )
 
 
 def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]:
@@ -55,26 +66,52 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
         t0, e0 = group["t_ori_s"].mean() * 1e3, group["e_ori_j"].mean()
         for a in (ax, zoom):
             if curve is not None:
-                a.plot(curve["time_s"] * 1e3, curve["energy_j"], "-o", color="0.6", ms=3, lw=1,
-                       label="static clocks (measured, one seed)", zorder=1)
+                a.plot(
+                    curve["time_s"] * 1e3,
+                    curve["energy_j"],
+                    "-o",
+                    color="0.6",
+                    ms=3,
+                    lw=1,
+                    label="static clocks (measured, one seed)",
+                    zorder=1,
+                )
             a.plot(t0, e0, "k*", ms=12, label="max clock (mean over the runs)", zorder=3)
             for b in sorted(group["budget"].unique()):
                 a.axvline(t0 * (1 + b), color="0.3", ls="--", lw=0.8, zorder=0)
             a.grid(alpha=0.3)
         if curve is not None:
             for _, pt in curve.iloc[[0, len(curve) // 2, -1]].iterrows():
-                ax.annotate(f"{int(pt['sm_mhz'])} MHz", (pt["time_s"] * 1e3, pt["energy_j"]), fontsize=7,
-                            color="0.4", xytext=(4, 4), textcoords="offset points")
+                ax.annotate(
+                    f"{int(pt['sm_mhz'])} MHz",
+                    (pt["time_s"] * 1e3, pt["energy_j"]),
+                    fontsize=7,
+                    color="0.4",
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                )
         pts = seed_points(group)
         order = {m: i for i, m in enumerate(METHOD_ORDER)}  # the legend in the table's order of methods
-        pts = pts.sort_values(["method", "budget"], key=lambda c: c.map(order).fillna(len(order)) if c.name == "method" else c)
+        pts = pts.sort_values(
+            ["method", "budget"], key=lambda c: c.map(order).fillna(len(order)) if c.name == "method" else c
+        )
         low = group["budget"].min()
         for _, row in pts.iterrows():
             color = COLORS.get(row["method"], "k")
             for a in (ax, zoom):
-                a.errorbar(row["t_ms"], row["e_j"], xerr=row["t_sd"], yerr=row["e_sd"], fmt=MARKERS.get(row["method"], "x"),
-                           color=color, ms=8, capsize=3, zorder=4, mfc="white" if row["budget"] != low else color,
-                           label=point_label(row) if a is zoom else None)
+                a.errorbar(
+                    row["t_ms"],
+                    row["e_j"],
+                    xerr=row["t_sd"],
+                    yerr=row["e_sd"],
+                    fmt=MARKERS.get(row["method"], "x"),
+                    color=color,
+                    ms=8,
+                    capsize=3,
+                    zorder=4,
+                    mfc="white" if row["budget"] != low else color,
+                    label=point_label(row) if a is zoom else None,
+                )
         # the zoom: the methods with their spread and the budgets, with a margin
         xs = [t0, *(pts["t_ms"] - pts["t_sd"]), *(pts["t_ms"] + pts["t_sd"]), *(t0 * (1 + group["budget"]))]
         ys = [e0, *(pts["e_j"] - pts["e_sd"]), *(pts["e_j"] + pts["e_sd"])]
@@ -83,8 +120,10 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
         zoom.set_ylim(min(ys) - 0.2 * dy, max(ys) + 0.15 * dy)
         for b in sorted(group["budget"].unique()):
             zoom.text(t0 * (1 + b), zoom.get_ylim()[1], f" {b:.0%} budget", fontsize=7, va="top", color="0.3")
-        ax.set_title("all static clocks" if curve is not None else "static clocks not measured (add optimizer=static)",
-                     fontsize=9)
+        ax.set_title(
+            "all static clocks" if curve is not None else "static clocks not measured (add optimizer=static)",
+            fontsize=9,
+        )
         zoom.set_title("zoom: the methods, ± the seeds' spread (dashed: the budgets' time limits)", fontsize=9)
         for a in (ax, zoom):
             a.set_xlabel("iteration time (ms)")
@@ -119,6 +158,7 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
     """(pack folder, fit folder, optimizer config) a timeline is predicted on: the ones the method's
     optimize folder was computed from; for an online method (no optimize folder), the pack and fit
     folders computed from the same graph (the same GPU and workload), as an offline method used them."""
+
     def covers(d: Path) -> dict:
         f = d / "config.json"
         return json.loads(f.read_text())["covers"] if f.exists() else {}
@@ -127,9 +167,16 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
     if opt_dir is not None and covers(opt_dir):
         c = covers(opt_dir)
         return results / "pack" / c["inputs"]["pack"], results / "fit" / c["inputs"]["fit"], c["config"]["optimizer"]
-    packs = [d.parent.name for d in sorted(results.glob("pack/*/config.json"))
-             if covers(d.parent).get("inputs", {}).get("graph") == graph_dir.name]
-    fits = [d.parent for d in sorted(results.glob("fit/*/config.json")) if covers(d.parent).get("inputs", {}).get("pack") in packs]
+    packs = [
+        d.parent.name
+        for d in sorted(results.glob("pack/*/config.json"))
+        if covers(d.parent).get("inputs", {}).get("graph") == graph_dir.name
+    ]
+    fits = [
+        d.parent
+        for d in sorted(results.glob("fit/*/config.json"))
+        if covers(d.parent).get("inputs", {}).get("pack") in packs
+    ]
     if not fits:
         return None
     return results / "pack" / covers(fits[0])["inputs"]["pack"], fits[0], {}
@@ -156,13 +203,16 @@ def method_policy(res_json: dict, opt_dir: Path | None):
         return FrequencyPolicy.load(opt_dir / "policy.json")
     clocks = res_json.get("setting", {}).get("clocks")
     if clocks:
-        return FrequencyPolicy(gpu=res_json.get("gpu", "?"), steps={int(d): [Step(0.0, int(mhz))] for d, mhz in clocks.items()})
+        return FrequencyPolicy(
+            gpu=res_json.get("gpu", "?"), steps={int(d): [Step(0.0, int(mhz))] for d, mhz in clocks.items()}
+        )
     return None
 
 
 @dataclass
 class Timeline:
     """One iteration as EMO's predictor times it under a method's clocks (ns on the predictor's clock)."""
+
     work: pd.DataFrame  # GPU work: rank, stream, start, dur, kind, name, sm_mhz (the clock it starts at)
     host: pd.DataFrame  # host activity: rank, start, dur
     clocks: dict[int, tuple[np.ndarray, np.ndarray]]  # rank -> (times, SM MHz from then on) within [t0, t1]
@@ -217,12 +267,14 @@ def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, t
         rows += [(p.rank, p.device, p.stream, x, d, "kernel", "") for x, d in zip(a, k_dur[m] * scale)]
     window = (finish > t0) & (start < t1)
     other = pnodes[pnodes["kind"].isin(GPU_NODE_KINDS).to_numpy() & ~tables.is_pack & window]
-    rows += [(r.rank, r.device, r.stream, start[i], finish[i] - start[i], r.kind, r.name)
-             for i, r in zip(other.index, other.itertuples())]
+    rows += [
+        (r.rank, r.device, r.stream, start[i], finish[i] - start[i], r.kind, r.name)
+        for i, r in zip(other.index, other.itertuples())
+    ]
     work = pd.DataFrame(rows, columns=["rank", "device", "stream", "start", "dur", "kind", "name"])
 
     def clock_at(dense: int, t: np.ndarray) -> np.ndarray:
-        tt, cc = ts[ptr[dense]:ptr[dense + 1]], cis[ptr[dense]:ptr[dense + 1]]
+        tt, cc = ts[ptr[dense] : ptr[dense + 1]], cis[ptr[dense] : ptr[dense + 1]]
         return tables.clocks_mhz[cc[np.searchsorted(tt, t, side="right") - 1]]
 
     dense_of = {key: i for i, key in enumerate(tables.device_keys)}
@@ -231,17 +283,33 @@ def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, t
         work.loc[g.index, "sm_mhz"] = clock_at(dense_of[tuple(int(x) for x in key)], g["start"].to_numpy())
     clocks = {}
     for n, (rank, _) in enumerate(tables.device_keys):
-        tt = ts[ptr[n]:ptr[n + 1]]
+        tt = ts[ptr[n] : ptr[n + 1]]
         xs = np.r_[t0, tt[(tt > t0) & (tt < t1)], t1]
         clocks[int(rank)] = (xs, clock_at(n, xs))
     is_host = pnodes["kind"].isin(("cpu", "runtime")).to_numpy() & window
-    host = pd.DataFrame({"rank": pnodes.loc[is_host, "rank"].to_numpy(), "start": start[is_host],
-                         "dur": finish[is_host] - start[is_host]})
-    return Timeline(work, host, clocks, t0, t1, k, pred.time_s, transition_ms,
-                    (float(tables.clocks_mhz.min()), float(tables.clocks_mhz.max())))
+    host = pd.DataFrame(
+        {
+            "rank": pnodes.loc[is_host, "rank"].to_numpy(),
+            "start": start[is_host],
+            "dur": finish[is_host] - start[is_host],
+        }
+    )
+    return Timeline(
+        work,
+        host,
+        clocks,
+        t0,
+        t1,
+        k,
+        pred.time_s,
+        transition_ms,
+        (float(tables.clocks_mhz.min()), float(tables.clocks_mhz.max())),
+    )
 
 
-def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str) -> Path | None:
+def plot_timeline(
+    graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str
+) -> Path | None:
     """One iteration as the method runs it: per GPU its host thread's activity and its kernels per
     named stream, at the times EMO's predictor gives them under the method's clocks (the policy of an
     offline method, the clocks an online method settled at), each kernel coloured by the SM clock it
@@ -271,8 +339,9 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     ranks = sorted(drawn["rank"].unique())
     names_per = {r: stream_names(drawn[drawn["rank"] == r]) for r in ranks}
     heights = [len(names_per[r]) + 1 for r in ranks] + [2]
-    fig, axes = plt.subplots(len(ranks) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.8), sharex=True,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(ranks) + 1, 1, figsize=(11, 0.55 * sum(heights) + 1.8), sharex=True, gridspec_kw={"height_ratios": heights}
+    )
     ms = lambda v: (np.asarray(v, float) - t0) / 1e6
     # one colour scale and one clock axis for every GPU and every figure of this GPU model: its calibrated
     # clock range (a scale fitted to each figure's own clocks gave the same colour to different clocks)
@@ -294,8 +363,9 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
     clock = axes[-1]
     method = res_json.get("method", "?")
     for n, (rank, (xs, ys)) in enumerate(sorted(tl.clocks.items())):
-        clock.step(ms(xs), ys, where="post", lw=2.2 - 0.5 * (n % 3), ls=("-", "--", ":", "-.")[n % 4],
-                   label=f"GPU {rank}")  # GPUs often share a schedule: styles keep each visible
+        clock.step(
+            ms(xs), ys, where="post", lw=2.2 - 0.5 * (n % 3), ls=("-", "--", ":", "-.")[n % 4], label=f"GPU {rank}"
+        )  # GPUs often share a schedule: styles keep each visible
     clock.set_ylim(lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo))
     clock.set_ylabel("SM clock (MHz)", fontsize=8)
     clock.legend(fontsize=7, loc="lower left", ncol=len(tl.clocks))
@@ -310,15 +380,24 @@ def plot_timeline(graph_dir: Path | None, opt_dir: Path | None, validate_dir: Pa
         note, under = "", "under its policy"
     if note:
         clock.set_title(note, fontsize=8, loc="right")
-    clock.set_xlabel(f"time in iteration {k} (ms), as EMO's predictor times the method {under}: "
-                     f"{tl.time_s * 1e3:.2f} ms per iteration"
-                     + (f", clock requests landing {tl.transition_ms:g} ms after they are issued" if tl.transition_ms else ""),
-                     fontsize=8)
+    clock.set_xlabel(
+        f"time in iteration {k} (ms), as EMO's predictor times the method {under}: "
+        f"{tl.time_s * 1e3:.2f} ms per iteration"
+        + (f", clock requests landing {tl.transition_ms:g} ms after they are issued" if tl.transition_ms else ""),
+        fontsize=8,
+    )
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(lo, hi))
     fig.colorbar(sm, ax=list(axes[:-1]), fraction=0.025, pad=0.01).set_label("kernel's SM clock (MHz)", fontsize=8)
-    fig.legend(handles=[Patch(color="0.65", label="host (CPU, CUDA runtime)"),
-                        Patch(color=cmap(0.6), label="GPU work (kernels, NCCL, copies), coloured by its SM clock")],
-               loc="upper right", fontsize=8, ncol=2, frameon=False)
+    fig.legend(
+        handles=[
+            Patch(color="0.65", label="host (CPU, CUDA runtime)"),
+            Patch(color=cmap(0.6), label="GPU work (kernels, NCCL, copies), coloured by its SM clock"),
+        ],
+        loc="upper right",
+        fontsize=8,
+        ncol=2,
+        frameon=False,
+    )
     fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     path = out / f"timeline_{slug(title)}.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")

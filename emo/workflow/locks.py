@@ -5,9 +5,10 @@ releases it when its owner exits, however it exits (kill -9 included), so a lock
 The file also says who holds it (pid, command, working directory, start time), for the message a
 second run gets. Runs from different working directories that share a `results=` folder lock each
 other, since the lock lives in the folder itself (Snakemake's own lock lives in the working directory
-and is not used by `emo run`, see emo.run). While the lock is held, hidden `.tmp` folders and empty
+and is not used by `emo run`, see emo.workflow.run). While the lock is held, hidden `.tmp` folders and empty
 stage folders belong to no live run and are removed. flock needs a local file system (or NFSv4).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,18 @@ def _hold_one(results: Path, command: str):
         except BlockingIOError:
             raise Busy(busy_message(results, _owner(fd))) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "cwd": os.getcwd(),
-                                  "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "command": command,
+                    "cwd": os.getcwd(),
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                }
+            ).encode(),
+            0,
+        )
         removed = cleanup(results)
         try:
             yield removed
@@ -63,8 +74,10 @@ def _open(results: Path) -> int:
         results.mkdir(parents=True, exist_ok=True)
         return os.open(results / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise ValueError(f"{results}: cannot write to the results folder ({e.strerror}); "
-                         "make it writable or choose another with results=PATH") from None
+        raise ValueError(
+            f"{results}: cannot write to the results folder ({e.strerror}); "
+            "make it writable or choose another with results=PATH"
+        ) from None
 
 
 def _owner(fd: int) -> dict:
@@ -81,15 +94,17 @@ def busy_message(results: Path, owner: dict) -> str:
     if not owner:
         return f"{results}: in use by another emo run; wait for it to finish"
     pid = owner.get("pid")
-    return (f"{results}: in use by another emo run (pid {pid}, `{owner.get('command')}` in {owner.get('cwd')}, "
-            f"since {owner.get('since')}); wait for it to finish, or stop it with `kill {pid}`")
+    return (
+        f"{results}: in use by another emo run (pid {pid}, `{owner.get('command')}` in {owner.get('cwd')}, "
+        f"since {owner.get('since')}); wait for it to finish, or stop it with `kill {pid}`"
+    )
 
 
 # What EMO makes in a stage's folder, by name (the mark: `results=` may point into a tree that holds
 # the user's own hidden `.tmp` and empty folders, which are never touched): a stage folder is a
 # 12-digit hash, a stage's hidden folder `.<hash>.emo-stage-<random>.tmp` (emo.stages.run_stage; before
 # the mark, `.<hash>.<8 random>.tmp`), the files a run hands its Snakemake, `.emo-errors-<pid>.jsonl` and
-# `.emo-plan-<pid>.pickle` (emo.run).
+# `.emo-plan-<pid>.pickle` (emo.workflow.run).
 STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
 STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
 RUN_FILE = re.compile(r"\.emo-(errors-\d+\.jsonl|plan-\d+\.pickle)")
@@ -99,7 +114,7 @@ def cleanup(results: Path) -> list[Path]:
     """Remove what belongs to no live run (call with the lock held): the hidden folders killed stages
     left, empty stage folders and the files of killed runs; only what EMO made, by its marks
     (STAGE_TMP, STAGE_FOLDER, RUN_FILE). Returns what it removed."""
-    from emo.plan import STAGES
+    from emo.workflow.plan import STAGES
 
     removed: list[Path] = []
     for p in results.glob(".emo-*"):
@@ -131,7 +146,7 @@ def future_files(results: Path, now: float | None = None) -> list[tuple[Path, fl
     """Files under `results` dated later than now (+ slack), the farthest first, with how far (s)."""
     now = time.time() if now is None else now
     out = []
-    for root, dirs, files in os.walk(results):
+    for root, _dirs, files in os.walk(results):
         for name in files:
             with contextlib.suppress(OSError):
                 ahead = os.lstat(os.path.join(root, name)).st_mtime - now
@@ -148,23 +163,27 @@ def refuse_future(results: Path, command: str) -> None:
     if ahead:
         path, s = ahead[0]
         when = f"{s:.0f} s" if s < 300 else f"{s / 3600:.1f} h"
-        raise ValueError(f"{path}: dated {when} in the future ({len(ahead)} file(s) under {results}); "
-                         f"{command} cannot tell what is stale: fix the clock, or date them now with "
-                         f"`find {results} -newermt now -exec touch -h {{}} +`")
+        raise ValueError(
+            f"{path}: dated {when} in the future ({len(ahead)} file(s) under {results}); "
+            f"{command} cannot tell what is stale: fix the clock, or date them now with "
+            f"`find {results} -newermt now -exec touch -h {{}} +`"
+        )
 
 
 def check_writable(results: Path) -> None:
     """Refuse, before Snakemake starts, a stage folder EMO cannot write into: Snakemake fails on it
     before a stage runs, so no stage could say which folder it was ("pipeline failed")."""
-    from emo.plan import STAGES
+    from emo.workflow.plan import STAGES
 
     for p in [results, *(results / s for s in STAGES), *(results / s / "logs" for s in STAGES)]:
         if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
-            raise ValueError(f"{p}: cannot write into this folder (permissions, or an immutable attribute); "
-                             "make it writable or choose another results=PATH")
+            raise ValueError(
+                f"{p}: cannot write into this folder (permissions, or an immutable attribute); "
+                "make it writable or choose another results=PATH"
+            )
 
 
-RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.run)
+RUN_ENV = "EMO_RUN"  # "host:pid" of the `emo run` whose Snakemake starts the stages (set by emo.workflow.run)
 
 
 def stop_with_parent() -> None:

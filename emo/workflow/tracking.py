@@ -10,6 +10,7 @@ A job that failed ends FAILED (KILLED when a signal stopped the run) with the er
 `emo.error` tag. Opening the store is serialised by a file lock beside the database, so processes
 that start at once on a fresh folder do not race to create MLflow's tables.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,9 @@ def check_uri(tracking_cfg: dict) -> None:
     scheme = urlparse(uri).scheme.split("+")[0]  # postgresql+psycopg2://
     if scheme not in SCHEMES | {e.name for e in entry_points(group="mlflow.tracking_store")}:
         key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
-        raise ValueError(f"{key}: {uri!r} is not an MLflow tracking URI (e.g. sqlite:///results/mlflow.db, "
-                         "http://host:5000)")
+        raise ValueError(
+            f"{key}: {uri!r} is not an MLflow tracking URI (e.g. sqlite:///results/mlflow.db, http://host:5000)"
+        )
 
 
 # a tracking server that does not answer: a few tries, then one line (MLflow's own default retries for minutes)
@@ -73,8 +75,17 @@ def store_errors(uri: str):
         if e.filename:
             raise
         raise ValueError(f"{where}: {e.strerror or e}") from e
-    except Exception as e:  # MlflowException, sqlalchemy's DatabaseError, alembic's unknown revision, requests' ConnectionError
-        if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "sqlite3"):
+    except (
+        Exception
+    ) as e:  # MlflowException, sqlalchemy's DatabaseError, alembic's unknown revision, requests' ConnectionError
+        if type(e).__module__.split(".")[0] not in (
+            "mlflow",
+            "sqlalchemy",
+            "alembic",
+            "requests",
+            "urllib3",
+            "sqlite3",
+        ):
             raise
         text = " ".join(str(_root_cause(e)).split())[:300]
         raise ValueError(f"{where}: the MLflow store failed: {text}") from e
@@ -120,9 +131,11 @@ def check_schema(db: Path) -> None:
     if row and row[0] not in known_revisions():
         import mlflow
 
-        raise ValueError(f"{db}: written by a newer MLflow than the one installed ({mlflow.__version__}; schema "
-                         f"{row[0]} is unknown to it): upgrade MLflow, keeping mlflow and mlflow-skinny at one version "
-                         "(pip install -U mlflow-skinny, and mlflow of the same version for `emo ui`)")
+        raise ValueError(
+            f"{db}: written by a newer MLflow than the one installed ({mlflow.__version__}; schema "
+            f"{row[0]} is unknown to it): upgrade MLflow, keeping mlflow and mlflow-skinny at one version "
+            "(pip install -U mlflow-skinny, and mlflow of the same version for `emo ui`)"
+        )
 
 
 def open_store(tracking_cfg: dict):
@@ -168,7 +181,7 @@ def _open_quietly(tracking_cfg: dict) -> None:
         open_store(tracking_cfg)
 
 
-def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame":
+def search(uri: str, experiment: str, filter_string: str = "") -> pd.DataFrame:
     """Every run of the experiment, newest first, as mlflow.search_runs frames them (run_id, status,
     params.*, metrics.*, tags.*), without touching MLflow's global tracking URI."""
     from mlflow.tracking import MlflowClient
@@ -177,7 +190,7 @@ def search(uri: str, experiment: str, filter_string: str = "") -> "pd.DataFrame"
         return _search(MlflowClient(tracking_uri=uri), uri, experiment, filter_string)
 
 
-def _search(c, uri: str, experiment: str, filter_string: str) -> "pd.DataFrame":
+def _search(c, uri: str, experiment: str, filter_string: str) -> pd.DataFrame:
     import pandas as pd
 
     exp = c.get_experiment_by_name(experiment)
@@ -185,13 +198,24 @@ def _search(c, uri: str, experiment: str, filter_string: str) -> "pd.DataFrame":
         raise ValueError(f"{uri}: no MLflow experiment {experiment!r} (run `emo run` first)")
     rows, token = [], None
     while True:
-        page = c.search_runs([exp.experiment_id], filter_string, order_by=["attributes.start_time DESC"],
-                             max_results=1000, page_token=token)
+        page = c.search_runs(
+            [exp.experiment_id],
+            filter_string,
+            order_by=["attributes.start_time DESC"],
+            max_results=1000,
+            page_token=token,
+        )
         for r in page:
-            rows.append({"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
-                         **{f"params.{k}": v for k, v in r.data.params.items()},
-                         **{f"metrics.{k}": v for k, v in r.data.metrics.items()},
-                         **{f"tags.{k}": v for k, v in r.data.tags.items()}})
+            rows.append(
+                {
+                    "run_id": r.info.run_id,
+                    "status": r.info.status,
+                    "start_time": r.info.start_time,
+                    **{f"params.{k}": v for k, v in r.data.params.items()},
+                    **{f"metrics.{k}": v for k, v in r.data.metrics.items()},
+                    **{f"tags.{k}": v for k, v in r.data.tags.items()},
+                }
+            )
         token = page.token
         if not token:
             return pd.DataFrame(rows)
@@ -260,8 +284,16 @@ def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
     return {**shared, **swept, "sweep.overrides": " ".join(overrides)[:500], "sweep.jobs": str(len(cfgs))}
 
 
-def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: dict[str, list[Path]] | None = None,
-              *, error: str | None = None, killed: bool = False, failed: set[str] = frozenset()) -> dict[str, str]:
+def log_sweep(
+    jobs: list,
+    name: str | None,
+    overrides: list[str] = (),
+    plots: dict[str, list[Path]] | None = None,
+    *,
+    error: str | None = None,
+    killed: bool = False,
+    failed: set[str] = frozenset(),
+) -> dict[str, str]:
     """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
     sweep), FINISHED when its result is there (and the job is not in `failed`: its result is an
     earlier run's), else FAILED (KILLED after a signal) with `error` as its emo.error tag. Returns
@@ -272,8 +304,16 @@ def log_sweep(jobs: list, name: str | None, overrides: list[str] = (), plots: di
         return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed, failed=failed)
 
 
-def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[str, list[Path]] | None,
-               *, error: str | None, killed: bool, failed: set[str] = frozenset()) -> dict[str, str]:
+def _log_sweep(
+    jobs: list,
+    name: str | None,
+    overrides: list[str],
+    plots: dict[str, list[Path]] | None,
+    *,
+    error: str | None,
+    killed: bool,
+    failed: set[str] = frozenset(),
+) -> dict[str, str]:
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None
@@ -293,7 +333,9 @@ def _log_sweep(jobs: list, name: str | None, overrides: list[str], plots: dict[s
         for path in (plots or {}).get(job.name, []):
             if path.exists():
                 client.log_artifact(run_id, str(path), artifact_path="plots")
-        ok = (Path(job.result).exists() and job.name not in failed) or (error is None and not killed)  # --until: no result
+        ok = (Path(job.result).exists() and job.name not in failed) or (
+            error is None and not killed
+        )  # --until: no result
         ok_all &= ok
         if not ok and error:
             client.set_tag(run_id, "emo.error", error[:5000])
@@ -313,4 +355,4 @@ def _batch(client, run_id: str, params: dict | None = None, metrics: dict | None
     ps = [Param(k, v) for k, v in (params or {}).items()]
     ms = [Metric(k, v, now, 0) for k, v in (metrics or {}).items()]
     for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])
+        client.log_batch(run_id, metrics=ms[i : i + 100], params=ps[i : i + 100])

@@ -10,6 +10,7 @@ anchor; every other measured row is predicted and scored against the mean-curve 
 plain anchored NNLS (emo.model.kernels). --select chooses the model's form by cross-validation on
 the benchmarks alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,10 @@ def read_table(path: str | Path, option: str):
     try:
         return pd.read_parquet(path) if path.suffix in (".parquet", ".pq") else pd.read_csv(path)
     except Exception as e:  # a malformed file: say which one
-        raise ValueError(f"{option} {path}: cannot read it as {'Parquet' if path.suffix in ('.parquet', '.pq') else 'CSV'} "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ValueError(
+            f"{option} {path}: cannot read it as {'Parquet' if path.suffix in ('.parquet', '.pq') else 'CSV'} "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
 
 
 def check_table(df, option: str, path: str, *, curves: bool) -> None:
@@ -49,10 +52,16 @@ def check_table(df, option: str, path: str, *, curves: bool) -> None:
 
 # the names fit_predict's messages start with -> the options and files the user gave
 def _where(args) -> dict[str, str]:
-    return {"bench and targets:": f"--bench {args.bench} and --targets {args.targets}:",
-            "bench:": f"--bench {args.bench}:", "targets:": f"--targets {args.targets}:",
-            "ref-mhz:": "--ref-mhz", "pairs:": "--pair", "overlap:": "--overlap", "features:": "--features",
-            "counters:": "--counters"}
+    return {
+        "bench and targets:": f"--bench {args.bench} and --targets {args.targets}:",
+        "bench:": f"--bench {args.bench}:",
+        "targets:": f"--targets {args.targets}:",
+        "ref-mhz:": "--ref-mhz",
+        "pairs:": "--pair",
+        "overlap:": "--overlap",
+        "features:": "--features",
+        "counters:": "--counters",
+    }
 
 
 def _pairs(items: list[str] | None) -> list[tuple[str, str]]:
@@ -71,18 +80,31 @@ def register(subparsers) -> None:
     f = sub.add_parser("fit", help="fit on a benchmark table, predict and score target kernels", description=__doc__)
     f.add_argument("--bench", required=True, help="benchmark table (CSV or Parquet)")
     f.add_argument("--targets", required=True, help="target kernels table (CSV or Parquet)")
-    f.add_argument("--features", metavar="all|A,B,...",
-                   help="feature columns: all (every numeric column) or a comma list; NAME:ratio or NAME:total "
-                        "pins how a column is read (default: every numeric column, unknown names as ratios)")
-    f.add_argument("--counters", choices=("dcgm", "ncu", "emo", "gpupowermodel"),
-                   help="read only this source's known counter names (default: every source's)")
-    f.add_argument("--select", action="store_true",
-                   help="choose the model's form (mix, anchoring, overlap, smoothing) by cross-validation on the "
-                        "benchmarks only, and say which")
+    f.add_argument(
+        "--features",
+        metavar="all|A,B,...",
+        help="feature columns: all (every numeric column) or a comma list; NAME:ratio or NAME:total "
+        "pins how a column is read (default: every numeric column, unknown names as ratios)",
+    )
+    f.add_argument(
+        "--counters",
+        choices=("dcgm", "ncu", "emo", "gpupowermodel"),
+        help="read only this source's known counter names (default: every source's)",
+    )
+    f.add_argument(
+        "--select",
+        action="store_true",
+        help="choose the model's form (mix, anchoring, overlap, smoothing) by cross-validation on the "
+        "benchmarks only, and say which",
+    )
     f.add_argument("--ref-mhz", type=int, help="reference (anchor) clock (default: the highest benchmark clock)")
     f.add_argument("--idle", help="name of the idle row (default: a row named idle, else estimated)")
-    f.add_argument("--pair", action="append", metavar="A,B",
-                   help="two benchmarks doing the same work at different occupancy (repeatable; default none)")
+    f.add_argument(
+        "--pair",
+        action="append",
+        metavar="A,B",
+        help="two benchmarks doing the same work at different occupancy (repeatable; default none)",
+    )
     f.add_argument("--overlap", choices=("roofline", "sum"), default="roofline")
     f.add_argument("--out", help="also write the per-target, per-clock predictions here (CSV or Parquet)")
     f.add_argument("--force", action="store_true", help="let --out replace an existing file")
@@ -105,9 +127,17 @@ def _cmd_fit(args) -> int:
 
     verdicts = check_fit_inputs(tables, {"--bench": args.bench, "--targets": args.targets})
     try:
-        res = fit_predict(tables["--bench"], tables["--targets"], features=args.features, counters=args.counters,
-                          ref_mhz=args.ref_mhz, idle=args.idle, pairs=_pairs(args.pair), overlap=args.overlap,
-                          select=args.select)
+        res = fit_predict(
+            tables["--bench"],
+            tables["--targets"],
+            features=args.features,
+            counters=args.counters,
+            ref_mhz=args.ref_mhz,
+            idle=args.idle,
+            pairs=_pairs(args.pair),
+            overlap=args.overlap,
+            select=args.select,
+        )
     except ValueError as e:
         text = str(e)
         head = next((h for h in _where(args) if text.startswith(h)), None)
@@ -117,14 +147,16 @@ def _cmd_fit(args) -> int:
     if args.out:
         _write(res.predictions, Path(args.out))
     if args.json:
-        from emo.errors import write_stdout
+        from emo.workflow.errors import write_stdout
 
         write_stdout(json.dumps(res.to_json()) + "\n")
         return 0
     n = res.predictions["name"].nunique()
     print(f"{n} targets, reference {res.reference_mhz} MHz, features: {', '.join(res.features) or 'none'}")
-    print(f"form: mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
-          f"smooth={'on' if res.form['smooth'] else 'off'}{' (by cross-validation on the benchmarks)' if res.selection else ''}")
+    print(
+        f"form: mix={res.form['mix']} anchor={res.form['anchor']} overlap={res.form['overlap']} "
+        f"smooth={'on' if res.form['smooth'] else 'off'}{' (by cross-validation on the benchmarks)' if res.selection else ''}"
+    )
     for name, how in res.normalisation.items():
         print(f"feature {name}: {how}")
     for line in [*verdicts, *(f"note: {note}" for note in res.notes)]:

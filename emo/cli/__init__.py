@@ -1,4 +1,5 @@
 """`emo`: one console script; each sub-command lives in the module that does its job."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,29 +7,42 @@ import importlib
 import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
-COMMAND_MODULES = ("emo.run", "emo.analyze", "emo.capture", "emo.apply_cli", "emo.clocks", "emo.compare", "emo.model_cli", "emo.gpu_config", "emo.calibration", "emo.ui")
+COMMAND_MODULES = (
+    "emo.workflow.run",
+    "emo.analyze",
+    "emo.capture",
+    "emo.cli.apply",
+    "emo.cli.reset_clocks",
+    "emo.report.compare",
+    "emo.cli.model",
+    "emo.cli.gpu_config",
+    "emo.cli.calibration",
+    "emo.cli.ui",
+)
 # What `emo --help` lists, so that only the module of the command being run is imported (the
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
 # here is simply imported up front.
 COMMANDS = {
-    "run": ("emo.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
+    "run": ("emo.workflow.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
     "analyze": ("emo.analyze", "critical path, slack and replay error of a trace"),
     "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
-    "apply": ("emo.apply_cli", "run a job with a frequency policy applied (no profiler)"),
-    "reset-clocks": ("emo.clocks", "restore default GPU clocks after a crashed run"),
-    "compare": ("emo.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
-    "model": ("emo.model_cli", "the energy-latency model on tables from any source"),
-    "gpu-config": ("emo.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
-    "calibration": ("emo.calibration", "show, export or import a calibration (one file per GPU model)"),
-    "ui": ("emo.ui", "MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)"),
+    "apply": ("emo.cli.apply", "run a job with a frequency policy applied (no profiler)"),
+    "reset-clocks": ("emo.cli.reset_clocks", "restore default GPU clocks after a crashed run"),
+    "compare": ("emo.report.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
+    "model": ("emo.cli.model", "the energy-latency model on tables from any source"),
+    "gpu-config": ("emo.cli.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
+    "calibration": ("emo.cli.calibration", "show, export or import a calibration (one file per GPU model)"),
+    "ui": ("emo.cli.ui", "MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)"),
 }
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, with only the named sub-command's module imported."""
     parser = argparse.ArgumentParser(
-        prog="emo", description="EMO: energy-minimising GPU clock schedules that keep iteration time. "
-                                "Start with `emo run` (the whole pipeline on the default configuration).")
+        prog="emo",
+        description="EMO: energy-minimising GPU clock schedules that keep iteration time. "
+        "Start with `emo run` (the whole pipeline on the default configuration).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     wanted = next((a for a in argv if a in COMMANDS), None) if argv is not None else None
     lazy = {m for m, _ in COMMANDS.values()}
@@ -47,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError) as e:  # bad input, a full disk, a folder we may not write: one line
-        from emo.errors import one_line
+        from emo.workflow.errors import one_line
 
         print(f"emo: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from emo.errors import exit_status, signal_name
+        from emo.workflow.errors import exit_status, signal_name
 
         print(f"emo: interrupted ({signal_name(e)})", file=sys.stderr)
         return exit_status(e)

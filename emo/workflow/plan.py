@@ -5,6 +5,7 @@ depends on, its inputs' hashes and a digest of the code that computes it. The ch
 anything runs, so Snakemake knows every path at parse time: changing the workload moves trace and all
 after it to new folders but keeps the calibration; changing the budget moves only optimize and validate.
 """
+
 from __future__ import annotations
 
 import ast
@@ -75,8 +76,11 @@ def _parse(overrides: list[str], config_dir: Path | None = None) -> list:
         return parser.parse_overrides(overrides)
     except OverrideParseException as e:
         line = next((ln for ln in overrides if not _parses(parser, ln)), _one_line(e))
-        hint = ("; give the full path, or leave the ~ outside quotes for the shell to expand" if "=~" in line
-                else "; quote the value, e.g. 'key=\"a value\"'")
+        hint = (
+            "; give the full path, or leave the ~ outside quotes for the shell to expand"
+            if "=~" in line
+            else "; quote the value, e.g. 'key=\"a value\"'"
+        )
         raise ValueError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
 
 
@@ -129,8 +133,13 @@ def _plain_value(o, conf: Path) -> bool:
     """A `key=value` that sets a value: not a group choice, a hydra key, an addition or a deletion."""
     from hydra.core.override_parser.types import OverrideType
 
-    return (o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
-            and not o.is_hydra_override() and not (conf / o.key_or_group.replace(".", "/")).is_dir())
+    return (
+        o.type == OverrideType.CHANGE
+        and o.package is None
+        and not o.is_sweep_override()
+        and not o.is_hydra_override()
+        and not (conf / o.key_or_group.replace(".", "/")).is_dir()
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -186,8 +195,8 @@ def _one_line(e: Exception) -> str:
         raw = str(err).splitlines()
         for i, ln in enumerate(raw):  # an unknown group choice: name the ones there are
             if ln.startswith("Available options in"):
-                opts = [o.strip() for o in raw[i + 1:] if o.startswith("\t") and not o.strip().endswith("_schema")]
-                opts = opts[:next((k for k, o in enumerate(opts) if "=" in o), len(opts))]
+                opts = [o.strip() for o in raw[i + 1 :] if o.startswith("\t") and not o.strip().endswith("_schema")]
+                opts = opts[: next((k for k, o in enumerate(opts) if "=" in o), len(opts))]
                 parts.append(f"{ln.rstrip(':')}: {', '.join(opts)}")
     return "; ".join(dict.fromkeys(parts)) or type(e).__name__
 

@@ -1,7 +1,8 @@
 """The runs a comparison reads and the stage folders behind them: the newest run of each seed, the
 folder of a stage (and of the stages it was computed from), and the static clocks' measured curve.
-Shared by `emo compare`'s table (emo.compare) and its figures (emo.plots), which import it and not
+Shared by `emo compare`'s table (emo.report.compare) and its figures (emo.report.plots), which import it and not
 each other."""
+
 from __future__ import annotations
 
 import json

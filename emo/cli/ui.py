@@ -4,6 +4,7 @@ MLFLOW_TRACKING_URI). The default install has only `mlflow-skinny` (no web serve
 
     emo ui [--port 5000] [--host 127.0.0.1] [KEY=VALUE ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def in_step() -> None:
     except md.PackageNotFoundError:
         return
     if full != skinny:
-        raise ValueError(f"mlflow {full} and mlflow-skinny {skinny} differ: install one version of both "
-                         f"(python3 -m pip install 'mlflow=={skinny}' 'mlflow-skinny=={skinny}')")
+        raise ValueError(
+            f"mlflow {full} and mlflow-skinny {skinny} differ: install one version of both "
+            f"(python3 -m pip install 'mlflow=={skinny}' 'mlflow-skinny=={skinny}')"
+        )
 
 
 def command(uri: str, host: str, port: int) -> list[str]:
@@ -50,16 +53,17 @@ def command(uri: str, host: str, port: int) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from emo.plan import compose
-    from emo.tracking import tracking_uri
+    from emo.workflow.plan import compose
+    from emo.workflow.tracking import tracking_uri
 
     if not server_installed():
-        raise ValueError("emo ui needs MLflow's web server, which the default install leaves out: "
-                         "python3 -m pip install -e '.[ui]'")
+        raise ValueError(
+            "emo ui needs MLflow's web server, which the default install leaves out: python3 -m pip install -e '.[ui]'"
+        )
     in_step()
     uri = tracking_uri(compose(args.overrides)["tracking"])
     if uri.startswith("sqlite:///"):
-        from emo.tracking import check_schema
+        from emo.workflow.tracking import check_schema
 
         check_schema(Path(uri.removeprefix("sqlite:///")))
     print(f"emo ui: {uri} on http://{args.host}:{args.port}", file=sys.stderr)
@@ -73,7 +77,7 @@ def serve(cmd: list[str]) -> int:
     import os
     import signal
 
-    from emo import errors
+    from emo.workflow import errors
 
     proc = subprocess.Popen(cmd, start_new_session=True)  # its own process group: stopped as one
     try:

@@ -1,15 +1,16 @@
 """`emo run [-m] KEY=VALUE ...`: compose the configuration and run the Snakemake pipeline on it.
 
 With -m (multirun), comma lists sweep: `emo run -m budget=0.02,0.05 workload.tp=2,4,8` puts every
-combination's targets into one Snakemake run (emo.sweep), so independent jobs run at once (`-j N`) and
+combination's targets into one Snakemake run (emo.workflow.sweep), so independent jobs run at once (`-j N`) and
 stage folders the jobs share run once; MLflow gets one parent run and a child per job when it ends.
 
-A run holds its results folder's lock (emo.locks) and runs the `snakemake` command without Snakemake's
+A run holds its results folder's lock (emo.workflow.locks) and runs the `snakemake` command without Snakemake's
 own lock, which lives in the working directory and outlives a killed run. A failure ends with one line
 (`emo: error: FILE: problem (stage S, log L)`), the traceback only in the stage log or with
 --verbose; Ctrl-C, SIGTERM and SIGHUP are passed on to Snakemake and its jobs, which stop, and the
 run ends with one line, exit 128 + the signal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,29 +22,44 @@ import signal
 import sys
 from pathlib import Path
 
-from emo import errors, locks
-from emo.plan import ROOT
+from emo.workflow import errors, locks
+from emo.workflow.plan import ROOT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the pipeline (Snakemake) on a Hydra-composed configuration")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload=pp workload.pp=4 budget=0.05")
     p.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
-    p.add_argument("-c", "--cores", "-j", "--jobs", dest="cores", type=int, default=None,
-                   help="jobs at once (default: every core; with --profile, the profile's jobs)")
-    p.add_argument("--profile", metavar="NAME", help="a Snakemake workflow profile: profiles/NAME (default, slurm, "
-                                                     "kubernetes, cluster-generic) or a folder; e.g. a cluster's executor")
+    p.add_argument(
+        "-c",
+        "--cores",
+        "-j",
+        "--jobs",
+        dest="cores",
+        type=int,
+        default=None,
+        help="jobs at once (default: every core; with --profile, the profile's jobs)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="a Snakemake workflow profile: profiles/NAME (default, slurm, "
+        "kubernetes, cluster-generic) or a folder; e.g. a cluster's executor",
+    )
     p.add_argument("-n", "--dry-run", action="store_true", help="show what would run")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (e.g. trace)")
-    p.add_argument("--unlock", action="store_true",
-                   help="remove what killed runs left (Snakemake locks in this folder, hidden .tmp and empty stage folders)")
+    p.add_argument(
+        "--unlock",
+        action="store_true",
+        help="remove what killed runs left (Snakemake locks in this folder, hidden .tmp and empty stage folders)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="show Snakemake's log and the stages' tracebacks")
     p.add_argument("--report", metavar="FILE", help="then write Snakemake's HTML report of the run (table, plots)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from emo import sweep
+    from emo.workflow import sweep
 
     check_flags(args)
     jobs = sweep.expand(args.overrides, args.multirun)
@@ -53,8 +69,11 @@ def main(args: argparse.Namespace) -> int:
     if args.verbose:
         os.environ[errors.VERBOSE_ENV] = "1"
     name = "sweep " + " ".join(args.overrides) if args.multirun else None
-    held = contextlib.nullcontext() if args.dry_run else \
-        locks.hold(sorted({Path(j.cfg["results"]) for j in sw.jobs}), "emo run " + " ".join(args.overrides))
+    held = (
+        contextlib.nullcontext()
+        if args.dry_run
+        else locks.hold(sorted({Path(j.cfg["results"]) for j in sw.jobs}), "emo run " + " ".join(args.overrides))
+    )
     try:
         with held, errors.signals_raise():
             locks.refuse_future(sw.results, "emo run")
@@ -71,7 +90,7 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
     """Log the interrupted run (KILLED) to MLflow. The signal may have cut MLflow's import short and
     left its modules half-initialised (an AttributeError on the next use): then they are imported
     afresh, once. A failure is said in one line; the interrupt is what ended the run."""
-    from emo import sweep
+    from emo.workflow import sweep
 
     for attempt in (0, 1):
         try:
@@ -88,15 +107,17 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
                 for m in [m for m in sys.modules if m.split(".")[0] in ("mlflow", "alembic", "sqlalchemy")]:
                     del sys.modules[m]
                 continue
-            print(f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
-                  file=sys.stderr)
+            print(
+                f"emo: error: the interrupted run was not logged to MLflow: {errors.one_line(logging_failed)}",
+                file=sys.stderr,
+            )
 
 
 _store: list = []  # the thread creating a fresh MLflow store while the pipeline runs (store_while_running)
 
 
 def store_while_running(tracking_cfg: dict) -> None:
-    from emo import tracking
+    from emo.workflow import tracking
 
     _store[:] = [t for t in [tracking.create_while_running(tracking_cfg)] if t is not None]
 
@@ -125,7 +146,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:
-    from emo import sweep
+    from emo.workflow import sweep
 
     if len(jobs) > 1:
         print(f"emo: {len(jobs)} jobs in one Snakemake run", file=sys.stderr)
@@ -149,8 +170,10 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
 
 
 def interrupted_line(e: KeyboardInterrupt) -> str:
-    return (f"emo: interrupted ({errors.signal_name(e)}): the run was stopped; finished stages are kept and "
-            "the next `emo run` resumes from them")
+    return (
+        f"emo: interrupted ({errors.signal_name(e)}): the run was stopped; finished stages are kept and "
+        "the next `emo run` resumes from them"
+    )
 
 
 def unlock(cfg: dict) -> int:
@@ -164,37 +187,60 @@ def unlock(cfg: dict) -> int:
             for f in snake_locks.iterdir():
                 f.unlink()
                 removed.append(f)
-    print(f"emo: unlocked {cfg['results']}: removed {len(removed)} stale item(s)"
-          + (f" ({', '.join(str(p) for p in removed[:5])}{', ...' if len(removed) > 5 else ''})" if removed else ""),
-          file=sys.stderr)
+    print(
+        f"emo: unlocked {cfg['results']}: removed {len(removed)} stale item(s)"
+        + (f" ({', '.join(str(p) for p in removed[:5])}{', ...' if len(removed) > 5 else ''})" if removed else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
 PROFILES = ROOT / "profiles"
 
 
-def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False, until: str | None = None,
-              gpus: int | None = 1, report: str | None = None, profile: str | None = None,
-              verbose: bool = False, planned=None, started=None) -> str | None:
+def snakemake(
+    jobs: list[list[str]],
+    cores: int | None,
+    *,
+    dry_run: bool = False,
+    until: str | None = None,
+    gpus: int | None = 1,
+    report: str | None = None,
+    profile: str | None = None,
+    verbose: bool = False,
+    planned=None,
+    started=None,
+) -> str | None:
     """Run the Snakefile on every job's targets at once (one DAG) with the `snakemake` command line,
     in a process of its own (so a workflow profile, its executor plugin and its settings apply
     unchanged, and its signal handlers are its own); None when it
     succeeded, else the one error line (already printed). `gpus`: the `gpu` resource the
     GPU-touching rules share on this machine (None: the executor's scheduler decides); `profile`: a
-    folder of profiles/ or a path; `planned`: the emo.sweep.Sweep of `jobs` when the caller built it
+    folder of profiles/ or a path; `planned`: the emo.workflow.sweep.Sweep of `jobs` when the caller built it
     (the Snakefile then does not plan them again); `started`: called once Snakemake has started.
-    Snakemake's own lock is off: emo.locks guards the results folder,
+    Snakemake's own lock is off: emo.workflow.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
     import json
     import socket
     import subprocess
 
-    from emo import sweep
+    from emo.workflow import sweep
 
-    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(Path.cwd()),
-            "--config", f"jobs={json.dumps([list(j) for j in jobs])}",
-            # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
-            "--no-hooks", "--rerun-incomplete", "--nolock"]
+    argv = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(Path.cwd()),
+        "--config",
+        f"jobs={json.dumps([list(j) for j in jobs])}",
+        # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
+        "--no-hooks",
+        "--rerun-incomplete",
+        "--nolock",
+    ]
     if profile:
         path = PROFILES / profile if (PROFILES / profile).is_dir() else Path(profile)
         if not (path / "config.yaml").is_file():
@@ -213,7 +259,7 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
         argv += ["--until", until]
     if report:
         argv += ["--report", str(report)]
-    # in the results folder under EMO's mark (emo.locks.RUN_FILE): what a kill -9 leaves, the next run removes
+    # in the results folder under EMO's mark (emo.workflow.locks.RUN_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
     if held:
         reports, plan_file = run_file(Path(planned.results), "errors"), run_file(Path(planned.results), "plan")
@@ -222,8 +268,11 @@ def snakemake(jobs: list[list[str]], cores: int | None, *, dry_run: bool = False
     if planned is not None:  # the Snakefile takes the sweep planned here instead of composing every job again
         sweep.save_planned(planned, plan_file)
         argv.insert(argv.index("--config") + 2, f"planned={plan_file}")
-    env = {**os.environ, errors.ERRORS_ENV: str(reports),
-           locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}"}  # the stages watch it (locks.stop_with_parent)
+    env = {
+        **os.environ,
+        errors.ERRORS_ENV: str(reports),
+        locks.RUN_ENV: f"{socket.gethostname()}:{os.getpid()}",
+    }  # the stages watch it (locks.stop_with_parent)
     try:
         with stderr_without_profile_line(keep=verbose) as stderr:  # all of it copied before emo's own lines
             proc = subprocess.Popen(argv, env=env, stderr=stderr, preexec_fn=die_with_parent())

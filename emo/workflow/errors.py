@@ -5,6 +5,7 @@ key; this module turns any exception into that one line, carries a stage's line 
 line appended to the file named by EMO_ERRORS) and turns the signals a terminal, ssh or a scheduler
 sends (SIGTERM, SIGHUP) into an exception, so that every `finally` and error path runs as for Ctrl-C.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -99,6 +100,7 @@ def signals_raise():
     handlers come back after. The first signal is also passed on to this process's children (a
     `kill` reaches only the parent; a Ctrl-C, the whole terminal group), so that they stop at once and
     clean up as well; later ones are noted only, so that the error paths they started can finish."""
+
     def handler(signum, frame):
         caught.append(signum)
         if len(caught) == 1:

@@ -6,6 +6,7 @@ on exit, exceptions and SIGINT/SIGTERM/SIGHUP (emo.device.nvml). What needs this
 that crashed, a clock owner killed before it could reset (SIGKILL to it directly), or a SIGKILL to
 one of EMO's own stages (calibrate) while it held a clock.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,8 +43,11 @@ def _parse_gpus(text: str | None) -> list[int] | None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("reset-clocks", help="restore default GPU clocks by hand (a node crash, a killed clock owner)",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "reset-clocks",
+        help="restore default GPU clocks by hand (a node crash, a killed clock owner)",
+        description=__doc__,
+    )
     p.add_argument("--gpus", help="comma-separated NVML indices (default: all GPUs)")
     p.add_argument("--power", action="store_true", help="also reset power limits to their defaults")
     p.set_defaults(func=_cmd)

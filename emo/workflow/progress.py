@@ -4,6 +4,7 @@ One mechanism for every stage: a tqdm bar with an ETA on the terminal (stderr), 
 stage log (logger "emo") at every tenth of the work, so a log file shows progress too. Progress is
 only shown, never used: it cannot change a result.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,9 @@ T = TypeVar("T")
 class Progress:
     def __init__(self, total: int, desc: str):
         self.total, self.desc, self.done, self._next_log = max(int(total), 0), desc, 0, 1
-        self._bar = tqdm(total=self.total, desc=desc, file=sys.stderr, disable=None, leave=False,
-                         dynamic_ncols=True, mininterval=0.5)
+        self._bar = tqdm(
+            total=self.total, desc=desc, file=sys.stderr, disable=None, leave=False, dynamic_ncols=True, mininterval=0.5
+        )
 
     def update(self, n: int = 1) -> None:
         self.done += n

@@ -8,6 +8,7 @@ Snakemake executor plugin.
 This module is plain data and functions; the Snakefile builds a `Sweep` from its config and looks
 up, for a rule's `{hash}` wildcard, the job that planned it (its configuration and upstream folders).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emo.plan import StagePlan, compose, plan
+from emo.workflow.plan import StagePlan, compose, plan
 
 
 def expand(overrides: list[str], multirun: bool, config_dir: Path | None = None) -> list[list[str]]:
@@ -30,10 +31,12 @@ def expand(overrides: list[str], multirun: bool, config_dir: Path | None = None)
         return [list(overrides)]
     from hydra.core.override_parser.types import ValueType
 
-    from emo.plan import ROOT, _parse
+    from emo.workflow.plan import ROOT, _parse
 
     parsed = _parse(list(overrides))
-    if any(o.value_type == ValueType.GLOB_CHOICE_SWEEP for o in parsed):  # glob lists a group: Hydra's loader knows them
+    if any(
+        o.value_type == ValueType.GLOB_CHOICE_SWEEP for o in parsed
+    ):  # glob lists a group: Hydra's loader knows them
         parsed = _parse(list(overrides), config_dir=Path(config_dir or ROOT / "conf"))
     choices: dict[str, list[str]] = {}
     for o in parsed:
@@ -47,12 +50,16 @@ def _values(o) -> list[str]:
     if not o.is_sweep_override():
         return [o.get_value_element_as_str()]
     if not o.is_discrete_sweep():
-        raise ValueError(f"{o.input_line}: an interval is not a list of values (a sampling sweeper such as "
-                         "Optuna's draws from it); give them with choice(...) or range(start,stop,step)")
+        raise ValueError(
+            f"{o.input_line}: an interval is not a list of values (a sampling sweeper such as "
+            "Optuna's draws from it); give them with choice(...) or range(start,stop,step)"
+        )
     from hydra.core.override_parser.types import ValueType
 
     values = list(o.sweep_string_iterator())
-    if o.value_type == ValueType.GLOB_CHOICE_SWEEP:  # the typed-config schemas conf/ names in its defaults lists are not choices
+    if (
+        o.value_type == ValueType.GLOB_CHOICE_SWEEP
+    ):  # the typed-config schemas conf/ names in its defaults lists are not choices
         values = [v for v in values if not v.endswith("_schema")]
     if not values:
         raise ValueError(f"{o.input_line}: matches no value")
@@ -81,8 +88,10 @@ class Sweep:
         try:
             return self.by_stage[stage][stage_hash]
         except KeyError:  # Snakemake asked for a folder this sweep no longer plans
-            raise ValueError(f"{self.results / stage / stage_hash}: no job of this sweep plans that folder "
-                             "(were the code or conf/ edited while it ran?): run it again") from None
+            raise ValueError(
+                f"{self.results / stage / stage_hash}: no job of this sweep plans that folder "
+                "(were the code or conf/ edited while it ran?): run it again"
+            ) from None
 
     def plan(self, stage: str, stage_hash: str) -> StagePlan:
         return self.job(stage, stage_hash).plans[stage]
@@ -119,13 +128,17 @@ def build(job_overrides: list[list[str]]) -> Sweep:
         cfg = compose(o)
         jobs.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
     jobs = tuple(jobs)
-    from emo.tracking import check_uri
+    from emo.workflow.tracking import check_uri
 
-    for tracking in {j.cfg["tracking"]["uri"]: j.cfg["tracking"] for j in jobs if j.cfg["tracking"]["enabled"]}.values():
+    for tracking in {
+        j.cfg["tracking"]["uri"]: j.cfg["tracking"] for j in jobs if j.cfg["tracking"]["enabled"]
+    }.values():
         check_uri(tracking)
     roots = {Path(j.cfg["results"]) for j in jobs}
     if len(roots) != 1:
-        raise ValueError(f"results: a sweep writes into one results folder, not {len(roots)} ({', '.join(sorted(map(str, roots)))})")
+        raise ValueError(
+            f"results: a sweep writes into one results folder, not {len(roots)} ({', '.join(sorted(map(str, roots)))})"
+        )
     by_stage: dict[str, dict[str, Job]] = {}
     for j in jobs:
         for stage, p in j.plans.items():
@@ -203,7 +216,9 @@ def visible_gpus() -> list[str]:
 
 
 @contextlib.contextmanager
-def claim_gpus(count: int, lock_dir: Path, available: list[str] | None = None, poll_s: float = 0.2) -> Iterator[list[str]]:
+def claim_gpus(
+    count: int, lock_dir: Path, available: list[str] | None = None, poll_s: float = 0.2
+) -> Iterator[list[str]]:
     """Hold `count` of the visible GPUs for one job (an exclusive lock file per GPU, released on exit
     however the job ends) and export them as CUDA_VISIBLE_DEVICES. Snakemake's `gpu` resource already
     keeps the sum of running jobs' GPUs within what is there, so a claim finds free GPUs at once; the
@@ -265,7 +280,7 @@ def failed_job(job: Job, error: str | None, failed: list[Path] | None) -> bool:
 
 def unreadable_results(sw: Sweep) -> list[str]:
     """The jobs' result.json files that exist but cannot be read (cut short, edited): their lines."""
-    from emo.compare import read_result
+    from emo.report.compare import read_result
 
     bad = []
     for job in sw.jobs:
@@ -280,8 +295,8 @@ def unreadable_results(sw: Sweep) -> list[str]:
 def result_line(job: Job, failed_with: str | None = None) -> str:
     """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing);
     `failed_with`: this run failed for the job (the error), so no earlier result is printed."""
-    from emo.compare import read_result
     from emo.methods import PL_TOLERANCE_PCT
+    from emo.report.compare import read_result
 
     res, policy = Path(job.result), job.plans["optimize"].out("policy.json")
     head = f"emo: {job.name}: "
@@ -298,35 +313,57 @@ def result_line(job: Job, failed_with: str | None = None) -> str:
     cfg = job.cfg
     what = f"{cfg['optimizer']['name']} on {cfg['gpu']['name']}, budget {100 * cfg['budget']:g} %"
     if "metrics" not in r:  # validate could not measure it (a recorded trace): the prediction stands
-        pred = (f"predicted ES {r['predicted_es_pct']:.2f} %, PL {r['predicted_pl_pct']:.2f} %"
-                if "predicted_es_pct" in r else "no prediction")
+        pred = (
+            f"predicted ES {r['predicted_es_pct']:.2f} %, PL {r['predicted_pl_pct']:.2f} %"
+            if "predicted_es_pct" in r
+            else "no prediction"
+        )
         where = f"policy {policy}" if Path(policy).exists() else f"result {res}"
         return head + f"{what}: not measured ({r['skipped'].removeprefix('validate: skipped: ')}); {pred}; {where}"
     m = r["metrics"]
     err = ""
     if "time_error_pct" in m:
         err = f", prediction error {m['time_error_pct']:.2f} % time / {m.get('energy_error_pct', float('nan')):.2f} % energy"
-    where = f"policy {policy}" if r.get("predicted") is not None and Path(policy).exists() else f"online {r['method']}, result {res}"
+    where = (
+        f"policy {policy}"
+        if r.get("predicted") is not None and Path(policy).exists()
+        else f"online {r['method']}, result {res}"
+    )
     over = ""
     if m.get("within_budget") == 0 or m["pl_pct"] > 100 * cfg["budget"] + PL_TOLERANCE_PCT:
         over = f" OVER BUDGET (PL {m['pl_pct']:.2f} % > {100 * cfg['budget']:g} % + {PL_TOLERANCE_PCT:g} tolerance)"
     return head + f"{what}: ES {m['es_pct']:.2f} %, PL {m['pl_pct']:.2f} %{over}{err}; {where}"
 
 
-def finish(sw: Sweep, name: str | None, overrides: list[str] = (), *, print_results: bool = True,
-           error: str | None = None, killed: bool = False, failed: list[Path] | None = None) -> dict[str, str]:
+def finish(
+    sw: Sweep,
+    name: str | None,
+    overrides: list[str] = (),
+    *,
+    print_results: bool = True,
+    error: str | None = None,
+    killed: bool = False,
+    failed: list[Path] | None = None,
+) -> dict[str, str]:
     """The one writer when a Snakemake run ends (emo run, or the Snakefile's onsuccess/onerror for
     plain `snakemake`): log every job to MLflow from its stage folders (a job without its result ends
     FAILED, or KILLED when a signal stopped the run, with `error` as its emo.error tag), then print
     its result line (also when MLflow failed: its error comes after, the results are in their folders).
     `failed`: the stage folders this run failed to make; a job computed from one (every job, when
     they are unknown) shows no result: its result.json is an earlier run's."""
-    from emo import tracking
+    from emo.workflow import tracking
 
     stale = {j.name for j in sw.jobs if failed_job(j, error, failed)}
     try:
-        return tracking.log_sweep(list(sw.jobs), name, list(overrides), plots={j.name: sw.plots(j) for j in sw.jobs},
-                                  error=error, killed=killed, failed=stale)
+        return tracking.log_sweep(
+            list(sw.jobs),
+            name,
+            list(overrides),
+            plots={j.name: sw.plots(j) for j in sw.jobs},
+            error=error,
+            killed=killed,
+            failed=stale,
+        )
     finally:
         if print_results:
             for job in sw.jobs:

@@ -7,11 +7,12 @@ The table: one row per GPU x workload x budget, one column per method, each cell
 validate over the seeds run (`gpu.seed`; the latest run of each seed wins; `ES/PL` from one seed; `!`
 over budget + 0.5 %). Static is the best measured static clock within budget when validate measured
 the static curve; then EMO's margin over that curve at its own PL and whether EMO is ahead, by
-emo.scoring's rule (ahead = beyond the combined spread of every method within budget). The plots (with --plots): per GPU x workload, energy vs time
+emo.report.scoring's rule (ahead = beyond the combined spread of every method within budget). The plots (with --plots): per GPU x workload, energy vs time
 per iteration with the static clocks' curve (measured by validate for optimizer=static) and each
 method's point; and for EMO's policy, the timeline of one iteration per GPU with the critical path
 and the chosen clocks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo import scoring
 from emo.io import write_json
 from emo.methods import ABLATIONS
 from emo.methods import METHODS as METHOD_ORDER
-from emo.runs import latest, stage_dir, static_curve, upstream  # noqa: F401  (also emo.compare's names)
+from emo.report import scoring
+from emo.report.runs import latest, stage_dir, static_curve, upstream  # noqa: F401  (also emo.report.compare's names)
 
-METRICS = ("es_pct", "pl_pct", "time_error_pct", "energy_error_pct", "t_ori_s", "e_ori_j", "t_opt_s", "e_opt_j",
-           "explore_time_s", "explore_energy_j")
+METRICS = (
+    "es_pct",
+    "pl_pct",
+    "time_error_pct",
+    "energy_error_pct",
+    "t_ori_s",
+    "e_ori_j",
+    "t_opt_s",
+    "e_opt_j",
+    "explore_time_s",
+    "explore_energy_j",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +74,7 @@ def workload_label(params: dict) -> str:
 
 def load_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every MLflow run with validate's metrics: one row each, newest first."""
-    from emo.tracking import search
+    from emo.workflow.tracking import search
 
     return runs_table(search(uri, experiment, "metrics.`validate.es_pct` > -1e30"))
 
@@ -71,16 +82,35 @@ def load_runs(uri: str, experiment: str) -> pd.DataFrame:
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """MLflow's search_runs frame -> workload, method, budget, metrics, the validate folder's hash."""
     if df.empty:
-        return pd.DataFrame(columns=["run_id", "workload", "method", "budget", "gpu", "seed", "validate_hash", "graph_hash",
-                                     "optimize_hash", *METRICS])
+        return pd.DataFrame(
+            columns=[
+                "run_id",
+                "workload",
+                "method",
+                "budget",
+                "gpu",
+                "seed",
+                "validate_hash",
+                "graph_hash",
+                "optimize_hash",
+                *METRICS,
+            ]
+        )
     rows = []
     for _, r in df.iterrows():
-        params = {k[len("params."):]: v for k, v in r.items() if k.startswith("params.") and isinstance(v, str)}
-        row = {"run_id": r["run_id"], "workload": workload_label(params),
-               "method": params.get("optimizer.name", "emo"), "budget": float(params.get("budget", "nan")),
-               "gpu": params.get("gpu.name", "?"), "seed": int(params.get("gpu.seed", 0) or 0), "validate_hash": r.get("tags.emo.validate.hash"),
-               "graph_hash": r.get("tags.emo.graph.hash"), "optimize_hash": r.get("tags.emo.optimize.hash"),
-               "results": params.get("results")}
+        params = {k[len("params.") :]: v for k, v in r.items() if k.startswith("params.") and isinstance(v, str)}
+        row = {
+            "run_id": r["run_id"],
+            "workload": workload_label(params),
+            "method": params.get("optimizer.name", "emo"),
+            "budget": float(params.get("budget", "nan")),
+            "gpu": params.get("gpu.name", "?"),
+            "seed": int(params.get("gpu.seed", 0) or 0),
+            "validate_hash": r.get("tags.emo.validate.hash"),
+            "graph_hash": r.get("tags.emo.graph.hash"),
+            "optimize_hash": r.get("tags.emo.optimize.hash"),
+            "results": params.get("results"),
+        }
         for m in METRICS:
             v = r.get(f"metrics.validate.{m}")
             row[m] = float(v) if v is not None and not pd.isna(v) else np.nan
@@ -91,41 +121,59 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Rows GPU x workload x budget: how many seeds, a column per method (`ES±sd/PL±sd` over them), EMO's margin
     over the static curve, and whether EMO is ahead. `curves`: static validate hash -> the clocks it
-    measured (emo.scoring.static_points), when the stage folders are at hand."""
+    measured (emo.report.scoring.static_points), when the stage folders are at hand."""
     r = latest(runs)
     if r.empty:
         return pd.DataFrame()
     curves = curves or {}
     methods = [m for m in METHOD_ORDER if m in set(r["method"])] + sorted(set(r["method"]) - set(METHOD_ORDER))
-    static = r[(r["method"] == "static") & r["validate_hash"].isin(list(curves))] if "validate_hash" in r else r.iloc[:0]
+    static = (
+        r[(r["method"] == "static") & r["validate_hash"].isin(list(curves))] if "validate_hash" in r else r.iloc[:0]
+    )
     rows = []
     for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
         bpct = 100 * budget
         # the static curve of each seed: the one measured at this cell's budget (its own pick is a
         # point of it), else another budget's run of the same seed (the clocks it measured are the same)
         mine = static[(static["gpu"] == gpu) & (static["workload"] == wl)]
-        seed_curve = {int(row["seed"]): curves[row["validate_hash"]]
-                      for _, row in mine.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()}
+        seed_curve = {
+            int(row["seed"]): curves[row["validate_hash"]]
+            for _, row in mine.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()
+        }
         scores = {}
         for m, g in cell.groupby("method"):
             points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
             if m == "static":  # each static run by its own curve (was: by the seed's curve of any budget)
-                points = [scoring.best_static(curves[row["validate_hash"]], bpct)[:2] if row.get("validate_hash") in curves
-                          else pt for pt, (_, row) in zip(points, g.iterrows())]
+                points = [
+                    scoring.best_static(curves[row["validate_hash"]], bpct)[:2]
+                    if row.get("validate_hash") in curves
+                    else pt
+                    for pt, (_, row) in zip(points, g.iterrows())
+                ]
             scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
-        out = {"gpu": gpu, "workload": wl, "budget": budget, "seeds": cell["seed"].nunique(),
-               **{m: s.text(bpct) for m, s in scores.items()}}
+        out = {
+            "gpu": gpu,
+            "workload": wl,
+            "budget": budget,
+            "seeds": cell["seed"].nunique(),
+            **{m: s.text(bpct) for m, s in scores.items()},
+        }
         emo = cell[(cell["method"] == "emo") & cell["seed"].isin(list(seed_curve))]
         out["EMO - static curve"] = "-"
         if len(emo):
-            mg = scoring.margins([(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
-                                 [seed_curve[int(sd)] for sd in emo["seed"]])
+            mg = scoring.margins(
+                [(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
+                [seed_curve[int(sd)] for sd in emo["seed"]],
+            )
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
         rivals = {m: v for m, v in scores.items() if m not in ABLATIONS}  # an ablation is no rival of EMO
         ok, why = scoring.ahead(rivals, bpct)
         n = scores["emo"].n if "emo" in scores else 0
-        out["EMO ahead"] = ("- (no baseline measured)" if "emo" in rivals and len(rivals) == 1
-                            else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else ""))
+        out["EMO ahead"] = (
+            "- (no baseline measured)"
+            if "emo" in rivals and len(rivals) == 1
+            else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else "")
+        )
         rows.append(out)
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
     t = t.reindex(columns=["seeds", *methods, "EMO - static curve", "EMO ahead"]).fillna("-")
@@ -148,8 +196,10 @@ def read_result(path: str | Path) -> dict:
     try:
         res = json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a complete result ({e.msg} at line {e.lineno}); "
-                         f"delete {Path(path).parent} to measure it again") from None
+        raise ValueError(
+            f"{path}: not a complete result ({e.msg} at line {e.lineno}); "
+            f"delete {Path(path).parent} to measure it again"
+        ) from None
     if not isinstance(res, dict) or not ("metrics" in res or "skipped" in res):
         raise ValueError(f"{path}: not a validate result (no metrics); delete {Path(path).parent} to measure it again")
     return res
@@ -159,16 +209,19 @@ def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
     """The runs table from validate's result.json files ((resolved config, validate folder) per job)
     instead of MLflow: what the pipeline's own summary rule reads. A job validate could not measure
     (a recorded trace) has no row."""
-    from emo.tracking import flatten
+    from emo.workflow.tracking import flatten
 
     frames = []
     for cfg, vdir in jobs:
         res = read_result(Path(vdir) / "result.json")
         if "metrics" not in res:
             continue
-        row = {"run_id": Path(vdir).name, "tags.emo.validate.hash": Path(vdir).name,
-               **{f"params.{k}": v for k, v in flatten(cfg).items()},
-               **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()}}
+        row = {
+            "run_id": Path(vdir).name,
+            "tags.emo.validate.hash": Path(vdir).name,
+            **{f"params.{k}": v for k, v in flatten(cfg).items()},
+            **{f"metrics.validate.{k}": v for k, v in res["metrics"].items()},
+        }
         frames.append(row)
     return runs_table(pd.DataFrame(frames))
 
@@ -178,8 +231,8 @@ def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, lis
     """A sweep's shareable summary from its jobs' (name, resolved config, validate folder): the table
     (`compare.tsv`), ES/PL and prediction errors per job (`jobs.tsv`), the plots (`plots/`) and which
     plots belong to which job (`plots.json`, validate hash -> file names: MLflow attaches them)."""
-    from emo.plan import plan
-    from emo.plots import plot_energy_time, plot_timeline, slug
+    from emo.report.plots import plot_energy_time, plot_timeline, slug
+    from emo.workflow.plan import plan
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
@@ -188,8 +241,18 @@ def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, lis
     runs = results_rows([(cfg, vdir) for _, cfg, vdir in jobs])
     runs["job"] = [name for name, _, _ in jobs]
     table(runs, static_points(runs, results)).to_csv(out / "compare.tsv", sep="\t")
-    cols = ["job", "gpu", "workload", "method", "budget", "es_pct", "pl_pct", "time_error_pct", "energy_error_pct",
-            "validate_hash"]
+    cols = [
+        "job",
+        "gpu",
+        "workload",
+        "method",
+        "budget",
+        "es_pct",
+        "pl_pct",
+        "time_error_pct",
+        "energy_error_pct",
+        "validate_hash",
+    ]
     runs[cols].to_csv(out / "jobs.tsv", sep="\t", index=False, float_format="%.3f")
     index: dict[str, list[str]] = {h: [] for h in runs["validate_hash"]}
     for path in plot_energy_time(runs, results, out / "plots"):
@@ -197,10 +260,15 @@ def write_summary(jobs: list[tuple[str, dict, str]], out: Path) -> dict[str, lis
         for _, row in runs.iterrows():
             if f"{slug(row['gpu'])}_{slug(row['workload'])}" == gpu_wl:
                 index[row["validate_hash"]].append(path.name)
-    for (name, cfg, vdir), (_, row) in zip(jobs, runs.iterrows()):
+    for (_name, cfg, vdir), (_, row) in zip(jobs, runs.iterrows()):
         plans = plan(cfg)
-        p = plot_timeline(plans["graph"].dir, plans["optimize"].dir, Path(vdir), out / "plots",
-                          f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}")
+        p = plot_timeline(
+            plans["graph"].dir,
+            plans["optimize"].dir,
+            Path(vdir),
+            out / "plots",
+            f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}",
+        )
         if p:
             index[row["validate_hash"]].append(p.name)
     write_json(out / "plots.json", index)
@@ -221,10 +289,10 @@ def results_dir(uri: str, runs: pd.DataFrame) -> Path:
 def main(args: argparse.Namespace) -> int:
     uri, experiment = args.uri, args.experiment
     if uri is None or experiment is None:
-        from emo.plan import compose
+        from emo.workflow.plan import compose
 
         tracking = compose(args.overrides)["tracking"]
-        from emo.tracking import tracking_uri
+        from emo.workflow.tracking import tracking_uri
 
         uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
@@ -249,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ValueError(f"--csv {args.csv}: cannot write ({e.strerror or e})") from None
     if args.plots:
-        from emo.plots import plot_energy_time, plot_timeline
+        from emo.report.plots import plot_energy_time, plot_timeline
 
         out = Path(args.plots)
         out.mkdir(parents=True, exist_ok=True)
@@ -257,10 +325,19 @@ def main(args: argparse.Namespace) -> int:
         written = plot_energy_time(runs, results, out)
         for _, row in latest(runs)[lambda d: d["validate_hash"].notna()].iterrows():
             hashes = {st: row.get(f"{st}_hash") for st in ("graph", "optimize")}
-            dirs = {st: stage_dir(results, st, h) if isinstance(h, str) else upstream(results, "validate", row["validate_hash"], st)
-                    for st, h in hashes.items()}
-            p = plot_timeline(dirs["graph"], dirs["optimize"], stage_dir(results, "validate", row["validate_hash"]), out,
-                              f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}")
+            dirs = {
+                st: stage_dir(results, st, h)
+                if isinstance(h, str)
+                else upstream(results, "validate", row["validate_hash"], st)
+                for st, h in hashes.items()
+            }
+            p = plot_timeline(
+                dirs["graph"],
+                dirs["optimize"],
+                stage_dir(results, "validate", row["validate_hash"]),
+                out,
+                f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}",
+            )
             if p:
                 written.append(p)
         for p in written:

@@ -1,0 +1,1 @@
+"""The orchestration: planning stage folders, running Snakemake, tracking in MLflow."""
