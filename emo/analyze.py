@@ -225,7 +225,7 @@ def _text(s: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from emo.workflow.errors import signals_raise
+    from emo.errors import signals_raise
 
     if args.perfetto:  # before the analysis: a refused path costs nothing
         from emo.io import check_output
@@ -251,7 +251,7 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ValueError(f"{args.perfetto}: cannot write ({e.strerror or e})") from None
     text = json.dumps(a.summary, default=str) if args.json else _text(a.summary)
-    from emo.workflow.errors import write_stdout
+    from emo.errors import write_stdout
 
     write_stdout(text + "\n")
     return 0

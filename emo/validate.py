@@ -31,7 +31,7 @@ from emo.baselines import ONLINE, run_online
 from emo.device import RunResult, run_segments
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
-from emo.workflow.progress import progress
+from emo.progress import progress
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")

@@ -9,7 +9,7 @@ import pytest
 
 from emo.cli import main as cli_main
 from emo.io import write_json
-from emo.report.compare import table, workload_label
+from emo.cli.compare import table, workload_label
 from emo.workflow import tracking
 from emo.workflow.plan import compose, plan
 from emo.workflow.sweep import Job
@@ -130,7 +130,7 @@ def test_latest_run_of_a_cell_wins():
 def test_seeds_give_mean_and_spread_the_measured_static_curve_and_the_margin(tmp_path):
     """Three seeds per method: cells are mean±sd; static is the best measured clock within budget
     + 0.5 % from its curve (not its own pick); EMO's margin is over that curve at EMO's own PL."""
-    from emo.report.compare import results_rows, static_points
+    from emo.cli.compare import results_rows, static_points
 
     results = tmp_path / "results"
     jobs = []
@@ -227,7 +227,7 @@ def recorded_result(job, **pred):
 def test_the_summary_leaves_out_unmeasured_jobs_and_names_a_result_cut_short(tmp_path):
     import re
 
-    from emo.report.compare import write_summary
+    from emo.cli.compare import write_summary
 
     results = tmp_path / "results"
     measured = fake_job(results, ["optimizer.name=emo"], 10.0, 1.0)
@@ -340,7 +340,7 @@ def test_a_cut_short_result_is_an_error_and_an_over_budget_result_is_flagged(tmp
 
 def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so():
     """Issue 36: the static curve was keyed by seed only, so a 5 % cell showed the 2 % run's static."""
-    from emo.report.compare import table
+    from emo.cli.compare import table
 
     def curve(own_es, own_pl):  # the clocks both runs measured, and each run's own pick (sm_mhz -1)
         return pd.DataFrame({"sm_mhz": [1005, 1200, -1], "pl_pct": [9.0, 1.5, own_pl], "es_pct": [20.0, 4.0, own_es]})
@@ -372,8 +372,8 @@ def test_each_budget_is_scored_against_its_own_static_run_and_one_seed_says_so()
 
 
 def test_compare_and_plots_do_not_import_each_other_both_ways():
-    """emo.report.compare draws with emo.report.plots; emo.report.plots reads runs and stage folders through emo.report.runs, never
-    through emo.report.compare (the two used to import each other)."""
+    """emo.cli.compare draws with emo.report.plots; emo.report.plots reads runs and stage folders through emo.report.runs, never
+    through emo.cli.compare (the two used to import each other)."""
     import ast
 
     import emo.report.plots
@@ -381,7 +381,7 @@ def test_compare_and_plots_do_not_import_each_other_both_ways():
     src = ast.parse(Path(emo.report.plots.__file__).read_text())
     imported = {n.module for n in ast.walk(src) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(src) if isinstance(n, ast.Import) for a in n.names}
-    assert "emo.report.compare" not in imported and "emo.report.runs" in imported
+    assert "emo.cli.compare" not in imported and "emo.report.runs" in imported
 
 
 def test_energy_time_points_are_seed_means_with_their_spread():

@@ -338,7 +338,7 @@ def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(
     """Logging the KILLED run may fail too (a store folder it may not write): said in one line, but
     the interrupt is what ended the run, so its line and 128 + signal stay."""
     from emo import cli
-    from emo.workflow import errors, run, sweep
+    from emo import errors, run, sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(signal.SIGTERM)
@@ -422,7 +422,7 @@ def test_a_signal_inside_code_that_can_only_print_its_error_is_not_printed(monke
     import os
     import weakref
 
-    from emo.workflow.errors import Interrupted, caught, signals_raise
+    from emo.errors import Interrupted, caught, signals_raise
 
     printed = []  # what Python would print as "Exception ignored in ...", with its traceback
     monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(u.exc_type))

@@ -1,6 +1,6 @@
 import logging
 
-from emo.workflow.progress import progress, track
+from emo.progress import progress, track
 
 
 def test_progress_logs_each_tenth_with_an_eta(caplog):

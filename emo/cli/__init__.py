@@ -13,7 +13,7 @@ COMMAND_MODULES = (
     "emo.capture",
     "emo.cli.apply",
     "emo.cli.reset_clocks",
-    "emo.report.compare",
+    "emo.cli.compare",
     "emo.cli.model",
     "emo.cli.gpu_config",
     "emo.cli.calibration",
@@ -28,7 +28,7 @@ COMMANDS = {
     "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
     "apply": ("emo.cli.apply", "run a job with a frequency policy applied (no profiler)"),
     "reset-clocks": ("emo.cli.reset_clocks", "restore default GPU clocks after a crashed run"),
-    "compare": ("emo.report.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
+    "compare": ("emo.cli.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
     "model": ("emo.cli.model", "the energy-latency model on tables from any source"),
     "gpu-config": ("emo.cli.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
     "calibration": ("emo.cli.calibration", "show, export or import a calibration (one file per GPU model)"),
@@ -61,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError) as e:  # bad input, a full disk, a folder we may not write: one line
-        from emo.workflow.errors import one_line
+        from emo.errors import one_line
 
         print(f"emo: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from emo.workflow.errors import exit_status, signal_name
+        from emo.errors import exit_status, signal_name
 
         print(f"emo: interrupted ({signal_name(e)})", file=sys.stderr)
         return exit_status(e)

@@ -147,7 +147,7 @@ def _cmd_fit(args) -> int:
     if args.out:
         _write(res.predictions, Path(args.out))
     if args.json:
-        from emo.workflow.errors import write_stdout
+        from emo.errors import write_stdout
 
         write_stdout(json.dumps(res.to_json()) + "\n")
         return 0

@@ -77,7 +77,7 @@ def serve(cmd: list[str]) -> int:
     import os
     import signal
 
-    from emo.workflow import errors
+    from emo import errors
 
     proc = subprocess.Popen(cmd, start_new_session=True)  # its own process group: stopped as one
     try:

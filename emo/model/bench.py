@@ -7,7 +7,7 @@ so that the energy counter resolves it, `model.repeats` times; its counter vecto
 the default clock through the device's range profiler.
 
 Before it starts, the stage logs what it will cost (measurements x their minimum window, in
-minutes); while it runs, a progress bar with an ETA (emo.workflow.progress). `calibration.json` beside
+minutes); while it runs, a progress bar with an ETA (emo.progress). `calibration.json` beside
 bench.parquet says which GPU model and driver measured it (what `emo calibration export` packs).
 A clock subset (`model.clocks_stride` > 1) is interpolated to every supported clock by the fit.
 
@@ -26,7 +26,7 @@ import pandas as pd
 
 from emo.device import COUNTERS, ProfileResult, ProfilingUnavailable
 from emo.model.calibration import latency_line, latency_summary
-from emo.workflow.progress import Progress
+from emo.progress import Progress
 
 log = logging.getLogger("emo")
 

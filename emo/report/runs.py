@@ -1,6 +1,6 @@
 """The runs a comparison reads and the stage folders behind them: the newest run of each seed, the
 folder of a stage (and of the stages it was computed from), and the static clocks' measured curve.
-Shared by `emo compare`'s table (emo.report.compare) and its figures (emo.report.plots), which import it and not
+Shared by `emo compare`'s table (emo.cli.compare) and its figures (emo.report.plots), which import it and not
 each other."""
 
 from __future__ import annotations
@@ -48,3 +48,17 @@ def static_curve(results: Path, validate_hashes: list[str]) -> pd.DataFrame | No
         if (vdir / "pareto.parquet").exists() and upstream(results, "validate", vdir.name, "trace") in traces:
             return pd.read_parquet(vdir / "pareto.parquet").sort_values("sm_mhz")
     return None
+
+
+def read_result(path: str | Path) -> dict:
+    """Validate's result.json; a file that is not one (cut short, edited) is one line naming it."""
+    try:
+        res = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{path}: not a complete result ({e.msg} at line {e.lineno}); "
+            f"delete {Path(path).parent} to measure it again"
+        ) from None
+    if not isinstance(res, dict) or not ("metrics" in res or "skipped" in res):
+        raise ValueError(f"{path}: not a validate result (no metrics); delete {Path(path).parent} to measure it again")
+    return res

@@ -13,7 +13,7 @@ the folder's hash covers, last); its `metrics.json` goes to MLflow when the Snak
 (emo.workflow.tracking.log_sweep). An interrupted run therefore never leaves a stage folder that a later run
 would trust.
 
-A failure is one line (`emo.workflow.errors`): the traceback goes to the stage log, the line to `emo run`
+A failure is one line (`emo.errors`): the traceback goes to the stage log, the line to `emo run`
 (through EMO_ERRORS) or to stderr; `emo run` marks the job's MLflow run FAILED (KILLED when a
 signal stopped it) with the line as a tag.
 """
@@ -185,7 +185,7 @@ def run_script(
 ) -> int:
     """What the workflow script runs: `run_stage` with SIGTERM/SIGHUP stopping it as Ctrl-C does;
     the exit status (0, 1, or 128 + the signal), the failure already reported in one line."""
-    from emo.workflow import errors
+    from emo import errors
 
     try:
         with errors.signals_raise():
@@ -200,7 +200,7 @@ def run_script(
 def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, log_file: str | None) -> None:
     """The error path: traceback to the log, the one line to whoever shows it (emo run records it in
     MLflow: one writer)."""
-    from emo.workflow import errors
+    from emo import errors
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
     errors.report(

@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from emo.workflow import errors, locks
+from emo import errors, locks
 from emo.workflow.plan import ROOT
 
 

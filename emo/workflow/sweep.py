@@ -280,7 +280,7 @@ def failed_job(job: Job, error: str | None, failed: list[Path] | None) -> bool:
 
 def unreadable_results(sw: Sweep) -> list[str]:
     """The jobs' result.json files that exist but cannot be read (cut short, edited): their lines."""
-    from emo.report.compare import read_result
+    from emo.report.runs import read_result
 
     bad = []
     for job in sw.jobs:
@@ -296,7 +296,7 @@ def result_line(job: Job, failed_with: str | None = None) -> str:
     """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing);
     `failed_with`: this run failed for the job (the error), so no earlier result is printed."""
     from emo.methods import PL_TOLERANCE_PCT
-    from emo.report.compare import read_result
+    from emo.report.runs import read_result
 
     res, policy = Path(job.result), job.plans["optimize"].out("policy.json")
     head = f"emo: {job.name}: "

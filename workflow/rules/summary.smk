@@ -1,4 +1,4 @@
-# summary: the sweep's shareable summary (emo.report.compare.write_summary), registered for `snakemake --report`
+# summary: the sweep's shareable summary (emo.cli.compare.write_summary), registered for `snakemake --report`
 rule summary:
     input:
         [job.result for job in SWEEP.jobs],

@@ -1,15 +1,15 @@
-# The sweep's summary: the compare table, ES/PL per job and the plots (emo.report.compare.write_summary).
+# The sweep's summary: the compare table, ES/PL per job and the plots (emo.cli.compare.write_summary).
 # A failure is one line to `emo run` (as a stage's is), the traceback in the rule's log; like a stage,
 # it stops when the run that started it dies.
 import logging
 import sys
 from pathlib import Path
 
-from emo.workflow import errors
+from emo import errors
 from emo.workflow.locks import stop_with_parent
 
 stop_with_parent()
-from emo.report.compare import write_summary
+from emo.cli.compare import write_summary
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, force=True)
 cfgs = snakemake.config["resolved"]["validate"]

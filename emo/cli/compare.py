@@ -16,7 +16,6 @@ and the chosen clocks.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from emo.io import write_json
 from emo.methods import ABLATIONS
 from emo.methods import METHODS as METHOD_ORDER
 from emo.report import scoring
-from emo.report.runs import latest, stage_dir, static_curve, upstream  # noqa: F401  (also emo.report.compare's names)
+from emo.report.runs import latest, read_result, stage_dir, static_curve, upstream  # noqa: F401  (also emo.cli.compare's names)
 
 METRICS = (
     "es_pct",
@@ -189,20 +188,6 @@ def static_points(runs: pd.DataFrame, results: Path) -> dict[str, pd.DataFrame]:
         if f.exists():
             out[row["validate_hash"]] = scoring.static_points(pd.read_parquet(f), row.to_dict())
     return out
-
-
-def read_result(path: str | Path) -> dict:
-    """Validate's result.json; a file that is not one (cut short, edited) is one line naming it."""
-    try:
-        res = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"{path}: not a complete result ({e.msg} at line {e.lineno}); "
-            f"delete {Path(path).parent} to measure it again"
-        ) from None
-    if not isinstance(res, dict) or not ("metrics" in res or "skipped" in res):
-        raise ValueError(f"{path}: not a validate result (no metrics); delete {Path(path).parent} to measure it again")
-    return res
 
 
 def results_rows(jobs: list[tuple[dict, str]]) -> pd.DataFrame:
