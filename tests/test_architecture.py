@@ -16,11 +16,6 @@ def test_models_do_not_import_the_virtual_gpu():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# emo.cli.compare <-> emo.report.plots: engineer "bias" removes it (compare draws through plots, plots reads no
-# table of compare's); the lead drops this exception after merging that branch.
-KNOWN_CYCLES = {frozenset({"emo.cli.compare", "emo.report.plots"})}
-
-
 def sibling_import_graph(graph) -> dict[str, set[str]]:
     """Edges between siblings: an import of emo.a.x.y by emo.a.z.w is the edge emo.a.z -> emo.a.x (the
     children of their deepest common package), at every depth. Imports inside functions and under
@@ -48,7 +43,7 @@ def test_no_import_cycles_between_sibling_modules():
     import grimp
 
     cycles = import_cycles(sibling_import_graph(grimp.build_graph("emo", include_external_packages=False)))
-    assert [c for c in cycles if frozenset(c) not in KNOWN_CYCLES] == []
+    assert cycles == []
 
 
 def test_the_cycle_check_finds_a_lazy_cycle():

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from emo.cli import main as cli_main
-from emo.io import write_json
 from emo.cli.compare import table, workload_label
+from emo.io import write_json
 from emo.workflow import tracking
 from emo.workflow.plan import compose, plan
 from emo.workflow.sweep import Job

@@ -337,8 +337,8 @@ def test_a_stage_whose_run_died_before_it_watched_stops_at_once():
 def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(tmp_path, monkeypatch, capsys):
     """Logging the KILLED run may fail too (a store folder it may not write): said in one line, but
     the interrupt is what ended the run, so its line and 128 + signal stay."""
-    from emo import cli
-    from emo import errors, run, sweep
+    from emo import cli, errors
+    from emo.workflow import run, sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(signal.SIGTERM)

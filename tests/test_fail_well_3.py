@@ -443,7 +443,8 @@ def _wrapped(fail):
 def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypatch):
     """The signal cut MLflow's import short in `finish`; logging the interrupted run then met the
     half-initialised module: an AttributeError traceback (2 of 3 tries)."""
-    from emo import errors, run, sweep
+    from emo import errors
+    from emo.workflow import run, sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(2)

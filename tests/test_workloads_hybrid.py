@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emo.device.sim.program import Op
 from emo.cli.compare import workload_label
+from emo.device.sim.program import Op
 from emo.workloads import build_program
 from emo.workloads.emitter import COMPUTE
 from emo.workloads.pp import DP, Grid, one_f_one_b

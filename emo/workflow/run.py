@@ -22,7 +22,8 @@ import signal
 import sys
 from pathlib import Path
 
-from emo import errors, locks
+from emo import errors
+from emo.workflow import locks
 from emo.workflow.plan import ROOT
 
 
