@@ -244,7 +244,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
     energy the mean over each GPU's own, plus the peers' wait at idle power. What the stage reports,
     and the one on-time test of the budget search, the polish and the repair."""
     q = Latencies.of(lats)
-    # type: ignore: emo.model.predict takes an (up, down) pair too (its docstring); its annotation leaves it out
+    # the ignores: emo.model.predict takes an (up, down) pair too (its docstring); its annotation leaves it out
     runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]  # type: ignore[arg-type]  # see above
 
     def mean(runs, weights, attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
