@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the analysis itself is imported when it runs: `emo --help` stays light
     import pandas as pd
@@ -85,7 +85,7 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
         from emo.graph.hta import hta_critical_path
 
         ranks = [rank] if rank is not None else sorted(int(r) for r in events["rank"].unique())
-        per = {}
+        per: dict[int, dict[str, Any]] = {}
         for r in ranks:
             try:
                 h = hta_critical_path(events, r, annotation or "", instance)

@@ -87,7 +87,8 @@ class ProfilerWindow:
         self.steps = 0
         self.done = False
         self._marks: list[float] = []
-        self._e0 = self._t0 = None
+        self._e0: float | None = None
+        self._t0: float | None = None
         self.trace_file = self.out_dir / trace_name(self.rank)
         self.window_file = self.out_dir / window_name(self.rank)
         self.window_file.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,8 @@ class ProfilerWindow:
     def _export(self, prof) -> None:
         prof.export_chrome_trace(str(self.trace_file))
         times = [b - a for a, b in zip(self._marks, self._marks[1:])]
-        e = None if self._e0 is None or getattr(self, "_e1", None) is None else self._e1 - self._e0
+        e1 = getattr(self, "_e1", None)
+        e = None if self._e0 is None or e1 is None else e1 - self._e0
         record = {
             "rank": self.rank,
             "local_rank": self.local_rank,

@@ -162,7 +162,7 @@ def apply(
     if not isinstance(policy, FrequencyPolicy):
         if not Path(policy).is_file():
             raise FileNotFoundError(f"{policy}: no such policy file")
-        policy = FrequencyPolicy.load(policy)
+        policy = FrequencyPolicy.load(Path(policy))
     if _ACTIVE is not None:
         raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
     rank, local, _ = rank_env()

@@ -80,7 +80,9 @@ def measure_static_curve(
     device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int
 ) -> pd.DataFrame:
     """Time and energy per iteration at each static clock, all in one launch of the program."""
-    runs = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
+    runs: list[tuple[FrequencyPolicy | None, int]] = [
+        (FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks
+    ]
     with progress(1, f"validate: {len(clocks)} static clocks") as bar:
         results = run_segments(device, workload, runs, warmup=warmup)
         bar.update()
@@ -200,6 +202,7 @@ def validate(
             edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
             if edge:
                 curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup)])
+            assert policy is not None  # static is an offline method: its policy was loaded above
             model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
             candidates = curve
             if len(model_mhz) == 1:  # the model's pick, measured above, is a candidate too

@@ -27,7 +27,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def plan(
 ) -> tuple[np.ndarray, dict]:
     """The clock (MHz) of each instruction: lowtime on the instruction DAG (Perseus's planner)."""
     import networkx as nx
-    from lowtime.cost_model import ExponentialModel
+    from lowtime.cost_model import CostModel, ExponentialModel
     from lowtime.graph_utils import add_sink_node, add_source_node
     from lowtime.operation import (
         CandidateExecutionOptions,
@@ -148,9 +148,9 @@ def plan(
                 o.cost -= pw[v] * o.quant_time * o.unit_time
             cand = CandidateExecutionOptions(options=opts)
             try:  # Perseus fits lowtime's exponential cost model to the Pareto-optimal options
-                model = ExponentialModel(cand, search_strategy="best")
+                model: CostModel = ExponentialModel(cand, search_strategy="best")
             except (ValueError, RuntimeError, TypeError):  # no fit (lowtime's grid of guesses; < 3 options): the hull
-                model, hull = HullCost(cand), hull + 1
+                model, hull = cast(CostModel, HullCost(cand)), hull + 1  # lowtime's contract, duck-typed
             specs[key] = OperationSpec(options=cand, cost_model=model)
         g.add_node(v, op=Operation(spec=specs[key]))
     for x, y in zip(a.tolist(), b.tolist()):
@@ -171,7 +171,7 @@ def plan(
                 break
             if iters >= 2 * max_iterations:
                 break
-    info = {
+    info: dict[str, Any] = {
         "pd_iterations": iters,
         "unit_time_ms": unit * 1e-6,
         "instructions": int(n),
@@ -239,7 +239,7 @@ def run_perseus(
         setting["note"] = "no pipeline instructions in the trace: Perseus's controller keeps the max clock"
         policy = FrequencyPolicy.static(device.name, devices, top, budget=budget)
     else:
-        busy = {}
+        busy: dict[tuple[int, str], int] = {}
         for st, k in zip(sched.stage, sched.kind):
             busy[(int(st), str(k))] = busy.get((int(st), str(k)), 0) + 1
         prof = profile(device, workload, devices, stages, clocks, busy, opts, meter)

@@ -86,7 +86,7 @@ def schedule(events: pd.DataFrame, stages: dict[int, int]) -> Schedule | None:
     df = instructions(events)
     if df.empty:
         return None
-    first = {}
+    first: dict[int, int] = {}
     for r, st in sorted(stages.items()):
         first.setdefault(st, r)
     ranks = [first[st] for st in sorted(first)]

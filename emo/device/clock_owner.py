@@ -50,7 +50,8 @@ class ClockOwner:
     the owner. Thread-safe (one request at a time); refuses to act in a forked child."""
 
     def __init__(self, proc: subprocess.Popen, sock: socket.socket):
-        self.proc, self._sock = proc, sock
+        self.proc = proc
+        self._sock: socket.socket | None = sock
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._next = 1
@@ -93,9 +94,11 @@ class ClockOwner:
             raise _error(answer)
 
     def _read(self, rid: int) -> dict:
+        sock = self._sock
+        assert sock is not None  # the caller checked it under the lock
         while True:
             while b"\n" not in self._buf:
-                chunk = self._sock.recv(65536)
+                chunk = sock.recv(65536)
                 if not chunk:
                     raise ConnectionError("the clock owner closed its socket")
                 self._buf += chunk
@@ -193,7 +196,7 @@ def _load_nvml():
     return import_pynvml()
 
 
-def _watch_parent(parent: int):
+def _watch_parent(parent: int) -> int | None:
     """A file descriptor that becomes readable when `parent` exits (its pidfd), or None."""
     try:
         return os.pidfd_open(parent)
@@ -231,6 +234,7 @@ def serve(sock: socket.socket, parent: int) -> int:
 
     def reset_all() -> None:
         for gpu in sorted(locked):
+            assert ctl is not None  # a GPU is only locked through a working controller
             try:
                 ctl.reset_clock(gpu)
                 locked.discard(gpu)
@@ -252,6 +256,7 @@ def serve(sock: socket.socket, parent: int) -> int:
                 "cause": DRAINING,
                 "error": "the clock owner got a signal and reset the clocks",
             }
+        assert ctl is not None  # ClockController.auto either returned one or set init_error
         try:
             if op == "set":
                 ctl.set_clock(gpu, int(req["mhz"]))
@@ -267,12 +272,14 @@ def serve(sock: socket.socket, parent: int) -> int:
             return {"id": rid, "ok": False, "cause": e.cause, "error": e.reason}
         return {"id": rid, "ok": True}
 
-    hello = (
-        {"id": 0, "ok": True, "via": ctl.via}
-        if ctl
-        else {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
-    )
-    watched = [sock, wake_r] + ([pidfd] if pidfd is not None else [])
+    if ctl:
+        hello = {"id": 0, "ok": True, "via": ctl.via}
+    else:
+        assert init_error is not None  # ClockController.auto either returned one or set init_error
+        hello = {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
+    watched: list[socket.socket | int] = [sock, wake_r]
+    if pidfd is not None:
+        watched.append(pidfd)
     buf = b""
     alive = send(hello)
     try:

@@ -190,7 +190,8 @@ class Microbenchmark:
         self.module = check(d.cuModuleLoadData(ctx.compile(plan.source.read_text(), plan.source.name)))
         self.function = check(d.cuModuleGetFunction(self.module, plan.kernel.encode()))
         self._ptrs = []
-        values, types = [], []
+        values: list = []
+        types: list = []
         for arg in plan.args:
             if arg[0] == "buffer":
                 ptr = check(d.cuMemAlloc(arg[1]))

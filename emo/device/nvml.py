@@ -130,7 +130,7 @@ class ClockController:
                 raise explain(self.nvml, e, f"GPU {index}") from e
         return self._handles[index]
 
-    def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[], None]) -> None:
+    def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[ZeusdRelay], None]) -> None:
         if os.getpid() != self._pid:
             raise GpuAccessError(
                 f"{what}: refused in a forked child (pid {os.getpid()}): only the process "
@@ -139,7 +139,7 @@ class ClockController:
                 reason="refused in a forked child",
             )
         try:
-            relayed() if self.zeusd else direct()
+            relayed(self.zeusd) if self.zeusd else direct()
         except self.nvml.NVMLError as e:
             raise explain(self.nvml, e, what) from e
         except ZeusdError as e:
@@ -150,7 +150,7 @@ class ClockController:
         self._do(
             f"lock SM clock of GPU {index} at {mhz} MHz",
             lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
-            lambda: self.zeusd.set_gpu_locked_clocks(index, mhz, mhz),
+            lambda z: z.set_gpu_locked_clocks(index, mhz, mhz),
         )
         if self.guarded:
             _GUARD.changed(self, index, "clocks")
@@ -159,7 +159,7 @@ class ClockController:
         self._do(
             f"reset SM clock of GPU {index}",
             lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
-            lambda: self.zeusd.reset_gpu_locked_clocks(index),
+            lambda z: z.reset_gpu_locked_clocks(index),
         )
         if self.guarded:
             _GUARD.restored(index, "clocks")
@@ -173,7 +173,7 @@ class ClockController:
         self._do(
             f"set power limit of GPU {index} to {watts} W",
             lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
-            lambda: self.zeusd.set_power_limit(index, mw),
+            lambda z: z.set_power_limit(index, mw),
         )
         if self.guarded:
             _GUARD.changed(self, index, "power")
@@ -184,7 +184,7 @@ class ClockController:
         self._do(
             f"reset power limit of GPU {index}",
             lambda: self.nvml.nvmlDeviceSetPowerManagementLimit(h, mw),
-            lambda: self.zeusd.set_power_limit(index, mw),
+            lambda z: z.set_power_limit(index, mw),
         )
         if self.guarded:
             _GUARD.restored(index, "power")
@@ -250,13 +250,14 @@ class _RestoreGuard:
             applier.close()  # resets its GPUs (a failed reset stays pending and is retried below)
         with self._lock:
             ctl = self._controller
-            for index, what in sorted(self.pending().items()) if ctl is not None else ():
-                for kind, fn in (("clocks", ctl.reset_clock), ("power", ctl.reset_power_limit)):
-                    if kind in what:
-                        try:
-                            fn(index)
-                        except Exception as e:  # keep restoring the others
-                            failures.append(f"GPU {index} {kind}: {e}")
+            if ctl is not None:
+                for index, what in sorted(self.pending().items()):
+                    for kind, fn in (("clocks", ctl.reset_clock), ("power", ctl.reset_power_limit)):
+                        if kind in what:
+                            try:
+                                fn(index)
+                            except Exception as e:  # keep restoring the others
+                                failures.append(f"GPU {index} {kind}: {e}")
         for f in failures:
             print(f"emo: could not restore {f}; run `emo reset-clocks`", file=sys.stderr)
         return failures

@@ -134,7 +134,9 @@ class ZeusdRelay:
         sock, host = os.environ.get(SOCK_ENV), os.environ.get(HOST_ENV)
         if not (sock or host):
             return None
-        return cls(sock or host, uds=bool(sock), token=_token(), timeout_s=timeout_s)
+        endpoint = sock or host
+        assert endpoint is not None  # one of them is set (checked above)
+        return cls(endpoint, uds=bool(sock), token=_token(), timeout_s=timeout_s)
 
     def _where(self) -> str:
         return f"zeusd at {self.endpoint} ({SOCK_ENV if self._config.uds else HOST_ENV})"

@@ -46,7 +46,8 @@ def calibrate(open_dev, names: list[str], min_seconds: float, repeats: int, stri
     benchmark gets a freshly opened one (a long-lived session's measurement history only grows)."""
     if repeats < 1:
         raise ValueError(f"model.repeats: want >= 1, got {repeats}")
-    rows, prof_s, dev_s, clocks, ident, missing = [], 0.0, 0.0, [], {}, []
+    rows, prof_s, dev_s, clocks, ident = [], 0.0, 0.0, [], {}
+    missing: list[str] = []
     bar = None
     try:
         for name in names:

@@ -128,7 +128,11 @@ def _pivot(df: pd.DataFrame, vals: list[str], features: FeatureSet) -> Curves:
     grid = lambda c: full[c].to_numpy(np.float64).reshape(len(names), len(clocks))  # noqa: E731
     t = grid("time_s") if "time_s" in vals else None
     e = grid("energy_j") if "energy_j" in vals else None
-    p = grid("power_w") if "power_w" in vals else e / t
+    if "power_w" in vals:
+        p = grid("power_w")
+    else:
+        assert e is not None and t is not None  # _check_columns: without power_w, both energy_j and time_s
+        p = e / t
     if e is None and t is not None:
         e = p * t
     c = np.stack([grid(k) for k in features], axis=2) if len(features) else np.zeros((len(names), len(clocks), 0))
@@ -191,6 +195,7 @@ def _running_power(bench: Curves, pairs, p_idle: np.ndarray) -> np.ndarray:
     """[C] P_run: least-squares slope of dE against dT over the same-work pairs (emo.model.calibration)."""
     if not pairs or bench.time_s is None:
         return p_idle.copy()
+    assert bench.energy_j is not None  # curves with time have energy (_pivot)
     de, dt = [], []
     for a, b in pairs:
         for n in (a, b):
@@ -199,8 +204,8 @@ def _running_power(bench: Curves, pairs, p_idle: np.ndarray) -> np.ndarray:
         i, j = bench.names.index(a), bench.names.index(b)
         de.append(bench.energy_j[i] - bench.energy_j[j])
         dt.append(bench.time_s[i] - bench.time_s[j])
-    de, dt = np.asarray(de), np.asarray(dt)
-    return np.maximum((de * dt).sum(axis=0) / np.maximum((dt * dt).sum(axis=0), 1e-300), p_idle)
+    de_a, dt_a = np.asarray(de), np.asarray(dt)
+    return np.maximum((de_a * dt_a).sum(axis=0) / np.maximum((dt_a * dt_a).sum(axis=0), 1e-300), p_idle)
 
 
 def denoise(clocks: np.ndarray, values: np.ndarray, inverse: bool, degree: int = 3) -> np.ndarray:
@@ -324,6 +329,7 @@ def _basis(bn: _Bench, grid: np.ndarray, smooth: bool, p_idle_b: np.ndarray, p_r
 def _truth(c: Curves) -> dict[str, np.ndarray]:
     out = {"power_w": c.power_w}
     if c.time_s is not None:
+        assert c.energy_j is not None  # curves with time have energy (_pivot)
         out["time_s"], out["energy_j"] = c.time_s, c.energy_j
     return out
 
@@ -346,8 +352,10 @@ def _plain_reference(basis: Basis, anchors: Anchors, mean: dict[str, np.ndarray]
 
     if basis.time_s is None:
         return {"power_w": anchors.power_w[:, None] * shape(basis.power_w[rows], mean["power_w"])}
+    e_b = basis.energy_j
+    assert e_b is not None and anchors.time_s is not None and anchors.energy_j is not None  # with time, as the basis
     t = anchors.time_s[:, None] * shape(basis.time_s[rows], mean["time_s"])
-    e = anchors.energy_j[:, None] * shape(basis.energy_j[rows], mean["energy_j"])
+    e = anchors.energy_j[:, None] * shape(e_b[rows], mean["energy_j"])
     return {"time_s": t, "energy_j": e, "power_w": e / t}
 
 
@@ -433,14 +441,19 @@ def _read_inputs(bench: pd.DataFrame, targets: pd.DataFrame, features, counters,
     ib, is_ = int(np.searchsorted(b.clocks, f_ref)), int(np.searchsorted(s.clocks, f_ref))
     cb, cs = _at_reference(b, ib, "bench"), _at_reference(s, is_, "targets")
     has_t = b.time_s is not None
-    tb_ref, ts_ref = (b.time_s[:, ib], s.time_s[:, is_]) if has_t else (None, None)
+    tb_ref: np.ndarray | None = None
+    ts_ref: np.ndarray | None = None
+    if b.time_s is not None:
+        assert s.time_s is not None  # _check_reference: both tables have time_s or neither
+        tb_ref, ts_ref = b.time_s[:, ib], s.time_s[:, is_]
     warns = feature_warnings(fs, cb, tb_ref, cs, ts_ref)
     norm = normalisation(fs, bench, cb, tb_ref)
+    t_smooth = denoise(b.clocks, b.time_s, True) if b.time_s is not None else None
     smoothed = {
-        True: (denoise(b.clocks, b.time_s, True) if has_t else None, denoise(b.clocks, b.power_w, False)),
+        True: (t_smooth, denoise(b.clocks, b.power_w, False)),
         False: (b.time_s, b.power_w),
     }
-    wi_b, wi_s = model_inputs(cb, smoothed[True][0][:, ib] if has_t else None, cs, ts_ref, fs)
+    wi_b, wi_s = model_inputs(cb, t_smooth[:, ib] if t_smooth is not None else None, cs, ts_ref, fs)
     return _Data(fs, b, s, f_ref, ib, is_, has_t, ts_ref, smoothed, wi_b, wi_s, cb, cs, warns, norm)
 
 
@@ -491,16 +504,19 @@ def _predictions(d: _Data, bn: _Bench, form: Form, p_idle_b, p_run_b, notes: lis
     clocks = np.union1d(d.b.clocks, s.clocks)  # where every curve is evaluated
     basis = _basis(bn, clocks, form.smooth, p_idle_b, p_run_b)
     ref = basis if form.smooth else _basis(bn, clocks, True, p_idle_b, p_run_b)  # references: denoised curves
-    es_ref = s.energy_j[:, is_] if d.has_t else None
+    es_ref: np.ndarray | None = None
+    if d.has_t:
+        assert s.energy_j is not None  # curves with time have energy (_pivot)
+        es_ref = s.energy_j[:, is_]
     anchors = Anchors(d.wi_s, d.cs, ts_ref, es_ref, s.power_w[:, is_])
     pred: dict[str, dict[str, np.ndarray]] = {}
     pred["emo"], mixed = predict(form, basis, anchors)
     mean = mean_shapes(ref)
-    pred["mean_curve"] = {
-        q: anchors_q[:, None] * mean[q][None, :]
-        for q, anchors_q in (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_]))
-        if q in mean
-    }
+    pred["mean_curve"] = {}
+    for q, anchors_q in (("time_s", ts_ref), ("energy_j", es_ref), ("power_w", s.power_w[:, is_])):
+        if q in mean:
+            assert anchors_q is not None  # mean has time and energy only where both tables have time_s
+            pred["mean_curve"][q] = anchors_q[:, None] * mean[q][None, :]
     if d.has_t:
         pred["mean_curve"]["power_w"] = pred["mean_curve"]["energy_j"] / pred["mean_curve"]["time_s"]
     pred["nnls"] = _plain_reference(ref, anchors, mean)

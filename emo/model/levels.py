@@ -20,6 +20,7 @@ even that fails, k comes from the default-clock iteration alone (emo.model.calib
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,9 +78,10 @@ def resolved(meas: dict, baseline: dict) -> bool:
     """Whether the slowdown from the default clock to `meas`'s stands out of the two measurements'
     noise (their standard errors; True where the device reports none)."""
     sd = [m.get("iteration_time_sd_s") for m in (meas, baseline)]
-    if any(x is None for x in sd):
+    sd_known = [x for x in sd if x is not None]
+    if len(sd_known) < len(sd):
         return True
-    se = [float(x) / np.sqrt(max(int(m.get("iterations", 1)), 1)) for x, m in zip(sd, (meas, baseline))]
+    se = [float(x) / np.sqrt(max(int(m.get("iterations", 1)), 1)) for x, m in zip(sd_known, (meas, baseline))]
     return abs(float(meas["iteration_time_s"]) - float(baseline["iteration_time_s"])) > LEVEL_MIN_SE * float(
         np.hypot(*se)
     )
@@ -164,6 +166,9 @@ def energy_levels(
     for (mhz, meas), share in zip(points, shares):
         pol = None if mhz is None else FrequencyPolicy.static(gpu, ids, mhz)
         p, b = predict(t, pol), predict(tb, pol)
+        # predict fills the per-device energies
+        assert p.idle_per_device_j is not None and p.dynamic_per_device_j is not None
+        assert b.dynamic_per_device_j is not None
         i, y, bb = (
             p.idle_per_device_j / p.iterations,
             p.dynamic_per_device_j / p.iterations,
@@ -171,19 +176,20 @@ def energy_levels(
         )
         e = float(meas["iteration_energy_j"])
         if per_gpu:
+            assert share is not None  # per_gpu: every share is known
             rows += np.c_[i - bb, y].tolist()
             rhs += (e * share - bb).tolist()
         else:
             rows.append([i.sum() - bb.sum(), y.sum()])
             rhs.append(e - bb.sum())
-    rows, rhs = np.array(rows), np.array(rhs)
-    if len(rows) >= 2 and np.linalg.matrix_rank(rows / np.abs(rows).max(), tol=1e-9) == 2:
-        (a, k), *_ = np.linalg.lstsq(rows, rhs, rcond=None)  # least squares over every measured point
+    rows_a, rhs_a = np.array(rows), np.array(rhs)
+    if len(rows_a) >= 2 and np.linalg.matrix_rank(rows_a / np.abs(rows_a).max(), tol=1e-9) == 2:
+        (a, k), *_ = np.linalg.lstsq(rows_a, rhs_a, rcond=None)  # least squares over every measured point
         if 0 < a <= 1 and k > 0:
-            return float(a), float(k), f"{len(rows)}-point" + (" (per GPU)" if per_gpu else "")
+            return float(a), float(k), f"{len(rows_a)}-point" + (" (per GPU)" if per_gpu else "")
     # a GPU between kernels draws at most the idle benchmark's power (it holds a kernel): when the
     # points cannot separate the levels (a GPU busy all the time), keep a = 1 and fit k to them all
-    y, r = rows[:, 1], rhs - rows[:, 0]
+    y, r = rows_a[:, 1], rhs_a - rows_a[:, 0]
     k = float(y @ r / (y @ y)) if (y @ y) > 0 else float("nan")
     return (1.0, k, "dynamic-only") if k > 0 else (1.0, float("nan"), "default-clock")
 
@@ -227,7 +233,7 @@ def fit_workload(
         )
         model = with_levels(model, 1.0, k)
     t = pack_tables(graph, packs, model, anchors)
-    check = {
+    check: dict[str, Any] = {
         "energy_levels": how,
         "idle_level": a,
         "energy_level": k,

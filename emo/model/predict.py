@@ -67,6 +67,9 @@ class PackTables:
     compiled: Compiled = field(repr=False)
     anchors: pd.DataFrame | None = field(default=None, repr=False)
     iterations: int = 1
+    # caches of engine_arrays and anchor_arrays, made on first use
+    _engine_arrays: tuple[np.ndarray, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _anchor_arrays: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def default_mhz(self) -> int:
@@ -167,7 +170,8 @@ def clock_timelines(
     d = len(t.device_keys)
     clocks = t.clocks_mhz
     snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
-    up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms
+    # np.isscalar is a TypeGuard (not TypeIs): numpy's stub leaves the else branch un-narrowed
+    up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms  # type: ignore[misc]
     by_gpu: dict[int, list] = {}
     if policy is not None:
         for dev_id, steps in policy.steps.items():
@@ -175,15 +179,16 @@ def clock_timelines(
                 by_gpu[t.policy_device(int(dev_id))] = sorted(steps, key=lambda x: x.t_ms)
     ptr, ts, cis = [0], [], []
     for g in range(d):
-        steps = by_gpu.get(g)
-        if not steps or iter_start_ns.shape[1] == 0:
+        g_steps = by_gpu.get(g)
+        if not g_steps or iter_start_ns.shape[1] == 0:
             ts.append(-np.inf)
-            cis.append(t.default_index if not steps else snap(steps[-1].sm_mhz))
+            cis.append(t.default_index if not g_steps else snap(g_steps[-1].sm_mhz))
             ptr.append(len(ts))
             continue
+        assert policy is not None  # by_gpu has steps only from a policy
         plan = [
             (i.at_s * 1e9, snap(i.sm_mhz))
-            for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
+            for i in issue_plan(g_steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
         ]
         marks = list(iter_start_ns[g])
         first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
@@ -193,7 +198,7 @@ def clock_timelines(
             nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
             issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
         issued.sort(key=lambda x: x[0])
-        first = snap(steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
+        first = snap(g_steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
         ts.append(-np.inf)
         cis.append(first)
         if issued:
@@ -258,6 +263,7 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
     if cached is not None:
         return cached
     a, k = t.anchors, t.iterations
+    assert a is not None  # iteration_marks: called only with anchors
     node = np.zeros((len(t.device_keys), k), np.int64)
     offset = np.zeros((len(t.device_keys), k))
     for g, (rank, _) in enumerate(t.device_keys):
@@ -268,7 +274,7 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
         node[g, :m], offset[g, :m] = r["node"].to_numpy(np.int64), r["offset_ns"].to_numpy(np.float64)
         node[g, m:], offset[g, m:] = node[g, m - 1], offset[g, m - 1]
     t._anchor_arrays = (node, offset)
-    return t._anchor_arrays
+    return node, offset
 
 
 def predict(

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,13 @@ def _point(device, res, n: int, sm_mhz: int | None) -> dict:
 
 
 def measure_baselines(
-    device, workload, iteration_s: float, min_seconds: float, warmup: int = 1, gpus: list[int] = (0,), fractions=(0.7,)
+    device,
+    workload,
+    iteration_s: float,
+    min_seconds: float,
+    warmup: int = 1,
+    gpus: Sequence[int] = (0,),
+    fractions=(0.7,),
 ) -> dict:
     """The default-clock iteration (top-level keys) and one at the clock nearest each fraction of the
     max clock (key `levels`, highest clock first): the points the fit's time and energy levels match,

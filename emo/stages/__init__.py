@@ -57,7 +57,7 @@ class Stage:
         default_factory=dict
     )
     outputs: tuple[str, ...] = ()
-    outside: Callable[[dict], Mapping[str, str]] | None = None
+    outside: Callable[[dict], Mapping[str, str | Path]] | None = None
     code: tuple[str, ...] = ()
 
     def seen(self, cfg: dict) -> dict:

@@ -88,6 +88,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     policy.save(out / "policy.json")
     # per iteration, by the stage's predictor at the mean configured latency
     t, e = policy.predicted_time_s, policy.predicted_energy_j
+    assert t is not None and e is not None  # an offline method's policy carries its prediction (emo.methods)
     summary["predicted"] = {
         "time_s": t,
         "energy_j": e,

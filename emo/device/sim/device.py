@@ -209,7 +209,7 @@ class SimDevice:
         res, tab = self.last_sim, getattr(self, "last_tables", None)
         g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
         span = 0.0 if res is None else res.t_end - res.t_start
-        if g is None or tab is None or span <= 0:
+        if res is None or g is None or tab is None or span <= 0:
             return {"gpu": 0.0, "memory": 0.0}
         cols = _kernel_segments(res, g)
         mem = 0.0
@@ -232,7 +232,7 @@ class SimDevice:
             raise ValueError(f"device index {device} out of range")
 
     # ------------------------------------------------------------------ tables
-    def tables(self, kernels: list[KernelSpec]) -> tuple[KernelTables, list, list]:
+    def tables(self, kernels: list[KernelSpec]) -> tuple[KernelTables, list, list, list]:
         """Per kernel x clock duration and power, and the clock each kernel really gets under the cap."""
         tab = self.gp.kernel_tables([k.work for k in kernels])
         slow, cslow = self.gp.contention(tab)
@@ -249,17 +249,17 @@ class SimDevice:
         plan = None
         if policy is not None:
             plan = {}
-            for g in range(program.ranks):
-                steps = sorted(policy.steps.get(g, []), key=lambda s: s.t_ms)
+            for gi in range(program.ranks):
+                steps = sorted(policy.steps.get(gi, []), key=lambda s: s.t_ms)
                 if not steps:
                     continue
                 issues = [
                     (i.at_s * 1e9, self.clock_index(i.sm_mhz))
                     for i in issue_plan(steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
                 ]
-                first = None if g in self._applier_started else self.clock_index(steps[0].sm_mhz)
-                plan[g] = (first, issues)
-                self._applier_started.add(g)
+                first = None if gi in self._applier_started else self.clock_index(steps[0].sm_mhz)
+                plan[gi] = (first, issues)
+                self._applier_started.add(gi)
         rng = np.random.default_rng([self.seed, self._runs])
         self._runs += 1
         wall = time.perf_counter()
@@ -277,10 +277,12 @@ class SimDevice:
             gs = range(program.ranks)
             th = None
             if self.meters[0].thermal is not None:
+                tls = [self.meters[g].thermal for g in gs]
+                assert all(tl is not None for tl in tls)  # every GPU gets a thermal model when GPU 0 does
                 th = (
                     [self.static_w_g[g].tolist() for g in gs],
-                    [self.meters[g].thermal.theta for g in gs],
-                    [self.meters[g].thermal.p_ref for g in gs],
+                    [tl.theta for tl in tls if tl is not None],
+                    [tl.p_ref for tl in tls if tl is not None],
                 )
             power = (
                 self.cap_w,
@@ -507,7 +509,7 @@ class SimDevice:
         g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
         period = float(self.cfg.get("nvml_sample_ms", 1000.0 / 6)) * 1e6
         n = 0 if res is None else int((res.t_end - res.t_start) // period)
-        if g is None or tab is None or n < 1:
+        if res is None or g is None or tab is None or n < 1:
             return {"gpu": [], "memory": []}
         cols = _kernel_segments(res, g)
         edges = res.t_start + period * np.arange(n + 1)

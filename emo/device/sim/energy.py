@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.signal import lfilter
@@ -33,7 +34,7 @@ def power_steps(
     segs: list[tuple],
     kernel_power: np.ndarray,
     xsegs: list[tuple],
-    kernels: list[tuple] = (),
+    kernels: Sequence[tuple] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Breakpoints and cumulative energy (J) over [t0, t1] (ns) of one GPU.
 
@@ -75,7 +76,7 @@ def power_steps(
     return tt, e
 
 
-def _table(rows: list[tuple], width: int) -> np.ndarray:
+def _table(rows: Sequence[tuple], width: int) -> np.ndarray:
     """A list of equal-length numeric tuples as a float array (fromiter: ~2x faster than asarray)."""
     flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
     return flat.reshape(len(rows), width)

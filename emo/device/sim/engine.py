@@ -97,7 +97,7 @@ class _Gpu:
         self.sm_waiters: list[_Stream] = []
         # running compute kernel: [stream, kid, seg_start, frac_left, eff_ci, start, corr, ext, jitter,
         # progress_t (when frac_left was last updated), its full duration at the current rate]
-        self.run = None
+        self.run: list | None = None
         self.ver = 0
         self.req_ci = ci
         self.last_issue = last_issue
@@ -126,27 +126,32 @@ class RankRecord:
     iter_t: list = field(default_factory=list)  # host time of each ITER
     host_end: float = 0.0
     gpu_end: float = 0.0
-    log: object = None  # hostplan.HostLog: the host's records, rebuilt on demand
+    log: hostplan.HostLog | None = None  # hostplan.HostLog: the host's records, rebuilt on demand
 
     @property
     def host(self) -> list:
         """Runtime calls: (rt_code, t0, dur, corr, ext, arg, cpu_op t0, cpu_op name)."""
+        assert self.log is not None  # set by the engine before any reader asks
         return self.log.build()[0]
 
     @property
     def cpu_ops(self) -> list:  # (name, t0, dur, ext)
+        assert self.log is not None  # set by the engine before any reader asks
         return self.log.build()[1]
 
     @property
     def annotations(self) -> list:  # user_annotation scopes: (name, t0, dur, ext)
+        assert self.log is not None  # set by the engine before any reader asks
         return self.log.build()[2]
 
     @property
     def comm_ops(self) -> list:  # record_param_comms: (t0, dur, ext, coll_idx)
+        assert self.log is not None  # set by the engine before any reader asks
         return self.log.build()[3]
 
     @property
     def syncs(self) -> list:  # cuda_sync: (kind, sid, t0, t1, corr, ext, rec_corr, rec_sid)
+        assert self.log is not None  # set by the engine before any reader asks
         return self.log.build()[4]
 
 
@@ -550,6 +555,7 @@ class Engine:
     # ------------------------------------------------------------------ power controller
     def _power_acc(self, g: _Gpu, run, t: float, req: int | None = None) -> None:
         """Add the running segment's energy above idle since the controller's last tick."""
+        assert self.power is not None  # the controller only runs when a cap binds
         kpow, idle = self.power[1][g.idx], self.power[2][g.idx]
         s0 = run[2] if run[2] > g.p_t else g.p_t
         if t > s0:
@@ -560,6 +566,7 @@ class Engine:
         the clock ceiling down in proportion to the excess over the limit, or up in proportion to the
         headroom once under it by more than the hysteresis."""
         ph = self.phys
+        assert self.power is not None  # the controller only runs when a cap binds
         cap_w, idle, thermal = self.power[0], self.power[2][g.idx], self.power[3]
         period = ph.power_period_ms * 1e6
         if g.run is not None:
@@ -694,13 +701,13 @@ class Engine:
                             ready = max(ready, self.wake[r])
                         t1 = ready + di
                     elif c == 6:  # EVENT_SYNC
-                        er = events.get(a)
-                        if er is not None and er[0] is None:
-                            er[1].append(r)
+                        waited = events.get(a)
+                        if waited is not None and waited[0] is None:
+                            waited[1].append(r)
                             yield
                             ready = max(ready, self.wake[r])
-                        elif er is not None:
-                            ready = max(ready, er[0])
+                        elif waited is not None:
+                            ready = max(ready, waited[0])
                         t1 = ready + di
                     else:  # DEVICE_SYNC
                         if g.pending:

@@ -161,7 +161,9 @@ def plan(prog, r: int, phys, stream_of) -> HostPlan:
     span = np.zeros(n)
     for k in (J_LAUNCH, J_NCCL, J_RUNTIME, J_MEMCPY):
         m = cat == k
-        lo[m], span[m] = rng_ns[JITTER_KEYS[k]]
+        key = JITTER_KEYS[k]
+        assert key is not None  # only J_NONE has no jitter key
+        lo[m], span[m] = rng_ns[key]
     corr_idx = np.cumsum(corr_inc)
     ext_idx = np.cumsum(ext_inc)
     act = [(i, c, a, b, int(corr_idx[i]), int(ext_idx[i])) for i, c, a, b in active]

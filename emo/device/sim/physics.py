@@ -215,6 +215,7 @@ class KernelTables:
 
     def chip_power_w(self, gp: GpuPhysics, chip: int, seed: int) -> np.ndarray:
         """[K, C] power_w of one chip of the node (its voltage offset and leakage)."""
+        assert self.core_w is not None and self.dram_w is not None  # GpuPhysics.kernel_tables fills both
         return gp.board_w(self.core_w, self.dram_w, chip, seed)
 
 
@@ -325,6 +326,7 @@ class GpuPhysics:
         )
         peak["l2"] = (x["l2_bytes"][:, None] / p.l2_bytes_per_cycle) / f_hz * 1e9
         dram_bytes = (x["dram_read_bytes"] + x["dram_write_bytes"])[:, None]
+        assert isinstance(comp, np.ndarray)  # COMPUTE_UNITS is not empty
         t_bw = np.broadcast_to(dram_bytes / p.dram_gbps, comp.shape)  # ns (GB/s == bytes/ns)
         dram_eff, expose, _, issue_eff = factors if factors is not None else shape_factors(w, p)
         t_issue = dram_bytes / (p.dram_issue_bytes_per_cycle * issue_eff) / f_hz * 1e9

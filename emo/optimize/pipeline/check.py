@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -155,6 +156,7 @@ def planning_latencies(
             "it, or from a device that cannot time clock requests): re-run the calibrate stage (emo run "
             "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)"
         )
+    assert measured is not None  # it has samples
     x, x_up, x_down = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
     a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
@@ -228,6 +230,7 @@ def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Late
     Only the lead changes; the quadrature a plan is judged by stays the same."""
     if opt.get("transition_ms") is not None or not (measured or {}).get("samples"):
         return [lats]
+    assert measured is not None  # it has samples
     _, x_up, _ = _directions(measured)
     his = [float(np.percentile(x_up, q)) for q in LEAD_PERCENTILES]
     return [lats] + [dataclasses.replace(lats, hi=h) for h in dict.fromkeys(his) if h > lats.hi]
@@ -241,7 +244,8 @@ def expected(tables, policy: FrequencyPolicy, lats):
     energy the mean over each GPU's own, plus the peers' wait at idle power. What the stage reports,
     and the one on-time test of the budget search, the polish and the repair."""
     q = Latencies.of(lats)
-    runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]
+    # the ignores: emo.model.predict takes an (up, down) pair too (its docstring); its annotation leaves it out
+    runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]  # type: ignore[arg-type]  # see above
 
     def mean(runs, weights, attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
         w = np.asarray(weights) / np.sum(weights)
@@ -256,15 +260,17 @@ def expected(tables, policy: FrequencyPolicy, lats):
         }
 
     slow = max(runs, key=lambda r: r.makespan_ns)
-    time = {k: mean(runs, q.weights, k) for k in ("time_s", "makespan_ns")}
+    time: dict[str, Any] = {k: mean(runs, q.weights, k) for k in ("time_s", "makespan_ns")}  # Prediction's fields
     if q.own_nodes is None:
-        energy = {k: mean(runs, q.weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")}
+        energy: dict[str, Any] = {
+            k: mean(runs, q.weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")
+        }
         return dataclasses.replace(slow, **time, **energy, **per_gpu(runs, q.weights))
     # each GPU's clock follows its own raise; only the time waits for the group's latest: the energy
     # at the GPUs' own latencies, plus the wait for the latest peer at the GPUs' default-clock idle
     # power (the latest-of-peers latency for every GPU kept each one slow for as long as the slowest,
     # which on the hybrid TP2 x PP2 x DP2 predicted 0.8 points of ES more than its own latencies)
-    own = [predict(tables, policy, transition_ms=q.at(x)) for x in q.own_nodes]
+    own = [predict(tables, policy, transition_ms=q.at(x)) for x in q.own_nodes]  # type: ignore[arg-type]  # as above
     energy = {k: mean(own, q.own_weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")}
     wait_ns = max(time["makespan_ns"] - mean(own, q.own_weights, "makespan_ns"), 0.0)
     wait_j = wait_ns * 1e-9 * float(tables.idle_power_w[:, tables.default_index].sum())
@@ -281,7 +287,7 @@ def fit_to_prediction(
     budget: float,
     interval_ms: float,
     period_ns: float,
-    transitions_ms: tuple[float, ...],
+    transitions_ms: Latencies | tuple[float, ...],
     max_rounds: int = 400,
     window_starts=None,
     shrink_steps: int = 8,

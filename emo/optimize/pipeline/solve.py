@@ -167,6 +167,7 @@ def solve(
         },
     }
     if lats.own_nodes is not None:  # the energy's: each GPU's own raise
+        assert lats.own_weights is not None  # set with own_nodes (planning_latencies)
         record["latency_quadrature"].update(
             {
                 "own_nodes_ms": [round(x, 4) for x in lats.own_nodes],
@@ -175,6 +176,7 @@ def solve(
         )
 
     def starts(s: Solution) -> np.ndarray:
+        assert items.edges_ns is not None  # iteration_items sets the change points
         return planned_window_starts(s, tables, timing, items.edges_ns)
 
     def build(s: Solution, lats: Latencies) -> FrequencyPolicy:
@@ -329,20 +331,20 @@ def solve(
     policy.budget = budget  # the user's budget; the planning budget is in the summary
     pred = expected(tables, policy, lats)
     policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
-    plan = sol.summary()
+    planned = sol.summary()
     summary = {
         "method": name,
         "budget": budget,
-        "plan": {k: plan[k] for k in ("feasible", "items", "clock_groups")}
+        "plan": {k: planned[k] for k in ("feasible", "items", "clock_groups")}
         | {
-            "time_ms": plan["predicted_time_ms"],
-            "energy_j": plan["predicted_energy_j"],
-            "baseline_time_ms": plan["baseline_time_ms"],
-            "baseline_energy_j": plan["baseline_energy_j"],
+            "time_ms": planned["predicted_time_ms"],
+            "energy_j": planned["predicted_energy_j"],
+            "baseline_time_ms": planned["baseline_time_ms"],
+            "baseline_energy_j": planned["baseline_energy_j"],
         },
         name: {
             k: v
-            for k, v in {**plan, **record}.items()
+            for k, v in {**planned, **record}.items()
             if k
             not in (
                 "method",

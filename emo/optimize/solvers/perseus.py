@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from importlib import metadata
+from typing import cast
 
 import numba
 import numpy as np
@@ -49,6 +50,7 @@ def optimize_perseus(
     iterations; the walk stops after 2 × `max_iterations` of them (a count: the same answer on any
     machine)."""
     import networkx as nx
+    from lowtime.cost_model import CostModel
     from lowtime.operation import (
         CandidateExecutionOptions,
         ExecutionOption,
@@ -90,7 +92,7 @@ def optimize_perseus(
             for c, (t, e) in enumerate(zip(times_ns, costs))
         ]
         cand = CandidateExecutionOptions(options=opts)
-        return OperationSpec(options=cand, cost_model=HullCost(cand))
+        return OperationSpec(options=cand, cost_model=cast(CostModel, HullCost(cand)))  # lowtime's contract, duck-typed
 
     for k in range(K):
         g.add_node(int(k), op=Operation(spec=spec_for(udur[k], uen[k])))
@@ -235,7 +237,7 @@ def _rust_fallback(counter: list[int]):
     class Shim:
         PhillipsDessouky = Runner
 
-    lt_solver._lowtime_rs = Shim
+    lt_solver._lowtime_rs = Shim  # type: ignore[assignment]  # a monkeypatch: the shim stands in for the Rust module
     try:
         yield
     finally:
