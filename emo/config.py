@@ -386,17 +386,20 @@ def _workload_rules(w: dict) -> None:
                 m["heads"],
             )
     if kind == "tp":
+        assert m is not None  # the schema gives every tp, pp and hybrid workload a model
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
                 _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
         if w.get("overlap", "domino") == "domino" and m["batch"] % w["chunks"]:
             _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
     elif kind == "pp":
+        assert m is not None
         if w["microbatches"] < w["pp"]:
             _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
         if m["layers"] < w["pp"]:
             _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
     elif kind == "hybrid":
+        assert m is not None
         if w["tp"] * w["pp"] * w["dp"] > 64:
             _bad(
                 "workload.dp",
@@ -430,8 +433,10 @@ def _check_node(schema: type, node: dict, prefix: str) -> None:
                 pass
             elif value is None or not test(value):
                 _bad(key, text, value)
-        sub = WORKLOADS.get(value.get("kind")) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
-        if isinstance(value, dict) and dataclasses.is_dataclass(sub):
+        sub = (
+            WORKLOADS.get(value.get("kind", "")) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
+        )
+        if isinstance(value, dict) and isinstance(sub, type) and dataclasses.is_dataclass(sub):
             _check_node(sub, value, key + ".")
 
 

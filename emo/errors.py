@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TypeGuard
 
 ERRORS_ENV = "EMO_ERRORS"  # set by `emo run`: where a failing stage appends its line
 VERBOSE_ENV = "EMO_VERBOSE"  # set by `emo run --verbose`: stages also log (and trace back) to stderr
@@ -29,7 +30,7 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def is_interrupt(e: BaseException) -> bool:
+def is_interrupt(e: BaseException) -> TypeGuard[KeyboardInterrupt]:
     return isinstance(e, KeyboardInterrupt)
 
 

@@ -50,8 +50,10 @@ def progress(total: int, desc: str) -> Iterator[Progress]:
 
 def track(items: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
     """`items`, advancing a progress bar for each."""
-    items = list(items) if total is None else items
-    with progress(len(items) if total is None else total, desc) as p:
+    if total is None:
+        items = list(items)
+        total = len(items)
+    with progress(total, desc) as p:
         for x in items:
             yield x
             p.update()

@@ -280,7 +280,8 @@ def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, t
     dense_of = {key: i for i, key in enumerate(tables.device_keys)}
     work["sm_mhz"] = 0
     for key, g in work.groupby(["rank", "device"]):
-        work.loc[g.index, "sm_mhz"] = clock_at(dense_of[tuple(int(x) for x in key)], g["start"].to_numpy())
+        rank, device = key
+        work.loc[g.index, "sm_mhz"] = clock_at(dense_of[int(rank), int(device)], g["start"].to_numpy())
     clocks = {}
     for n, (rank, _) in enumerate(tables.device_keys):
         tt = ts[ptr[n] : ptr[n + 1]]

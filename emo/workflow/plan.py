@@ -57,6 +57,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
         _expand_home(cfg)
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        assert isinstance(out, dict)  # a DictConfig becomes a dict
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
     check(out)
@@ -116,7 +117,11 @@ def _unknown_key(e: Exception, cfg) -> str | None:
     if not m or "not in" not in str(e.__cause__ or ""):
         return None
     key = m.group(1)
-    keys = [k for k, _ in _leaves(OmegaConf.to_container(cfg, resolve=False))] if cfg is not None else []
+    keys: list[str] = []
+    if cfg is not None:
+        tree = OmegaConf.to_container(cfg, resolve=False)
+        assert isinstance(tree, dict)  # a DictConfig becomes a dict
+        keys = [k for k, _ in _leaves(tree)]
     near = difflib.get_close_matches(key, keys, n=3)
     return f"{key} is not a key of the configuration" + (f" (did you mean {', '.join(near)}?)" if near else "")
 
@@ -255,7 +260,11 @@ def imported_modules(root: str) -> list[str]:
 def code_digest(stage: str) -> str:
     """Digest of the code of `stage`: the source of every module emo.stages.<stage> imports and the
     repository files it declares (Stage.code), so a code change re-runs exactly the stages that run that code."""
-    files = [module_file(m) for m in imported_modules(f"emo.stages.{stage}")]
+    files: list[Path] = []
+    for m in imported_modules(f"emo.stages.{stage}"):
+        f = module_file(m)
+        assert f is not None, m  # imported_modules lists modules that have a source file
+        files.append(f)
     for rel in declaration(stage).code if stage in STAGES else ():
         p = ROOT / rel
         files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES) if p.is_dir() else [p]

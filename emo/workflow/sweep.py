@@ -16,7 +16,7 @@ import fcntl
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,11 +123,11 @@ class Sweep:
 def build(job_overrides: list[list[str]]) -> Sweep:
     """Compose and plan every job; one table of stage folders over all of them (shared ones once)."""
     shared = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
-    jobs = []
+    built: list[Job] = []
     for o in job_overrides:
         cfg = compose(o)
-        jobs.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
-    jobs = tuple(jobs)
+        built.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
+    jobs = tuple(built)
     from emo.workflow.tracking import check_uri
 
     for tracking in {
@@ -338,7 +338,7 @@ def result_line(job: Job, failed_with: str | None = None) -> str:
 def finish(
     sw: Sweep,
     name: str | None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     *,
     print_results: bool = True,
     error: str | None = None,

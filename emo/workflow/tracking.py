@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,6 +158,7 @@ def open_store(tracking_cfg: dict):
             with contextlib.suppress(MlflowException):  # another process created it first
                 c.create_experiment(name, artifact_location=(store / "mlartifacts").as_uri() if store else None)
             exp = c.get_experiment_by_name(name)
+        assert exp is not None  # created above, by this process or another
     return c, exp.experiment_id
 
 
@@ -287,12 +289,12 @@ def sweep_params(cfgs: list[dict], overrides: list[str]) -> dict[str, str]:
 def log_sweep(
     jobs: list,
     name: str | None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     plots: dict[str, list[Path]] | None = None,
     *,
     error: str | None = None,
     killed: bool = False,
-    failed: set[str] = frozenset(),
+    failed: Collection[str] = frozenset(),
 ) -> dict[str, str]:
     """Log a finished Snakemake run: a child run per job (under one parent when `name` is given: a
     sweep), FINISHED when its result is there (and the job is not in `failed`: its result is an
@@ -307,12 +309,12 @@ def log_sweep(
 def _log_sweep(
     jobs: list,
     name: str | None,
-    overrides: list[str],
+    overrides: Sequence[str],
     plots: dict[str, list[Path]] | None,
     *,
     error: str | None,
     killed: bool,
-    failed: set[str] = frozenset(),
+    failed: Collection[str] = frozenset(),
 ) -> dict[str, str]:
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
