@@ -70,4 +70,3 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"emo: interrupted ({signal_name(e)})", file=sys.stderr)
         return exit_status(e)
-
