@@ -70,6 +70,10 @@ class Stage:
     def outside_for(self, cfg: dict) -> dict[str, str]:
         return {k: str(v) for k, v in self.outside(self.seen(cfg)).items()} if self.outside else {}
 
+    def named_outputs(self) -> dict[str, tuple[str, bool]]:
+        """Each declared output by its stem: (file, whether it is a folder), for the Snakemake rule."""
+        return {f.rstrip("/").split(".")[0]: (f.rstrip("/"), f.endswith("/")) for f in self.outputs}
+
     def upstream(self, cfg: dict) -> tuple[str, ...]:
         """The stages whose folders it reads, in the order its inputs name them."""
         return tuple(dict.fromkeys(up for up, _ in self.inputs_for(cfg).values()))

@@ -51,8 +51,8 @@ def stage_outputs(stage):
     """The files `stage` declares it writes (Stage.outputs, a folder as directory()), named by their
     stem, and config.json, written last, which a later run trusts the folder by."""
     files = {
-        f.rstrip("/").split(".")[0]: (directory(out(stage, f.rstrip("/"))) if f.endswith("/") else out(stage, f))
-        for f in declaration(stage).outputs
+        name: directory(out(stage, f)) if folder else out(stage, f)
+        for name, (f, folder) in declaration(stage).named_outputs().items()
     }
     return {**files, "config": out(stage, "config.json")}
 
