@@ -237,7 +237,7 @@ def _rust_fallback(counter: list[int]):
     class Shim:
         PhillipsDessouky = Runner
 
-    lt_solver._lowtime_rs = Shim  # type: ignore[assignment]  # a monkeypatch: the shim stands in for the Rust module
+    lt_solver._lowtime_rs = Shim  # type: ignore[assignment]  # for this call only: the shim stands in for the Rust module
     try:
         yield
     finally:
