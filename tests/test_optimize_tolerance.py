@@ -14,6 +14,7 @@ from emo.graph.whatif import ROUNDING_TOLERANCE_NS, TOLERANCE_NS
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
 from emo.optimize.pipeline.tables import MAX_TIME_TOLERANCE, Timing, iteration_noise_ns, time_tolerance_ns
+from emo.stages import run_chain
 from emo.stages.optimize import clock_latency
 from emo.workflow.plan import compose
 
@@ -58,37 +59,9 @@ def test_tolerance_floor_and_cap():
 
 
 @pytest.fixture(scope="module")
-def offload(tmp_path_factory, run_stage):
-    _stage = run_stage
+def offload(tmp_path_factory):
     d = tmp_path_factory.mktemp("offload")
-    cfg = compose(OFFLOAD)
-    _stage("calibrate", cfg, {}, d / "calibrate")
-    _stage("trace", cfg, {}, d / "trace")
-    _stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    _stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    _stage(
-        "profile",
-        cfg,
-        {
-            "packs": d / "pack/packs.parquet",
-            "events": d / "trace/events.parquet",
-            "measured": d / "trace/measured.json",
-            "graph_nodes": d / "graph/nodes.parquet",
-        },
-        d / "profile",
-    )
-    _stage(
-        "fit",
-        cfg,
-        {
-            "bench": d / "calibrate/bench.parquet",
-            "metrics": d / "profile/metrics.parquet",
-            "packs": d / "pack/packs.parquet",
-            "baseline": d / "profile/baseline.json",
-            "iterations": d / "pack/iterations.parquet",
-        },
-        d / "fit",
-    )
+    run_chain(compose(OFFLOAD), d, until="fit")
     return d
 
 

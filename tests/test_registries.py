@@ -18,6 +18,7 @@ from emo.config import WorkloadConfig, at_least
 from emo.device import backends
 from emo.device import control as ctl
 from emo.policy import FrequencyPolicy
+from emo.stages import run_chain
 from emo.trace import read as trace_read
 from emo.workflow.plan import ROOT, compose
 from emo.workloads import _REGISTRY as WORKLOAD_REGISTRY
@@ -80,36 +81,9 @@ def test_an_unknown_workload_kind_is_one_line():
 
 # ---------------------------------------------------------------- methods
 @pytest.fixture(scope="module")
-def offload(tmp_path_factory, run_stage):
+def offload(tmp_path_factory):
     d = tmp_path_factory.mktemp("offload")
-    cfg = compose(OFFLOAD)
-    run_stage("calibrate", cfg, {}, d / "calibrate")
-    run_stage("trace", cfg, {}, d / "trace")
-    run_stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
-    run_stage(
-        "profile",
-        cfg,
-        {
-            "packs": d / "pack/packs.parquet",
-            "events": d / "trace/events.parquet",
-            "measured": d / "trace/measured.json",
-            "graph_nodes": d / "graph/nodes.parquet",
-        },
-        d / "profile",
-    )
-    run_stage(
-        "fit",
-        cfg,
-        {
-            "bench": d / "calibrate/bench.parquet",
-            "metrics": d / "profile/metrics.parquet",
-            "packs": d / "pack/packs.parquet",
-            "baseline": d / "profile/baseline.json",
-            "iterations": d / "pack/iterations.parquet",
-        },
-        d / "fit",
-    )
+    run_chain(compose(OFFLOAD), d, until="fit")
     return d
 
 

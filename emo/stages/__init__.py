@@ -151,6 +151,18 @@ def _rename(e: BaseException, paths: dict[str, str]) -> None:
         e.filename2 = new(e.filename2)
 
 
+def run_chain(cfg: dict, root: str | Path, until: str) -> dict[str, Path]:
+    """Every stage up to `until` in-process, each in `root/<stage>` with the inputs its declaration
+    names from the folders before it: the pipeline without Snakemake, for tests and benchmarks."""
+    root = Path(root)
+    done: dict[str, Path] = {}
+    for stage in STAGES[: STAGES.index(until) + 1]:
+        wanted = declaration(stage).inputs_for(cfg)
+        run_in_place(stage, cfg, {k: root / up / f for k, (up, f) in wanted.items()}, root / stage)
+        done[stage] = root / stage
+    return done
+
+
 def run_stage(
     stage: str, params: dict, inputs: dict[str, str], out_dir: str | Path, log_file: str | None = None
 ) -> dict:
