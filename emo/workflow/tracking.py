@@ -151,7 +151,10 @@ def open_store(tracking_cfg: dict):
     if store:
         store.mkdir(parents=True, exist_ok=True)
     with _store_lock(store), store_errors(uri):  # the first access creates MLflow's tables: one process at a time
-        c = MlflowClient(tracking_uri=uri)  # a new SQLite store is created and migrated by MLflow itself
+        db = Path(uri.removeprefix("sqlite:///")) if store else None
+        if db is not None and not db.exists():
+            _create_store(db)
+        c = MlflowClient(tracking_uri=uri)
         exp = c.get_experiment_by_name(name)
         if exp is None:
             # artifacts beside the database, not in ./mlruns of whatever folder the user is in
@@ -160,6 +163,20 @@ def open_store(tracking_cfg: dict):
             exp = c.get_experiment_by_name(name)
         assert exp is not None  # created above, by this process or another
     return c, exp.experiment_id
+
+
+def _create_store(db: Path) -> None:
+    """A new SQLite store, created and migrated by MLflow itself under a temporary name and moved into
+    place whole: a run killed during the migrations (seconds on a loaded machine) leaves no
+    half-migrated store for the next run to fail on."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    tmp = db.with_name(f".{db.name}.emo-new.tmp")
+    tmp.unlink(missing_ok=True)  # what a killed run left
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()  # the first access migrates
+    os.replace(tmp, db)
 
 
 def create_while_running(tracking_cfg: dict):
