@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TypeGuard
 
@@ -110,8 +111,14 @@ def signals_raise():
 
     def unraisable(u) -> None:
         # the signal landed in code whose exceptions Python can only print (a weakref callback of
-        # the import system, a __del__): it is in `caught`, so the run stops on it all the same
-        if not isinstance(u.exc_value, Interrupted):
+        # the import system, a __del__): deliver it again, to the code after it (a stage would
+        # otherwise run on, its one SIGTERM from a dead run swallowed)
+        if isinstance(u.exc_value, Interrupted):
+            if caught and caught[-1] == u.exc_value.signum:
+                caught.pop()
+            # from another thread, a moment later: raised here it would be swallowed with the hook's own error
+            threading.Timer(0.01, os.kill, (os.getpid(), u.exc_value.signum)).start()
+        else:
             hook(u)
 
     caught.clear()
