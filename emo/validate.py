@@ -5,6 +5,12 @@ the time per iteration:
 
     ES = (E_ori - E_opt) / E_ori        PL = (T_opt - T_ori) / T_ori
 
+The max-clock baseline is measured on both sides of what it is compared with, in the same launch
+(A-B-A: max clock, the method, max clock), and is the two together: a GPU warms over a run and its
+leakage with it, so a baseline measured only first would be the coldest run and every saving would
+read low; a drift over the launch cancels to first order. The static curve is measured the same way
+(max clock, the clocks up, the clocks down, max clock).
+
 Offline methods (emo, static, perseus) come with a policy (optimize's policy.json), applied as is;
 the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs)
 run their control loop against the device here (emo.baselines); their steady state is measured the
@@ -76,19 +82,48 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
     return [int(c) for c in lo[idx]]
 
 
+def pooled(*runs: RunResult) -> RunResult:
+    """Several measured runs of one setting as one: iterations, time and energy added up."""
+    per_device: dict[int, float] = {}
+    for r in runs:
+        for d, e in r.energy_per_device_j.items():
+            per_device[d] = per_device.get(d, 0.0) + e
+    return RunResult(
+        iterations=sum(r.iterations for r in runs),
+        time_s=sum(r.time_s for r in runs),
+        energy_j=sum(r.energy_j for r in runs),
+        iteration_times_s=[t for r in runs for t in r.iteration_times_s],
+        energy_per_device_j=per_device,
+    )
+
+
+def against_max_clock(
+    device: Any, workload: Any, policy: FrequencyPolicy, iterations: int, warmup: int
+) -> tuple[RunResult, RunResult]:
+    """(baseline, run) of `policy` between two max-clock runs in one launch (A-B-A), the baseline
+    both of them: a drift over the launch (the die warming) cancels to first order."""
+    before, run, after = run_segments(
+        device, workload, [(None, iterations), (policy, iterations), (None, iterations)], warmup=warmup
+    )
+    return pooled(before, after), run
+
+
 def measure_static_curve(
-    device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int
+    device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int, base: RunResult
 ) -> pd.DataFrame:
-    """Time and energy per iteration at each static clock, all in one launch of the program."""
-    runs: list[tuple[FrequencyPolicy | None, int]] = [
-        (FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks
-    ]
-    with progress(1, f"validate: {len(clocks)} static clocks") as bar:
+    """Time and energy per iteration at each static clock, in one launch: max clock, the clocks, the
+    clocks again in reverse, max clock. Each clock is the mean of its two runs and is stated on `base`
+    by its ratio to the launch's own max-clock runs, so that the launch's drift cancels in both."""
+    static = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
+    runs: list[tuple[FrequencyPolicy | None, int]] = [(None, iterations), *static, *static[::-1], (None, iterations)]
+    with progress(1, f"validate: {len(clocks)} static clocks, up and down") as bar:
         results = run_segments(device, workload, runs, warmup=warmup)
         bar.update()
-    rows = [
-        {"sm_mhz": f, "time_s": per_iteration(r)[0], "energy_j": per_iteration(r)[1]} for f, r in zip(clocks, results)
-    ]
+    (t_ref, e_ref), (t_base, e_base) = per_iteration(pooled(results[0], results[-1])), per_iteration(base)
+    rows = []
+    for i, f in enumerate(clocks):
+        t, e = per_iteration(pooled(results[1 + i], results[-2 - i]))
+        rows.append({"sm_mhz": f, "time_s": t / t_ref * t_base, "energy_j": e / e_ref * e_base})
     return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
 
 
@@ -102,6 +137,12 @@ def bracket_clocks(supported: list[int], curve: pd.DataFrame, limit_s: float, fl
     below = curve.loc[curve["sm_mhz"] < top, "sm_mhz"]
     bottom = int(below.max()) if len(below) else floor_mhz - 1
     return [int(c) for c in sorted(supported) if bottom < c < top and c >= floor_mhz and c not in set(curve["sm_mhz"])]
+
+
+def restated(curve: pd.DataFrame, old: RunResult, new: RunResult) -> pd.DataFrame:
+    """A static curve stated on baseline `old`, stated on `new` instead (the same ratios)."""
+    (t_old, e_old), (t_new, e_new) = per_iteration(old), per_iteration(new)
+    return curve.assign(time_s=curve["time_s"] * (t_new / t_old), energy_j=curve["energy_j"] * (e_new / e_old))
 
 
 def best_measured_clock(curve: pd.DataFrame, limit_s: float) -> int | None:
@@ -169,39 +210,39 @@ def validate(
             est = device.run(wl, 1, warmup=warmup).time_s
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
         log.info(
-            "validate: max clock, then %s: 2 x (%d + %d warm-up) iterations in one launch of the program: "
-            "about %.1f minutes plus its start-up",
+            "validate: max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: about %.1f minutes plus start-up",
             method,
             n,
             warmup,
-            2 * (n + warmup) * est / 60,
+            3 * (n + warmup) * est / 60,
         )
-        with progress(2, f"validate: max clock, then {method}") as bar:
+        with progress(2, f"validate: max clock, {method}, max clock") as bar:
             explore = None
             setting: dict = {}
-            if policy is not None:  # both runs in one launch of the program (emo.device.run_segments)
-                base, opt = run_segments(device, wl, [(None, n), (policy, n)], warmup=warmup)
+            if policy is not None:  # in one launch of the program (emo.device.run_segments)
+                base, opt = against_max_clock(device, wl, policy, n, warmup)
                 bar.update()
                 devices = sorted(base.energy_per_device_j) or [0]
                 setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
-            else:
-                base = device.run(wl, n, warmup=warmup)
+            else:  # the method's own loop runs between the two max-clock runs
+                before = device.run(wl, n, warmup=warmup)
                 bar.update()
-                devices = sorted(base.energy_per_device_j) or [0]
+                devices = sorted(before.energy_per_device_j) or [0]
                 res = run_online(
                     method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"], iterations=n, warmup=warmup
                 )
                 opt, explore, setting = res.steady, res.explore, res.setting
+                base = pooled(before, device.run(wl, n, warmup=warmup))
             bar.update()
         curve = None
         if method == "static" and vcfg["pareto_points"] > 0:
             supported = device.supported_clocks()
             clocks = pareto_clocks(supported, vcfg["pareto_points"], ocfg["min_clock_fraction"])
-            curve = measure_static_curve(device, wl, devices, clocks, n, warmup)
+            curve = measure_static_curve(device, wl, devices, clocks, n, warmup, base)
             limit_s = per_iteration(base)[0] * (1 + float(cfg["budget"]) + PL_TOLERANCE_PCT / 100)
             edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
             if edge:
-                curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup)])
+                curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup, base)])
             assert policy is not None  # static is an offline method: its policy was loaded above
             model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
             candidates = curve
@@ -213,10 +254,11 @@ def validate(
             pick = best_measured_clock(candidates, limit_s)
             curve = curve.sort_values("sm_mhz").drop_duplicates("sm_mhz").reset_index(drop=True)
             if pick is not None:
-                # a fresh run at the pick: its own measurement, not the least of several noisy ones
-                device.set_policy(FrequencyPolicy.static(device.name, devices, pick))
-                opt = device.run(wl, n, warmup=warmup)
-                device.set_policy(None)
+                # a fresh run at the pick: its own measurement, not the least of several noisy ones,
+                # against its own baseline runs; the curve is restated on that baseline
+                first = base
+                base, opt = against_max_clock(device, wl, FrequencyPolicy.static(device.name, devices, pick), n, warmup)
+                curve = restated(curve, first, base)
                 setting.update(
                     {
                         "static_pick": "measured",

@@ -51,6 +51,19 @@ def test_validate_measures_a_policy(tmp_path):
     assert not (out / "pareto.parquet").exists()
 
 
+def test_the_max_clock_saves_nothing_on_a_gpu_that_warms_while_it_is_measured(tmp_path):
+    """The virtual GPU's leakage rises with its die temperature over a launch: measured only before
+    the policy, the baseline is the coldest run and the max clock itself reads as a loss of ~1 %."""
+    cfg = compose(SMALL + ["optimizer.name=static", "validate.pareto_points=0"])
+    FrequencyPolicy.static("a100", 2, 1410).save(tmp_path / "policy.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    m = validate.run(cfg, {"policy": tmp_path / "policy.json"}, out)
+    assert abs(m["es_pct"]) < 0.5 and abs(m["pl_pct"]) < 0.5
+    result = json.loads((out / "result.json").read_text())
+    assert result["baseline"]["iterations"] == 2 * result["optimized"]["iterations"]  # before and after
+
+
 def test_static_is_the_best_measured_clock_within_budget_plus_tolerance(tmp_path):
     """The model's pick (1200 MHz, 10 % late) breaks a 2 % budget: validate measures the curve, the
     clocks at the budget's edge, and reports a fresh run at the least-energy clock that keeps it."""
