@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from emo.baselines import ONLINE, run_online
-from emo.device import RunResult, run_segments
+from emo.device import RunResult, pooled, run_segments
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
@@ -80,21 +80,6 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
     lo = clocks[clocks >= min_fraction * clocks[-1]]
     idx = np.unique(np.round(np.linspace(0, len(lo) - 1, max(points, 2))).astype(int))
     return [int(c) for c in lo[idx]]
-
-
-def pooled(*runs: RunResult) -> RunResult:
-    """Several measured runs of one setting as one: iterations, time and energy added up."""
-    per_device: dict[int, float] = {}
-    for r in runs:
-        for d, e in r.energy_per_device_j.items():
-            per_device[d] = per_device.get(d, 0.0) + e
-    return RunResult(
-        iterations=sum(r.iterations for r in runs),
-        time_s=sum(r.time_s for r in runs),
-        energy_j=sum(r.energy_j for r in runs),
-        iteration_times_s=[t for r in runs for t in r.iteration_times_s],
-        energy_per_device_j=per_device,
-    )
 
 
 def against_max_clock(

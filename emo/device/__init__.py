@@ -131,6 +131,21 @@ class Device(Execution, Protocol):
         """Restore default clocks and power limits."""
 
 
+def pooled(*runs: RunResult) -> RunResult:
+    """Several measured runs of one setting as one: iterations, time and energy added up."""
+    per_device: dict[int, float] = {}
+    for r in runs:
+        for d, e in r.energy_per_device_j.items():
+            per_device[d] = per_device.get(d, 0.0) + e
+    return RunResult(
+        iterations=sum(r.iterations for r in runs),
+        time_s=sum(r.time_s for r in runs),
+        energy_j=sum(r.energy_j for r in runs),
+        iteration_times_s=[t for r in runs for t in r.iteration_times_s],
+        energy_per_device_j=per_device,
+    )
+
+
 def run_segments(
     device: Any, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1
 ) -> list[RunResult]:

@@ -158,11 +158,14 @@ def measure_baselines(
     max clock (key `levels`, highest clock first): the points the fit's time and energy levels match,
     each measured over >= BASELINE_SECONDS (and >= min_seconds), all in one launch of the program
     (emo.device.run_segments)."""
-    from emo.device import run_segments
+    from emo.device import pooled, run_segments
     from emo.policy import FrequencyPolicy
 
     top = max(device.supported_clocks())
-    clocks = [None, *level_clocks(device.supported_clocks(), fractions)]
+    # the levels up and back down between two default-clock runs, pooled per clock: the die warms
+    # over the launch and a drift cancels to first order (as validate measures)
+    levels = level_clocks(device.supported_clocks(), fractions)
+    clocks = [None, *levels, *levels[-2::-1], None]
     runs = [
         (
             None if mhz is None else FrequencyPolicy.static(device.name, list(gpus), mhz),
@@ -181,7 +184,10 @@ def measure_baselines(
         est_s / 60,
     )
     results = run_segments(device, workload, runs, warmup=warmup)
-    points = [_point(device, res, n, mhz) for (_, n), res, mhz in zip(runs, results, clocks)]
+    by_clock: dict[int | None, list] = {}
+    for mhz, res in zip(clocks, results):
+        by_clock.setdefault(mhz, []).append(res)
+    points = [_point(device, pooled(*rs), sum(r.iterations for r in rs), mhz) for mhz, rs in by_clock.items()]
     return {**points[0], "levels": points[1:]}
 
 
