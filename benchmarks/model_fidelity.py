@@ -30,8 +30,8 @@ calibrate every N-th clock only, the fit interpolating the rest (model.clocks_st
 The shipped optimizer's own plans (`--budgets`, default 0 and 0.02: optimizer=emo, the optimize
 stage in-process on the same fit): each plan's predicted ES / PL (its policy's prediction, in
 expectation over the measured clock-request latencies, against the predicted max-clock baseline)
-against the measured ones (the max clock and the plan, each over the same iterations, exact
-energy). Static and random policies cannot show a bias the optimizer selects for: a plan is chosen
+against the measured ones (the max clock before and after the plan and the plan, each over the
+same iterations, exact energy). Static and random policies cannot show a bias the optimizer selects for: a plan is chosen
 for its low predicted energy, so it sits where the model errs in its favour, if anywhere. Over every
 clock-changing plan (one that runs some GPU below the max clock): the mean |predicted - measured
 ES| and the mean signed error (its bias, positive = the saving was predicted too large), and the
@@ -163,10 +163,10 @@ def measured_transition_ms(device, clocks: list[int], rng) -> float:
 def optimized_rows(cfg: dict, d: Path, bench: Path, device, tables, budgets, iters: int) -> list[tuple]:
     """(budget, clock-changing, pred ES, meas ES, pred PL, meas PL, pred t, meas t, pred E, meas E)
     per budget: optimizer=emo's plan on this fit, predicted as the optimize stage reports it and
-    measured against the max clock over the same iterations."""
+    measured against the max clock over the same iterations, run before and after it (as validate
+    does: the die warms over the runs, and a baseline measured only first would be the coldest)."""
     from emo.policy import FrequencyPolicy
 
-    mt0, me0 = measure(device, cfg["workload"], None, iters)
     rows = []
     for b in budgets:
         c = {**cfg, "optimizer": {**cfg["optimizer"], "name": "emo"}, "budget": float(b)}
@@ -180,7 +180,10 @@ def optimized_rows(cfg: dict, d: Path, bench: Path, device, tables, budgets, ite
         stage("optimize", c, inputs, d / f"optimize-{b:g}")
         pol = FrequencyPolicy.load(d / f"optimize-{b:g}/policy.json")
         pt0, pe0 = pol.meta["baseline_time_s"], pol.meta["baseline_energy_j"]
+        before = measure(device, cfg["workload"], None, iters)
         mt, me = measure(device, cfg["workload"], pol, iters)
+        after = measure(device, cfg["workload"], None, iters)
+        mt0, me0 = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         changing = any(s.sm_mhz != tables.default_mhz for st in pol.steps.values() for s in st)
         rows.append(
             (
