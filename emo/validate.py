@@ -8,8 +8,8 @@ the time per iteration:
 The max-clock baseline is measured on both sides of what it is compared with, in the same launch
 (A-B-A: max clock, the method, max clock), and is the two together: a GPU warms over a run and its
 leakage with it, so a baseline measured only first would be the coldest run and every saving would
-read low; a drift over the launch cancels to first order. The static curve is measured the same way
-(max clock, the clocks up, the clocks down, max clock).
+read low; a drift over the launch cancels to first order. The static curve is measured the same way,
+each clock between two max-clock runs.
 
 Offline methods (emo, static, perseus) come with a policy (optimize's policy.json), applied as is;
 the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs)
@@ -96,18 +96,22 @@ def against_max_clock(
 def measure_static_curve(
     device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int, base: RunResult
 ) -> pd.DataFrame:
-    """Time and energy per iteration at each static clock, in one launch: max clock, the clocks, the
-    clocks again in reverse, max clock. Each clock is the mean of its two runs and is stated on `base`
-    by its ratio to the launch's own max-clock runs, so that the launch's drift cancels in both."""
-    static = [(FrequencyPolicy.static(device.name, devices, f), iterations) for f in clocks]
-    runs: list[tuple[FrequencyPolicy | None, int]] = [(None, iterations), *static, *static[::-1], (None, iterations)]
-    with progress(1, f"validate: {len(clocks)} static clocks, up and down") as bar:
+    """Time and energy per iteration at each static clock, in one launch with a max-clock run before,
+    between and after them. Each clock is stated on `base` by its ratio to the max-clock runs on
+    either side of it, so that the die's warming over the launch cancels clock by clock."""
+    runs: list[tuple[FrequencyPolicy | None, int]] = [(None, iterations)]
+    for f in clocks:
+        runs += [(FrequencyPolicy.static(device.name, devices, f), iterations), (None, iterations)]
+    with progress(1, f"validate: {len(clocks)} static clocks, each between two max-clock runs") as bar:
         results = run_segments(device, workload, runs, warmup=warmup)
         bar.update()
-    (t_ref, e_ref), (t_base, e_base) = per_iteration(pooled(results[0], results[-1])), per_iteration(base)
+    t_base, e_base = per_iteration(base)
     rows = []
     for i, f in enumerate(clocks):
-        t, e = per_iteration(pooled(results[1 + i], results[-2 - i]))
+        (t, e), (t_ref, e_ref) = (
+            per_iteration(results[2 * i + 1]),
+            per_iteration(pooled(results[2 * i], results[2 * i + 2])),
+        )
         rows.append({"sm_mhz": f, "time_s": t / t_ref * t_base, "energy_j": e / e_ref * e_base})
     return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
 
