@@ -312,3 +312,18 @@ def test_perseus_policy_is_triggered_at_each_instruction_after_a_synchronize():
     assert p.trigger == TRIGGER and TRIGGER.synchronize and set(TRIGGER.scopes) == set(SCOPES)
     for r, seq in enumerate(ORDER):  # one step per instruction, in the stage's instruction order
         assert [st.sm_mhz for st in p.steps[r]] == [1005 if k == "forward" else 1410 for k, _ in seq]
+
+
+def test_perseus_refuses_a_device_that_cannot_run_its_triggered_policy_before_profiling():
+    from emo.baselines.perseus import run_perseus
+
+    class Hardware:  # e.g. NvmlDevice: its runtime applier issues steps at times
+        name = "a100"
+
+        def __getattribute__(self, item):
+            if item in ("runs_triggered_policies", "__class__"):
+                return object.__getattribute__(self, item)
+            raise AssertionError(f"touched the device ({item}) before refusing")
+
+    with pytest.raises(ValueError, match="host-triggered .* only the virtual GPU"):
+        run_perseus(Hardware(), {}, [0, 1], 0.0, {}, iterations=1, warmup=0)

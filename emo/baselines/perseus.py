@@ -237,6 +237,11 @@ def run_perseus(
     device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict, *, iterations: int, warmup: int
 ) -> OnlineResult:
     devices = list(devices)
+    if not getattr(device, "runs_triggered_policies", False):  # say so before the profiling, not after it
+        raise ValueError(
+            f"optimizer=perseus: its policy is host-triggered (a synchronize and a clock request at each "
+            f"instruction) and {type(device).__name__} cannot run one yet: only the virtual GPU does (docs/baselines.md)"
+        )
     meter = PhaseMeter(device, devices)
     supported = sorted(device.supported_clocks())
     top = device.default_clock()

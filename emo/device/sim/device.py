@@ -56,6 +56,8 @@ def _cfg_dict(gpu_cfg: Any) -> dict:
 class SimDevice:
     """The virtual GPU(s) of one node, implementing emo.device.Device."""
 
+    runs_triggered_policies = True  # it follows host-triggered policies (emo.policy.Trigger) in its host timeline
+
     def __init__(self, gpu_cfg: Any):
         cfg = _cfg_dict(gpu_cfg)
         for key in ("name", "clocks_mhz", "default_mhz", "tdp_w"):
