@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from emo.policy import FrequencyPolicy
+from emo.runtime import refuse_triggered
 
 _ACTIVE: Clocks | None = None
 
@@ -163,6 +164,7 @@ def apply(
         if not Path(policy).is_file():
             raise FileNotFoundError(f"{policy}: no such policy file")
         policy = FrequencyPolicy.load(Path(policy))
+    refuse_triggered(policy, source)
     if _ACTIVE is not None:
         raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
     rank, local, _ = rank_env()

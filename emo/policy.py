@@ -3,6 +3,13 @@
 A policy is plain JSON so that the runtime applier on a GPU box and the virtual GPU read the same file;
 what a step means in time (`issue_plan`: when its clock request is made) is defined here once and used
 alike by the virtual GPU, the predictor and the applier on hardware.
+
+A policy with a `trigger` (`Trigger`) is host-triggered instead, as Perseus's controller runs: its
+steps are not issued at times but when the host enters a named scope; in each iteration the i-th
+step of a GPU's list (in t_ms order, which then only documents the planned time) is requested when
+that rank's host enters its i-th scope named in `trigger.scopes`, after a device synchronize when
+`trigger.synchronize` is set. A request repeating the clock last requested changes nothing. The
+virtual GPU runs such policies; the time-based runtime applier refuses them.
 """
 
 from __future__ import annotations
@@ -19,6 +26,29 @@ class Step:
     sm_mhz: int
 
 
+@dataclass(frozen=True)
+class Trigger:
+    """When a host-triggered policy's steps are requested: at the host's entries into these scopes."""
+
+    scopes: tuple[str, ...]  # names of host scopes (BEGIN ops / user annotations), e.g. "forward_step"
+    synchronize: bool = False  # the host synchronizes the device (torch.cuda.synchronize) before each request
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scopes, str) or not self.scopes or not all(isinstance(x, str) and x for x in self.scopes):
+            raise ValueError(f"trigger.scopes: a non-empty list of scope names, got {self.scopes!r}")
+        object.__setattr__(self, "scopes", tuple(self.scopes))
+
+    def to_dict(self) -> dict:
+        return {"scopes": list(self.scopes), "synchronize": bool(self.synchronize)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Trigger:
+        unknown = set(d) - {"scopes", "synchronize"}
+        if unknown:
+            raise ValueError(f"trigger: unknown keys {sorted(unknown)}")
+        return cls(tuple(d["scopes"]), bool(d.get("synchronize", False)))
+
+
 @dataclass
 class FrequencyPolicy:
     """Clock schedule of one iteration, per device index; repeated every iteration."""
@@ -31,6 +61,7 @@ class FrequencyPolicy:
     predicted_time_s: float | None = None
     predicted_energy_j: float | None = None
     meta: dict = field(default_factory=dict)
+    trigger: Trigger | None = None  # None: time-based steps; else issued at host scope entries (Trigger)
 
     @classmethod
     def static(cls, gpu: str, devices: int | list[int], sm_mhz: int, **kw) -> FrequencyPolicy:
@@ -40,6 +71,10 @@ class FrequencyPolicy:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["steps"] = {str(k): [dataclasses.asdict(s) for s in v] for k, v in self.steps.items()}
+        if self.trigger is None:
+            del d["trigger"]  # a time-based policy's file is as before
+        else:
+            d["trigger"] = self.trigger.to_dict()
         return d
 
     @classmethod
@@ -48,7 +83,9 @@ class FrequencyPolicy:
         d["steps"] = {
             int(k): sorted((Step(float(s["t_ms"]), int(s["sm_mhz"])) for s in v), key=lambda s: s.t_ms)
             for k, v in d["steps"].items()
-        }
+        }  # the sort is stable: a triggered policy's steps with equal t_ms keep their order
+        trig = d.get("trigger")
+        d["trigger"] = None if trig is None else Trigger.from_dict(trig)
         return cls(**d)
 
     def save(self, path: str | Path) -> None:

@@ -38,6 +38,19 @@ from typing import Protocol
 from emo.policy import FrequencyPolicy, Issue, issue_plan
 
 
+def refuse_triggered(policy: FrequencyPolicy, source: str = "policy") -> None:
+    """A host-triggered policy (emo.policy.Trigger: steps requested at host scopes, Perseus's) cannot
+    be followed by this time-based applier: a one-line ValueError naming `source`, never a silent
+    time-based run of its steps."""
+    if policy.trigger is not None:
+        raise ValueError(
+            f"{source}: a host-triggered policy (its steps are requested at the host's "
+            f"{'/'.join(policy.trigger.scopes)} scopes"
+            f"{', after a device synchronize' if policy.trigger.synchronize else ''}) cannot be applied on real "
+            f"GPUs yet: the runtime applier issues steps at times; only the virtual GPU runs it"
+        )
+
+
 class ClockRequestFailed(RuntimeError):
     """A clock request failed under strict=True: the job must not run on believing it was applied."""
 
@@ -110,6 +123,7 @@ class PolicyApplier:
         clock: Callable[[], float] = time.monotonic,
         strict: bool = False,
     ):
+        refuse_triggered(policy)
         self.policy = policy
         self.setter = setter
         self.strict = strict

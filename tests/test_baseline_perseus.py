@@ -187,3 +187,143 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling():
     assert s["per"] == "instruction" and s["profiled_clocks"][0] == max(s["profiled_clocks"])
     assert s["profiling_gpu_s"] == pytest.approx(r.explore.time_s * 2) and r.explore.energy_j > 0
     assert all(len(v) == 8 for v in s["instruction_clocks"].values())  # 4 forwards + 4 backwards per stage
+
+
+# ---------------------------------------------------------------- Perseus's controller on the virtual GPU
+SCOPES = ("forward_step", "backward_step")
+
+
+def _pp_device(*over: str):
+    """A tiny PP2 workload (4 micro-batches: 8 instructions per stage) and a virtual A100 for it."""
+    from emo.device.backends import open_device
+    from emo.workflow.plan import compose
+
+    cfg = compose(["workload=pp", "workload.pp=2", "workload.microbatches=4", "gpu.seed=0", *over])
+    return cfg["workload"], open_device(cfg["gpu"])
+
+
+def _triggered(dev, clocks: list[int], synchronize: bool):
+    from emo.policy import FrequencyPolicy, Step, Trigger
+
+    return FrequencyPolicy(
+        gpu=dev.name,
+        steps={d: [Step(0.0, c) for c in clocks] for d in (0, 1)},
+        trigger=Trigger(SCOPES, synchronize),
+    )
+
+
+def test_the_synchronize_at_each_instruction_costs_the_hosts_run_ahead():
+    from emo.policy import FrequencyPolicy
+
+    wl, dev = _pp_device("gpu.noise=0")
+    top = dev.default_clock()
+    try:
+        per_iter = {}
+        for name, policy in (
+            ("timed", FrequencyPolicy.static(dev.name, [0, 1], top)),
+            ("no_sync", _triggered(dev, [top] * 8, False)),
+            ("sync", _triggered(dev, [top] * 8, True)),
+        ):
+            dev.set_policy(policy)
+            per_iter[name] = dev.run(wl, 3, warmup=1).time_s / 3
+    finally:
+        dev.close()
+    # holding the clock it already has, a triggered policy without the synchronize is the max clock
+    assert per_iter["no_sync"] == pytest.approx(per_iter["timed"], rel=2e-3)
+    # with it, the host waits for the GPU to drain at every instruction: the GPU idles while it relaunches
+    assert per_iter["sync"] > per_iter["no_sync"] * 1.02
+
+
+@pytest.mark.parametrize("synchronize", [False, True])
+def test_triggered_clock_changes_land_a_latency_after_the_hosts_scope_entries(synchronize):
+    """Forwards at a low clock, backwards at the max: each request is made where the host enters the
+    instruction's scope (after its cudaDeviceSynchronize returns, when synchronizing) and lands the
+    virtual GPU's clock-change latency later (fixed here); a request repeating the clock is none."""
+    from emo.workloads import build_program
+
+    wl, dev = _pp_device("gpu.physics.clock_delay_ms=[3.0,3.0]", "gpu.physics.clock_tail_prob=0")
+    top = dev.default_clock()
+    low = dev.supported_clocks()[len(dev.supported_clocks()) // 2]
+    prog = build_program(wl, dev.name)
+    try:
+        dev.set_policy(None)
+        dev.run(wl, 1, warmup=0)  # every GPU at the max clock
+        kinds = {}
+        for r in (0, 1):
+            kinds[r] = [str(op[1]) for op in prog.ops[r] if op[0] == 10 and str(op[1]) in SCOPES]  # Op.BEGIN
+        clocks = {r: [low if k == "forward_step" else top for k in kinds[r]] for r in (0, 1)}
+        from emo.policy import FrequencyPolicy, Step, Trigger
+
+        policy = FrequencyPolicy(
+            gpu=dev.name,
+            steps={r: [Step(0.0, c) for c in clocks[r]] for r in (0, 1)},
+            trigger=Trigger(SCOPES, synchronize),
+        )
+        dev.set_policy(policy)
+        res = dev.simulate(prog, 2, policy=policy)
+    finally:
+        dev.close()
+    for r in (0, 1):
+        rec, g = res.ranks[r], res.gpus[r]
+        if synchronize:  # the request follows the cudaDeviceSynchronize inserted at each scope entry
+            asked = sorted(t0 + d for rt, t0, d, *_ in rec.host if rt == 7)
+        else:
+            asked = sorted(t0 for name, t0, _d, _e in rec.annotations if name in SCOPES)
+        assert len(asked) == 2 * len(kinds[r])  # one per instruction per iteration
+        seq = clocks[r] * 2
+        changes = [asked[i] for i in range(len(seq)) if seq[i] != (seq[i - 1] if i else top)]
+        lat = {c: dev.gp.clock_delay_ns(np.random.default_rng(0), dev.clock_index(c)) for c in (low, top)}
+        landed = list(zip(g.clock_t[1:], g.clock_ci[1:]))
+        assert len(landed) == len(changes) > 0
+        for (t, ci), t_ask in zip(landed, changes):
+            assert t == pytest.approx(t_ask + lat[dev.clocks[ci]], abs=1.0)  # ns
+
+
+def test_a_triggered_policy_round_trips_and_is_refused_by_the_time_based_applier(tmp_path):
+    from emo import loop
+    from emo.policy import FrequencyPolicy, Step, Trigger
+
+    p = FrequencyPolicy(
+        gpu="a100",
+        steps={0: [Step(0.0, 1410), Step(1.5, 1005), Step(1.5, 1410)], 3: [Step(0.0, 900)]},
+        period_ms=12.0,
+        meta={"method": "perseus"},
+        trigger=Trigger(["forward_step", "backward_step"], True),
+    )
+    d = p.to_dict()
+    assert d["trigger"] == {"scopes": ["forward_step", "backward_step"], "synchronize": True}
+    assert FrequencyPolicy.from_dict(d) == p
+    p.save(tmp_path / "policy.json")
+    assert FrequencyPolicy.load(tmp_path / "policy.json") == p
+    timed = FrequencyPolicy.static("a100", 2, 1200)
+    assert "trigger" not in timed.to_dict() and FrequencyPolicy.from_dict(timed.to_dict()) == timed
+    with pytest.raises(ValueError, match="trigger.scopes"):
+        Trigger((), False)
+    with pytest.raises(ValueError, match=r"policy\.json: a host-triggered policy .* cannot be applied on real GPUs"):
+        loop.apply(tmp_path / "policy.json")
+
+
+def test_perseus_policy_is_triggered_at_each_instruction_after_a_synchronize():
+    from emo.baselines.perseus import TRIGGER, policy_of
+
+    s = schedule(_trace(ORDER, DUR), stage_of([0, 1], 2))
+    mhz = np.where(s.kind == "forward", 1005, 1410)
+    p = policy_of(s, mhz, s.dur_ns.astype(float), {0: 0, 1: 1}, [0, 1], "a100", 0.0)
+    assert p.trigger == TRIGGER and TRIGGER.synchronize and set(TRIGGER.scopes) == set(SCOPES)
+    for r, seq in enumerate(ORDER):  # one step per instruction, in the stage's instruction order
+        assert [st.sm_mhz for st in p.steps[r]] == [1005 if k == "forward" else 1410 for k, _ in seq]
+
+
+def test_perseus_refuses_a_device_that_cannot_run_its_triggered_policy_before_profiling():
+    from emo.baselines.perseus import run_perseus
+
+    class Hardware:  # e.g. NvmlDevice: its runtime applier issues steps at times
+        name = "a100"
+
+        def __getattribute__(self, item):
+            if item in ("runs_triggered_policies", "__class__"):
+                return object.__getattribute__(self, item)
+            raise AssertionError(f"touched the device ({item}) before refusing")
+
+    with pytest.raises(ValueError, match="host-triggered .* only the virtual GPU"):
+        run_perseus(Hardware(), {}, [0, 1], 0.0, {}, iterations=1, warmup=0)

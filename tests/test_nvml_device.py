@@ -126,6 +126,18 @@ def test_multi_step_policy_is_not_locked_statically(monkeypatch):
         dev.set_policy(FrequencyPolicy.static("a100", [3], 900))
 
 
+def test_a_host_triggered_policy_is_refused_not_locked_or_timed(monkeypatch):
+    from emo.policy import Trigger
+
+    fake, dev = _device(monkeypatch)
+    pol = FrequencyPolicy(  # one clock: would otherwise be locked statically, its synchronize lost
+        gpu="a100", steps={0: [Step(0, 900), Step(1, 900)]}, meta={"method": "perseus"}, trigger=Trigger(("fwd",), True)
+    )
+    with pytest.raises(ValueError, match="^perseus policy: a host-triggered policy .* cannot be applied on real GPUs"):
+        dev.set_policy(pol)
+    assert not [c for c in fake.calls if c[0] == "lock"]
+
+
 def test_run_rejects_synthetic_workloads(monkeypatch):
     fake, dev = _device(monkeypatch)
     with pytest.raises(ValueError, match="'command' workloads only"):

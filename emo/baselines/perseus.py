@@ -12,11 +12,18 @@
    to each (stage, kind)'s options), cost = energy - blocking power x time,
    down to the first schedule within (1 + budget) of the all-max DAG time (no EMO search, repair or
    polish; when none is in exact times, lowtime's last, shortest schedule);
-4. one list of clocks per stage per iteration, the same every iteration: a step at each
-   instruction's planned start (the traced timeline with the planned times), issued at that start
-   (lead 0: Perseus asks the side process when the instruction begins), a repeat of the clock
-   before it dropped (the side process changes the clock only if it differs). The request lands
-   after the virtual GPU's measured clock-change latency.
+4. one list of clocks per stage per iteration, the same every iteration, one per instruction in
+   the stage's instruction order, applied as its code applies it (a host-triggered policy,
+   emo.policy.Trigger): when the trainer begins an instruction (the host enters its
+   forward_step / backward_step scope, on_instruction_begin) the controller calls
+   torch.cuda.synchronize(), so the host waits for the GPU to drain everything queued and loses
+   its run-ahead, then hands the instruction's clock to a side process, which sets it through NVML
+   only if it differs from the clock it set last, asynchronously to the trainer. Both are charged
+   as they happen on the virtual GPU: the synchronize in the host's timeline (a
+   cudaDeviceSynchronize), the clock at the host's time after it plus the virtual GPU's
+   clock-change latency (the one time-based steps land after). The steps' t_ms are the
+   instructions' planned starts, for the record. On real GPUs the runtime applier is time-based
+   and refuses such a policy (docs/baselines.md).
 
 Where the trace holds no pipeline instructions (tensor parallel, offload), Perseus has nothing to
 schedule: its controller locks the max clock and keeps it (setting.note says so).
@@ -41,7 +48,10 @@ from emo.baselines.perseus_schedule import (
     schedule,
     stage_of,
 )
-from emo.policy import FrequencyPolicy, Step
+from emo.policy import FrequencyPolicy, Step, Trigger
+
+# Perseus's on_instruction_begin: torch.cuda.synchronize(), then the instruction's clock to the side process
+TRIGGER = Trigger(scopes=("forward_step", "backward_step"), synchronize=True)
 
 
 def _trace(device: Any, workload: Any, iterations: int, warmup: int):
@@ -200,8 +210,10 @@ def policy_of(
     gpu: str,
     budget: float,
 ) -> FrequencyPolicy:
-    """Per GPU, a step at each instruction's planned start with its clock (the stage's list on every
-    rank of the stage), issued at that start (lead 0), the same list every iteration."""
+    """Per GPU, a step per instruction of its stage in instruction order with its clock (the stage's
+    list on every rank of the stage), the same list every iteration, requested as Perseus's
+    controller does (`TRIGGER`: at the instruction's forward_step / backward_step scope, after a
+    device synchronize); each step's t_ms is the instruction's planned start."""
     a, b = dag_edges(s)
     start = earliest_starts(dur_ns, a, b, lags(s, a, b))
     period = s.period_ns + float(np.max(start + dur_ns) - np.max(s.offset_ns + s.dur_ns))
@@ -217,6 +229,7 @@ def policy_of(
         budget=budget,
         lead_ms=0.0,
         meta={"method": "perseus", "per": "instruction"},
+        trigger=TRIGGER,
     )
 
 
@@ -224,6 +237,11 @@ def run_perseus(
     device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict, *, iterations: int, warmup: int
 ) -> OnlineResult:
     devices = list(devices)
+    if not getattr(device, "runs_triggered_policies", False):  # say so before the profiling, not after it
+        raise ValueError(
+            f"optimizer=perseus: its policy is host-triggered (a synchronize and a clock request at each "
+            f"instruction) and {type(device).__name__} cannot run one yet: only the virtual GPU does (docs/baselines.md)"
+        )
     meter = PhaseMeter(device, devices)
     supported = sorted(device.supported_clocks())
     top = device.default_clock()
@@ -234,7 +252,7 @@ def run_perseus(
     ranks = sorted(int(r) for r in events["rank"].unique())
     stages = stage_of(ranks, int(workload.get("pp", 1)) if hasattr(workload, "get") else 1)
     sched = schedule(events, stages)
-    setting: dict = {"per": "instruction", "lead_ms": 0.0}
+    setting: dict = {"per": "instruction", "trigger": TRIGGER.to_dict()}
     if sched is None:
         setting["note"] = "no pipeline instructions in the trace: Perseus's controller keeps the max clock"
         policy = FrequencyPolicy.static(device.name, devices, top, budget=budget)

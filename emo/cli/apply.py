@@ -34,10 +34,11 @@ def preflight(policy: Path) -> None:
     """One line, before the job starts, for what would fail in every rank: no file, not a policy, no GPU."""
     from emo.device.control import open_control
     from emo.policy import FrequencyPolicy
+    from emo.runtime import refuse_triggered
 
     if not policy.is_file():
         raise FileNotFoundError(f"{policy}: no such policy file")
-    FrequencyPolicy.load(policy)
+    refuse_triggered(FrequencyPolicy.load(policy), str(policy))
     open_control().close()  # GpuAccessError: e.g. "cannot initialise NVML (...): no NVIDIA driver or GPU"
 
 

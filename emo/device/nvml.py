@@ -41,7 +41,7 @@ from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part 
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
-from emo.runtime import PolicyApplier
+from emo.runtime import PolicyApplier, refuse_triggered
 
 
 class ProfilingUnavailable(GpuAccessError, NoCounters):
@@ -434,7 +434,10 @@ class NvmlDevice:
 
     def set_policy(self, policy: FrequencyPolicy | None) -> None:
         """None: default clocks. One step per device: locked now. Several steps: kept for `run`,
-        where the runtime applier in the workload's process issues them around its iterations."""
+        where the runtime applier in the workload's process issues them around its iterations. A
+        host-triggered policy (emo.policy.Trigger) is refused: that applier issues steps at times."""
+        if policy is not None:
+            refuse_triggered(policy, f"{policy.meta.get('method', 'this')} policy")
         self._policy = policy
         if policy is None:
             for d in list(self._locked):

@@ -173,6 +173,8 @@ def clock_timelines(
     # np.isscalar is a TypeGuard (not TypeIs): numpy's stub leaves the else branch un-narrowed
     up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms  # type: ignore[misc]
     by_gpu: dict[int, list] = {}
+    if policy is not None and policy.trigger is not None:  # its requests follow the host, not times
+        raise ValueError("predict: a host-triggered policy (emo.policy.Trigger) has no timed steps to follow")
     if policy is not None:
         for dev_id, steps in policy.steps.items():
             if steps:

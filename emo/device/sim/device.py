@@ -56,6 +56,8 @@ def _cfg_dict(gpu_cfg: Any) -> dict:
 class SimDevice:
     """The virtual GPU(s) of one node, implementing emo.device.Device."""
 
+    runs_triggered_policies = True  # it follows host-triggered policies (emo.policy.Trigger) in its host timeline
+
     def __init__(self, gpu_cfg: Any):
         cfg = _cfg_dict(gpu_cfg)
         for key in ("name", "clocks_mhz", "default_mhz", "tdp_w"):
@@ -246,8 +248,15 @@ class SimDevice:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         tab, dur, slow, cslow = self.tables(program.kernels)
-        plan = None
-        if policy is not None:
+        plan = trigger = None
+        if policy is not None and policy.trigger is not None:  # host-triggered (emo.policy.Trigger)
+            per = {
+                gi: [self.clock_index(s.sm_mhz) for s in sorted(policy.steps[gi], key=lambda s: s.t_ms)]
+                for gi in range(program.ranks)
+                if policy.steps.get(gi)
+            }
+            trigger = (frozenset(policy.trigger.scopes), bool(policy.trigger.synchronize), per)
+        elif policy is not None:
             plan = {}
             for gi in range(program.ranks):
                 steps = sorted(policy.steps.get(gi, []), key=lambda s: s.t_ms)
@@ -311,6 +320,7 @@ class SimDevice:
             power=power,
             cap_ci=self._cap_ci[: program.ranks],
             p_avg=self._p_avg[: program.ranks],
+            trigger=trigger,
         )
         with _no_gc():
             res = eng.run()

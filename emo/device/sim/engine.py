@@ -187,13 +187,17 @@ class Engine:
         power: tuple | None = None,
         cap_ci: list[int] | None = None,
         p_avg: list[float] | None = None,
+        trigger: tuple[frozenset[str], bool, dict[int, list[int]]] | None = None,
     ):
         """dur[kid][ci]: kernel time alone; slow/cslow[kid][ci]: the factor by which a kernel is slowed
         by a transfer in flight / slows one; noise: the multiplier of the physics' noise sizes;
         power: None (no cap binds) or (cap_w, kernel power [gpu][kid][ci], idle power [gpu][ci], thermal)
         for the power controller, whose state (clock ceiling, averaged power) cap_ci/p_avg carry across
         runs; thermal: None or (leakage [gpu][ci], die temperature above idle [gpu] at the start): the
-        controller reads board power as the sensor does, leakage rising with temperature included."""
+        controller reads board power as the sensor does, leakage rising with temperature included;
+        trigger: None, or a host-triggered policy's (scope names, synchronize, {gpu: clock index of
+        each step}) (emo.policy.Trigger): a GPU listed there is requested its i-th clock when its
+        host enters its i-th matching scope, after a device synchronize when synchronize is set."""
         self.prog = program
         self.dur, self.slow, self.cslow = dur, slow, cslow
         self.noise = noise
@@ -203,6 +207,7 @@ class Engine:
         self.t_start = t_start
         # per GPU: (clock to request at the very first iteration mark or None, [(issue offset ns, clock)])
         self.policy = policy_plan or {}
+        self.trigger = trigger
         self.rng = rng
         self.coll_ns = coll_ns  # (coll_idx, ci) -> ns
         n = program.ranks
@@ -603,7 +608,11 @@ class Engine:
         Only ops that queue GPU work or block are visited; host times come from a numpy plan."""
         g = self.gpus[r]
         rec = self.ranks[r]
-        p = hostplan.plan(self.prog, r, self.phys, lambda sid: self._stream(g, sid))
+        trig = None
+        if self.trigger is not None and r in self.trigger[2]:
+            trig = (self.trigger[0], self.trigger[1], self.trigger[2][r])
+        p = hostplan.plan(self.prog, r, self.phys, lambda sid: self._stream(g, sid), trig)
+        asked = g.req_ci  # the clock last requested by the triggered policy's side process
         iters: list = []
         rec.log = hostplan.HostLog(p, iters, 0, 0)
         heap, cnt, hpush = self.heap, self.cnt, heapq.heappush
@@ -682,6 +691,11 @@ class Engine:
                     for at, ci_ in issues:  # each lands after a latency drawn from the physics' distribution
                         issue = t_it + at
                         hpush(heap, (issue + delay(rng, ci_), next(cnt), 3, r, (ci_, issue, k_it)))
+                elif c == 13:  # REQUEST: a host-triggered step, at the host's time here (after its sync)
+                    if a != asked:  # Perseus's side process sets a clock only if it differs from its last
+                        asked = a
+                        issue = ti + shift
+                        hpush(heap, (issue + delay(rng, a), next(cnt), 3, r, (a, issue, -1)))
                 else:  # blocking: cudaMemcpy, stream / event / device synchronize
                     t0 = ti + shift
                     ready = t0

@@ -18,6 +18,30 @@ CPU, LAUNCH, MEMCPY, RECORD, WAIT, SSYNC, ESYNC, DSYNC, COLL, ITER, BEGIN, END =
 J_NONE, J_LAUNCH, J_NCCL, J_RUNTIME, J_MEMCPY = range(5)
 JITTER_KEYS = (None, "launch_us", "nccl_launch_us", "runtime_call_us", "memcpy_call_us")
 BLOCKING_MEMCPY = 12  # internal code: cudaMemcpy that waits for the copy
+REQUEST = 13  # internal code: a host-triggered policy's clock request, (REQUEST, clock index); no host time
+
+
+def triggered_ops(ops: list, names: set[str] | frozenset[str], synchronize: bool, clocks: list[int], r: int) -> list:
+    """Rank r's ops with a host-triggered policy's requests (emo.policy.Trigger): after the BEGIN of
+    the i-th scope named in `names`, a cudaDeviceSynchronize (when `synchronize`) and then the
+    request of clocks[i] (a clock index). As Perseus's controller, one clock per matching scope per
+    iteration: a count that differs is a one-line ValueError."""
+    n = sum(1 for op in ops if int(op[0]) == BEGIN and str(op[1]) in names)
+    if n != len(clocks):
+        raise ValueError(
+            f"host-triggered policy: rank {r} enters {n} scopes named {sorted(names)} per iteration "
+            f"but the policy has {len(clocks)} steps for it"
+        )
+    out: list = []
+    k = 0
+    for op in ops:
+        out.append(op)
+        if int(op[0]) == BEGIN and str(op[1]) in names:
+            if synchronize:
+                out.append((DSYNC,))
+            out.append((REQUEST, int(clocks[k])))
+            k += 1
+    return out
 
 
 @dataclass
@@ -46,9 +70,13 @@ class HostPlan:
     extra: dict = field(default_factory=dict)  # MEMCPY op i -> (kind, nbytes)
 
 
-def plan(prog, r: int, phys, stream_of) -> HostPlan:
-    """Validate and plan rank r's ops. `stream_of(sid)` returns the engine's stream object."""
+def plan(prog, r: int, phys, stream_of, trigger: tuple | None = None) -> HostPlan:
+    """Validate and plan rank r's ops. `stream_of(sid)` returns the engine's stream object;
+    `trigger`: None, or (scope names, synchronize, clock indices) of a host-triggered policy
+    (`triggered_ops`)."""
     ops = prog.ops[r]
+    if trigger is not None:
+        ops = triggered_ops(ops, trigger[0], trigger[1], trigger[2], r)
     n = len(ops)
     nk, nc = len(prog.kernels), len(prog.collectives)
     opname = [k.op_name for k in prog.kernels]
@@ -134,6 +162,8 @@ def plan(prog, r: int, phys, stream_of) -> HostPlan:
                 active.append((i, DSYNC, None, None))
             elif c == ITER:
                 active.append((i, ITER, None, None))
+            elif c == REQUEST and trigger is not None:
+                active.append((i, REQUEST, int(op[1]), None))
             elif c == BEGIN:
                 names[i] = str(op[1])
                 stack.append(i)
