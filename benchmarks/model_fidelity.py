@@ -206,7 +206,7 @@ def case(args) -> dict:
     gpu, wl, bench, quick, root, extra, budgets = args
     import pandas as pd
 
-    from emo.device import KernelRange
+    from emo.device import KernelRange, settle_iterations
     from emo.device.backends import open_device
     from emo.model.predict import load_pack_tables, predict
     from emo.pack.ranges import kernel_ordinals, pack_ranges
@@ -249,6 +249,10 @@ def case(args) -> dict:
     fmax = max(clocks)
     devices = len(tables.device_keys)
     period_ms = pr["baseline_iteration_s"] * 1e3
+    # the die at its working temperature before anything is measured, as profile and validate settle
+    settle = settle_iterations(float(cfg["gpu"]["settle_s"]), pr["baseline_iteration_s"])
+    if settle:
+        device.run(cfg["workload"], settle, warmup=0)
     # enough iterations for the policy's steady state, at least ~1 s of virtual time
     iters = int(max(3, min(12, np.ceil(1.0 / pr["baseline_iteration_s"]))))
     static = [c for c in clocks if c >= fmax / 2][::-1]

@@ -77,6 +77,9 @@ class GpuConfig:
     counters: str = field(
         default="ncu", metadata=one_of("ncu", "dcgm", "none")
     )  # virtual GPU: counters as ncu/CUPTI totals ("ncu") or DCGM activity ratios ("dcgm")
+    # seconds of the workload at the max clock before profile and validate measure it, unmeasured: a
+    # GPU's leakage follows its die temperature, and a job runs warm, not from a cold start
+    settle_s: float = field(default=20.0, metadata=at_least(0))
 
 
 # --------------------------------------------------------------------------- workloads

@@ -9,7 +9,8 @@ The max-clock baseline is measured on both sides of what it is compared with, in
 (A-B-A: max clock, the method, max clock), and is the two together: a GPU warms over a run and its
 leakage with it, so a baseline measured only first would be the coldest run and every saving would
 read low; a drift over the launch cancels to first order. The static curve is measured the same way,
-each clock between two max-clock runs.
+each clock between two max-clock runs. Before the first, the max clock runs `gpu.settle_s` seconds
+unmeasured: a job runs on a warm die, and the model was fitted on one (profile settles the same way).
 
 Offline methods (emo, static, perseus) come with a policy (optimize's policy.json), applied as is;
 the policy's predicted time and energy give the prediction error. Online baselines (zeus, geepafs)
@@ -34,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from emo.baselines import ONLINE, run_online
-from emo.device import RunResult, pooled, run_segments
+from emo.device import RunResult, pooled, run_segments, settle_iterations
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
@@ -83,12 +84,13 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
 
 
 def against_max_clock(
-    device: Any, workload: Any, policy: FrequencyPolicy, iterations: int, warmup: int
+    device: Any, workload: Any, policy: FrequencyPolicy, iterations: int, warmup: int, settle: int = 0
 ) -> tuple[RunResult, RunResult]:
     """(baseline, run) of `policy` between two max-clock runs in one launch (A-B-A), the baseline
-    both of them: a drift over the launch (the die warming) cancels to first order."""
+    both of them: a drift over the launch (the die warming) cancels to first order. `settle`:
+    unmeasured max-clock iterations first (emo.device.run_segments)."""
     before, run, after = run_segments(
-        device, workload, [(None, iterations), (policy, iterations), (None, iterations)], warmup=warmup
+        device, workload, [(None, iterations), (policy, iterations), (None, iterations)], warmup=warmup, settle=settle
     )
     return pooled(before, after), run
 
@@ -198,23 +200,26 @@ def validate(
         if est is None:
             est = device.run(wl, 1, warmup=warmup).time_s
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
+        settle = settle_iterations(float(cfg["gpu"].get("settle_s", 0.0)), est)  # before the first launch only
         log.info(
-            "validate: max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: about %.1f minutes plus start-up",
+            "validate: %d iterations to settle, then max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: "
+            "about %.1f minutes plus start-up",
+            settle,
             method,
             n,
             warmup,
-            3 * (n + warmup) * est / 60,
+            (settle + 3 * (n + warmup)) * est / 60,
         )
         with progress(2, f"validate: max clock, {method}, max clock") as bar:
             explore = None
             setting: dict = {}
             if policy is not None:  # in one launch of the program (emo.device.run_segments)
-                base, opt = against_max_clock(device, wl, policy, n, warmup)
+                base, opt = against_max_clock(device, wl, policy, n, warmup, settle)
                 bar.update()
                 devices = sorted(base.energy_per_device_j) or [0]
                 setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
             else:  # the method's own loop runs between the two max-clock runs
-                before = device.run(wl, n, warmup=warmup)
+                (before,) = run_segments(device, wl, [(None, n)], warmup=warmup, settle=settle)
                 bar.update()
                 devices = sorted(before.energy_per_device_j) or [0]
                 res = run_online(

@@ -64,6 +64,26 @@ def test_the_max_clock_saves_nothing_on_a_gpu_that_warms_while_it_is_measured(tm
     assert result["baseline"]["iterations"] == 2 * result["optimized"]["iterations"]  # before and after
 
 
+def test_settling_runs_the_max_clock_first_unmeasured_in_the_same_launch():
+    """gpu.settle_s: the first launch starts with the default clock for that long, and its result is
+    not among the measured runs (one launch on a device that runs segments, as NVML does)."""
+    from emo.device import RunResult, run_segments, settle_iterations
+
+    class Launches:
+        def __init__(self):
+            self.calls = []
+
+        def run_segments(self, workload, runs, *, warmup):
+            self.calls.append([(None if p is None else p.steps[0][0].sm_mhz, n) for p, n in runs])
+            return [RunResult(n, 0.01 * n, float(i)) for i, (_, n) in enumerate(runs)]
+
+    dev, pol = Launches(), FrequencyPolicy.static("a100", 1, 1200)
+    out = run_segments(dev, {}, [(None, 5), (pol, 5)], warmup=1, settle=settle_iterations(20.0, 0.25))
+    assert dev.calls == [[(None, 80), (None, 5), (1200, 5)]] and [r.energy_j for r in out] == [1.0, 2.0]
+    assert run_segments(dev, {}, [(pol, 5)], settle=settle_iterations(0.0, 0.25))[0].iterations == 5
+    assert dev.calls[-1] == [(1200, 5)]
+
+
 def test_static_is_the_best_measured_clock_within_budget_plus_tolerance(tmp_path):
     """The model's pick (1200 MHz, 10 % late) breaks a 2 % budget: validate measures the curve, the
     clocks at the budget's edge, and reports a fresh run at the least-energy clock that keeps it."""

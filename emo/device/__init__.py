@@ -12,6 +12,7 @@ Backends by name: emo.device.backends (devices), emo.device.control.CONTROLS (co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -147,16 +148,28 @@ def pooled(*runs: RunResult) -> RunResult:
 
 
 def run_segments(
-    device: Any, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1
+    device: Any,
+    workload: Any,
+    runs: list[tuple[FrequencyPolicy | None, int]],
+    *,
+    warmup: int = 1,
+    settle: int = 0,
 ) -> list[RunResult]:
     """Measured runs of `workload`, each (policy or None for default clocks, iterations) after
     `warmup` iterations: in one launch of the program on a device that can (NvmlDevice.run_segments:
-    the user's program starts once per stage), else one run each."""
+    the user's program starts once per stage), else one run each. `settle`: iterations at the
+    default clock before them, unmeasured, so that the die is at its working temperature."""
+    ahead: list[tuple[FrequencyPolicy | None, int]] = [(None, settle)] if settle > 0 else []
     if hasattr(device, "run_segments"):
-        return device.run_segments(workload, runs, warmup=warmup)
+        return device.run_segments(workload, ahead + runs, warmup=warmup)[len(ahead) :]
     out = []
-    for policy, n in runs:
+    for policy, n in ahead + runs:
         device.set_policy(policy)
         out.append(device.run(workload, n, warmup=warmup))
     device.set_policy(None)
-    return out
+    return out[len(ahead) :]
+
+
+def settle_iterations(settle_s: float, iteration_s: float) -> int:
+    """Iterations of `iteration_s` that span `settle_s` (0: none)."""
+    return math.ceil(settle_s / max(iteration_s, 1e-9)) if settle_s > 0 else 0

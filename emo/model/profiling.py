@@ -153,12 +153,13 @@ def measure_baselines(
     warmup: int = 1,
     gpus: Sequence[int] = (0,),
     fractions=(0.7,),
+    settle_s: float = 0.0,
 ) -> dict:
     """The default-clock iteration (top-level keys) and one at the clock nearest each fraction of the
     max clock (key `levels`, highest clock first): the points the fit's time and energy levels match,
     each measured over >= BASELINE_SECONDS (and >= min_seconds), all in one launch of the program
-    (emo.device.run_segments)."""
-    from emo.device import pooled, run_segments
+    (emo.device.run_segments), after `settle_s` seconds at the default clock, unmeasured."""
+    from emo.device import pooled, run_segments, settle_iterations
     from emo.policy import FrequencyPolicy
 
     top = max(device.supported_clocks())
@@ -183,7 +184,8 @@ def measure_baselines(
         total,
         est_s / 60,
     )
-    results = run_segments(device, workload, runs, warmup=warmup)
+    settle = settle_iterations(settle_s, iteration_s)  # the die at its working temperature first
+    results = run_segments(device, workload, runs, warmup=warmup, settle=settle)
     by_clock: dict[int | None, list] = {}
     for mhz, res in zip(clocks, results):
         by_clock.setdefault(mhz, []).append(res)
@@ -296,6 +298,7 @@ def profile_workload(
                 int(cfg["trace"]["warmup"]),
                 gpus,
                 cfg["model"]["level_fractions"],
+                float(cfg["gpu"].get("settle_s", 0.0)),
             )
         finally:
             device.close()
