@@ -110,10 +110,8 @@ def measure_static_curve(
     t_base, e_base = per_iteration(base)
     rows = []
     for i, f in enumerate(clocks):
-        (t, e), (t_ref, e_ref) = (
-            per_iteration(results[2 * i + 1]),
-            per_iteration(pooled(results[2 * i], results[2 * i + 2])),
-        )
+        t, e = per_iteration(results[2 * i + 1])
+        t_ref, e_ref = per_iteration(pooled(results[2 * i], results[2 * i + 2]))  # the max clock on either side
         rows.append({"sm_mhz": f, "time_s": t / t_ref * t_base, "energy_j": e / e_ref * e_base})
     return pd.DataFrame(rows).astype({"sm_mhz": "int32", "time_s": "float64", "energy_j": "float64"})
 
