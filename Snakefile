@@ -1,7 +1,8 @@
 # EMO's pipeline: calibrate -> trace -> graph -> pack -> profile -> fit -> optimize -> validate.
 # Configuration is composed from conf/ with Hydra: `snakemake -c 2 --config 'overrides=["workload=pp"]'`
-# or, more simply, `emo run workload=pp`. A sweep (`emo run -m ...`) passes every job's overrides as
-# `--config 'jobs=[[...], [...]]'` and runs as this one DAG. Every stage writes results/<stage>/<hash>/,
+# or, more simply, `emo run workload=pp`. A sweep (`emo run -m ...`) passes every job's overrides in
+# a config file, `{"jobs": [[...], [...]]}` (`--configfile`; `--config 'jobs=...'` works too), and runs
+# as this one DAG. Every stage writes results/<stage>/<hash>/,
 # the hash covering the configuration it depends on, its inputs and its code (emo/workflow/plan.py); the rules
 # are generic over that hash, and SWEEP says which job planned each folder (emo/workflow/sweep.py).
 from snakemake.utils import min_version

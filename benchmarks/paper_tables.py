@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from emo.methods import ABLATIONS, METHODS  # noqa: E402  (the checkout, not an installed emo)
 from emo.report import scoring  # noqa: E402
+from emo.workflow.run import jobs_config  # noqa: E402
 from emo.workflow.sweep import build  # noqa: E402
 
 CURVE_POINTS = 48  # static clocks validate measures: every supported clock from half the max clock up on the A100
@@ -96,8 +97,7 @@ def run_all(jobs: list[list[str]], cores: int, log: Path) -> int:
         str(ROOT / "Snakefile"),
         "--directory",
         str(log.parent),
-        "--config",
-        f"jobs={json.dumps(jobs)}",
+        *jobs_config(jobs, log.parent / "paper_tables.jobs.json"),
         "--cores",
         str(cores),
         "--resources",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -362,3 +363,26 @@ def check_timeline(results: Path) -> None:
         predict(load_pack_tables(pack, fit), policy, transition_ms=latency).time_s, rel=1e-9
     )
     assert set(kernels(mine)["sm_mhz"]) <= {s.sm_mhz for ss in policy.steps.values() for s in ss}
+
+
+def test_a_sweep_too_large_for_a_command_line_reaches_snakemake_whole(tmp_path, monkeypatch):
+    # Linux refuses one argument over 128 KiB: the 810 jobs of paper_tables.py once stopped there
+    from emo.workflow import run
+
+    jobs = [[f"results={tmp_path}", f"gpu.seed={i}", "optimizer=emo", "budget=0.02"] for i in range(2000)]
+    seen = {}
+
+    class Snakemake:
+        def __init__(self, argv, **kw):
+            seen["argv"] = argv
+            seen["config"] = Path(argv[argv.index("--configfile") + 1]).read_text()
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Snakemake)
+    monkeypatch.chdir(tmp_path)
+    assert run.snakemake(jobs, 1, dry_run=True) is None
+    assert max(len(a) for a in seen["argv"]) < 4096
+    assert json.loads(seen["config"])["jobs"] == jobs
+    assert not Path(seen["argv"][seen["argv"].index("--configfile") + 1]).exists()  # handed over, then removed

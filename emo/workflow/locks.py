@@ -107,7 +107,7 @@ def busy_message(results: Path, owner: dict) -> str:
 # `.emo-plan-<pid>.pickle` (emo.workflow.run).
 STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
 STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
-RUN_FILE = re.compile(r"\.emo-(errors-\d+\.jsonl|plan-\d+\.pickle)")
+RUN_FILE = re.compile(r"\.emo-(errors-\d+\.jsonl|plan-\d+\.pickle|jobs-\d+\.json)")
 
 
 def cleanup(results: Path) -> list[Path]:

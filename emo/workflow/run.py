@@ -221,7 +221,6 @@ def snakemake(
     (the Snakefile then does not plan them again); `started`: called once Snakemake has started.
     Snakemake's own lock is off: emo.workflow.locks guards the results folder,
     and Snakemake's would outlive a kill -9. KeyboardInterrupt (or Interrupted) when a signal stopped it."""
-    import json
     import socket
     import subprocess
 
@@ -235,8 +234,6 @@ def snakemake(
         str(ROOT / "Snakefile"),
         "--directory",
         str(Path.cwd()),
-        "--config",
-        f"jobs={json.dumps([list(j) for j in jobs])}",
         # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
         "--no-hooks",
         "--rerun-incomplete",
@@ -263,12 +260,12 @@ def snakemake(
     # in the results folder under EMO's mark (emo.workflow.locks.RUN_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
     if held:
-        reports, plan_file = run_file(Path(planned.results), "errors"), run_file(Path(planned.results), "plan")
+        reports, plan_file, jobs_file = (run_file(Path(planned.results), k) for k in ("errors", "plan", "jobs"))
     else:  # a first run, a dry run: fresh files nobody else can have named
-        reports, plan_file = fresh_file(".jsonl"), fresh_file(".pickle")
+        reports, plan_file, jobs_file = fresh_file(".jsonl"), fresh_file(".pickle"), fresh_file(".json")
     if planned is not None:  # the Snakefile takes the sweep planned here instead of composing every job again
         sweep.save_planned(planned, plan_file)
-        argv.insert(argv.index("--config") + 2, f"planned={plan_file}")
+    argv += jobs_config(jobs, jobs_file, plan_file if planned is not None else None)
     env = {
         **os.environ,
         errors.ERRORS_ENV: str(reports),
@@ -292,6 +289,7 @@ def snakemake(
     finally:
         reports.unlink(missing_ok=True)
         plan_file.unlink(missing_ok=True)
+        jobs_file.unlink(missing_ok=True)
 
 
 PROFILE_LINE = re.compile(rb"Using .*profile.* for setting default command line arguments\.\r?\n")
@@ -364,9 +362,25 @@ def _write_stderr(data: bytes) -> None:
     sys.stderr.flush()
 
 
+def jobs_config(jobs: list[list[str]], path: Path, planned: Path | None = None) -> list[str]:
+    """Snakemake's arguments handing it `jobs` (and the file of the sweep planned for them): a config
+    file written at `path`, since a large sweep's overrides outgrow one command-line argument (128 KiB
+    on Linux, about 800 jobs)."""
+    import json
+
+    config: dict = {"jobs": [list(j) for j in jobs]}
+    if planned is not None:
+        config["planned"] = str(planned)
+    path.write_text(json.dumps(config))
+    return ["--configfile", str(path)]
+
+
+RUN_FILE_SUFFIX = {"errors": "jsonl", "plan": "pickle", "jobs": "json"}
+
+
 def run_file(results: Path, kind: str) -> Path:
     """`<results>/.emo-<kind>-<pid>.<suffix>`, empty: what this run hands its Snakemake (locks.RUN_FILE)."""
-    path = results / f".emo-{kind}-{os.getpid()}.{'jsonl' if kind == 'errors' else 'pickle'}"
+    path = results / f".emo-{kind}-{os.getpid()}.{RUN_FILE_SUFFIX[kind]}"
     path.unlink(missing_ok=True)
     path.touch()
     return path

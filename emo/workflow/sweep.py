@@ -155,8 +155,9 @@ def save_planned(sw: Sweep, path: Path) -> None:
 
 
 def from_snakemake_config(config: dict) -> Sweep:
-    """The Snakefile's sweep: `--config 'jobs=[["budget=0.02"],["budget=0.05"]]'` (what `emo run -m`
-    passes, with `planned=FILE`: the sweep it planned, see save_planned), or one job from
+    """The Snakefile's sweep: `jobs: [["budget=0.02"], ["budget=0.05"]]` from a config file or
+    `--config` (what `emo run -m` passes in a config file, with `planned: FILE`: the sweep it
+    planned, see save_planned), or one job from
     `--config 'overrides=[...]'` (plain `snakemake`), or the defaults."""
     if config.get("jobs"):
         jobs = [[str(o) for o in job] for job in config["jobs"]]
