@@ -123,6 +123,8 @@ class PPWorkload(WorkloadConfig):
     partition: str = field(
         default="uniform", metadata=one_of("uniform", "parameter")
     )  # "uniform" or "parameter" (embedding and LM head make stages uneven)
+    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
+    recv: str = field(default="paired", metadata=one_of("paired", "early"))
     # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
 
@@ -135,6 +137,8 @@ class HybridWorkload(WorkloadConfig):
     dp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # data-parallel replicas; tp * pp * dp GPUs in all
     microbatches: int = field(default=4, metadata=at_least(1))  # per replica and step, >= pp (1F1B)
     partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))
+    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
+    recv: str = field(default="paired", metadata=one_of("paired", "early"))
     bucket_mb: float = field(default=25.0, metadata=above(0))  # DDP's bucket_cap_mb: gradients all-reduced per bucket
     # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches, 8 layers so the default stays small
     model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, batch=1))

@@ -22,9 +22,12 @@ CONFIGS = [
     {"kind": "pp", "pp": 2, "microbatches": 3},
     {"kind": "pp", "pp": 8, "microbatches": 8, "partition": "parameter"},
     {"kind": "pp", "pp": 4, "microbatches": 5, "partition": "parameter"},
+    {"kind": "pp", "pp": 4, "microbatches": 6, "recv": "early"},
+    {"kind": "pp", "pp": 8, "microbatches": 9, "recv": "early"},
     {"kind": "hybrid"},
     {"kind": "hybrid", "tp": 4, "pp": 4, "dp": 2, "microbatches": 5, "partition": "parameter"},
     {"kind": "hybrid", "tp": 1, "pp": 2, "dp": 4, "microbatches": 3, "bucket_mb": 5},
+    {"kind": "hybrid", "tp": 2, "pp": 4, "dp": 1, "microbatches": 4, "recv": "early"},
     {"kind": "offload", "decode_tokens": 2},
 ]
 

@@ -211,9 +211,11 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
                 CollectiveSpec("sendrecv", ranks, act, grid.name("p2p", lo, dd, t), dtype),
             )
 
-        def flush() -> None:
-            """Post the next link's transfers as far as this stage can: receives at once, sends once
-            the forward that produces them has been issued."""
+        def flush(need: int | None = None) -> None:
+            """Post the next link's transfers in order, as far as this stage can: a send once the
+            forward that produces it has been issued; a receive at once (recv=early), or with the
+            send that follows it (recv=paired, Megatron's send_forward_recv_backward), or, with no
+            send after it, at the backward that `need`s it (Megatron's recv_backward)."""
             nonlocal pos
             while pos < len(queue):
                 direction, mb = queue[pos]
@@ -223,6 +225,12 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
                     em.wait(P2P_NEXT, fwd_done[mb])
                     em.collective(P2P_NEXT, *transfer(s, s + 1, "fwd", mb))
                 else:
+                    if w.recv == "paired":
+                        after = queue[pos + 1] if pos + 1 < len(queue) else None
+                        if after is not None and after[0] == "fwd" and after[1] not in fwd_done:
+                            return
+                        if (after is None or after[0] != "fwd") and need != mb:
+                            return
                     em.collective(P2P_NEXT, *transfer(s + 1, s, "bwd", mb))
                     grad_in[mb] = em.record(P2P_NEXT)
                 pos += 1
@@ -263,7 +271,7 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
             else:
                 with em.scope("backward_step"):
                     if not last:
-                        flush()
+                        flush(need=mb)
                         em.wait(COMPUTE, grad_in[mb])
                     backward(mb)
                     if not first:
