@@ -129,6 +129,7 @@ def test_cleanup_removes_only_what_emo_made(tmp_path):
         res / "graph" / "0123456789ab",
         res / ".emo-errors-4242.jsonl",
         res / ".emo-plan-4242.pickle",
+        res / ".emo-jobs-4242.json",
     ]
     theirs = [
         res / "trace" / ".vscode.tmp" / "settings.json",
@@ -140,7 +141,7 @@ def test_cleanup_removes_only_what_emo_made(tmp_path):
     ]
     for p in mine[:3] + theirs[1:4]:
         p.mkdir(parents=True)
-    for p in [mine[3], mine[4], theirs[0], theirs[4], theirs[5]]:
+    for p in [*mine[3:], theirs[0], theirs[4], theirs[5]]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")
     assert sorted(cleanup(res)) == sorted(mine)
