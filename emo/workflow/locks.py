@@ -103,11 +103,12 @@ def busy_message(results: Path, owner: dict) -> str:
 # What EMO makes in a stage's folder, by name (the mark: `results=` may point into a tree that holds
 # the user's own hidden `.tmp` and empty folders, which are never touched): a stage folder is a
 # 12-digit hash, a stage's hidden folder `.<hash>.emo-stage-<random>.tmp` (emo.stages.run_stage; before
-# the mark, `.<hash>.<8 random>.tmp`), the files a run hands its Snakemake, `.emo-errors-<pid>.jsonl` and
-# `.emo-plan-<pid>.pickle` (emo.workflow.run).
+# the mark, `.<hash>.<8 random>.tmp`), the files a run hands its Snakemake, `.emo-<kind>-<pid>.<suffix>`
+# (RUN_FILES; emo.workflow.run.run_file).
 STAGE_FOLDER = re.compile(r"[0-9a-f]{12}")
 STAGE_TMP = re.compile(r"\.[0-9a-f]{12}\.(emo-stage-[a-z0-9_]+|[a-z0-9_]{8})\.tmp")
-RUN_FILE = re.compile(r"\.emo-(errors-\d+\.jsonl|plan-\d+\.pickle|jobs-\d+\.json)")
+RUN_FILES = {"errors": "jsonl", "plan": "pickle", "jobs": "json"}
+RUN_FILE = re.compile(r"\.emo-(" + "|".join(rf"{kind}-\d+\.{suffix}" for kind, suffix in RUN_FILES.items()) + ")")
 
 
 def cleanup(results: Path) -> list[Path]:

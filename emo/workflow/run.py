@@ -375,12 +375,9 @@ def jobs_config(jobs: list[list[str]], path: Path, planned: Path | None = None) 
     return ["--configfile", str(path)]
 
 
-RUN_FILE_SUFFIX = {"errors": "jsonl", "plan": "pickle", "jobs": "json"}
-
-
 def run_file(results: Path, kind: str) -> Path:
     """`<results>/.emo-<kind>-<pid>.<suffix>`, empty: what this run hands its Snakemake (locks.RUN_FILE)."""
-    path = results / f".emo-{kind}-{os.getpid()}.{RUN_FILE_SUFFIX[kind]}"
+    path = results / f".emo-{kind}-{os.getpid()}.{locks.RUN_FILES[kind]}"
     path.unlink(missing_ok=True)
     path.touch()
     return path
