@@ -149,7 +149,7 @@ def test_lowtime_slows_what_is_off_the_critical_path_and_keeps_the_deadline():
 
 
 @pytest.mark.slow
-def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling():
+def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeypatch):
     pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
     from emo.baselines import run_online
     from emo.device.backends import open_device
@@ -165,9 +165,14 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling():
             "optimizer.perseus.profile_iters=1",
             "optimizer.perseus.warmup_iters=0",
             "optimizer.min_clock_fraction=0.9",
+            "gpu.settle_s=1",
         ]
     )
     dev = open_device(cfg["gpu"])
+    runs: list[tuple[object, float]] = []  # (policy, device seconds) of every run, in order
+    policy, run, set_policy = [None], dev.run, dev.set_policy
+    monkeypatch.setattr(dev, "set_policy", lambda p: (policy.__setitem__(0, p), set_policy(p)))
+    monkeypatch.setattr(dev, "run", lambda *a, **kw: runs.append((policy[0], (r := run(*a, **kw)).time_s)) or r)
     try:
         base = dev.run(cfg["workload"], 2, warmup=1)
         r = run_online(
@@ -187,6 +192,10 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling():
     assert s["per"] == "instruction" and s["profiled_clocks"][0] == max(s["profiled_clocks"])
     assert s["profiling_gpu_s"] == pytest.approx(r.explore.time_s * 2) and r.explore.energy_j > 0
     assert all(len(v) == 8 for v in s["instruction_clocks"].values())  # 4 forwards + 4 backwards per stage
+    # the sweep ends at its lowest clock, on a cooled die: gpu.settle_s at the max clock, then the plan
+    *_, (swept, _), (max1, t1), (max2, t2), (plan, _) = runs
+    assert swept.steps[0][0].sm_mhz == min(s["profiled_clocks"]) and max1 is max2 is None
+    assert 0.95 <= t1 + t2 <= 1.0 + t1 and plan.trigger is not None  # settle_s, rounded up to an iteration
 
 
 # ---------------------------------------------------------------- Perseus's controller on the virtual GPU

@@ -1,5 +1,6 @@
 """What the online baselines share: a meter for time and energy between two points of a run, read
-from the device's own clock and energy counter, and the result every online baseline returns."""
+from the device's own clock and energy counter, the result every online baseline returns, and the
+re-warming of the die between a baseline's exploration and its steady state."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emo.device import RunResult
+from emo.device import RunResult, settle_iterations
 
 
 @dataclass
@@ -51,3 +52,17 @@ class PhaseMeter:
 
     def totals(self, name: str) -> PhaseTotals:
         return self._totals.get(name, PhaseTotals())
+
+
+def rewarm(device: Any, workload: Any, settle_s: float) -> None:
+    """Run the workload `settle_s` seconds at the max clock, unmeasured (gpu.settle_s; the caller
+    lifts its own setting first). An exploration that ends at a baseline's lowest settings (Zeus's
+    last power limits, Perseus's lowest clocks) leaves the die cooler than the max clock keeps it, and
+    a cooler die leaks less: measured straight after, the steady state would be credited with that.
+    Validate measures every method from a die warm at the max clock (emo.validate)."""
+    if settle_s <= 0:
+        return
+    probe = device.run(workload, 1, warmup=0)
+    n = settle_iterations(settle_s, probe.time_s) - 1
+    if n > 0:
+        device.run(workload, n, warmup=0)

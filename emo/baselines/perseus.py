@@ -12,8 +12,9 @@
    to each (stage, kind)'s options), cost = energy - blocking power x time,
    down to the first schedule within (1 + budget) of the all-max DAG time (no EMO search, repair or
    polish; when none is in exact times, lowtime's last, shortest schedule);
-4. one list of clocks per stage per iteration, the same every iteration, one per instruction in
-   the stage's instruction order, applied as its code applies it (a host-triggered policy,
+4. after `gpu.settle_s` at the max clock (online.rewarm: the sweep ended at its lowest clocks, on a
+   cooled die), one list of clocks per stage per iteration, the same every iteration, one per
+   instruction in the stage's instruction order, applied as its code applies it (a host-triggered policy,
    emo.policy.Trigger): when the trainer begins an instruction (the host enters its
    forward_step / backward_step scope, on_instruction_begin) the controller calls
    torch.cuda.synchronize(), so the host waits for the GPU to drain everything queued and loses
@@ -38,7 +39,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from emo.baselines.online import OnlineResult, PhaseMeter
+from emo.baselines.online import OnlineResult, PhaseMeter, rewarm
 from emo.baselines.perseus_schedule import (
     Schedule,
     dag_edges,
@@ -234,7 +235,15 @@ def policy_of(
 
 
 def run_perseus(
-    device: Any, workload: Any, devices: Sequence[int], budget: float, opts: dict, *, iterations: int, warmup: int
+    device: Any,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    opts: dict,
+    *,
+    iterations: int,
+    warmup: int,
+    settle_s: float = 0.0,
 ) -> OnlineResult:
     devices = list(devices)
     if not getattr(device, "runs_triggered_policies", False):  # say so before the profiling, not after it
@@ -286,6 +295,8 @@ def run_perseus(
     explore = meter.totals("profile")
     setting["profiling_gpu_s"] = explore.time_s * len(devices)
     setting["profiling_energy_j"] = explore.energy_j
+    device.set_policy(None)  # the die back to the max clock's warmth after the sweep's lowest clocks
+    rewarm(device, workload, settle_s)
     device.set_policy(policy)
     steady = device.run(workload, iterations, warmup=warmup)
     device.set_policy(None)
@@ -306,4 +317,13 @@ def run_online(
 ) -> OnlineResult:
     """emo.methods' online contract: optimizer.perseus.* and the clock floor, then run_perseus."""
     opts = {**optimizer_cfg["perseus"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"]}
-    return run_perseus(device, workload, devices, budget, opts, iterations=iterations, warmup=warmup)
+    return run_perseus(
+        device,
+        workload,
+        devices,
+        budget,
+        opts,
+        iterations=iterations,
+        warmup=warmup,
+        settle_s=float(gpu_cfg.get("settle_s", 0.0)),
+    )

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from emo.baselines.online import OnlineResult, PhaseMeter
+from emo.baselines.online import OnlineResult, PhaseMeter, rewarm
 
 log = logging.getLogger("emo.baselines.zeus")
 
@@ -210,13 +210,14 @@ def power_limit_range(device: Any, gpu_cfg: dict, min_w: float) -> tuple[float, 
 def run_zeus(
     device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict, gpu_cfg: dict
 ) -> OnlineResult:
-    """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, then measure
-    `options['iterations']` iterations at the limit it chose. The selector honours the same budget
+    """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, re-warm the
+    die at the max limit (online.rewarm), then measure `options['iterations']` iterations at the limit
+    it chose. The selector honours the same budget
     as EMO: the lowest limit whose profiled time is within (1 + budget) of the highest limit's."""
     _require_zeus()
     limits = power_limit_range(device, gpu_cfg, options["min_power_limit_w"])
     meter = PhaseMeter(device, devices)
-    with zeus_on_device(device, devices, limits):
+    with zeus_on_device(device, devices, limits) as gpus:
         plo = zeus_pl.GlobalPowerLimitOptimizer(
             JobMonitor(device, workload, devices),
             optimum_selector=zeus_pl.MaxSlowdownConstraint(factor=1.0 + budget),
@@ -242,6 +243,9 @@ def run_zeus(
                     plo.on_step_begin()
                 steps += n
         chosen_w = plo.state.optimal_power_limit / 1000.0
+        gpus.set_limit(None)  # the die back to the max clock's warmth, then the limit zeus chose
+        rewarm(device, workload, float(gpu_cfg.get("settle_s", 0.0)))
+        gpus.set_limit(chosen_w)
         with meter.phase("steady"):
             steady = device.run(workload, options["iterations"], warmup=options["warmup"])
         profile = [{"power_limit_w": m.power_limit, "time_s": m.time, "energy_j": m.energy} for m in plo.measurements]
