@@ -170,9 +170,20 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeyp
     )
     dev = open_device(cfg["gpu"])
     runs: list[tuple[object, float]] = []  # (policy, device seconds) of every run, in order
-    policy, run, set_policy = [None], dev.run, dev.set_policy
-    monkeypatch.setattr(dev, "set_policy", lambda p: (policy.__setitem__(0, p), set_policy(p)))
-    monkeypatch.setattr(dev, "run", lambda *a, **kw: runs.append((policy[0], (r := run(*a, **kw)).time_s)) or r)
+    real_run, real_set_policy = dev.run, dev.set_policy
+    current: dict = {"policy": None}
+
+    def set_policy(policy):
+        current["policy"] = policy
+        real_set_policy(policy)
+
+    def run(*a, **kw):
+        r = real_run(*a, **kw)
+        runs.append((current["policy"], r.time_s))
+        return r
+
+    monkeypatch.setattr(dev, "set_policy", set_policy)
+    monkeypatch.setattr(dev, "run", run)
     try:
         base = dev.run(cfg["workload"], 2, warmup=1)
         r = run_online(

@@ -50,7 +50,7 @@ def test_zeus_profiles_limits_and_keeps_the_budget(cfg):
 
 def test_zeus_steady_state_is_measured_on_a_die_rewarmed_at_the_max_limit(cfg, monkeypatch):
     """Its sweep ends at its lowest limits on a cooled die, which leaks less: measured straight after,
-    even the max limit measured a saving (1.9 % on TP2 at 0 %). gpu.settle_s at the max limit first."""
+    even the max limit would measure a saving. gpu.settle_s at the max limit first."""
     device = open_device(cfg["gpu"])
     runs: list[tuple[float, float]] = []  # (limit, device seconds) of every run, in order
     real = device.run

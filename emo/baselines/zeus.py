@@ -212,8 +212,8 @@ def run_zeus(
 ) -> OnlineResult:
     """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, re-warm the
     die at the max limit (online.rewarm), then measure `options['iterations']` iterations at the limit
-    it chose. The selector honours the same budget
-    as EMO: the lowest limit whose profiled time is within (1 + budget) of the highest limit's."""
+    it chose. The selector honours the same budget as EMO: the lowest limit whose profiled time is
+    within (1 + budget) of the highest limit's."""
     _require_zeus()
     limits = power_limit_range(device, gpu_cfg, options["min_power_limit_w"])
     meter = PhaseMeter(device, devices)
