@@ -114,6 +114,11 @@ FORMS = {  # launcher form -> (command, ranks)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_trace_takes_the_command_as_given(job, form):
     command, ranks = FORMS[form]
+    if command[0] == DEEPSPEED and not Path(DEEPSPEED).exists():
+        # DeepSpeed builds from source against the installed torch: no extra can bring it (.ci/run does)
+        pytest.skip(
+            f"{Path(command[0]).name} is not installed: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
+        )
     r = emo("trace", "-o", "out", "--wait", "1", "--warmup", "1", "--active", "2", "--", *command)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in (job / "out").glob("*.json.gz")) == [launcher.trace_name(k) for k in range(ranks)]
