@@ -151,7 +151,10 @@ def save_planned(sw: Sweep, path: Path) -> None:
     composing every job again (seconds per sweep, before any job starts)."""
     import pickle
 
-    Path(path).write_bytes(pickle.dumps(sw, protocol=pickle.HIGHEST_PROTOCOL))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600)  # private even if the name existed: only a file we alone wrote is read back
+        f.write(pickle.dumps(sw, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def from_snakemake_config(config: dict) -> Sweep:
@@ -174,10 +177,25 @@ def _load_planned(path) -> Sweep | None:
     if not path:
         return None
     try:
-        sw = pickle.loads(Path(path).read_bytes())
+        data = _private_bytes(Path(path))
+        sw = None if data is None else pickle.loads(data)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # gone, cut short, older code
         return None
     return sw if isinstance(sw, Sweep) else None
+
+
+def _private_bytes(path: Path) -> bytes | None:
+    """The file's bytes if this user alone could have written them (a regular file it owns, mode
+    0600, not a link), else None. Unpickling runs code: a results folder others can write must not
+    be able to hand this process a pickle (they can replace the file, not make one owned by us)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        return f.read()
 
 
 def gpus_needed(cfg: dict) -> int:
