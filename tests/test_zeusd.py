@@ -103,9 +103,23 @@ def test_token_from_the_environment_or_a_file(daemon, monkeypatch, short_dir, ho
         monkeypatch.setenv(zeusd.TOKEN_ENV, "s3cret")
     else:
         (short_dir / "tok").write_text("s3cret\n")
+        os.chmod(short_dir / "tok", 0o600)
         monkeypatch.setenv(zeusd.TOKEN_FILE_ENV, str(short_dir / "tok"))
     _controller(monkeypatch).set_clock(0, 900)
     assert z.nvml.locked[0] == (900, 900)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o644, 0o640])
+def test_a_token_file_others_can_read_is_refused_in_one_line(daemon, monkeypatch, short_dir, mode):
+    z = daemon(token="s3cret")
+    tok = short_dir / "tok"
+    tok.write_text("s3cret\n")
+    os.chmod(tok, mode)
+    monkeypatch.setenv(zeusd.TOKEN_FILE_ENV, str(tok))
+    with pytest.raises(nv.GpuAccessError) as e:
+        _controller(monkeypatch).set_clock(0, 900)
+    assert e.value.cause == zeusd.PERMISSION and f"{mode:04o}" in str(e.value) and "chmod 600" in str(e.value)
+    assert "\n" not in str(e.value) and z.nvml.locked[0] is None
 
 
 @pytest.mark.parametrize(

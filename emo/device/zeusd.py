@@ -51,7 +51,15 @@ def _token() -> str | None:
     path = os.environ.get(TOKEN_FILE_ENV)
     if path:
         try:
-            return open(os.path.expanduser(path)).read().strip() or None
+            with open(os.path.expanduser(path)) as f:
+                mode = os.fstat(f.fileno()).st_mode & 0o777
+                if mode & 0o077:  # as ssh refuses a private key others can read: the token sets any GPU's clocks
+                    raise ZeusdError(
+                        f"{TOKEN_FILE_ENV}={path}: the token file is open to others (mode {mode:04o}): "
+                        f"`chmod 600 {path}`",
+                        PERMISSION,
+                    )
+                return f.read().strip() or None
         except OSError as e:
             raise ZeusdError(f"{TOKEN_FILE_ENV}={path}: cannot read the token ({e.strerror})", PERMISSION) from e
     return os.environ.get(TOKEN_ENV) or None
