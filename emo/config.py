@@ -188,6 +188,12 @@ class TraceConfig:
     iterations: int = field(default=3, metadata=at_least(1))  # iterations recorded (after warmup)
     warmup: int = field(default=1, metadata=at_least(0))
     seed: int = field(default=0, metadata=at_least(0))
+    # what records the traced iterations (emo.device.CAPTURES): full (torch.profiler, CPU and CUDA
+    # activities) or light (runtime calls, GPU activity and the iteration markers: less host cost)
+    capture: str = field(default="full", metadata=one_of("full", "light"))
+    # the same workload measured untraced right after, at the default clock: the iteration time the
+    # graph's host intervals are corrected to (the trace is not the run: docs/analyze.md)
+    untraced_iterations: int = field(default=10, metadata=at_least(2))
 
 
 @dataclass
@@ -348,6 +354,7 @@ def check(cfg: dict) -> None:
     _check_node(Config, cfg, "")
     if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
         _workload_rules(cfg["workload"])
+    _gpu_runs_workload(cfg.get("gpu", {}), cfg.get("workload", {}))
     opt = cfg.get("optimizer", {})
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
         _bad(
@@ -370,6 +377,27 @@ def check(cfg: dict) -> None:
             "gpu.default_mhz",
             f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
             gpu.get("default_mhz"),
+        )
+
+
+SYNTHETIC = ("tp", "pp", "hybrid", "offload")  # the workloads only the virtual GPU runs
+
+
+def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
+    """A workload the GPU config cannot run fails here, not after calibration: a program (`command`)
+    runs on a real GPU, a synthetic workload only on the virtual one."""
+    backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
+    if kind == "command" and backend == "sim":
+        raise ValueError(
+            f"bad configuration: workload=command runs your program on a GPU, and gpu={gpu.get('name')} is the virtual "
+            "GPU: use gpu=nvml (or gpu.backend=nvml) on a GPU box; without one, workload=recorded with a trace of it, "
+            "or a synthetic workload (tp, pp, hybrid, offload), runs on the virtual GPU"
+        )
+    if kind in SYNTHETIC and backend == "nvml":
+        raise ValueError(
+            f"bad configuration: workload={kind} is a synthetic workload of the virtual GPU, and gpu.backend=nvml "
+            "runs real programs: use workload=command 'workload.command=[python,train.py]' (or workload=recorded), "
+            "or a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
         )
 
 

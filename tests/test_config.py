@@ -71,7 +71,7 @@ def test_the_defaults_and_every_shipped_choice_pass():
         [],
         ["workload=pp"],
         ["workload=offload"],
-        ["workload=command"],
+        ["gpu=nvml", "workload=command"],
         ["gpu=h100"],
         ["gpu=v100"],
         ["gpu=rtx3080ti"],

@@ -67,7 +67,7 @@ def test_gpu_nvml_names_the_gpu_from_nvml(monkeypatch):
     from emo.workflow.plan import compose
 
     nvml_fake.install(monkeypatch, gpus=2)
-    cfg = compose(["gpu=nvml", "tracking.enabled=false"])["gpu"]
+    cfg = compose(["gpu=nvml", "workload=command", "tracking.enabled=false"])["gpu"]
     dev = NvmlDevice(cfg)
     assert dev.name == "a100_sxm4_40gb" and dev.driver == "580.65.06"
     assert dev.supported_clocks()[-1] == dev.default_clock() == 1410

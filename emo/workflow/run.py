@@ -67,6 +67,8 @@ def main(args: argparse.Namespace) -> int:
     sw = sweep.build(jobs)  # every job's configuration is checked before any runs
     if args.unlock:
         return unlock(sw.jobs[0].cfg)
+    if not (args.dry_run or args.profile):  # a cluster's nodes have the GPUs its login node may lack
+        require_gpu([j.cfg for j in sw.jobs])
     if args.verbose:
         os.environ[errors.VERBOSE_ENV] = "1"
     name = "sweep " + " ".join(args.overrides) if args.multirun else None
@@ -128,6 +130,30 @@ def store_ready() -> None:
     while _store:
         _store[0].join()
         _store.clear()
+
+
+def require_gpu(cfgs: list[dict]) -> None:
+    """A real-GPU configuration on a machine NVML finds no GPU on: one line before any stage (each
+    stage would fail on it, after the calibration had started)."""
+    if not any(c["gpu"].get("backend") == "nvml" for c in cfgs):
+        return
+    from emo.device.control import GpuAccessError, open_control
+
+    try:
+        control = open_control()
+        try:
+            found = control.count()
+        finally:
+            control.close()
+    except GpuAccessError as e:
+        found, why = 0, errors.one_line(e)
+    else:
+        why = "NVML sees no GPU (check CUDA_VISIBLE_DEVICES)"
+    if not found:
+        raise ValueError(
+            f"bad configuration: gpu.backend=nvml needs an NVIDIA GPU: {why}; "
+            "run it on a GPU box, or on a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
+        )
 
 
 def check_flags(args: argparse.Namespace) -> None:
