@@ -205,6 +205,8 @@ def read_plan(index: int, sched: Path, prof: Path, layout: Layout) -> Plan:
 
 
 def read_folder(folder: str | Path) -> tuple[Layout, list[Plan]]:
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
     layout = parse_layout(folder)
     return layout, [read_plan(i, s, p, layout) for i, (s, p) in plan_files(folder).items()]
 
