@@ -152,8 +152,8 @@ def spawn() -> ClockOwner:
     ours, theirs = socket.socketpair()
     root = str(Path(__file__).resolve().parents[2])  # the owner imports the same emo as this process
     # the owner imports the same emo, but not the sitecustomize `emo trace`/`emo apply` inject into the job
-    site = str(Path(root) / "emo" / "_site")
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    site = os.path.realpath(Path(root) / "emo" / "_site")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != site]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *paths]))
     try:
         proc = subprocess.Popen(

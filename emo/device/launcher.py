@@ -2,9 +2,9 @@
 launcher such as torchrun, deepspeed or `accelerate launch`, or a shell script) with EMO injected
 through the environment, and collect what its ranks wrote (a Kineto trace and a window record each).
 
-Injection: emo/_site goes first on PYTHONPATH, so every Python process the command starts imports
-its sitecustomize, which arms emo.capture's in-program hooks from the EMO_* variables (nothing else
-in the process changes, and argv is never rewritten). Ranks read RANK / LOCAL_RANK / WORLD_SIZE, as
+Injection: emo/_site goes first on PYTHONPATH, and nothing else, so every Python process the
+command starts imports its sitecustomize, which arms emo.capture's in-program hooks from the EMO_*
+variables (the job's own packages stay first for every name, and argv is never rewritten). Ranks read RANK / LOCAL_RANK / WORLD_SIZE, as
 every launcher sets them. The parent side of emo.capture, used by the NVML backend, `emo trace` and
 `emo apply`; it imports nothing of the in-program hooks.
 """
@@ -157,13 +157,14 @@ def build_command(spec: CaptureSpec) -> list[str]:
 
 def inject_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment with emo/_site first on PYTHONPATH (every Python process of the command
-    imports its sitecustomize) and this emo importable by the ranks."""
+    imports its sitecustomize, which makes this emo importable by the ranks) and nothing else added:
+    the folder that holds emo (all of site-packages for a regular install) would replace the job's
+    own packages. The user's entries stay in their order; another spelling of emo/_site (a link) is
+    dropped."""
     env = dict(os.environ if base is None else base)
-    root = str(SITE_DIR.parent.parent)  # the folder that holds this emo package
-    paths = [str(SITE_DIR), root] + [
-        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (str(SITE_DIR), root)
-    ]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    site = os.path.realpath(SITE_DIR)
+    mine = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != site]
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *mine])
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA device i == NVML index i
     return env
 
