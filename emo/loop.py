@@ -19,6 +19,7 @@ as root, else zeusd).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -31,6 +32,52 @@ from emo.policy import FrequencyPolicy
 from emo.runtime import refuse_triggered
 
 _ACTIVE: Clocks | None = None
+LOG_ENV = "EMO_LOG_DIR"  # where a rank's failure writes its traceback (default: the temporary folder)
+
+
+def _one_line(fn):
+    """An EMO failure raised to the program marks itself: if nothing catches it, the process prints
+    one line (`emo: error: rank R: problem (traceback: LOG)`) instead of the chained tracebacks, and
+    exits with status 1 as for any uncaught exception, which the launcher reports. A program that
+    catches it gets the exception as raised."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            e.emo_failure = True
+            if not isinstance(sys.excepthook, _OneLineHook):
+                sys.excepthook = _OneLineHook(sys.excepthook)
+            raise
+
+    return wrapper
+
+
+class _OneLineHook:
+    """sys.excepthook for EMO's failures; anything else goes to the hook it replaced (torch's, Python's)."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, kind, value, tb) -> None:
+        if not getattr(value, "emo_failure", False):
+            return self.previous(kind, value, tb)
+        import tempfile
+        import traceback
+
+        from emo.errors import one_line
+
+        rank = os.environ.get("RANK")
+        folder = Path(os.environ.get(LOG_ENV) or tempfile.gettempdir())
+        log = folder / f"emo-{'rank' + rank if rank is not None else 'error'}-{os.getpid()}.log"
+        try:
+            log.write_text("".join(traceback.format_exception(kind, value, tb)))
+            where = f"traceback: {log}"
+        except OSError as e:
+            where = f"no traceback written: {log}: {e.strerror}"
+        who = f"rank {rank}: " if rank is not None else ""
+        print(f"emo: error: {who}{one_line(value)} ({where})", file=sys.stderr, flush=True)
 
 
 def rank_env() -> tuple[int, int, int]:
@@ -94,6 +141,7 @@ class Clocks:
         self.applier, self.rank, self.device, self.source = applier, rank, device, source
         self.report_dir, self.injected, self.closed = report_dir, injected, False
 
+    @_one_line
     def step(self) -> None:
         """Mark the start of an iteration (every rank marks its own)."""
         self.applier.step()
@@ -112,6 +160,7 @@ class Clocks:
     def failed(self) -> int:
         return self.applier.failed
 
+    @_one_line
     def close(self) -> None:
         """Reset the GPU's clocks (the applier's last request) and, under `emo apply`, report."""
         global _ACTIVE
@@ -127,6 +176,7 @@ class Clocks:
     def __enter__(self) -> Clocks:
         return self
 
+    @_one_line
     def __exit__(self, kind, value, tb) -> None:
         self.close()
         self.applier.__exit__(kind, value, tb)  # strict: a failed request raises here, as the applier's own block does
@@ -150,6 +200,7 @@ def active() -> Clocks | None:
     return _ACTIVE
 
 
+@_one_line
 def apply(
     policy: str | os.PathLike | FrequencyPolicy, *, report_dir: str | None = None, **applier_options: Any
 ) -> Clocks:
@@ -167,7 +218,7 @@ def apply(
     refuse_triggered(policy, source)
     if _ACTIVE is not None:
         raise ValueError(f"emo.apply({source}): {_ACTIVE.source} is already applied in this process; close it first")
-    rank, local, _ = rank_env()
+    rank, local, world = rank_env()
     launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
     control = open_control()
     visible = control.visible()
@@ -180,6 +231,9 @@ def apply(
             )
         device, devices = None, {d: visible[d] for d in policy.steps}
     else:
+        if launched:  # every rank fails on the first rank the policy misses, before any collective hangs
+            for r in range(world):
+                policy_device(policy, r, source)
         device = policy_device(policy, rank, source)
         devices = {device: rank_gpu(visible, local)}
     applier = control.policy_applier(policy, devices=devices, **applier_options)
@@ -220,10 +274,12 @@ class EnergyWindow:
         if self.sync and torch is not None and torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    @_one_line
     def begin(self) -> None:
         self._synchronize()
         self._e0, self._t0 = self.read_j(), time.perf_counter()
 
+    @_one_line
     def end(self) -> Energy:
         if self._t0 is None:
             raise ValueError("emo.measure: end() before begin()")
@@ -242,6 +298,7 @@ class EnergyWindow:
         self.end()
 
 
+@_one_line
 def measure(gpus: list[int] | None = None, *, sync: bool = True) -> EnergyWindow:
     """An energy window over `gpus` (NVML indices; default: this rank's GPU under a launcher, else
     every visible GPU). The GPU is synchronised at both edges when the program uses CUDA torch."""
