@@ -2,12 +2,13 @@
 
 For each model folder in Perseus's layout (N.sched.json + N.prof.json, plain or .gz), fit EMO's model
 (emo.perseus.measured) on the even-numbered plans only and predict each odd-numbered plan's iteration
-time and per-rank energy from its schedule alone. The naive predictor: the fastest fit plan (plan 0,
+time and per-rank energy from its schedule alone (--fit-on odd: the other way round; --powers: the
+fitted power of each rank computing and waiting, to see what the fit pins down). The naive predictor: the fastest fit plan (plan 0,
 every instruction at the maximum clock) with each instruction's time scaled by the clock ratio and
 each rank's energy by the compute-time-weighted squared clock ratio; the nearest fit plan (the even
 plan whose clocks are closest) is printed beside it per model.
 
-    python benchmarks/perseus_measured.py MODEL_DIR... [--plans]
+    python benchmarks/perseus_measured.py MODEL_DIR... [--plans] [--powers] [--fit-on odd] [--no-cap]
 
 Last line: `perseus measured: time MAPE X %, energy MAPE Y % over N plans (M models); naive time A %,
 energy B %` (MAPE over the predicted plans; energy over every plan and rank).
@@ -21,20 +22,30 @@ import sys
 import numpy as np
 
 from emo.errors import one_line
-from emo.perseus.measured import fit, naive, nearest, predict, read_folder
+from emo.perseus.measured import fit, naive, nearest, powers_w, predict, read_folder
 
 
 def pct(pred, meas) -> np.ndarray:
     return 100.0 * np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
 
 
-def evaluate(folder: str, show_plans: bool) -> dict[str, list]:
+def evaluate(folder: str, show_plans: bool, show_powers: bool, fit_on: str, capped: bool) -> dict[str, list]:
     layout, plans = read_folder(folder)
-    fitted = [p for p in plans if p.index % 2 == 0]
-    held = [p for p in plans if p.index % 2 == 1]
-    if not held:
-        raise ValueError(f"{folder}: no odd-numbered plan to predict")
-    model = fit(layout, fitted)
+    parity = 0 if fit_on == "even" else 1
+    fitted = [p for p in plans if p.index % 2 == parity]
+    held = [p for p in plans if p.index % 2 != parity]
+    if not held or not fitted:
+        raise ValueError(f"{folder}: needs even- and odd-numbered plans (got {len(plans)} plans)")
+    model = fit(layout, fitted, capped=capped)
+    if show_powers:
+        lo = float(min(np.concatenate(p.clocks).min() for p in fitted))
+        for r in range(layout.world):
+            (c_lo, w_lo), (c_hi, w_hi) = powers_w(model, r, lo), powers_w(model, r, model.fmax)
+            cap = model.time[r, :, 2].min()
+            print(
+                f"  rank {r}: static {model.power[r, 0]:.0f} W; computing {c_lo:.0f} W at {lo:.0f} MHz,"
+                f" {c_hi:.0f} W at {cap:.0f} MHz (its cap); waiting {w_lo:.0f} W at {lo:.0f} MHz, {w_hi:.0f} W at {model.fmax:.0f} MHz"
+            )
     base = max(fitted, key=lambda p: float(np.mean(np.concatenate(p.clocks))))
     err: dict[str, list] = {k: [] for k in ("t", "e", "nt", "ne", "rt", "re", "bias_t", "bias_e")}
     for p in held:
@@ -56,7 +67,7 @@ def evaluate(folder: str, show_plans: bool) -> dict[str, list]:
             )
     m = lambda k: float(np.mean(err[k]))
     print(
-        f"{layout.model} (dp{layout.dp} pp{layout.pp} tp{layout.tp}, {layout.nmb} micro-batches): fit on {len(fitted)} plans,"
+        f"{layout.model} (dp{layout.dp} pp{layout.pp} tp{layout.tp}, {layout.nmb} micro-batches): fit on {len(fitted)} {fit_on} plans,"
         f" {len(held)} predicted: time MAPE {m('t'):.2f} % (max {max(err['t']):.2f}, bias {m('bias_t'):+.2f}),"
         f" energy MAPE {m('e'):.2f} % (max {max(err['e']):.2f}, bias {m('bias_e'):+.2f});"
         f" naive time {m('nt'):.2f} %, energy {m('ne'):.2f} %; nearest fit plan time {m('rt'):.2f} %, energy {m('re'):.2f} %"
@@ -69,11 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", metavar="MODEL_DIR")
     ap.add_argument("--plans", action="store_true", help="one line per predicted plan")
+    ap.add_argument("--powers", action="store_true", help="the fitted powers per rank (identifiability)")
+    ap.add_argument(
+        "--fit-on", choices=("even", "odd"), default="even", help="which plans to fit (the others are predicted)"
+    )
+    ap.add_argument("--no-cap", action="store_true", help="ablation: instruction times without a clock cap")
     a = ap.parse_args(argv)
     total: dict[str, list] = {}
     try:
         for f in a.folders:
-            for k, v in evaluate(f, a.plans).items():
+            for k, v in evaluate(f, a.plans, a.powers, a.fit_on, not a.no_cap).items():
                 total.setdefault(k, []).extend(v)
     except (ValueError, OSError) as e:
         print(f"perseus_measured: error: {one_line(e)}", file=sys.stderr)

@@ -138,6 +138,7 @@ def test_fit_time_finds_the_cap():
     t = 0.01 + 0.03 * FMAX / np.minimum(f, 1250.0)
     a, b, cap = pm.fit_time(f, t, FMAX)
     assert (a, b, cap) == (pytest.approx(0.01), pytest.approx(0.03), 1250.0)
+    assert pm.fit_time(f, t, FMAX, capped=False)[2] == FMAX
 
 
 def test_the_naive_predictor_is_the_base_at_its_own_clocks(synthetic):

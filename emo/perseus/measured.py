@@ -286,15 +286,16 @@ def effective(f: np.ndarray, cap: float) -> np.ndarray:
     return np.minimum(f, cap)
 
 
-def fit_time(f: np.ndarray, t: np.ndarray, fmax: float) -> tuple[float, float, float]:
+def fit_time(f: np.ndarray, t: np.ndarray, fmax: float, capped: bool = True) -> tuple[float, float, float]:
     """(a, b, cap) of t = a + b * fmax / min(f, cap), a, b >= 0: least squares over the samples,
-    cap searched on a grid up to fmax (no cap)."""
+    cap searched on a grid up to fmax (no cap; the only one tried when not `capped`)."""
     fs, inv = np.unique(f, return_inverse=True)
     cnt = np.bincount(inv).astype(float)
     mean = np.bincount(inv, t) / cnt
     w = np.sqrt(cnt)
     best = (np.inf, 0.0, 0.0, fmax)
-    for cap in np.append(np.arange(fs.min(), fmax, CAP_STEP_MHZ), fmax):
+    caps = np.arange(fs.min(), fmax, CAP_STEP_MHZ) if capped else np.empty(0)
+    for cap in np.append(caps, fmax):
         X = np.c_[np.ones(len(fs)), fmax / effective(fs, cap)]
         coef, res = nnls(X * w[:, None], mean * w)
         if res < best[0] - 1e-15:
@@ -350,8 +351,9 @@ def _simulate(model: Model, pipe: Pipeline, clocks: list[np.ndarray], lag_s: flo
     return busy, start, span
 
 
-def fit(layout: Layout, plans: list[Plan]) -> Model:
-    """EMO's model of this pipeline from the fit plans' measurements only."""
+def fit(layout: Layout, plans: list[Plan], *, capped: bool = True) -> Model:
+    """EMO's model of this pipeline from the fit plans' measurements only (`capped=False`: the
+    instruction times without a clock cap, for the ablation)."""
     if len(plans) < 2:
         raise ValueError(f"{layout.model}: need at least 2 plans to fit (got {len(plans)})")
     fmax = float(max(c.max() for p in plans for c in p.clocks))
@@ -363,7 +365,7 @@ def fit(layout: Layout, plans: list[Plan]) -> Model:
             m = kinds == name
             f = np.concatenate([p.clocks[r][m] for p in plans])
             t = np.concatenate([p.compute_s[r][m] for p in plans])
-            time[r, k] = fit_time(f, t, fmax)
+            time[r, k] = fit_time(f, t, fmax, capped)
     load = np.array([np.mean([p.load_s[st == s].max() for p in plans]) for s in range(layout.pp)])
     model = Model(layout, fmax, time, load, 0.0, 0.0, np.zeros((layout.world, len(ENERGY_FEATURES))))
     pipe = pipeline(layout)
@@ -393,6 +395,15 @@ def predict(model: Model, clocks: list[np.ndarray]) -> tuple[float, np.ndarray]:
     busy, start, span = _simulate(model, pipe, clocks, model.lag_s)
     period = span + model.tail_s
     return period, np.einsum("rf,rf->r", energy_features(model, pipe, clocks, busy, start, period), model.power)
+
+
+def powers_w(model: Model, rank: int, f: float) -> tuple[float, float]:
+    """(compute, waiting) power (W) the fitted energy model gives `rank` at clock `f` (compute at
+    its effective clock: the lower of the rank's two caps)."""
+    c = model.power[rank]
+    x = min(f, float(model.time[rank, :, 2].min())) / model.fmax
+    w = f / model.fmax
+    return float(c[0] + c[1] * x + c[2] * x**3), float(c[0] + c[3] * w + c[4] * w**3)
 
 
 # --------------------------------------------------------------------------- references
