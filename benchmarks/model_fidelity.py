@@ -218,7 +218,7 @@ def case(args) -> dict:
     d = Path(root) / f"{gpu}-{wl}"
     stage("trace", cfg, {}, d / "trace")
     stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    pk = stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    pk = stage("pack", cfg, {"nodes": d / "graph/nodes.parquet"}, d / "pack")
     pr = stage(
         "profile",
         cfg,

@@ -31,6 +31,11 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+class InputError(ValueError):
+    """What a stage was given cannot give a trustworthy answer (a trace that does not describe the
+    run): a failure of the input, so `emo run` exits 2 as for bad configuration, not 1."""
+
+
 def is_interrupt(e: BaseException) -> TypeGuard[KeyboardInterrupt]:
     return isinstance(e, KeyboardInterrupt)
 
@@ -70,10 +75,19 @@ def write_stdout(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
-def report(stage: str, line: str, log_file: str | None, *, killed: bool = False, folder: str | None = None) -> None:
+def report(
+    stage: str,
+    line: str,
+    log_file: str | None,
+    *,
+    killed: bool = False,
+    folder: str | None = None,
+    status: int = 1,
+) -> None:
     """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake;
-    `folder`: the stage folder it failed to make (so that no job computed from it shows a result)."""
-    record = {"stage": stage, "error": line, "log": log_file, "killed": killed, "folder": folder}
+    `folder`: the stage folder it failed to make (so that no job computed from it shows a result);
+    `status`: the exit status it asks for (2: its input, InputError)."""
+    record = {"stage": stage, "error": line, "log": log_file, "killed": killed, "folder": folder, "status": status}
     path = os.environ.get(ERRORS_ENV)
     if path:
         with contextlib.suppress(OSError), open(path, "a") as f:

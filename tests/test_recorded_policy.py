@@ -23,7 +23,7 @@ def recorded(tmp_path_factory, run_stage):
     run_stage("calibrate", cfg, {}, d / "calibrate")
     run_stage("trace", cfg, {}, d / "trace")
     run_stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet"}, d / "pack")
     run_stage(
         "profile",
         cfg,
@@ -45,7 +45,7 @@ def _pipeline(run_stage, d, src, tag, extra=()):
     o = d / tag
     m = {"trace": run_stage("trace", cfg, {}, o / "trace")}
     run_stage("graph", cfg, {"events": o / "trace/events.parquet"}, o / "graph")
-    run_stage("pack", cfg, {"nodes": o / "graph/nodes.parquet", "events": o / "trace/events.parquet"}, o / "pack")
+    run_stage("pack", cfg, {"nodes": o / "graph/nodes.parquet"}, o / "pack")
     m["profile"] = run_stage(
         "profile",
         cfg,

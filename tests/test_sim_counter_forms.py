@@ -34,7 +34,7 @@ def test_the_pipeline_fits_on_dcgm_counters(tmp_path, run_stage):
     run_stage("calibrate", cfg, {}, d / "calibrate")
     run_stage("trace", cfg, {}, d / "trace")
     run_stage("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    run_stage("pack", cfg, {"nodes": d / "graph/nodes.parquet"}, d / "pack")
     run_stage(
         "profile",
         cfg,

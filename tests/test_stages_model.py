@@ -29,7 +29,7 @@ def chain(tmp_path_factory, run_stage):
     m = {"calibrate": run("calibrate", cfg, {}, d / "calibrate")}
     m["trace"] = run("trace", cfg, {}, d / "trace")
     m["graph"] = run("graph", cfg, {"events": d / "trace/events.parquet"}, d / "graph")
-    m["pack"] = run("pack", cfg, {"nodes": d / "graph/nodes.parquet", "events": d / "trace/events.parquet"}, d / "pack")
+    m["pack"] = run("pack", cfg, {"nodes": d / "graph/nodes.parquet"}, d / "pack")
     m["profile"] = run(
         "profile",
         cfg,

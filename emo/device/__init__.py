@@ -23,6 +23,10 @@ from emo.policy import FrequencyPolicy
 # Table II counters, in this order, everywhere a counter vector is stored: a named feature set
 # (emo.device.features says what each one measures and how it maps from ncu and DCGM names).
 COUNTERS = FeatureSet(EMO)
+# What records a traced run (`trace.capture`): "full" is torch.profiler's CPU and CUDA activities
+# (every CPU op, annotation and runtime call); "light" only the runtime calls, GPU activity and the
+# iteration markers (CUPTI activity records). Each record costs the host time; untraced runs pay none.
+CAPTURES = ("full", "light")
 
 
 @dataclass
@@ -96,9 +100,19 @@ class Execution(Protocol):
         (`gpu`: share of the sample period a kernel ran; `memory`: share of it device memory was
         read or written) a list of (t_s, fraction 0..1), oldest first, one per NVML sample period."""
 
-    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
+    def run(
+        self,
+        workload: Any,
+        iterations: int,
+        *,
+        warmup: int = 1,
+        trace_dir: Path | None = None,
+        capture: str = "full",
+    ) -> RunResult:
         """Run `workload` (a workload config) for warmup + iterations under the current policy;
-        measure the last `iterations`, and write one Kineto trace per rank into trace_dir if given."""
+        measure the last `iterations`, and write one Kineto trace per rank into trace_dir if given,
+        recorded by `capture` (CAPTURES). Without trace_dir the run is not traced at all: every
+        measurement but the trace stage's own is made so."""
 
 
 @runtime_checkable

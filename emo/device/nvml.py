@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import math
 import os
@@ -607,10 +606,20 @@ class NvmlDevice:
         p = passes or NCU_PASSES_ESTIMATE
         return run_s + max((p * sum(k + NCU_PASS_OVERHEAD_S for k in ks) for ks in kernel_s_by_rank), default=0.0)
 
-    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
-        """Run a `command` workload under emo.capture: its profiler window's `active` iterations are
-        the measured ones, energy read by each rank at the window's edges."""
-        from emo.device import launcher as capture
+    def run(
+        self,
+        workload: Any,
+        iterations: int,
+        *,
+        warmup: int = 1,
+        trace_dir: Path | None = None,
+        capture: str = "full",
+    ) -> RunResult:
+        """With `trace_dir`: run a `command` workload under emo.capture, its profiler window's
+        `active` iterations the measured ones, energy read by each rank at the window's edges.
+        Without: a measurement, never under the profiler (run_segments: the ranks time their own
+        iterations), so that what is measured is the job as it runs."""
+        from emo.device import launcher as capture_
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
@@ -618,20 +627,27 @@ class NvmlDevice:
                 f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
                 "(synthetic workloads are for the virtual GPU)"
             )
-        spec = capture.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
-        if trace_dir is None:  # a measurement only: the traces are read, then removed (trace_files: none)
-            with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
-                res = self.run(workload, iterations, warmup=warmup, trace_dir=Path(tmp))
-            return dataclasses.replace(res, trace_files=[])
+        if trace_dir is None:
+            policy = self._policy
+            try:
+                return self.run_segments(workload, [(policy, iterations)], warmup=warmup)[0]
+            finally:
+                self.set_policy(policy)  # run_segments handed the clocks to the ranks for its launch
+        if capture != "full":  # the in-job window is torch.profiler's; a CUPTI-only window is not built yet
+            raise ValueError(
+                f"trace.capture={capture}: the nvml backend records with torch.profiler only (trace.capture=full); "
+                "a CUPTI-only capture runs as emo.trace.cupti.CuptiTracer inside your program"
+            )
+        spec = capture_.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
         out = Path(trace_dir)
         policy_file = None
         if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
-            policy_file = out / capture.SIDECAR / "policy.json"
+            policy_file = out / capture_.SIDECAR / "policy.json"
             self._policy.save(policy_file)
         t0 = time.time() * 1e6  # NVML sample timestamps are CPU time in microseconds
-        result = capture.run_capture(spec, out, policy=policy_file)
+        result = capture_.run_capture(spec, out, policy=policy_file)
         self._last_run_us = (t0, time.time() * 1e6)
-        return capture.run_result(result, out)
+        return capture_.run_result(result, out)
 
     def run_segments(
         self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1

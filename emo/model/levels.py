@@ -20,6 +20,7 @@ even that fails, k comes from the default-clock iteration alone (emo.model.calib
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,8 @@ from emo.model.calibration import counter_features
 from emo.model.fit import calibrate_energy_level, fit_signatures
 from emo.model.predict import pack_tables, predict
 from emo.policy import FrequencyPolicy, policy_device_ids
+
+log = logging.getLogger("emo")
 
 
 def fit_time(
@@ -89,7 +92,7 @@ def resolved(meas: dict, baseline: dict) -> bool:
 
 def time_levels(
     model: pd.DataFrame, graph: Graph, packs: pd.DataFrame, anchors: pd.DataFrame, baseline: dict, gpu: str
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], list[dict]]:
     """(sm_mhz, λ) for with_time_level: at each clock the profile measured a whole iteration at, the
     λ that makes the predicted iteration equal the measured one (a static clock reads the model at
     that clock only, so each point is matched alone). The microbenchmark mix times each pack in
@@ -98,13 +101,15 @@ def time_levels(
     spends every microsecond of slack and budget, turns that difference into a measured overrun.
     A point whose slowdown is within the measurements' noise (resolved), or where no λ in
     LEVEL_RANGE fits, is left out; [] (λ = 1 everywhere) without any: a workload that barely slows
-    (memory- or host-bound) keeps the model's own curve rather than one scaled by noise."""
+    (memory- or host-bound) keeps the model's own curve rather than one scaled by noise. Second:
+    the points left out, each {sm_mhz, why}, so that nothing is dropped without a word."""
     from scipy.optimize import brentq
 
     keys = pack_tables(graph, packs, model, anchors).device_keys
-    out = []
+    out, dropped = [], []
     for meas in baseline.get("levels", []):
         if not resolved(meas, baseline):
+            dropped.append({"sm_mhz": int(meas["sm_mhz"]), "why": "slowdown within the measurements' noise"})
             continue
         pol = FrequencyPolicy.static(gpu, policy_device_ids(keys), int(meas["sm_mhz"]))
 
@@ -115,7 +120,17 @@ def time_levels(
         lo, hi = error(LEVEL_RANGE[0]), error(LEVEL_RANGE[1])
         if lo * hi <= 0:
             out.append((int(meas["sm_mhz"]), float(brentq(error, *LEVEL_RANGE, xtol=1e-3))))
-    return out
+        else:
+            dropped.append(
+                {
+                    "sm_mhz": int(meas["sm_mhz"]),
+                    "why": f"no time level in {list(LEVEL_RANGE)} reproduces it "
+                    f"(predicted {1e3 * (lo + float(meas['iteration_time_s'])):.3f}-"
+                    f"{1e3 * (hi + float(meas['iteration_time_s'])):.3f} ms, measured "
+                    f"{1e3 * float(meas['iteration_time_s']):.3f} ms)",
+                }
+            )
+    return out, dropped
 
 
 def with_levels(model: pd.DataFrame, idle_level: float, energy_level: float) -> pd.DataFrame:
@@ -210,7 +225,9 @@ def fit_workload(
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
     # default_mhz 0 (gpu=nvml): the highest calibrated clock; clocks_mhz empty: the calibrated ones
     model = fit_time(bench, metrics, packs, int(gpu["default_mhz"]) or None, list(gpu["clocks_mhz"]))
-    levels = time_levels(model, graph, packs, anchors, baseline, gpu["name"])
+    levels, dropped = time_levels(model, graph, packs, anchors, baseline, gpu["name"])
+    for d in dropped:
+        log.warning("fit: the time level at %d MHz is left out: %s", d["sm_mhz"], d["why"])
     model = with_time_level(model, levels or 1.0)
     if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
         a, k, how = 1.0, 1.0, "none (no measured energy)"
@@ -238,6 +255,7 @@ def fit_workload(
         "idle_level": a,
         "energy_level": k,
         "time_levels": {str(f): lam for f, lam in levels},
+        "time_levels_dropped": dropped,
         # one iteration's spread at the default clock, measured over many (optimize's tolerance)
         "iteration_time_sd_s": baseline.get("iteration_time_sd_s"),
     }

@@ -10,7 +10,7 @@ its idle power at its clock over the whole makespan.
 
 The clock a GPU runs at follows the policy as the applier applies it (`clock_timelines`, from
 emo.policy.issue_plan): relative to each iteration's start (the host's ProfilerStep mark,
-`emo.pack.iterations`) every step is requested `lead_ms` before its time (wrapped into the previous
+`emo.graph.iterations`) every step is requested `lead_ms` before its time (wrapped into the previous
 iteration by period_ms), and lands `transition_ms` later (the caller's latency); the last request wins,
 and a pack that spans a change runs at each clock in turn (the timing engine's forward_clocked). Iteration marks move with the host, which waits for the GPU at synchronisations, so the
 pass is repeated until the marks stop moving (two or three passes).

@@ -220,7 +220,12 @@ def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, lo
 
     log.error("%s %s failed", stage, params["hash"], exc_info=e)
     errors.report(
-        stage, errors.one_line(e, {str(tmp): str(out)}), log_file, killed=errors.is_interrupt(e), folder=str(out)
+        stage,
+        errors.one_line(e, {str(tmp): str(out)}),
+        log_file,
+        killed=errors.is_interrupt(e),
+        folder=str(out),
+        status=2 if isinstance(e, errors.InputError) else 1,
     )
 
 

@@ -56,6 +56,32 @@ def iteration_sd(path: Path | None) -> float | None:
     return None if sd is None else float(sd)
 
 
+GATE_PCT = 1.0  # the prediction may miss the measured untraced iteration by max(this, 2 sd)
+
+
+def check_describes_run(check: dict, where: str) -> None:
+    """The gate (docs/optimize.md, "The trace is not the run"): the model of the traced graph must
+    reproduce the iteration measured without the profiler at the default clock within
+    max(GATE_PCT, 2 iteration sd), else the policy would spend slack the run does not have: one line
+    naming the trace's figures and what to do (errors.InputError: exit 2)."""
+    from emo.errors import InputError
+
+    d = check.get("default") or {}
+    pred, meas = d.get("predicted_iteration_s"), d.get("measured_iteration_s")
+    if pred is None or meas is None:
+        return
+    sd = check.get("iteration_time_sd_s")
+    allowed = max(GATE_PCT, 200.0 * float(sd) / float(meas) if sd else 0.0)
+    err = 100.0 * (float(pred) / float(meas) - 1.0)
+    if abs(err) > allowed:
+        raise InputError(
+            f"{where}: the traced graph predicts {1e3 * float(pred):.3f} ms an iteration at the default clock, "
+            f"the run measures {1e3 * float(meas):.3f} ms untraced ({err:+.1f} %, more than {allowed:.1f} %): "
+            "the trace does not describe the run, so no policy is planned on it; trace with less overhead "
+            "(trace.capture=light) or more iterations (trace.iterations), see the graph stage's summary.json"
+        )
+
+
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.io import write_json
     from emo.model.predict import load_pack_tables, predict
@@ -66,6 +92,10 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     where = inputs.get("calibration", "calibration")
     measured = clock_latency(inputs.get("calibration"))
     planning_latencies(opt, measured, where=str(where))  # before any work: one line if it is missing
+    from emo.methods import method
+
+    if not method(opt["name"]).online:  # an online method measures the run itself
+        check_describes_run(_read(inputs.get("check")), "trace")
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
     policy, summary = solve(
         tables,

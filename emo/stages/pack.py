@@ -12,7 +12,7 @@ STAGE = Stage(
     inputs={
         "nodes": ("graph", "nodes.parquet"),
         "edges": ("graph", "edges.parquet"),
-        "events": ("trace", "events.parquet"),
+        "iterations": ("graph", "iterations.parquet"),
     },
     outputs=("packs.parquet", "nodes.parquet", "edges.parquet", "node_map.parquet", "iterations.parquet"),
 )
@@ -25,10 +25,8 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.graph import Graph
     from emo.io import write_parquet
     from emo.pack import members_of, pack
-    from emo.pack.iterations import iteration_anchors
 
     graph = Graph.load(inputs["nodes"].parent)
-    events = pd.read_parquet(inputs["events"])
     pg = pack(graph, float(cfg["packing"]["delta_max_ms"]))
     packs = pg.packs.copy()
     start = np.zeros(len(graph.nodes), np.int64)
@@ -38,7 +36,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     write_parquet(out / "packs.parquet", packs)
     pg.graph.save(out)  # nodes.parquet, edges.parquet: the pack-level graph
     write_parquet(out / "node_map.parquet", _node_map(pg))
-    anchors = iteration_anchors(events, graph.nodes)
+    anchors = pd.read_parquet(inputs["iterations"])
     anchors["node"] = pg.node_map[anchors["node"].to_numpy()]  # host nodes keep their place in the pack graph
     write_parquet(out / "iterations.parquet", anchors)
     kernels = int(m.sum())

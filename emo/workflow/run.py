@@ -193,7 +193,7 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
         sweep.finish(sw, name, args.overrides, error=error, failed=failed_folders if error else None)
         if error is None and sweep.unreadable_results(sw):  # a cut-short result.json: said, and not a success
             return 1
-    return 0 if error is None else 1
+    return 0 if error is None else failed_status[0]
 
 
 def interrupted_line(e: KeyboardInterrupt) -> str:
@@ -444,6 +444,7 @@ def stop(proc) -> None:
 
 
 failed_folders: list[Path] = []  # the stage folders the last failed Snakemake run could not make (failure)
+failed_status = [1]  # the exit status the last failed Snakemake run asks for (failure)
 
 
 def failure(reports: list[dict], report: str | None = None) -> str:
@@ -452,6 +453,8 @@ def failure(reports: list[dict], report: str | None = None) -> str:
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
     failed_folders[:] = [Path(r["folder"]) for r in reports if r.get("folder")]
+    # 2 when every failure was the input's (errors.InputError), as for bad configuration
+    failed_status[0] = 2 if reports and all(r.get("status") == 2 for r in reports) else 1
     what = f"--report {report}: Snakemake could not write the report" if report else "pipeline failed"
     lines = [errors.stage_line(r) for r in reports] or [f"emo: error: {what} (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from emo.device import COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
+from emo.device import CAPTURES, COUNTERS, Measurement, ProfileResult, ProfilingUnavailable, RunResult
 from emo.device.sim.energy import EnergyMeter, ThermalLeakage, power_steps
 from emo.device.sim.engine import Engine, SimResult
 from emo.device.sim.physics import GpuPhysics, KernelTables, SimPhysics
@@ -241,8 +241,12 @@ class SimDevice:
         return tab, tab.dur_ns.tolist(), slow.tolist(), cslow.tolist()
 
     # ------------------------------------------------------------------ simulate
-    def simulate(self, program: Program, iterations: int, *, policy: FrequencyPolicy | None = None) -> SimResult:
-        """Run `iterations` of `program` from now; advances virtual time and the energy meters."""
+    def simulate(
+        self, program: Program, iterations: int, *, policy: FrequencyPolicy | None = None, capture: str | None = None
+    ) -> SimResult:
+        """Run `iterations` of `program` from now; advances virtual time and the energy meters.
+        `capture`: None (untraced), "full" or "light": the profiler recording the run, whose records
+        cost the host time (`trace_overhead_us` each)."""
         if program.ranks < 1 or program.ranks > MAX_GPUS or len(program.ops) != program.ranks:
             raise ValueError(f"program {program.name!r}: ranks={program.ranks} but {len(program.ops)} op lists")
         if iterations < 1:
@@ -321,6 +325,7 @@ class SimDevice:
             cap_ci=self._cap_ci[: program.ranks],
             p_avg=self._p_avg[: program.ranks],
             trigger=trigger,
+            capture=capture,
         )
         with _no_gc():
             res = eng.run()
@@ -354,7 +359,19 @@ class SimDevice:
         return res
 
     # ------------------------------------------------------------------ protocol: run a workload
-    def run(self, workload: Any, iterations: int, *, warmup: int = 1, trace_dir: Path | None = None) -> RunResult:
+    def run(
+        self,
+        workload: Any,
+        iterations: int,
+        *,
+        warmup: int = 1,
+        trace_dir: Path | None = None,
+        capture: str = "full",
+    ) -> RunResult:
+        """With `trace_dir`, the measured iterations are traced by `capture` and pay its host cost;
+        without, nothing is recorded and nothing is paid (the warm-up is never traced)."""
+        if capture not in CAPTURES:
+            raise ValueError(f"trace.capture={capture!r}: want one of {', '.join(CAPTURES)}")
         program = self._program(workload)
         if self.policy is None:
             self._lock_all(self.default_ci, program.ranks)  # undo clocks left locked by a microbenchmark
@@ -367,7 +384,7 @@ class SimDevice:
         u0 = m0.next_update(self.now)
         self._idle_until(u0 + 1.0)
         e0 = [self.energy_j(g) for g in range(program.ranks)]
-        res = self.simulate(program, iterations, policy=self.policy)
+        res = self.simulate(program, iterations, policy=self.policy, capture=capture if trace_dir else None)
         # from where the device is now: a clock request that lands after the run moved it past t_end,
         # and a counter update before that would leave idle time in the window the tail misses
         u1 = m0.next_update(self.now)
@@ -384,7 +401,7 @@ class SimDevice:
         if trace_dir is not None:
             from emo.device.sim.kineto import write_traces
 
-            files = write_traces(res, program, self, Path(trace_dir), first_step=warmup)
+            files = write_traces(res, program, self, Path(trace_dir), first_step=warmup, capture=capture)
         return RunResult(
             iterations=iterations,
             time_s=(res.t_end - res.t_start) * 1e-9,

@@ -188,6 +188,7 @@ class Engine:
         cap_ci: list[int] | None = None,
         p_avg: list[float] | None = None,
         trigger: tuple[frozenset[str], bool, dict[int, list[int]]] | None = None,
+        capture: str | None = None,
     ):
         """dur[kid][ci]: kernel time alone; slow/cslow[kid][ci]: the factor by which a kernel is slowed
         by a transfer in flight / slows one; noise: the multiplier of the physics' noise sizes;
@@ -197,7 +198,9 @@ class Engine:
         controller reads board power as the sensor does, leakage rising with temperature included;
         trigger: None, or a host-triggered policy's (scope names, synchronize, {gpu: clock index of
         each step}) (emo.policy.Trigger): a GPU listed there is requested its i-th clock when its
-        host enters its i-th matching scope, after a device synchronize when synchronize is set."""
+        host enters its i-th matching scope, after a device synchronize when synchronize is set;
+        capture: None (untraced) or the capture recording the run, whose records cost host time
+        (emo.device.sim.hostplan.plan)."""
         self.prog = program
         self.dur, self.slow, self.cslow = dur, slow, cslow
         self.noise = noise
@@ -208,6 +211,7 @@ class Engine:
         # per GPU: (clock to request at the very first iteration mark or None, [(issue offset ns, clock)])
         self.policy = policy_plan or {}
         self.trigger = trigger
+        self.capture = capture
         self.rng = rng
         self.coll_ns = coll_ns  # (coll_idx, ci) -> ns
         n = program.ranks
@@ -611,7 +615,7 @@ class Engine:
         trig = None
         if self.trigger is not None and r in self.trigger[2]:
             trig = (self.trigger[0], self.trigger[1], self.trigger[2][r])
-        p = hostplan.plan(self.prog, r, self.phys, lambda sid: self._stream(g, sid), trig)
+        p = hostplan.plan(self.prog, r, self.phys, lambda sid: self._stream(g, sid), trig, self.capture)
         asked = g.req_ci  # the clock last requested by the triggered policy's side process
         iters: list = []
         rec.log = hostplan.HostLog(p, iters, 0, 0)

@@ -68,12 +68,17 @@ class HostPlan:
     pre_ns: float
     comm_ns: float
     extra: dict = field(default_factory=dict)  # MEMCPY op i -> (kind, nbytes)
+    # [n] the profiler's cost of the NEXT op's records, paid at the end of this op (a traced run's
+    # prologue to each op); 0 when untraced. A CPU op's own record excludes it.
+    trace_ns: np.ndarray | None = None
 
 
-def plan(prog, r: int, phys, stream_of, trigger: tuple | None = None) -> HostPlan:
+def plan(prog, r: int, phys, stream_of, trigger: tuple | None = None, capture: str | None = None) -> HostPlan:
     """Validate and plan rank r's ops. `stream_of(sid)` returns the engine's stream object;
     `trigger`: None, or (scope names, synchronize, clock indices) of a host-triggered policy
-    (`triggered_ops`)."""
+    (`triggered_ops`); `capture`: None (untraced), or the capture that records this run ("full":
+    every CPU op, annotation and runtime call; "light": runtime calls only), each record costing
+    the host `phys.trace_overhead_us` before its op starts."""
     ops = prog.ops[r]
     if trigger is not None:
         ops = triggered_ops(ops, trigger[0], trigger[1], trigger[2], r)
@@ -196,6 +201,14 @@ def plan(prog, r: int, phys, stream_of, trigger: tuple | None = None) -> HostPla
         lo[m], span[m] = rng_ns[key]
     corr_idx = np.cumsum(corr_inc)
     ext_idx = np.cumsum(ext_inc)
+    trace_ns = None
+    if capture is not None and n:
+        records = corr_inc.astype(np.float64)  # every runtime call
+        if capture == "full":  # and the CPU ops, annotations and collectives' records around them
+            named = np.array([bool(x) for x in names]) & np.isin(code, (LAUNCH, CPU, BEGIN))
+            records += named | (code == COLL)
+        trace_ns = np.roll(records * phys.trace_overhead_us * 1e3, -1)  # op i+1's prologue ends op i
+        fixed_adv = fixed_adv + trace_ns
     act = [(i, c, a, b, int(corr_idx[i]), int(ext_idx[i])) for i, c, a, b in active]
     return HostPlan(
         n=n,
@@ -218,6 +231,7 @@ def plan(prog, r: int, phys, stream_of, trigger: tuple | None = None) -> HostPla
         pre_ns=pre,
         comm_ns=comm,
         extra=extra,
+        trace_ns=trace_ns,
     )
 
 
@@ -259,7 +273,8 @@ class HostLog:
             for i in range(p.n):
                 c = code[i]
                 if c == CPU:
-                    cpu_ops.append((p.names[i], t[i], float(p.fixed_adv[i]), ext[i]))
+                    own = p.fixed_adv[i] - (p.trace_ns[i] if p.trace_ns is not None else 0.0)
+                    cpu_ops.append((p.names[i], t[i], float(own), ext[i]))
                 elif c == LAUNCH:
                     name = p.names[i]
                     t_rt = t[i] + (p.pre_ns if name else 0.0)

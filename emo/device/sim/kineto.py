@@ -465,13 +465,27 @@ def trace_document(res: SimResult, program, dev, rank: int, first_step: int = 0)
     }
 
 
-def write_traces(res: SimResult, program, dev, out_dir: Path, first_step: int = 0) -> list[Path]:
-    """One `rank<R>.pt.trace.json.gz` per rank in out_dir; each written atomically."""
+def light(doc: dict) -> dict:
+    """What a light capture records of a trace: no CPU ops and no annotations but the iteration
+    markers (runtime calls, GPU activity and synchronisation stay)."""
+    keep = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("cat") != "cpu_op"
+        and (e.get("cat") != "user_annotation" or str(e.get("name", "")).startswith("ProfilerStep#"))
+    ]
+    return {**doc, "traceEvents": keep}
+
+
+def write_traces(res: SimResult, program, dev, out_dir: Path, first_step: int = 0, capture: str = "full") -> list[Path]:
+    """One `rank<R>.pt.trace.json.gz` per rank in out_dir; each written atomically. `capture`:
+    "full" (torch.profiler's CPU and CUDA activities) or "light" (`light`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in range(program.ranks):
-        data = orjson.dumps(trace_document(res, program, dev, r, first_step))
+        doc = trace_document(res, program, dev, r, first_step)
+        data = orjson.dumps(light(doc) if capture == "light" else doc)
         path = out_dir / f"rank{r}.pt.trace.json.gz"
         with atomic_path(path) as tmp:
             with gzip.open(tmp, "wb", compresslevel=1) as f:

@@ -141,6 +141,9 @@ class SimPhysics:
     cpu_op_post_us: float = 2.0
     comm_op_us: float = 20.0  # record_param_comms / c10d overhead around an NCCL launch
     launch_queue_us: float = 1.0  # from cudaLaunchKernel return to the GPU seeing the kernel
+    # the profiler's host cost per record it takes (a CPU op, an annotation, a runtime call), paid
+    # only by traced runs (docs/virtual-gpu.md, "Tracing")
+    trace_overhead_us: float = 2.0
     # control and sensors
     clock_delay_ms: tuple[float, float] = (5.0, 15.0)  # 5th-95th percentile of the lognormal body
     clock_target_slope: float = 0.3  # body x (1 + slope) for a target at the max clock, x 1 at or below the knee
@@ -186,6 +189,10 @@ class SimPhysics:
         if not 0 <= p.comm_sm_fraction < 1 or not 0 <= p.clock_tail_prob <= 1 or p.clock_tail_alpha <= 0:
             raise ValueError(
                 f"{where}: want 0 <= comm_sm_fraction < 1, 0 <= clock_tail_prob <= 1, clock_tail_alpha > 0"
+            )
+        if not 0 <= p.trace_overhead_us < 1e6:
+            raise ValueError(
+                f"{where}.trace_overhead_us: want >= 0 (µs per recorded host event), got {p.trace_overhead_us}"
             )
         if p.power_period_ms <= 0 or p.power_window_ms <= 0:
             raise ValueError(f"{where}: power_period_ms and power_window_ms must be > 0")
