@@ -10,8 +10,8 @@ dp, pp, tp, the microbatch size and count (`...+dp1+pp4+tp1+mbs8+nmb32+...`).
 The model, fitted on some plans (the fit plans) and used on the others:
 
 * each rank's forward and backward time at a clock, t(f) = a + b * fmax / min(f, cap), non-negative
-  least squares on the fit plans' `time_breakdown` (a clock above `cap` runs no faster: on the
-  A100s measured the time stops falling near 1.2 GHz, as a power-capped GPU does);
+  least squares on the fit plans' `time_breakdown` (a clock above `cap` runs no faster, as on a
+  power-capped GPU);
 * the iteration: Merak's 1F1B order on each stage (emo.perseus.merak), the pipeline's data
   dependencies (emo.baselines.perseus_schedule.dag_edges), Merak's blocking P2P (a send returns
   when the peer's receive does: the sender's next instruction waits for the receiver to reach
@@ -19,10 +19,13 @@ The model, fitted on some plans (the fit plans) and used on the others:
   plans' iteration times: a transfer lag per cross-stage edge and the tail (gradient reduction,
   optimizer step); the timeline is EMO's engine (emo.graph.whatif.forward);
 * each rank's energy per iteration, a linear model on that timeline fitted by non-negative least
-  squares on the fit plans' per-rank energies: static power over the iteration, each kind's
-  compute power as c1 * x + c3 * x**3 of its effective clock (x = min(f, cap) / fmax), and a
-  waiting GPU's power as w1 * x + w3 * x**3 of the clock it was left at (Perseus's server gives
-  a command between two compute instructions the clock of the one before it).
+  squares on the fit plans' per-rank energies: static power over the iteration, compute power
+  (forward and backward alike) as c1 * x + c3 * x**3 of the effective clock (x = min(f, cap) /
+  fmax), and a waiting GPU's power as w1 * x + w3 * x**3 of the clock it was left at (Perseus's
+  server gives a command between two compute instructions the clock of the one before it). One
+  compute curve for both kinds: the plans move a stage's forward and backward clocks mostly
+  together, so separate curves fit as well but split the power between them arbitrarily
+  (docs/perseus-measured.md).
 
 Pure functions over plain data; reading a folder is the only I/O (one-line errors naming the file).
 """
