@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -179,6 +180,10 @@ def test_emo_run_records_then_has_nothing_to_do(tmp_path):
         assert (p["trace"].dir / name).exists()
     assert (p["graph"].dir / "summary.json").exists()
     assert (tmp_path / "mlflow.db").exists()
+    # the README's result line is what the code prints (its figures, on the default configuration)
+    printed = re.search(r"emo on a100, budget 2 %: [^;]*;", r.stderr)
+    readme = re.search(r"emo: defaults: (emo on a100, budget 2 %: [^;]*;)", (ROOT / "README.md").read_text())
+    assert printed and readme and printed.group(0) == readme.group(1), (printed, readme)
     r = emo("run", res, "-n")
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stdout + r.stderr
     # outputs older than the workflow's scripts, as after a fresh clone or a git pull: the hashes

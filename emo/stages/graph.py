@@ -34,7 +34,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     if plain:
         graph, anchors, info = untrace(graph, events, anchors, plain, measured["iteration_times_s"])
     else:
-        info = {"corrected": False, "why": "no untraced measurement (a recorded trace)"}
+        info = {"corrected": False, "why": "no untraced measurement (a recorded trace, or trace.untraced_iterations=0)"}
     if "traced_iteration_ms" in info:
         log.info(
             "graph: traced %.3f ms an iteration, untraced %.3f ms (x%.3f): %.3f µs of host time per record "

@@ -64,7 +64,9 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         try:
             res = device.run(wl, tc["iterations"], warmup=tc["warmup"], trace_dir=kineto, capture=tc["capture"])
             # the run as it is when nothing records it: what the graph's timing is corrected to
-            plain = device.run(wl, tc["untraced_iterations"], warmup=tc["warmup"])
+            plain = (
+                device.run(wl, tc["untraced_iterations"], warmup=tc["warmup"]) if tc["untraced_iterations"] else None
+            )
         finally:
             device.close()
         measured = {
@@ -74,7 +76,11 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             "iteration_times_s": res.iteration_times_s,
             "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()},
             "capture": tc["capture"],
-            "untraced": {"iterations": plain.iterations, "iteration_times_s": plain.iteration_times_s},
+            **(
+                {"untraced": {"iterations": plain.iterations, "iteration_times_s": plain.iteration_times_s}}
+                if plain
+                else {}
+            ),
         }
         events = read_trace(kineto)
     write_parquet(out / "events.parquet", events)
@@ -86,7 +92,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         **(
             {
                 "iteration_time_s": measured["time_s"] / measured["iterations"],
-                "untraced_iteration_time_s": sum(plain.iteration_times_s) / plain.iterations,
+                **({"untraced_iteration_time_s": sum(plain.iteration_times_s) / plain.iterations} if plain else {}),
                 "energy_j": measured["energy_j"],
             }
             if measured
