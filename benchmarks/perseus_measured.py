@@ -2,13 +2,14 @@
 
 For each model folder in Perseus's layout (N.sched.json + N.prof.json, plain or .gz), fit EMO's model
 (emo.perseus.measured) on the even-numbered plans only and predict each odd-numbered plan's iteration
-time and per-rank energy from its schedule alone (--fit-on odd: the other way round; --powers: the
-fitted power of each rank computing and waiting, to see what the fit pins down). The naive predictor: the fastest fit plan (plan 0,
+time and per-rank energy from its schedule alone (--fit-on odd: the other way round; --fit-on half:
+fit the first half by number, predict the rest, an extrapolation along Perseus's frontier; --powers:
+the fitted power of each rank computing and waiting, to see what the fit pins down). The naive predictor: the fastest fit plan (plan 0,
 every instruction at the maximum clock) with each instruction's time scaled by the clock ratio and
 each rank's energy by the compute-time-weighted squared clock ratio; the nearest fit plan (the even
 plan whose clocks are closest) is printed beside it per model.
 
-    python benchmarks/perseus_measured.py MODEL_DIR... [--plans] [--powers] [--fit-on odd] [--no-cap]
+    python benchmarks/perseus_measured.py MODEL_DIR... [--plans] [--powers] [--fit-on odd|half] [--no-cap]
 
 Last line: `perseus measured: time MAPE X %, energy MAPE Y % over N plans (M models); naive time A %,
 energy B %` (MAPE over the predicted plans; energy over every plan and rank).
@@ -31,11 +32,16 @@ def pct(pred, meas) -> np.ndarray:
 
 def evaluate(folder: str, show_plans: bool, show_powers: bool, fit_on: str, capped: bool) -> dict[str, list]:
     layout, plans = read_folder(folder)
-    parity = 0 if fit_on == "even" else 1
-    fitted = [p for p in plans if p.index % 2 == parity]
-    held = [p for p in plans if p.index % 2 != parity]
+    half = (max(p.index for p in plans) + 1) // 2
+    chosen = {
+        "even": lambda i: i % 2 == 0,
+        "odd": lambda i: i % 2 == 1,
+        "half": lambda i: i < half,  # Perseus's frontier from its slowest plan up: predict the faster half
+    }[fit_on]
+    fitted = [p for p in plans if chosen(p.index)]
+    held = [p for p in plans if not chosen(p.index)]
     if not held or not fitted:
-        raise ValueError(f"{folder}: needs even- and odd-numbered plans (got {len(plans)} plans)")
+        raise ValueError(f"{folder}: {len(plans)} plans, none to fit or none to predict with --fit-on {fit_on}")
     model = fit(layout, fitted, capped=capped)
     if show_powers:
         lo = float(min(np.concatenate(p.clocks).min() for p in fitted))
@@ -67,7 +73,7 @@ def evaluate(folder: str, show_plans: bool, show_powers: bool, fit_on: str, capp
             )
     m = lambda k: float(np.mean(err[k]))
     print(
-        f"{layout.model} (dp{layout.dp} pp{layout.pp} tp{layout.tp}, {layout.nmb} micro-batches): fit on {len(fitted)} {fit_on} plans,"
+        f"{layout.model} (dp{layout.dp} pp{layout.pp} tp{layout.tp}, {layout.nmb} micro-batches): fit on {len(fitted)} plans ({fit_on}),"
         f" {len(held)} predicted: time MAPE {m('t'):.2f} % (max {max(err['t']):.2f}, bias {m('bias_t'):+.2f}),"
         f" energy MAPE {m('e'):.2f} % (max {max(err['e']):.2f}, bias {m('bias_e'):+.2f});"
         f" naive time {m('nt'):.2f} %, energy {m('ne'):.2f} %; nearest fit plan time {m('rt'):.2f} %, energy {m('re'):.2f} %"
@@ -82,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", action="store_true", help="one line per predicted plan")
     ap.add_argument("--powers", action="store_true", help="the fitted powers per rank (identifiability)")
     ap.add_argument(
-        "--fit-on", choices=("even", "odd"), default="even", help="which plans to fit (the others are predicted)"
+        "--fit-on",
+        choices=("even", "odd", "half"),
+        default="even",
+        help="which plans to fit, the others are predicted (half: the first half by number)",
     )
     ap.add_argument("--no-cap", action="store_true", help="ablation: instruction times without a clock cap")
     a = ap.parse_args(argv)

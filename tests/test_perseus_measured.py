@@ -158,8 +158,9 @@ def benchmark():
     return mod
 
 
-def test_the_benchmark_line(synthetic, capsys):
-    assert benchmark().main([str(synthetic[0])]) == 0
+@pytest.mark.parametrize("split", ["even", "odd", "half"])
+def test_the_benchmark_line(synthetic, capsys, split):
+    assert benchmark().main([str(synthetic[0]), "--fit-on", split]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = re.fullmatch(
         r"perseus measured: time MAPE ([\d.]+) %, energy MAPE ([\d.]+) % over 6 plans \(1 models\);"
