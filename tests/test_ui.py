@@ -1,4 +1,4 @@
-"""`emo ui`: MLflow's web UI on the tracking store, or one line saying which extra to install."""
+"""`emo ui`: MLflow's web UI on the tracking store, or one line saying how to install it."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from emo.cli import main as cli_main
 from emo.cli import ui
 
 
-def test_without_the_server_it_says_which_extra_to_install(monkeypatch, capsys):
+def test_without_the_server_it_says_how_to_add_it_without_moving_mlflow(monkeypatch, capsys):
+    """Issue 47: the hint was the `ui` extra, whose unpinned mlflow made pip downgrade mlflow-skinny
+    when the registry lacked the full package at its version; the store it wrote was then refused."""
+    import importlib.metadata
+
     monkeypatch.setattr(ui, "server_installed", lambda: False)
     assert cli_main(["ui"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "pip install -e '.[ui]'" in err
+    skinny = importlib.metadata.version("mlflow-skinny")
+    assert "\n" not in err and f"pip install 'mlflow=={skinny}'" in err and ".[ui]" not in err
 
 
 def test_it_serves_the_store_emo_run_logs_into(monkeypatch, tmp_path):

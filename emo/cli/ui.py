@@ -1,6 +1,7 @@
 """`emo ui`: MLflow's web UI on the store `emo run` logs into (the tracking config's URI, or
-MLFLOW_TRACKING_URI). The default install has only `mlflow-skinny` (no web server), so the UI is the
-`ui` extra: `python3 -m pip install -e '.[ui]'`.
+MLFLOW_TRACKING_URI). The default install has only `mlflow-skinny` (no web server): `emo ui` says how
+to add the server of the installed mlflow-skinny's version (never the `ui` extra after the fact, which
+moves mlflow-skinny to whatever version of the full package the registry can install).
 
     emo ui [--port 5000] [--host 127.0.0.1] [KEY=VALUE ...]
 """
@@ -31,6 +32,17 @@ def server_installed() -> bool:
         return False
 
 
+def install_hint() -> str:
+    """The install that adds the server without moving the MLflow the store was written with: the full
+    package pinned to mlflow-skinny's version, which pip installs or refuses (when the registry lacks that
+    release), never replacing mlflow-skinny by another version as an unpinned `mlflow` (the `ui` extra) may."""
+    skinny = importlib.metadata.version("mlflow-skinny")
+    return (
+        f"python3 -m pip install 'mlflow=={skinny}' (the installed mlflow-skinny's version; if pip finds no such "
+        f"release, run `mlflow ui` from another environment with mlflow>={skinny})"
+    )
+
+
 def in_step() -> None:
     """mlflow (the server) and mlflow-skinny (the client EMO logs with) of one version: an install of
     the `ui` extra that found no mlflow of the installed skinny's version downgraded skinny to match,
@@ -57,9 +69,7 @@ def main(args: argparse.Namespace) -> int:
     from emo.workflow.tracking import tracking_uri
 
     if not server_installed():
-        raise ValueError(
-            "emo ui needs MLflow's web server, which the default install leaves out: python3 -m pip install -e '.[ui]'"
-        )
+        raise ValueError(f"emo ui needs MLflow's web server, which the default install leaves out: {install_hint()}")
     in_step()
     uri = tracking_uri(compose(args.overrides)["tracking"])
     if uri.startswith("sqlite:///"):
