@@ -257,8 +257,20 @@ def test_each_job_gets_a_line_saying_what_it_has(tmp_path):
     recorded_result(rec, predicted_es_pct=3.0, predicted_pl_pct=1.25)
     assert result_line(rec).endswith(
         "emo on a100, budget 5 %: not measured (a recorded trace cannot be re-run); "
-        f"predicted ES 3.00 %, PL 1.25 %; result {rec.result}"
+        f"predicted ES 3.00 %, PL 1.25 % (a prediction); result {rec.result}"
     )
+    # with the graph stage's summary: how much of the critical path is GPU, and a warning when it is little
+    graph = rec.plans["graph"].dir
+    graph.mkdir(parents=True)
+    gpu_bound = {"gpu_compute": 800.0, "memcpy": 50.0, "communication": 50.0, "cpu": 100.0}
+    write_json(graph / "summary.json", {"critical_path_us": 1000.0, "breakdown_us": gpu_bound})
+    assert "PL 1.25 % (a prediction, the GPU 90.0 % of the critical path); result" in result_line(rec)
+    cpu_bound = {"gpu_compute": 35.0, "memcpy": 6.0, "communication": 10.0, "cpu": 11521.0, "start_offset": 7513.0}
+    write_json(graph / "summary.json", {"critical_path_us": 20866.0, "breakdown_us": cpu_bound})  # dlrm_8rank's
+    assert (
+        "(a prediction, the GPU 0.2 % of the critical path; warning: the GPU is a small share, the path is "
+        "mostly cpu: the saving is the model's alone, measure it on the GPU before counting on it)"
+    ) in result_line(rec)
     recorded_result(rec)
     assert "; no prediction; " in result_line(rec)
     Path(rec.result).write_text('{"skipped": ')

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -311,6 +312,33 @@ def unreadable_results(sw: Sweep) -> list[str]:
     return bad
 
 
+GPU_SHARE_WARN_PCT = (
+    20.0  # below it, a predicted saving is mostly the model's guess at GPU work the job barely waits on
+)
+GPU_CATEGORIES = ("gpu_compute", "memcpy", "communication")  # of the critical path's breakdown (emo.graph.summary)
+
+
+def gpu_share_note(summary: str | Path | None) -> str:
+    """`, the GPU N % of the critical path` from the graph stage's summary.json (nothing when it is
+    absent), with a warning when that share is small: a clock schedule then saves on work the job's
+    time hardly depends on, which only a measurement can confirm."""
+    if summary is None or not Path(summary).is_file():
+        return ""
+    s = json.loads(Path(summary).read_text())
+    total, parts = s.get("critical_path_us") or 0.0, s.get("breakdown_us") or {}
+    if total <= 0:
+        return ""
+    share = 100 * sum(parts.get(k, 0.0) for k in GPU_CATEGORIES) / total
+    note = f", the GPU {share:.1f} % of the critical path"
+    if share < GPU_SHARE_WARN_PCT:
+        top = max(parts, key=lambda k: parts[k]) if parts else "?"
+        note += (
+            f"; warning: the GPU is a small share, the path is mostly {top}: the saving is the model's alone,"
+            " measure it on the GPU before counting on it"
+        )
+    return note
+
+
 def result_line(job: Job, failed_with: str | None = None) -> str:
     """One readable line per job: ES, PL, prediction error, where the policy is (or what is missing);
     `failed_with`: this run failed for the job (the error), so no earlier result is printed."""
@@ -333,7 +361,9 @@ def result_line(job: Job, failed_with: str | None = None) -> str:
     what = f"{cfg['optimizer']['name']} on {cfg['gpu']['name']}, budget {100 * cfg['budget']:g} %"
     if "metrics" not in r:  # validate could not measure it (a recorded trace): the prediction stands
         pred = (
-            f"predicted ES {r['predicted_es_pct']:.2f} %, PL {r['predicted_pl_pct']:.2f} %"
+            f"predicted ES {r['predicted_es_pct']:.2f} %, PL {r['predicted_pl_pct']:.2f} % (a prediction"
+            + gpu_share_note(job.plans["graph"].out("summary.json") if "graph" in job.plans else None)
+            + ")"
             if "predicted_es_pct" in r
             else "no prediction"
         )
