@@ -217,7 +217,7 @@ def read_folder(folder: str | Path) -> tuple[Layout, list[Plan]]:
 # --------------------------------------------------------------------------- the pipeline
 @dataclass(frozen=True)
 class Pipeline:
-    """The 1F1B DAG of one iteration, one node per (stage, instruction): CSR in topological order."""
+    """The 1F1B DAG of one iteration, one node per (stage, instruction): its edges and a topological order."""
 
     stage: np.ndarray  # per node (node order: stage by stage, each in Merak's order)
     first: np.ndarray  # per stage: its first node
@@ -285,7 +285,7 @@ class Model:
     power: np.ndarray  # [rank, feature]
 
 
-def effective(f: np.ndarray, cap: float) -> np.ndarray:
+def effective(f: np.ndarray, cap: float | np.ndarray) -> np.ndarray:
     return np.minimum(f, cap)
 
 
