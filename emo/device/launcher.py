@@ -118,6 +118,23 @@ def starts_ranks(command: list[str]) -> bool:
     return False
 
 
+# A launcher's own count of the ranks it starts on this node (torchrun, deepspeed, accelerate launch)
+_RANK_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_processes", "--num-processes")
+
+
+def ranks_asked(command: list[str]) -> int | None:
+    """The ranks a launcher command asks for on this node, when its options say a number (None for a
+    plain program, a script, or `--nproc-per-node gpu`): what a rank that wrote nothing leaves unsaid."""
+    if not starts_ranks(command):
+        return None
+    for i, arg in enumerate(command):
+        flag, eq, value = arg.partition("=")
+        if flag in _RANK_FLAGS:
+            value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def script_argv(command: list[str]) -> list[str]:
     """A plain Python command without its interpreter: ['train.py', ...] or ['-m', 'pkg.mod', ...]
     (what torchrun is given when workload.nproc > 1 asks EMO to start the ranks)."""
@@ -236,7 +253,7 @@ def run_capture(
         raise ValueError(f"{' '.join(spec.command)}: exited with status {p.returncode}")
     need = markers_needed(spec)
     expected = max((int(r.get("local_world_size") or 1) for r in records.values()), default=spec.nproc)
-    expected = max(expected, spec.nproc)
+    expected = max(expected, spec.nproc, ranks_asked(spec.command) or 0)  # no rank wrote: the launcher's count
     if len(records) < expected:
         raise ValueError(
             f"{out_dir}: {len(records)} of {expected} rank traces written; the program must "
@@ -287,7 +304,7 @@ def run_segments(spec: CaptureSpec, out_dir: Path, segments: list[dict], *, time
         rec = json.loads(f.read_text())
         if rec.get("launch") == env[ENV_LAUNCH]:
             recs.append(rec)
-    expected = max([spec.nproc] + [int(r.get("local_world_size") or 1) for r in recs])
+    expected = max([spec.nproc, ranks_asked(spec.command) or 0] + [int(r.get("local_world_size") or 1) for r in recs])
     if len(recs) < expected:
         raise ValueError(
             f"{' '.join(spec.command)}: {len(recs)} of {expected} ranks measured their runs; the "
