@@ -67,6 +67,12 @@ def _analyze(path, rank, annotation, instance, hta_compatible) -> Analysis:
         raise ValueError(
             f"{path}: --annotation {annotation!r}: {str(e).removeprefix(f'annotation {annotation!r} ')}"
         ) from None
+    if missing:  # (a window of a longer run: a few launched before it began)
+        window.attrs["warnings"] = [
+            *window.attrs.get("warnings", []),
+            f"{missing} GPU ops have no launching call in the trace (launched before it began?): each is taken as "
+            "ready when its stream is",
+        ]
     try:
         graph = build_graph(window)
         compiled = compile_graph(graph)
@@ -203,11 +209,8 @@ def _text(s: dict) -> str:
                 + ", ".join(f"{k} {v}" for k, v in h["breakdown_us"].items() if v)
             )
     lines.append(f"replay error    {s['replay_error_us']:.3f} us")
-    if s.get("gpu_ops_without_launch"):
-        lines.append(
-            f"note: {s['gpu_ops_without_launch']} GPU ops have no launching call in the trace (launched before "
-            "it began?): each is taken as ready when its stream is"
-        )
+    for w in s["warnings"]:  # what the numbers above may be wrong by
+        lines.append(f"warning: {w}")
     lines.append(f"ranks           {s['ranks']}; collectives matched {s['collectives_matched']}/{s['collectives']}")
     for u in s["collectives_unmatched"]:
         lines.append(

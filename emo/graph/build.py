@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from emo.graph.graph import NODE_COLUMNS, Graph
 from emo.graph.tables import codes, first_of, group_numbers, merge, new_group, take
 from emo.trace.kineto import no_gc
+from emo.trace.read import rank_ranges as _ranges
 from emo.trace.schema import GPU_OP_KINDS, NCCL_PREFIX, arrow_text, text_at, text_column
 
 # Calls that return only once their copy is done, whatever stream they use.
@@ -58,7 +59,7 @@ class _Builder:
         self.nodes: list[tuple[int, dict]] = []  # (rows, columns): one frame is built at the end
         self.edges: list[tuple] = []  # (src, dst, kind, from_start)
         self.n_nodes = 0
-        self.meta: dict = {}
+        self.meta: dict = {"warnings": list(events.attrs.get("warnings", []))}  # what the readers were unsure of
         self._cols: dict = {}
 
     def col(self, c: str) -> np.ndarray:
@@ -708,18 +709,6 @@ def _participants(kc, rank, named, listed, world: int, present: set) -> tuple[np
         expected[at] = len(members)
         absent[at] = _ranges(sorted(members - present))
     return expected, absent
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[2, 3, 4, 7] -> "2-4, 7"."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(f"{ranks[i]}-{ranks[j]}" if j > i else str(ranks[i]))
-        i = j + 1
-    return ", ".join(out)
 
 
 def _unmatched(keys: np.ndarray, c: dict, absent: np.ndarray, expected: np.ndarray, world: int) -> list[dict]:

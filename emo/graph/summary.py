@@ -143,6 +143,8 @@ def summary(graph: Graph, result: Result | None = None, compiled: Compiled | Non
         "collectives_matched": int(graph.meta.get("collectives_matched", (n["kind"] == "rendezvous").sum())),
         # collectives left unmatched, and why (members absent from the trace, members not named)
         "collectives_unmatched": graph.meta.get("collectives_unmatched", []),
+        # what the trace's readers were unsure of (damaged events, ranks absent): the numbers may be wrong
+        "warnings": list(graph.meta.get("warnings", [])),
         "slack_us": dict(sorted(slack.items())),
         "nodes": int(len(n)),
         "edges": int(len(graph.edges)),

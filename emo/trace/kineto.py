@@ -17,7 +17,7 @@ import gc
 import mmap
 import os
 import re
-from itertools import count, repeat
+from itertools import compress, count, repeat
 from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,7 @@ class _Event(msgspec.Struct, gc=False):
 
     ph: Any = None
     cat: Any = None
+    id: Any = None  # a flow event's id (ac2g: the correlation id it links)
     name: Any = None
     ts: Any = None
     dur: Any = None
@@ -233,12 +234,9 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 
 def _int(v, default=-1) -> int:
-    """v as an int64; `default` for anything else (text, a list, an id >= 2^63)."""
-    try:
-        i = int(v)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return i if _INT64[0] <= i <= _INT64[1] else default
+    """v as an int64; `default` for anything else (text such as "12", true, 1.5, a list, an id >= 2^63):
+    an id the trace did not write as an integer is not one."""
+    return v if type(v) is int and _INT64[0] <= v <= _INT64[1] else default
 
 
 # Categories as written (current lower-case and older capitalised ones), so no per-event .lower()
@@ -317,6 +315,7 @@ def _read_kineto(path: Path, rank: int | None):
         if not lo <= v < MAX_RANKS:  # (the graph keys nodes by rank below 2^23)
             raise ValueError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
     codes = _kinds(path, events)
+    warnings = _skipped(events)
     index = np.flatnonzero(codes)
     kept = list(map(events.__getitem__, index.tolist()))
     # only complete events are intervals
@@ -399,7 +398,9 @@ def _read_kineto(path: Path, rank: int | None):
     sync_kind, pg, granks = (
         _sparse_text(c, need[at]) for c, at in ((sync_kind, ss), (pg, named), (granks, named | listed))
     )
-    return normalise(
+    warnings += _doubtful_ids(codes, col["stream"], col["device"], pid, tid)
+    warnings += _dangling_flows(events, col["correlation"], ts, codes)
+    table = normalise(
         {
             "rank": np.full(n, rank, np.int32),
             "world_size": np.full(n, world, np.int32),
@@ -421,6 +422,70 @@ def _read_kineto(path: Path, rank: int | None):
             "bytes": col["bytes"],
         }
     )
+    table.attrs["warnings"] = warnings
+    return table
+
+
+# The phases of the Chrome trace format (every event must have one)
+PHASES = frozenset("BEXiIbnesftPONDMVvRcCSTpF()")
+_GPU_OP_CODES = [_CODE[k] for k in ("kernel", "memcpy", "memset")]
+_HOST_CODES = [_CODE[k] for k in ("cpu_op", "annotation", "runtime")]
+_FLOW_END_CODES = [_CODE[k] for k in ("runtime", "kernel", "memcpy", "memset", "sync")]
+
+
+def _skipped(events: list) -> list[str]:
+    """What says an event was damaged before it was skipped: no valid phase ('ph'), or a complete
+    event ('X') without a category (Kineto gives every one; without it the event's kind is unknown)."""
+    n = len(events)
+    ph = list(map(_PH, events))
+    bad_ph = n - sum(map(PHASES.__contains__, map(str, ph)))  # (str: a list is no phase, and unhashable)
+    complete = np.fromiter(map(eq, ph, repeat("X")), dtype=bool, count=n)
+    has_cat = np.fromiter(map(isinstance, map(_CAT, events), repeat(str)), dtype=bool, count=n)
+    out = []
+    if bad_ph:
+        out.append(f"{bad_ph} events have no valid phase ('ph'): skipped, so what they were is missing")
+    no_cat = int((complete & ~has_cat).sum())
+    if no_cat:
+        out.append(f"{no_cat} complete events have no category ('cat'): skipped, so what they were is missing")
+    return out
+
+
+def _doubtful_ids(codes, stream, device, pid, tid) -> list[str]:
+    """GPU ops whose stream or device id is missing, not an integer, or not the track (tid, pid)
+    Kineto draws them on, and host events without a thread: the graph's order would be made up."""
+    op = np.isin(codes, _GPU_OP_CODES)
+    m = int(op.sum())
+    out = []
+    for arg, ids, track, what in (("stream", stream, tid, "tid"), ("device", device, pid, "pid")):
+        missing = int((op & (ids < 0)).sum())
+        if missing:
+            out.append(f"{missing} of {m} GPU ops have no valid {arg} id (args.{arg}): taken from their {what}")
+        other = int((op & (ids >= 0) & (track >= 0) & (ids != track)).sum())
+        if other:
+            out.append(
+                f"{other} of {m} GPU ops name a {arg} (args.{arg}) other than their track ({what}): {arg}s unsure"
+            )
+    host = np.isin(codes, _HOST_CODES)
+    threadless = int((host & ((pid < 0) | (tid < 0))).sum())
+    if threadless:
+        out.append(f"{threadless} host events have no valid pid or tid: the thread each ran on is unknown")
+    return out
+
+
+def _dangling_flows(events: list, correlation: np.ndarray, start_ns: np.ndarray, codes: np.ndarray) -> list[str]:
+    """Kineto draws each launch -> GPU op link as flow events (ac2g) placed on both ends: a runtime
+    call or GPU op with the flow's id as correlation id, starting at the flow's time. A flow with no
+    such event means events were dropped or moved."""
+    flows = list(compress(events, map(eq, map(_CAT, events), repeat("ac2g"))))
+    ids = np.array([_int(f.id) for f in flows], dtype=np.int64)
+    ts = np.array([f.ts if type(f.ts) in (int, float) and abs(f.ts) <= _MAX_US else np.nan for f in flows])
+    ok = (ids >= 0) & ~np.isnan(ts)
+    at = np.isin(codes, _FLOW_END_CODES)
+    have = set(zip(correlation[at].tolist(), start_ns[at].tolist()))
+    lost = sum(k not in have for k in zip(ids[ok].tolist(), _us_to_ns(ts[ok]).tolist()))
+    if not lost:
+        return []
+    return [f"{lost} launch flows (ac2g) point at no event with their id at their time: events dropped or moved"]
 
 
 def _group_ranks(info: dict) -> dict[str, str]:
@@ -469,12 +534,14 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
 
 def _ints(objs: list, field: str) -> np.ndarray:
     """Field `field` of every object as int64; anything not an integer (a string pid like "Spans",
-    None) becomes -1."""
-    get = attrgetter(field)
-    try:
-        return np.fromiter(map(get, objs), dtype=np.int64, count=len(objs))
-    except (TypeError, ValueError, OverflowError):
-        return np.array([_int(v) for v in map(get, objs)], dtype=np.int64)
+    "12", true, 1.5, None) becomes -1."""
+    vals = list(map(attrgetter(field), objs))
+    if set(map(type, vals)) <= {int}:  # (numpy would take "12", true and 1.5 as numbers)
+        try:
+            return np.fromiter(vals, dtype=np.int64, count=len(vals))
+        except OverflowError:
+            pass
+    return np.array([_int(v) for v in vals], dtype=np.int64)
 
 
 def _explain_bad_event(path: Path, events: list, keep) -> None:

@@ -18,6 +18,9 @@ from emo.trace.schema import normalise
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel
+_CUDA_CALL = r"^cu[A-Z]|^cuda[A-Z]"  # what CUPTI_ACTIVITY_KIND_RUNTIME records: runtime and driver API calls
+# More CUDA calls than this share unnamed by StringIds: refused (which call launches or waits is unknown)
+UNNAMED_CALLS_SHARE = 0.5
 SYNC_KIND_OF_CALL = {
     "cudaDeviceSynchronize": "Context Sync",
     "cudaCtxSynchronize": "Context Sync",
@@ -114,10 +117,12 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     name_of = dict(zip(strings["id"], strings["value"]))
     rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId", required=True)
     parts = []
+    warnings = []
     if rt is not None and len(rt):
-        names = rt["nameId"].map(name_of).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
+        names = rt["nameId"].map(name_of).astype(object).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
         if names.str.match(r"^hip[A-Z]").any():
             raise ValueError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
+        warnings += _unnamed_calls(path, names)
         gtid = rt["globalTid"].to_numpy(np.int64)
         parts.append(
             pd.DataFrame(
@@ -145,6 +150,9 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
         required=True,
     )
     if k is not None and len(k):
+        unnamed = int((~k["demangledName"].isin(name_of.keys())).sum())
+        if unnamed:
+            warnings.append(f"{unnamed} of {len(k)} kernels have no name in StringIds (demangledName): named '?'")
         parts.append(_gpu_rows(k, "kernel", k["demangledName"].map(name_of).fillna("?")))
     m = _table(
         con,
@@ -176,7 +184,7 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
         bad = df[df["end"] < df["start"]].iloc[0]
         raise ValueError(f"{path}: events out of order: {bad['kind']} {bad['name']!r} ends before it starts")
     n = len(df)
-    return normalise(
+    table = normalise(
         {
             "rank": np.zeros(n, np.int32),
             "device": df["device"],
@@ -196,6 +204,20 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
             "bytes": df.get("bytes", pd.Series(-1, index=df.index)).fillna(-1),
         }
     )
+    table.attrs["warnings"] = warnings
+    return table
+
+
+def _unnamed_calls(path: Path, names: pd.Series) -> list[str]:
+    """CUDA API calls whose name StringIds does not give (or gives as something no CUDA call is
+    named): a launch or a synchronisation among them is not recognised, and the time reads as CPU."""
+    bad = int((~names.str.match(_CUDA_CALL)).sum())
+    if not bad:
+        return []
+    what = f"{bad} of {len(names)} CUDA API calls (CUPTI_ACTIVITY_KIND_RUNTIME.nameId) have no CUDA call's name in StringIds"
+    if bad > UNNAMED_CALLS_SHARE * len(names):
+        raise ValueError(f"{path}: {what}: which calls launch or wait is unknown (a damaged export?)")
+    return [f"{what}: launches or waits among them are not recognised"]
 
 
 def _gpu_rows(t: pd.DataFrame, kind: str, names: pd.Series, nbytes=None) -> pd.DataFrame:

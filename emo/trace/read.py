@@ -56,7 +56,9 @@ def read_rank_folder(path: Path) -> pd.DataFrame:
         raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
     check_one_run(files, parts)
     events = pd.concat(parts, ignore_index=True)
-    return events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    events.attrs["warnings"] = [f"{f.name}: {w}" for f, p in zip(files, parts) for w in p.attrs.get("warnings", [])]
+    return events
 
 
 def _sqlite(path: Path, head: bytes) -> bool:
@@ -109,7 +111,65 @@ def read_trace(path: str | Path) -> pd.DataFrame:
                 text = str(e).replace(str(local), str(path))
                 raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     validate_events(events, path)
+    events.attrs["warnings"] = [*events.attrs.get("warnings", []), *rank_set_warnings(events), *gap_warnings(events)]
     return events
+
+
+# An idle gap (no event on any rank) this many times longer than all the trace's busy time is noted
+GAP_FACTOR = 100
+
+
+def rank_set_warnings(events: pd.DataFrame) -> list[str]:
+    """What is unsure about the set of ranks: some of the run's ranks absent, or several ranks whose
+    trace does not say how many the run had (a part of a run would read as a complete smaller one)."""
+    ranks = sorted(int(r) for r in pd.unique(events["rank"]))
+    world = events["world_size"].to_numpy(np.int64)
+    w = int(world.max())
+    if w > 0:
+        absent = sorted(set(range(w)) - set(ranks))
+        if absent:
+            return [
+                f"{len(absent)} of the run's {w} ranks are absent from the trace ({rank_ranges(absent)}): "
+                "collectives with them are not matched and what they waited for is unseen"
+            ]
+    if len(ranks) > 1 and (world < 0).any():
+        return [
+            f"{len(ranks)} ranks, but the trace does not say how many the run had (no distributedInfo.world_size): "
+            f"analysed as a complete {len(ranks)}-rank run; if it had more, its collectives and waits are wrong"
+        ]
+    return []
+
+
+def gap_warnings(events: pd.DataFrame) -> list[str]:
+    """An idle gap with no event at all that is much longer than all the trace's busy time: a few
+    events shifted far in time (a damaged file) read as a long idle time on the critical path."""
+    start = events["start_ns"].to_numpy(np.int64)
+    end = start + events["dur_ns"].to_numpy(np.int64)
+    o = np.argsort(start, kind="stable")
+    start, reach = start[o], np.maximum.accumulate(end[o])
+    gaps = start[1:] - reach[:-1]  # > 0: nothing runs between the events before and the one after
+    if not len(gaps) or gaps.max() <= 0:
+        return []
+    g = int(gaps.max())
+    busy = int(reach[-1] - start[0]) - int(gaps[gaps > 0].sum())
+    if g <= GAP_FACTOR * max(busy, 1):
+        return []
+    return [
+        f"an idle gap of {g / 1e9:.3g} s with no event on any rank, {g / max(busy, 1):.0f}x all the busy time: "
+        "events shifted in time?"
+    ]
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[2, 3, 4, 7] -> "2-4, 7"."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}-{ranks[j]}" if j > i else str(ranks[i]))
+        i = j + 1
+    return ", ".join(out)
 
 
 @contextlib.contextmanager
