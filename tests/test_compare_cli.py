@@ -87,6 +87,8 @@ def test_compare_prints_the_table_and_writes_plots(store, tmp_path, capsys):
     assert "20.0/1.8" in out and " 6.0/1.9" in out and "25.0/4.6" in out
     header = out.splitlines()[0]
     assert header.index("emo") < header.index("static") < header.index("zeus") < header.index("geepafs")
+    # the static cell is the best clock of its curve, not the static run's own line: said beneath the table
+    assert out.splitlines()[-1].startswith("static: the best clock the static run's validate measured")
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert pngs == ["energy_time_a100_tp2.png", "energy_time_a100_tp4.png"]
     assert len(pd.read_csv(tmp_path / "runs.csv")) == len(CELLS)

@@ -117,6 +117,14 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# Why a static cell need not be the static run's own result line (issue 47: 7.7/4.4 beside 7.27/4.68)
+STATIC_NOTE = (
+    "static: the best clock the static run's validate measured within budget + 0.5 % (its curve of every clock); "
+    "the run's own line (emo run) is its pick, the clock the model predicts best, measured once in its own run: "
+    "another clock, or the same one measured again, so the two can differ"
+)
+
+
 def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Rows GPU x workload x budget: how many seeds, a column per method (`ES±sd/PL±sd` over them), EMO's margin
     over the static curve, and whether EMO is ahead. `curves`: static validate hash -> the clocks it
@@ -290,9 +298,12 @@ def main(args: argparse.Namespace) -> int:
     if runs.empty:
         print("emo compare: no validated runs yet", file=sys.stderr)
         return 1
-    t = table(runs, static_points(runs, results_dir(uri, runs)))
+    curves = static_points(runs, results_dir(uri, runs))
+    t = table(runs, curves)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(t.to_string())
+    if curves and "static" in t.columns:
+        print(STATIC_NOTE)
     if args.csv:
         from emo.io import atomic_path
 
