@@ -34,8 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emo.optimize.solvers.dp import optimize
-from emo.perseus.dag import BLOCKING_POWER_W, PerseusDag, pipeline
+from emo.perseus.dag import BLOCKING_POWER_W, PerseusDag, pipeline, plan
 from emo.perseus.merak import instruction_order
 from emo.perseus.profile import Profile, read_profile
 
@@ -68,11 +67,10 @@ def sample(n_rows: int, points: int) -> np.ndarray:
 
 def emo_at(dag: PerseusDag, target_s: float) -> tuple[float, float, float]:
     """(time s, energy J, solve s) of EMO's plan with deadline target_s."""
-    p = dag.problem
     t0 = time.perf_counter()
-    sol = optimize(p, max(target_s * 1e9 / p.makespan0_ns - 1.0, 0.0), items=dag.items)
+    cols = plan(dag, target_s)
     wall = time.perf_counter() - t0
-    t, e = dag.accounting(dag.node_columns(sol.choice))
+    t, e = dag.accounting(cols)
     return t, e, wall
 
 

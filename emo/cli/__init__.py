@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "emo.cli.gpu_config",
     "emo.cli.calibration",
     "emo.cli.ui",
+    "emo.cli.perseus_plan",
 )
 # What `emo --help` lists, so that only the module of the command being run is imported (the
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
@@ -33,6 +34,7 @@ COMMANDS = {
     "gpu-config": ("emo.cli.gpu_config", "write conf/gpu/<model>.yaml for this machine's NVIDIA GPU"),
     "calibration": ("emo.cli.calibration", "show, export or import a calibration (one file per GPU model)"),
     "ui": ("emo.cli.ui", "MLflow's web UI on the runs `emo run` logged (needs the `ui` extra)"),
+    "perseus-plan": ("emo.cli.perseus_plan", "plan a Perseus stage profile with EMO; write Perseus's schedule files"),
 }
 
 

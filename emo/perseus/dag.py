@@ -168,3 +168,15 @@ def pipeline(profile: Profile, n_stages: int, n_microbatches: int, blocking_w: f
     items = make_items(p, 0.0, replicate=False, windows=pos, groups=[[s] for s in range(n_stages)], window_len_ns=lens)
     assert n == p.n
     return PerseusDag(p, items, st, kd, mb, knob, float(blocking_w), float(unit_s))
+
+
+def plan(dag: PerseusDag, target_s: float) -> np.ndarray:
+    """EMO's least-energy plan whose iteration (as the DAG times it) ends within target_s: the clock
+    column of each instruction (caller order). One line naming the target when it is too short."""
+    from emo.optimize.solvers.dp import optimize
+
+    t0 = dag.problem.makespan0_ns * 1e-9
+    if target_s < t0 - 1e-12:
+        raise ValueError(f"target time {target_s:.6g} s is below the iteration at the maximum clocks ({t0:.6g} s)")
+    sol = optimize(dag.problem, max(target_s / t0 - 1.0, 0.0), items=dag.items)
+    return dag.node_columns(sol.choice)
