@@ -58,7 +58,7 @@ def test_gpu_config_command_writes_a_file_that_composes(monkeypatch, tmp_path, c
     conf = tmp_path / "conf2"
     shutil.copytree(ROOT / "conf", conf)
     shutil.copy(out, conf / "gpu" / "mine.yaml")
-    cfg = compose(["gpu=mine", "tracking.enabled=false"], config_dir=conf)
+    cfg = compose(["gpu=mine", "workload=command", "tracking.enabled=false"], config_dir=conf)
     assert cfg["gpu"]["backend"] == "nvml" and cfg["gpu"]["tdp_w"] == 400.0
 
 

@@ -48,6 +48,12 @@ class ProfilingUnavailable(GpuAccessError, NoCounters):
 
 
 def import_pynvml():
+    """pynvml, or this process's fake GPUs when EMO_FAKE_GPU=N asks to try the GPU path without one
+    (emo.device.nvml_fake; every process of the job inherits the variable)."""
+    if os.environ.get("EMO_FAKE_GPU"):
+        from emo.device.nvml_fake import from_fake_gpu_env
+
+        return from_fake_gpu_env()
     try:
         import pynvml
     except ImportError as e:  # pragma: no cover - nvidia-ml-py is a core dependency
