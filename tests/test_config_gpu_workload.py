@@ -65,3 +65,12 @@ def test_emo_run_on_nvml_without_a_gpu_is_one_line_before_any_stage(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "gpu.backend=nvml needs an NVIDIA GPU: cannot initialise NVML" in r.stderr and "gpu=a100" in r.stderr
     assert not [p for p in (tmp_path / "results").glob("*/*") if p.name != "mlflow.db"]
+
+
+def test_emo_run_against_fake_gpus_says_what_they_can_run(tmp_path):
+    r = _emo_run(
+        tmp_path, "gpu=nvml", "workload=command", "workload.command=[python,train.py]", env={"EMO_FAKE_GPU": "2"}
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "with EMO_FAKE_GPU=2: the fake GPUs answer NVML's calls only (emo apply, emo.apply, emo.measure)" in r.stderr
+    assert not (tmp_path / "results" / "calibrate").exists()

@@ -137,6 +137,13 @@ def require_gpu(cfgs: list[dict]) -> None:
     stage would fail on it, after the calibration had started)."""
     if not any(c["gpu"].get("backend") == "nvml" for c in cfgs):
         return
+    fake = os.environ.get("EMO_FAKE_GPU")
+    if fake:  # its GPUs answer NVML's calls, but the stages need a GPU's kernels (microbenchmarks, a trace)
+        raise ValueError(
+            f"bad configuration: gpu.backend=nvml with EMO_FAKE_GPU={fake}: the fake GPUs answer NVML's calls only "
+            "(emo apply, emo.apply, emo.measure); emo run's stages need a GPU's kernels: unset EMO_FAKE_GPU on a GPU "
+            "box, or use a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
+        )
     from emo.device.control import GpuAccessError, open_control
 
     try:
