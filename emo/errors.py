@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -63,7 +64,16 @@ def one_line(e: BaseException, replace: dict[str, str] | None = None) -> str:
         text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     for old, new in (replace or {}).items():
         text = text.replace(old, new)
-    return " ".join(text.split()) or type(e).__name__  # one line, whatever the message held
+    return redact(" ".join(text.split())) or type(e).__name__  # one line, whatever the message held
+
+
+# scheme://user:password@host: a URI's password (tracking.uri, MLFLOW_TRACKING_URI) is never printed
+_URI_PASSWORD = re.compile(r"(\b[A-Za-z][\w+.-]*://[^/@\s:]*):[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URI in it replaced by ***."""
+    return _URI_PASSWORD.sub(r"\1:***@", text)
 
 
 def write_stdout(text: str) -> None:

@@ -33,9 +33,24 @@ def hold(folders: list[Path] | tuple[Path, ...], command: str):
     the cleanup at the start removed."""
     with contextlib.ExitStack() as stack:
         removed: list[Path] = []
-        for folder in sorted({Path(f).resolve() for f in folders}):
+        for folder in sorted({results_folder(Path(f)) for f in folders}):
             removed += stack.enter_context(_hold_one(folder, command))
         yield removed
+
+
+def results_folder(path: Path) -> Path:
+    """`results=` as a real folder EMO may own: not a link loop, not the root of the file system
+    nor the home folder (a run walks and cleans its results folder: there, that is every file)."""
+    try:
+        real = path.resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic link loop (RuntimeError before Python 3.13)
+        raise ValueError(f"results={path}: cannot be resolved ({e}); choose another with results=PATH") from None
+    if real == real.parent or real == Path.home().resolve():
+        raise ValueError(
+            f"results={path}: {real} is {'the root of the file system' if real == real.parent else 'your home folder'}"
+            ", which an emo run would walk and clean; choose a folder of its own with results=PATH"
+        )
+    return real
 
 
 @contextlib.contextmanager
@@ -160,6 +175,7 @@ def refuse_future(results: Path, command: str) -> None:
     """Snakemake decides what is stale by file dates: a file dated in the future (clock skew, a copy
     from a machine whose clock runs ahead) looks newer than anything written now, so what depends on
     it is never redone (an imported calibration never reached the model). Said at once, in one line."""
+    results_folder(results)  # (a dry run holds no lock: the folder is checked here too)
     ahead = future_files(results)
     if ahead:
         path, s = ahead[0]

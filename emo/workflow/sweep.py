@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emo import errors
 from emo.workflow.plan import StagePlan, compose, plan
 
 
@@ -346,7 +347,7 @@ def result_line(job: Job, failed_with: str | None = None) -> str:
     from emo.report.runs import read_result
 
     res, policy = Path(job.result), job.plans["optimize"].out("policy.json")
-    head = f"emo: {job.name}: "
+    head = f"emo: {errors.redact(job.name)}: "
     if failed_with is not None:
         return head + "no result: this run failed" + (" (an earlier run's result is not shown)" if res.exists() else "")
     if not res.exists():

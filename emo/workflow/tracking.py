@@ -336,9 +336,21 @@ def _log_sweep(
     client, exp_id = open_store(jobs[0].cfg["tracking"])
     now = int(time.time() * 1000)
     parent = None
-    if name is not None:
-        parent = client.create_run(exp_id, run_name=name).info.run_id
-        _batch(client, parent, params=sweep_params([j.cfg for j in jobs], list(overrides)))
+    open_runs: list[str] = []  # created, not yet ended: ended FAILED if logging fails (a full disk)
+    try:
+        if name is not None:
+            parent = client.create_run(exp_id, run_name=name).info.run_id
+            open_runs.append(parent)
+            _batch(client, parent, params=sweep_params([j.cfg for j in jobs], list(overrides)))
+        return _log_jobs(client, exp_id, jobs, parent, plots, now, open_runs, error, killed, failed)
+    except BaseException:
+        for run_id in open_runs:  # best effort: the store may refuse this too
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, "FAILED")
+        raise
+
+
+def _log_jobs(client, exp_id, jobs, parent, plots, now, open_runs, error, killed, failed) -> dict[str, str]:
     ids: dict[str, str] = {}
     ok_all = True
     for job in jobs:
@@ -346,6 +358,7 @@ def _log_sweep(
         if parent:
             tags["mlflow.parentRunId"] = parent
         run_id = client.create_run(exp_id, run_name=job.name, tags=tags).info.run_id
+        open_runs.append(run_id)
         _batch(client, run_id, params=flatten(job.cfg), metrics=metrics, now=now)
         for path in artifacts:
             client.log_artifact(run_id, str(path), artifact_path=path.parents[1].name)  # under the stage's name
@@ -362,9 +375,11 @@ def _log_sweep(
             if stage:  # the stage that failed, as the line names it
                 client.set_tag(run_id, f"emo.{stage.group(1)}.error", error[:5000])
         client.set_terminated(run_id, "FINISHED" if ok else ("KILLED" if killed else "FAILED"))
+        open_runs.remove(run_id)
         ids[job.name] = run_id
     if parent:
         client.set_terminated(parent, "FINISHED" if ok_all else ("KILLED" if killed else "FAILED"))
+        open_runs.remove(parent)
     return ids
 
 
