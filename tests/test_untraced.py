@@ -119,6 +119,11 @@ def test_packing_survives_a_host_bound_trace(heavy):
     k_before = (before.pack_of >= 0).sum() / max(len(before.packs), 1)
     k_after = (after.pack_of >= 0).sum() / max(len(after.packs), 1)
     assert k_after > 1.5 * k_before
+    # and the pack stage says why packs stay small: kernels launched too shortly before they start
+    from emo.stages.pack import launched_late
+
+    kernels = int((before.pack_of >= 0).sum())
+    assert launched_late(traced) > 0.9 * kernels > 2 * launched_late(Graph.load(d / "graph"))
 
 
 def test_optimize_refuses_a_trace_that_is_not_the_run():

@@ -168,6 +168,22 @@ def pack_kernels(graph: Graph, compiled: Compiled, replay: Result, delta_max_ns:
     return out
 
 
+def launch_lead_ns(graph: Graph, replay: Result) -> np.ndarray:
+    """float64[kernels]: per kernel (in node order), its start minus when its last host dependency
+    (its launch) was met on the replayed timeline; inf for a kernel without one. Under HOST_MARGIN_MS
+    a kernel cannot join a pack (rule 4): where most are, the host barely runs ahead of the GPU (a
+    host-bound trace) and packs stay one kernel each, which the pack stage says."""
+    nodes, edges = graph.nodes, graph.edges
+    kid = np.flatnonzero((nodes["kind"] == "kernel").to_numpy())
+    src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
+    host = nodes["device"].to_numpy()[src] < 0
+    fs = edges["from_start"].to_numpy(bool)
+    t = np.where(fs, replay.start_ns[src], replay.finish_ns[src]).astype(np.float64)
+    ready = np.full(len(nodes), -np.inf)
+    np.maximum.at(ready, dst[host], t[host])
+    return replay.start_ns[kid] - ready[kid]
+
+
 def pack_table(graph: Graph, replay: Result, pack_of: np.ndarray) -> pd.DataFrame:
     """One row per pack (PACK_COLUMNS; `node` is filled in by the pack graph): where it runs, its
     members' span, its signature and whether it is the first pack with that signature."""

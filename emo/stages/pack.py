@@ -3,9 +3,12 @@ the packs table and the pack-level graph (same schema as the execution graph).""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from emo.stages import Stage
+
+log = logging.getLogger("emo")
 
 STAGE = Stage(
     reads=("packing",),
@@ -39,8 +42,22 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     anchors = pd.read_parquet(inputs["iterations"])
     anchors["node"] = pg.node_map[anchors["node"].to_numpy()]  # host nodes keep their place in the pack graph
     write_parquet(out / "iterations.parquet", anchors)
+    from emo.pack.greedy import HOST_MARGIN_MS
+
     kernels = int(m.sum())
+    late = launched_late(graph)
+    if kernels and late > kernels // 2:
+        log.warning(
+            "pack: %d of %d kernels start less than %.1f ms after their launch: the host barely runs ahead of "
+            "the GPU, so packs stay small (%.2f kernels a pack); a trace whose profiler made the run host-bound "
+            "does this (the graph stage's summary.json `untraced`)",
+            late,
+            kernels,
+            HOST_MARGIN_MS,
+            kernels / max(len(packs), 1),
+        )
     return {
+        "kernels_launched_late": late,
         "kernels": kernels,
         "packs": len(packs),
         "signatures": int(packs["signature"].nunique()),
@@ -48,6 +65,16 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         "max_pack_ms": round(float(packs["dur_ns"].max()) / 1e6, 3) if len(packs) else 0.0,
         "pack_graph_nodes": len(pg.graph.nodes),
     }
+
+
+def launched_late(graph) -> int:
+    """Kernels launched too shortly before they start to join a pack (emo.pack.greedy rule 4)."""
+
+    from emo.graph.whatif import compile_graph, whatif
+    from emo.pack.greedy import HOST_MARGIN_MS, launch_lead_ns
+
+    lead = launch_lead_ns(graph, whatif(compile_graph(graph), slack=False))
+    return int((lead < HOST_MARGIN_MS * 1e6).sum())
 
 
 def _node_map(pg):
