@@ -155,22 +155,44 @@ def spawn() -> ClockOwner:
     site = os.path.realpath(Path(root) / "emo" / "_site")
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != site]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *paths]))
+    err = relay_stderr()  # not the trainer's stderr: a reader of that waits for every holder to end
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "emo.device.clock_owner", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=err,
             start_new_session=True,
             env=env,
         )
     finally:
         theirs.close()
+        os.close(err)
     try:
         return ClockOwner(proc, ours)
     except (OSError, ValueError) as e:
         ours.close()
         raise GpuAccessError(f"the clock owner did not start (exit status {proc.poll()}): {e}", cause=OWNER_DIED) from e
+
+
+def relay_stderr() -> int:
+    """A pipe's write end for the owner's stderr; a daemon thread copies its lines to this process's
+    stderr while this process lives. (What the owner says after the trainer's death is lost with the
+    pipe; the node's lock records keep what matters, emo.device.gpu_locks.)"""
+    r, w = os.pipe()
+
+    def copy() -> None:
+        with open(r, "rb") as f:
+            for line in f:
+                try:
+                    sys.stderr.write(line.decode(errors="replace"))
+                    sys.stderr.flush()
+                except (OSError, ValueError):  # this process's stderr closed: drain on, quietly
+                    pass
+
+    threading.Thread(target=copy, name="emo-clock-owner-stderr", daemon=True).start()
+    return w
 
 
 def _after_fork_in_child() -> None:
@@ -308,8 +330,29 @@ def serve(sock: socket.socket, parent: int) -> int:
     return 0
 
 
+class _BestEffort:
+    """The owner's stderr: a pipe whose reader dies with the trainer; a line nobody reads is no
+    reason to skip a reset."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, text: str) -> int:
+        try:
+            return self.f.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
+    sys.stderr = _BestEffort(sys.stderr)  # type: ignore[assignment]
     sock = socket.socket(fileno=fd)
     return serve(sock, parent)
 
