@@ -352,7 +352,7 @@ class _BestEffort:
 
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
-    sys.stderr = _BestEffort(sys.stderr)  # type: ignore[assignment]
+    sys.stderr = _BestEffort(sys.stderr)
     sock = socket.socket(fileno=fd)
     return serve(sock, parent)
 
