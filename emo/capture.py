@@ -31,10 +31,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # the runner (the parent side: command line, environment, collecting the ranks' files)
 from emo.device.launcher import (
     ENV_ACTIVE,
+    ENV_CAPTURE,
     ENV_DIR,
     ENV_ITERATIONS,
     ENV_LAUNCH,
@@ -64,23 +66,33 @@ class ProfilerWindow:
     """torch.profiler over schedule(wait, warmup, active), stepped by iteration markers, with the
     wall time and energy of the active iterations. Writes into out_dir when the window closes."""
 
-    def __init__(self, out_dir: str | Path, *, wait: int, warmup: int, active: int):
+    def __init__(self, out_dir: str | Path, *, wait: int, warmup: int, active: int, capture: str = "full"):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        if capture not in ("full", "light"):
+            raise ValueError(f"{ENV_CAPTURE}={capture!r}: want full or light")
         self.torch = torch
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.rank, self.local_rank = _rank()
         self.cuda = torch.cuda.is_available()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(
-            activities=activities,
-            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-            on_trace_ready=self._export,
-            experimental_config=torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True),
-        )
+        self.trace_file = self.out_dir / trace_name(self.rank)
+        self.prof: Any = None
+        self.tracer: Any = None
+        if capture == "light":  # CUPTI activity records of the active iterations only: no CPU ops
+            from emo.trace.cupti import CuptiTracer
+
+            self.tracer = CuptiTracer(self.trace_file)
+        else:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.prof = profile(
+                activities=activities,
+                schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                on_trace_ready=self._export,
+                experimental_config=torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True),
+            )
         from emo.device.control import RankEnergy
 
         self.energy = RankEnergy(self.local_rank)
@@ -89,10 +101,10 @@ class ProfilerWindow:
         self._marks: list[float] = []
         self._e0: float | None = None
         self._t0: float | None = None
-        self.trace_file = self.out_dir / trace_name(self.rank)
         self.window_file = self.out_dir / window_name(self.rank)
         self.window_file.parent.mkdir(parents=True, exist_ok=True)
-        self.prof.start()
+        if self.prof is not None:
+            self.prof.start()
 
     def _sync(self) -> None:
         if self.cuda:
@@ -108,16 +120,28 @@ class ProfilerWindow:
             self._sync()
             self._e0, self._t0 = self.energy.read_j(), time.perf_counter()
             self._marks = [self._t0]
+            if self.tracer is not None:
+                self.tracer.__enter__()
         elif start < self.steps <= start + self.active:
             if self.steps == start + self.active:
                 self._sync()
             self._marks.append(time.perf_counter())
+            if self.tracer is not None:
+                self.tracer.step()
             if self.steps == start + self.active:
                 self._e1 = self.energy.read_j()
-        self.prof.step()  # at start + active this exports the trace (on_trace_ready)
+                if self.tracer is not None:
+                    self.tracer.__exit__(None, None, None)  # writes the trace
+                    self._window()
+        if self.prof is not None:
+            self.prof.step()  # at start + active this exports the trace (on_trace_ready)
 
     def _export(self, prof) -> None:
         prof.export_chrome_trace(str(self.trace_file))
+        self._window()
+
+    def _window(self) -> None:
+        """The window's record beside the trace: its iterations' times and energy."""
         times = [b - a for a, b in zip(self._marks, self._marks[1:])]
         e1 = getattr(self, "_e1", None)
         e = None if self._e0 is None or e1 is None else e1 - self._e0
@@ -150,7 +174,10 @@ class ProfilerWindow:
                 file=sys.stderr,
             )
         try:
-            self.prof.stop()
+            if self.prof is not None:
+                self.prof.stop()
+            elif self.tracer is not None and not self.done and self._t0 is not None:
+                self.tracer.__exit__(RuntimeError, None, None)  # stop recording, write nothing
         except Exception:
             pass
 
@@ -247,6 +274,7 @@ def _arm() -> None:
                 wait=int(env.get(ENV_WAIT, 5)),
                 warmup=int(env.get(ENV_WARMUP, 2)),
                 active=int(env.get(ENV_ACTIVE, 3)),
+                capture=env.get(ENV_CAPTURE, "full"),
             )
         )
     if ENV_PROFILE_ITER in env:

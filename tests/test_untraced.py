@@ -195,3 +195,44 @@ def test_nvml_measurements_are_never_traced(monkeypatch):
     wl = {"kind": "command", "command": ["python", "train.py"], "nproc": 1, "wait": 1, "warmup": 1, "active": 3}
     assert dev.run(wl, 7, warmup=2) == "r"
     assert calls == [("segments", [(None, 7)])]
+
+
+def test_light_capture_in_the_job_records_with_cupti_only(tmp_path, monkeypatch):
+    """trace.capture=light on hardware: the rank's window records CUPTI activity (emo.trace.cupti)
+    over the active iterations, with its marks, and never starts torch.profiler (no CPU ops)."""
+    pytest.importorskip("torch")
+    from emo import capture
+    from emo.device import launcher
+    from emo.trace import cupti
+
+    seen: list = []
+
+    class FakeTracer:  # the cupti-python boundary: what the window asks of CuptiTracer
+        def __init__(self, path):
+            self.path = Path(path)
+
+        def __enter__(self):
+            seen.append("enter")
+            return self
+
+        def step(self):
+            seen.append("step")
+
+        def __exit__(self, *exc):
+            seen.append("exit")
+            self.path.write_text("{}")
+
+    monkeypatch.setattr(cupti, "CuptiTracer", FakeTracer)
+    w = capture.ProfilerWindow(tmp_path, wait=1, warmup=1, active=3, capture="light")
+    assert w.prof is None
+    for _ in range(6):
+        w.step()
+    w.close()
+    assert seen == ["enter", "step", "step", "step", "exit"]
+    record = json.loads(w.window_file.read_text())
+    assert record["iterations"] == 3 and w.trace_file.exists()
+    # the stage's choice reaches the rank through the launch environment
+    spec = launcher.CaptureSpec.from_workload(
+        {"command": ["python", "t.py"], "nproc": 1, "wait": 1, "warmup": 1, "active": 3}, capture="light"
+    )
+    assert launcher.build_env(spec, tmp_path)[launcher.ENV_CAPTURE] == "light"

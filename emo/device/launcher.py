@@ -29,6 +29,8 @@ ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_ACTIVE",
     "EMO_POLICY",
 )
+# What records the window (emo.device.CAPTURES): torch.profiler (full) or CUPTI activity records (light).
+ENV_CAPTURE = "EMO_CAPTURE_MODE"
 # Profiling on hardware (emo.device.nvml.profile_ranges): cudaProfilerStart/Stop around iteration N,
 # a process-wide window (kernels launched by autograd's own thread are inside it too).
 ENV_PROFILE_ITER = "EMO_PROFILE_ITERATION"
@@ -78,6 +80,7 @@ class CaptureSpec:
     wait: int = 5
     warmup: int = 2
     active: int = 3
+    capture: str = "full"
 
     def __post_init__(self):
         if not self.command:
@@ -89,7 +92,9 @@ class CaptureSpec:
             raise ValueError(f"emo trace: active and nproc must be >= 1, got {self.active}, {self.nproc}")
 
     @classmethod
-    def from_workload(cls, wl: Any, *, iterations: int | None = None, warmup: int | None = None) -> CaptureSpec:
+    def from_workload(
+        cls, wl: Any, *, iterations: int | None = None, warmup: int | None = None, capture: str = "full"
+    ) -> CaptureSpec:
         get = (lambda k: wl[k]) if isinstance(wl, dict) else (lambda k: getattr(wl, k))
         return cls(
             command=[str(c) for c in get("command")],
@@ -97,6 +102,7 @@ class CaptureSpec:
             wait=int(get("wait")),
             warmup=max(int(get("warmup")), warmup or 0),
             active=int(iterations) if iterations else int(get("active")),
+            capture=capture,
         )
 
 
@@ -206,6 +212,7 @@ def build_env(
             ENV_WAIT: str(spec.wait),
             ENV_WARMUP: str(spec.warmup),
             ENV_ACTIVE: str(spec.active),
+            ENV_CAPTURE: spec.capture,
             ENV_ITERATIONS: str(markers_needed(spec)),
             ENV_STOP: "1" if stop else "0",
             ENV_LAUNCH: uuid.uuid4().hex,

@@ -69,8 +69,8 @@ def nvml_init(nvml) -> None:
 
 
 PERMISSION_HINT = (
-    f"Run as root, or start zeusd (sudo zeusd --socket-path /var/run/zeusd.sock "
-    f"--socket-permissions 666) and export {SOCK_ENV}=/var/run/zeusd.sock"
+    f"Run as root, or start zeusd (sudo zeusd --socket-path /var/run/zeusd.sock --socket-permissions 660, "
+    f"the socket's group your jobs', with a token: docs/gpu.md) and export {SOCK_ENV}=/var/run/zeusd.sock"
 )
 
 
@@ -639,12 +639,7 @@ class NvmlDevice:
                 return self.run_segments(workload, [(policy, iterations)], warmup=warmup)[0]
             finally:
                 self.set_policy(policy)  # run_segments handed the clocks to the ranks for its launch
-        if capture != "full":  # the in-job window is torch.profiler's; a CUPTI-only window is not built yet
-            raise ValueError(
-                f"trace.capture={capture}: the nvml backend records with torch.profiler only (trace.capture=full); "
-                "a CUPTI-only capture runs as emo.trace.cupti.CuptiTracer inside your program"
-            )
-        spec = capture_.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup)
+        spec = capture_.CaptureSpec.from_workload(workload, iterations=iterations, warmup=warmup, capture=capture)
         out = Path(trace_dir)
         policy_file = None
         if self._policy is not None and any(len({s.sm_mhz for s in v}) > 1 for v in self._policy.steps.values()):
