@@ -236,9 +236,30 @@ def apply(
                 policy_device(policy, r, source)
         device = policy_device(policy, rank, source)
         devices = {device: rank_gpu(visible, local)}
+    world = int(os.environ["WORLD_SIZE"]) if launched and "WORLD_SIZE" in os.environ else None
+    check_fit(policy, source, control, sorted(set(devices.values())), world_size=world)
     applier = control.policy_applier(policy, devices=devices, **applier_options)
     _ACTIVE = Clocks(applier, rank=rank, device=device, source=source, report_dir=report_dir)
     return _ACTIVE
+
+
+def check_fit(
+    policy: FrequencyPolicy, source: str, control: Any, gpus: list[int], *, world_size: int | None = None
+) -> None:
+    """emo.policy.check_policy against each of `gpus` (NVML indices: its model and supported
+    clocks, read from the control) before any clock is changed: one line naming `source`."""
+    from emo.policy import check_policy
+
+    for g in gpus:
+        check_policy(
+            policy,
+            f"{source} (GPU {g})",
+            gpu_key=str(control.describe(g).get("name", "")),
+            clocks=control.supported_clocks(g),
+            world_size=world_size,
+        )
+    if not gpus:
+        check_policy(policy, source, world_size=world_size)
 
 
 @dataclass

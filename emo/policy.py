@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,9 +82,27 @@ class FrequencyPolicy:
     def from_dict(cls, d: dict) -> FrequencyPolicy:
         d = dict(d)
         d["steps"] = {
-            int(k): sorted((Step(float(s["t_ms"]), int(s["sm_mhz"])) for s in v), key=lambda s: s.t_ms)
-            for k, v in d["steps"].items()
+            _device(k, "steps"): sorted(
+                (
+                    Step(_finite(s["t_ms"], f"steps.{k}.t_ms"), _mhz(s["sm_mhz"], f"steps.{k}.sm_mhz"))
+                    for s in _list(v, f"steps.{k}")
+                ),
+                key=lambda s: s.t_ms,
+            )
+            for k, v in _mapping(d["steps"], "steps").items()
         }  # the sort is stable: a triggered policy's steps with equal t_ms keep their order
+        for key in ("period_ms", "budget", "lead_ms"):
+            if key in d:
+                d[key] = _finite(d[key], key, low=0.0)
+        d["meta"] = _mapping(d.get("meta") or {}, "meta")
+        if d["meta"].get("ranks") is not None:
+            ranks = _mapping(d["meta"]["ranks"], "meta.ranks")
+            d["meta"]["ranks"] = {
+                str(_device(r, "meta.ranks")): _device(v, f"meta.ranks.{r}") for r, v in ranks.items()
+            }
+            missing = sorted({v for v in d["meta"]["ranks"].values()} - set(d["steps"]))
+            if missing:
+                raise ValueError(f"meta.ranks maps ranks to device {missing[0]}, which has no schedule in steps")
         trig = d.get("trigger")
         d["trigger"] = None if trig is None else Trigger.from_dict(trig)
         return cls(**d)
@@ -100,6 +119,91 @@ class FrequencyPolicy:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a frequency policy ({e})") from e
+
+
+def _mapping(v, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"{where}: an object, got {type(v).__name__}")
+    return v
+
+
+def _list(v, where: str) -> list:
+    if not isinstance(v, list):
+        raise ValueError(f"{where}: a list of steps, got {type(v).__name__}")
+    return v
+
+
+def _finite(v, where: str, low: float | None = None) -> float:
+    """A JSON number that is one (not true/false, not Infinity or NaN, which Python's json reads)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{where}: a finite number, got {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"{where}: at least {low:g}, got {v!r}")
+    return float(v)
+
+
+def _mhz(v, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v) or v <= 0:
+        raise ValueError(f"{where}: a positive whole number of MHz, got {v!r}")
+    return int(v)
+
+
+def _device(v, where: str) -> int:
+    """A device or rank id: a non-negative integer, or its decimal string (JSON keys are strings)."""
+    text = str(v) if not isinstance(v, bool) else ""
+    if not text.isdigit() or isinstance(v, float):
+        raise ValueError(f"{where}: a device or rank id is a non-negative integer, got {v!r}")
+    return int(text)
+
+
+def check_clock(mhz: int, clocks: list[int], where: str) -> None:
+    """One clock request against the clocks its GPU supports (the clock owner checks every request)."""
+    if clocks and mhz not in clocks:
+        raise ValueError(
+            f"{where}: {mhz} MHz is not a clock this GPU supports ({min(clocks)}-{max(clocks)} MHz, "
+            f"{len(clocks)} steps; `emo gpu-config` lists them)"
+        )
+
+
+def model_matches(policy_gpu: str, gpu_key: str) -> bool:
+    """Whether a policy made for `policy_gpu` ("a100") fits a GPU whose model key is `gpu_key`
+    ("a100_sxm4_40gb"): the same key, or the key's first words."""
+    p, k = policy_gpu.lower(), gpu_key.lower()
+    return p == k or k.startswith(p + "_") or p in ("auto", "")
+
+
+def check_policy(
+    policy: FrequencyPolicy,
+    source: str,
+    *,
+    gpu_key: str | None = None,
+    clocks: list[int] | None = None,
+    world_size: int | None = None,
+) -> None:
+    """Before any clock is changed: the policy fits this GPU model, every clock it names is one the
+    GPU supports, and (under a launcher) it covers exactly the job's ranks. One-line ValueError
+    naming `source`; nothing checked here needs a GPU (the caller reads the model and clocks)."""
+    if not policy.steps or not any(policy.steps.values()):
+        raise ValueError(f"{source}: no clock steps for any device")
+    if gpu_key is not None and not model_matches(policy.gpu, gpu_key):
+        raise ValueError(f"{source}: made for GPU model {policy.gpu!r}, this GPU is {gpu_key!r}: optimize one for it")
+    for d, steps in sorted(policy.steps.items()):
+        for s in steps:
+            check_clock(s.sm_mhz, clocks or [], f"{source}: device {d} at t={s.t_ms:g} ms")
+    if world_size is not None:
+        ranks = policy.meta.get("ranks")
+        covered = sorted(int(r) for r in ranks) if ranks else sorted(policy.steps)
+        if covered != list(range(world_size)):
+            raise ValueError(
+                f"{source}: covers rank(s) {_span(covered)} but this job has WORLD_SIZE={world_size}: "
+                "optimize a policy for this job's ranks, or map its ranks in meta.ranks"
+            )
+
+
+def _span(xs: list[int]) -> str:
+    if len(xs) > 2 and xs == list(range(xs[0], xs[-1] + 1)):
+        return f"{xs[0]}-{xs[-1]}"
+    return ", ".join(map(str, xs)) or "none"
 
 
 @dataclass(frozen=True)

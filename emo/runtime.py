@@ -51,12 +51,37 @@ def refuse_triggered(policy: FrequencyPolicy, source: str = "policy") -> None:
         )
 
 
+def counts_text(s: dict, noun: str = "") -> str:
+    """`N landed, M failed` (`N <noun>landed`) and every other count that is not 0, in words (a
+    summary() or a rank's report; `emo apply` sums them over ranks)."""
+    text = f"{s['landed']} {noun}landed" + (
+        f" ({s['late']} late: after the next request was due)" if s.get("late") else ""
+    )
+    text += f", {s['failed']} failed"
+    for key, what in (
+        ("dropped", "dropped (the clock owner was resetting)"),
+        ("lost", "lost (the GPU was reset by someone else)"),
+        ("skipped", "skipped (planned past an early iteration marker)"),
+        ("resets_failed", "resets failed (run `emo reset-clocks`)"),
+    ):
+        if s.get(key):
+            text += f", {s[key]} {what}"
+    if s["landed"] == 0 and s.get("iterations"):
+        text += "; no clock was ever changed, so this run saved nothing"
+    return text
+
+
 class ClockRequestFailed(RuntimeError):
     """A clock request failed under strict=True: the job must not run on believing it was applied."""
 
 
 class RequestDropped(Exception):
-    """A request the setter deliberately did not make (its clocks are being reset): not a failure."""
+    """A request the setter deliberately did not make (its clocks are being reset): counted as dropped."""
+
+
+class ClockLost(Exception):
+    """The GPU's clock was reset or taken by someone else (`emo reset-clocks`, another job that found
+    this one's owner stuck): this job no longer holds it. Counted as lost."""
 
 
 class ClockSetter(Protocol):
@@ -71,9 +96,11 @@ class _DeviceThread(threading.Thread):
         self.applier, self.device, self.target, self.plan, self.first = applier, device, target, plan, first
         self.current: int | None = None
 
-    def _set(self, mhz: int) -> None:
+    def _set(self, mhz: int, until: float = float("inf")) -> None:
+        """Request `mhz` now; a request that lands after `until` (when the next one is due) is late."""
         if mhz != self.current:
-            self.applier._issue(self.target, mhz)
+            if self.applier._issue(self.target, mhz) and self.applier._clock() > until:
+                self.applier._count("late")
             self.current = mhz
 
     def run(self) -> None:
@@ -91,20 +118,30 @@ class _DeviceThread(threading.Thread):
                         self._set(self.first)
                     finally:
                         a._cond.acquire()
-                for issue in self.plan:
+                for i, issue in enumerate(self.plan):
                     deadline = t0 + issue.at_s
                     while not a._closed and a._generation == seen:
                         left = deadline - a._clock()
                         if left <= 0:
                             break
                         a._cond.wait(left)
-                    if a._closed or a._generation != seen:
-                        break  # a new iteration began: follow it
+                    if a._closed:
+                        break
+                    if a._generation != seen:  # a new iteration began: follow it, counting what it cut off
+                        a._count("skipped", len(self.plan) - i)
+                        break
                     a._cond.release()  # never hold the lock while NVML/zeusd works
                     try:
-                        self._set(issue.sm_mhz)
+                        self._set(issue.sm_mhz, t0 + self._next_at(i))
                     finally:
                         a._cond.acquire()
+
+    def _next_at(self, i: int) -> float:
+        """When the request after plan[i] is due, from the marker (the next iteration's first one for the last)."""
+        if i + 1 < len(self.plan):
+            return self.plan[i + 1].at_s
+        period_s = self.applier.policy.period_ms / 1000.0
+        return period_s + self.plan[0].at_s if period_s > 0 else float("inf")
 
 
 class PolicyApplier:
@@ -128,7 +165,10 @@ class PolicyApplier:
         self.setter = setter
         self.strict = strict
         self._pid = os.getpid()  # a forked child's copy of this applier does nothing
-        self.landed = self.failed = self.dropped = self.resets_failed = 0
+        # landed: made (late: after the next request was due); failed: refused or unanswered; dropped:
+        # not made, the owner was resetting; lost: the GPU was reset or taken by someone else; skipped:
+        # planned but cut off by an early iteration marker; resets_failed: a reset refused
+        self.landed = self.failed = self.dropped = self.lost = self.late = self.skipped = self.resets_failed = 0
         self._counts = threading.RLock()  # the GPUs' threads count at once (re-entrant: close() may run in a handler)
         self._landed_on: set[int] = set()  # GPUs some request landed on: only their failed resets matter
         self.first_error: str | None = None  # the one line printed for the first failure
@@ -158,31 +198,43 @@ class PolicyApplier:
         for t in self._threads:
             t.start()
 
-    def _issue(self, target: int, mhz: int) -> None:
+    def _count(self, counter: str, n: int = 1) -> None:
+        with self._counts:
+            setattr(self, counter, getattr(self, counter) + n)
+
+    def _issue(self, target: int, mhz: int) -> bool:
+        """Make one request; whether it landed."""
         if os.getpid() != self._pid:
-            return
+            return False
+        landed = False
         with self._requests[target]:
             if self._closed:  # closing: the reset must stay the last request
-                return
+                return False
             try:
                 self.setter.set_clock(target, mhz)
                 self.log.append((self._clock(), target, mhz))
                 with self._counts:
                     self.landed += 1
                     self._landed_on.add(target)
-            except RequestDropped:
-                with self._counts:
-                    self.dropped += 1
+                landed = True
+            except RequestDropped as e:
+                self._fail(e, f"GPU {target}: the SM clock request at {mhz} MHz was dropped", "dropped")
+            except ClockLost as e:
+                self._fail(e, f"GPU {target}: the SM clock at {mhz} MHz was not set", "lost")
             except BaseException as e:  # keep the training loop alive; said now, counted, raised by step() if strict
                 self._fail(e, f"GPU {target}: could not lock the SM clock at {mhz} MHz", "failed")
             if self._closed:  # close() gave up waiting for this request and reset before it landed
                 self._reset(target)
+        return landed
 
     def _reset(self, target: int) -> None:
         try:
             self.setter.reset_clock(target)
         except RequestDropped:
             pass
+        except ClockLost as e:  # someone else reset it (or holds it now): not ours to reset, but said
+            if target in self._landed_on:
+                self._fail(e, f"GPU {target}: the SM clock was reset by someone else", "lost")
         except BaseException as e:
             if target in self._landed_on:  # else nothing was changed that a reset must undo
                 self._fail(e, f"GPU {target}: could not reset the SM clock", "resets_failed")
@@ -199,29 +251,28 @@ class PolicyApplier:
             print(self.first_error, file=sys.stderr, flush=True)
 
     def summary(self) -> dict:
-        """What happened: requests landed / failed / dropped (the setter was resetting), failed resets,
-        iterations, and `applied`: some request landed and none failed (else report no savings)."""
+        """What happened: requests landed (late: after the next one was due), failed, dropped (the
+        setter was resetting), lost (someone else reset the GPU), skipped (cut off by an early
+        marker), failed resets, iterations, and `applied`: some request landed and none failed, was
+        dropped or lost (else report no savings)."""
         return {
             "landed": self.landed,
             "failed": self.failed,
             "dropped": self.dropped,
+            "lost": self.lost,
+            "late": self.late,
+            "skipped": self.skipped,
             "resets_failed": self.resets_failed,
             "iterations": self._generation,
-            "applied": self.landed > 0 and self.failed == 0,
+            "applied": self.landed > 0 and not (self.failed or self.dropped or self.lost),
             "first_error": self.first_error,
         }
 
     def summary_line(self) -> str:
-        s = self.summary()
-        line = f"emo: clock requests: {s['landed']} landed, {s['failed']} failed"
-        if s["resets_failed"]:
-            line += f", {s['resets_failed']} resets failed (run `emo reset-clocks`)"
-        if s["landed"] == 0 and s["iterations"]:
-            line += "; no clock was ever changed, so this run saved nothing"
-        return line
+        return "emo: clock requests: " + counts_text(self.summary())
 
     def _raise_if_failed(self) -> None:
-        if self.strict and (self.failed or self.resets_failed):
+        if self.strict and (self.failed or self.resets_failed or self.dropped or self.lost):
             assert self.first_error is not None  # _fail counts a failure and names the first one
             raise ClockRequestFailed(
                 f"{self.first_error.removeprefix('emo: ')} (strict: stopping; "
@@ -237,7 +288,7 @@ class PolicyApplier:
         a `ready` are taken in order by one thread that waits for each in turn."""
         if os.getpid() != self._pid:
             return
-        if self.strict and self.failed:
+        if self.strict and (self.failed or self.dropped or self.lost):
             self.close()
             self._raise_if_failed()
         if ready is None:

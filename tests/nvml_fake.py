@@ -32,12 +32,16 @@ def owner_env(log_path=None, **kw) -> dict:
     """Environment under which a process's clock owner (emo.device.clock_owner) uses a FakeNVML(**kw)
     that logs its calls to log_path: merge it into a subprocess's env, or monkeypatch it in."""
     import os
+    import tempfile
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    # each fake is a node of its own: its GPU lock records too (a shared log_path: the same node)
+    locks = f"{log_path}.locks" if log_path is not None else tempfile.mkdtemp(prefix="emo-fake-locks-")
     return {
         "EMO_CLOCK_OWNER_NVML": "nvml_fake:from_env",
         "PYTHONPATH": path,
+        "EMO_GPU_LOCK_DIR": locks,
         FAKE_ENV: json.dumps({**kw, "log_path": None if log_path is None else str(log_path)}),
     }
 

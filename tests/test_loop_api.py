@@ -153,7 +153,7 @@ def test_emo_apply_says_failed_resets_and_exits_by_the_shells_convention():
 
     reports = [{"rank": 0, "device": 0, "landed": 4, "failed": 0, "iterations": 3, "resets_failed": 1}]
     assert apply_cli.summary(reports)[-1] == (
-        "1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed: run `emo reset-clocks`"
+        "1 rank(s): 4 clock requests landed, 0 failed, 1 resets failed (run `emo reset-clocks`)"
     )
 
 

@@ -15,7 +15,8 @@ Routes, query fields and error bodies as in github.com/ml-energy/zeus at commit
   scope); a disabled API group answers 404 {"error": "API group '<g>' is not enabled on this server."}.
 `version="0.4"` answers /discover in 0.4's shape (gpu_ids, no gpus: zeus 0.16's client cannot read
 it); `version="0.2"` serves only the old `/gpu/{i}/...` JSON routes (EMO's client before issue 33),
-so /discover is an empty 404. `hang=True`: accept connections and never answer.
+so /discover is an empty 404. `hang=True`: accept connections and never answer; `slow_s`: wait that
+long before answering each change (POST).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import socketserver
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qsl, urlsplit
 
@@ -100,6 +102,8 @@ class _Handler(BaseHTTPRequestHandler):
             z.hung.wait()
             return
         url = urlsplit(self.path)
+        if method == "POST":
+            time.sleep(z.slow_s)  # a daemon slow to answer each change
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         z.requests.append((method, url.path, query))
         if z.version == "0.2":
@@ -166,8 +170,10 @@ class FakeZeusd:
         scopes=("gpu-read", "gpu-control"),
         groups=("gpu-read", "gpu-control"),
         hang: bool = False,
+        slow_s: float = 0.0,
     ):
         self.path, self.version, self.token, self.hang = str(path), version, token, hang
+        self.slow_s = slow_s
         self.scopes, self.groups = list(scopes), list(groups)
         self.nvml = nvml or nvml_fake.FakeNVML(gpus=2)
         self.requests: list[tuple[str, str, dict]] = []

@@ -31,34 +31,49 @@ def register(subparsers) -> None:
 
 
 def preflight(policy: Path) -> None:
-    """One line, before the job starts, for what would fail in every rank: no file, not a policy, no GPU."""
+    """One line, before the job starts, for what would fail in every rank: no file, not a policy, no GPU,
+    a policy made for another GPU model or naming clocks it does not support."""
+    from emo.device import gpu_locks
     from emo.device.control import open_control
+    from emo.loop import check_fit
     from emo.policy import FrequencyPolicy
     from emo.runtime import refuse_triggered
 
     if not policy.is_file():
         raise FileNotFoundError(f"{policy}: no such policy file")
-    refuse_triggered(FrequencyPolicy.load(policy), str(policy))
-    open_control().close()  # GpuAccessError: e.g. "cannot initialise NVML (...): no NVIDIA driver or GPU"
+    loaded = FrequencyPolicy.load(policy)
+    refuse_triggered(loaded, str(policy))
+    control = open_control()  # GpuAccessError: e.g. "cannot initialise NVML (...): no NVIDIA driver or GPU"
+    try:  # every GPU the job may use: its model and supported clocks (ranks are checked in each rank)
+        visible = control.visible()
+        check_fit(loaded, str(policy), control, visible)
+        for line in gpu_locks.recover(control.reset_sm_clock, visible):  # a dead job's locks: reset, said
+            print(f"emo: {line}", file=sys.stderr)
+        for rec in gpu_locks.held_by_others(visible):  # each rank refuses its own GPU if it is one of these
+            print(f"emo: warning: {gpu_locks.Held(rec)}: a rank given this GPU stops at its start", file=sys.stderr)
+    finally:
+        control.close()
 
 
 def read_reports(folder: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted(folder.glob("rank*.json"))]
 
 
+COUNTS = ("landed", "failed", "dropped", "lost", "late", "skipped", "resets_failed")
+NOT_APPLIED = ("failed", "dropped", "lost", "resets_failed")  # any of these: exit 1
+
+
 def summary(reports: list[dict]) -> list[str]:
+    from emo.runtime import counts_text
+
     lines = [
         f"rank {r['rank']} ({'every schedule' if r['device'] is None else 'policy device ' + str(r['device'])}): "
-        f"{r['landed']} clock requests landed, "
-        f"{r['failed']} failed over {r['iterations']} iterations" + (f" ({r['errors'][0]})" if r.get("errors") else "")
+        f"{counts_text(r, 'clock requests ')} over {r['iterations']} iterations"
+        + (f" ({r['errors'][0]})" if r.get("errors") else "")
         for r in reports
     ]
-    landed, failed = sum(r["landed"] for r in reports), sum(r["failed"] for r in reports)
-    unreset = sum(r.get("resets_failed", 0) for r in reports)
-    return lines + [
-        f"{len(reports)} rank(s): {landed} clock requests landed, {failed} failed"
-        + (f", {unreset} resets failed: run `emo reset-clocks`" if unreset else "")
-    ]
+    total = {k: sum(int(r.get(k, 0)) for r in reports) for k in COUNTS}
+    return lines + [f"{len(reports)} rank(s): {counts_text(total, 'clock requests ')}"]
 
 
 def _cmd_apply(args) -> int:
@@ -83,4 +98,4 @@ def _cmd_apply(args) -> int:
             file=sys.stderr,
         )
         return 1
-    return 1 if any(r["failed"] or r.get("resets_failed") for r in reports) else 0
+    return 1 if any(r.get(k) for r in reports for k in NOT_APPLIED) else 0

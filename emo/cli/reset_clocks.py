@@ -4,7 +4,8 @@ A training job's clocks come back by themselves however it dies, SIGKILL and os.
 clock owner (emo.device.clock_owner) resets them within a second. EMO's own stages restore theirs
 on exit, exceptions and SIGINT/SIGTERM/SIGHUP (emo.device.nvml). What needs this command: a node
 that crashed, a clock owner killed before it could reset (SIGKILL to it directly), or a SIGKILL to
-one of EMO's own stages (calibrate) while it held a clock.
+one of EMO's own stages (calibrate) while it held a clock. It removes the GPUs' lock records
+(emo.device.gpu_locks) and says whose they were; a live job whose GPU it reset reports the clock lost.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import sys
 
 
-def reset_clocks(gpus: list[int] | None = None, *, power: bool = False) -> list[int]:
-    """Reset locked SM clocks (and, with power=True, power limits) of `gpus` (default: all).
-    Returns the indices reset (NVML's on NVIDIA GPUs)."""
+def reset_clocks(gpus: list[int] | None = None, *, power: bool = False, said: list[str] | None = None) -> list[int]:
+    """Reset locked SM clocks (and, with power=True, power limits) of `gpus` (default: all), and remove
+    their lock records (emo.device.gpu_locks), one line in `said` per record found. Returns the
+    indices reset (NVML's on NVIDIA GPUs)."""
+    from emo.device import gpu_locks
     from emo.device.control import GpuAccessError, open_control
 
     control = open_control()
@@ -28,6 +31,13 @@ def reset_clocks(gpus: list[int] | None = None, *, power: bool = False) -> list[
             control.reset_sm_clock(g)
             if power:
                 control.reset_power_limit(g)
+            rec = gpu_locks.forget(g)
+            if rec is not None and said is not None:
+                said.append(
+                    f"GPU {g} was held by {rec.describe()}: reset anyway (that job reports its clock lost)"
+                    if rec.holder.alive()
+                    else f"GPU {g} was left locked by {rec.describe()}, now dead: reset"
+                )
         return targets
     finally:
         control.close()
@@ -54,7 +64,10 @@ def register(subparsers) -> None:
 
 
 def _cmd(args) -> int:
-    done = reset_clocks(_parse_gpus(args.gpus), power=args.power)
+    said: list[str] = []
+    done = reset_clocks(_parse_gpus(args.gpus), power=args.power, said=said)
+    for line in said:
+        print(f"emo reset-clocks: {line}", file=sys.stderr)
     what = "clocks and power limits" if args.power else "clocks"
     print(f"reset {what} of GPU {', '.join(map(str, done))}", file=sys.stdout)
     return 0

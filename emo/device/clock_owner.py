@@ -34,14 +34,16 @@ import sys
 import threading
 from pathlib import Path
 
+from emo.device import gpu_locks
 from emo.device.control import GpuAccessError
-from emo.runtime import RequestDropped
+from emo.runtime import ClockLost, RequestDropped
 
 RESET_BOUND_S = 1.0  # stated bound: the trainer's death to the last GPU reset (measured: milliseconds)
 START_S = 60.0  # the owner's start (a Python interpreter and emo.device.nvml)
 REPLY_S = 30.0  # one request: zeusd's own timeout is 5 s; NVML answers in milliseconds
 NVML_ENV = "EMO_CLOCK_OWNER_NVML"  # "module:factory" returning a pynvml stand-in (tests' NVML fake)
 DRAINING, OWNER_DIED = "owner resetting", "clock owner gone"
+HELD, LOST = "held by another job", "reset by someone else"  # the node's lock records (emo.device.gpu_locks)
 
 
 # --------------------------------------------------------------------------- the trainer's side
@@ -86,12 +88,28 @@ class ClockOwner:
                 self._sock.sendall((json.dumps({"id": rid, **req}) + "\n").encode())
                 answer = self._read(rid)
             except (OSError, ValueError) as e:
-                self._sock.close()  # a stuck owner sees EOF, resets and exits
-                self._sock = None
                 why = f"no answer in {REPLY_S:g}s" if isinstance(e, TimeoutError) else f"exit status {self.proc.poll()}"
-                raise GpuAccessError(f"{OWNER_DIED} ({why}): run `emo reset-clocks`", cause=OWNER_DIED) from e
+                raise GpuAccessError(f"{OWNER_DIED} ({why}): {self._replace()}", cause=OWNER_DIED) from e
         if not answer.get("ok"):
             raise _error(answer)
+
+    def _replace(self) -> str:
+        """The owner died or hangs: end it and start another, whose start-up resets the GPUs the dead
+        one left locked (their records name a dead owner, emo.device.gpu_locks) and says so; later
+        requests go to it. Returns what happened, in words."""
+        assert self._sock is not None  # called under the lock with the socket in use
+        self._sock.close()
+        self._sock = None
+        if self.proc.poll() is None:  # stuck (a hung zeusd call): its locks are reset by the next owner
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            fresh = spawn()
+        except GpuAccessError as e:
+            return f"no new one started ({e}): run `emo reset-clocks`"
+        self.proc, self._sock, self._buf, self._next = fresh.proc, fresh._sock, b"", 1
+        fresh._sock = None
+        return "a new clock owner reset the GPUs it left locked"
 
     def _read(self, rid: int) -> dict:
         sock = self._sock
@@ -127,12 +145,17 @@ class ClockOwner:
 
 
 class Dropped(GpuAccessError, RequestDropped):
-    """The owner got a signal, reset the clocks and takes no more locks: not a failure."""
+    """The owner got a signal, reset the clocks and takes no more locks: counted as dropped."""
+
+
+class Lost(GpuAccessError, ClockLost):
+    """The GPU's record is no longer this owner's: someone reset or took it. Counted as lost."""
 
 
 def _error(answer: dict) -> GpuAccessError:
     reason, cause = answer.get("error", "?"), answer.get("cause")
-    return (Dropped if cause == DRAINING else GpuAccessError)(reason, cause=cause, reason=reason)
+    kind = {DRAINING: Dropped, LOST: Lost}.get(cause or "", GpuAccessError)
+    return kind(reason, cause=cause, reason=reason)
 
 
 _OWNER: ClockOwner | None = None
@@ -244,8 +267,50 @@ def serve(sock: socket.socket, parent: int) -> int:
         ctl, init_error = ClockController.auto(nvml, guarded=False), None
     except GpuAccessError as e:
         ctl, init_error = None, e
-    locked: set[int] = set()
+    locked: set[int] = set()  # GPUs whose lock record is ours
+    changed: set[int] = set()  # ... and a set of ours landed on
     draining = False
+    me = gpu_locks.Holder.me(parent)
+    supported: dict[int, list[int]] = {}
+
+    def say(line: str) -> None:
+        print(f"emo clock owner: {line}", file=sys.stderr, flush=True)
+
+    def release(gpu: int) -> None:
+        """Reset `gpu` if its record is still ours (never another job's clock), and forget it."""
+        assert ctl is not None  # a GPU is only locked through a working controller
+        ours = gpu_locks.release(gpu, me, ctl.reset_clock)
+        locked.discard(gpu)
+        if not ours:
+            raise GpuAccessError(
+                f"GPU {gpu}: its clock was reset by someone else while this job held it ({_holder(gpu)})",
+                cause=LOST,
+                reason=f"reset by someone else ({_holder(gpu)})",
+            )
+
+    def take(gpu: int, mhz: int) -> None:
+        """Before a set: the clock is one the GPU supports, and the GPU is this job's on the node."""
+        if gpu not in supported:
+            supported[gpu] = _supported(nvml, gpu)
+        from emo.policy import check_clock
+
+        try:
+            check_clock(mhz, supported[gpu], f"GPU {gpu}")
+        except ValueError as e:
+            raise GpuAccessError(str(e), cause=zeusd.OUT_OF_RANGE, reason=str(e)) from None
+        if gpu in locked:
+            if gpu_locks.mine(gpu, me):
+                return
+            locked.discard(gpu)
+            why = f"reset by someone else ({_holder(gpu)})"
+            raise GpuAccessError(f"GPU {gpu}: {why}", cause=LOST, reason=why)
+        try:
+            stale = gpu_locks.acquire(gpu, me)
+        except gpu_locks.Held as e:
+            why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
+            raise GpuAccessError(why, cause=HELD, reason=why) from None
+        if stale is not None:
+            say(f"GPU {gpu} was left locked by {stale.describe()}, now dead: this job takes it over")
 
     def send(msg: dict) -> bool:
         try:
@@ -256,11 +321,11 @@ def serve(sock: socket.socket, parent: int) -> int:
 
     def reset_all() -> None:
         for gpu in sorted(locked):
-            assert ctl is not None  # a GPU is only locked through a working controller
             try:
-                ctl.reset_clock(gpu)
-                locked.discard(gpu)
+                release(gpu)
             except GpuAccessError as e:
+                if e.cause == LOST:  # another job's now, or reset already: not ours to reset
+                    continue
                 print(
                     f"emo clock owner: could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`",
                     file=sys.stderr,
@@ -281,20 +346,27 @@ def serve(sock: socket.socket, parent: int) -> int:
         assert ctl is not None  # ClockController.auto either returned one or set init_error
         try:
             if op == "set":
+                take(gpu, int(req["mhz"]))
+                locked.add(gpu)  # recorded as ours: reset at the end even if this set fails midway
                 ctl.set_clock(gpu, int(req["mhz"]))
-                locked.add(gpu)
+                changed.add(gpu)
             elif op == "reset":
-                ctl.reset_clock(gpu)
-                locked.discard(gpu)
+                if gpu in locked:  # a GPU this owner never locked is not its to reset (another job's)
+                    release(gpu)
             else:
                 return {"id": rid, "ok": False, "cause": zeusd.OTHER, "error": f"unknown request {op!r}"}
         except GpuAccessError as e:
-            if op == "set" and e.cause in (zeusd.UNREACHABLE, zeusd.OTHER):
-                locked.add(gpu)  # it may have landed before the answer was lost: reset it at the end
+            # refused outright (no permission, a bad clock) on a GPU no set of ours changed: drop its record
+            # unreset; unreachable or unknown: it may have landed before the answer was lost, reset at the end
+            if op == "set" and gpu in locked and gpu not in changed and e.cause not in (zeusd.UNREACHABLE, zeusd.OTHER):
+                gpu_locks.release(gpu, me, lambda g: None)
+                locked.discard(gpu)
             return {"id": rid, "ok": False, "cause": e.cause, "error": e.reason}
         return {"id": rid, "ok": True}
 
     if ctl:
+        for found in gpu_locks.recover(ctl.reset_clock):  # a dead owner's locks on this node: reset, said
+            say(found)
         hello = {"id": 0, "ok": True, "via": ctl.via}
     else:
         assert init_error is not None  # ClockController.auto either returned one or set init_error
@@ -328,6 +400,21 @@ def serve(sock: socket.socket, parent: int) -> int:
         if ctl is not None:
             reset_all()
     return 0
+
+
+def _supported(nvml, gpu: int) -> list[int]:
+    """The SM clocks GPU `gpu` supports at its highest memory clock ([] if NVML cannot say: unchecked)."""
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        mem = max(int(m) for m in nvml.nvmlDeviceGetSupportedMemoryClocks(h))
+        return sorted({int(c) for c in nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem)})
+    except Exception:  # a stand-in or driver without the query: zeusd/NVML still refuse a bad clock
+        return []
+
+
+def _holder(gpu: int) -> str:
+    rec = gpu_locks.read(gpu)
+    return f"now held by {rec.describe()}" if rec is not None else "`emo reset-clocks`, or a take-over of a stuck owner"
 
 
 class _BestEffort:

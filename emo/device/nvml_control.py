@@ -9,7 +9,7 @@ import contextlib
 import os
 from typing import Any
 
-from emo.device import clock_owner
+from emo.device import clock_owner, gpu_locks
 from emo.device import nvml as nv
 from emo.device.control import GpuAccessError, GpuControl
 from emo.policy import FrequencyPolicy
@@ -123,6 +123,12 @@ def nvml_applier(
             devices = {rank: visible[local]}
         else:
             devices = {d: visible[d] for d in policy.steps if d < len(visible)}
+    held = [r for r in gpu_locks.held_by_others(sorted(set(devices.values()))) if r.holder.trainer != os.getpid()]
+    if held:  # one owner per GPU on the node: said before any request, not as a failure of each
+        raise GpuAccessError(
+            f"{gpu_locks.Held(held[0])}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)",
+            cause=clock_owner.HELD,
+        )
     owner = clock_owner.owner()
     if strict and owner.error is not None:
         raise GpuAccessError(f"cannot control GPU clocks: {owner.error}", cause=owner.error.cause)

@@ -1,0 +1,281 @@
+"""One owner per GPU on a node: the on-disk record of every GPU whose clock an EMO clock owner locked.
+
+A record `gpu<N>.json` in lock_dir() says who holds GPU N (NVML index): the owner process and the
+trainer it serves (pid and start time, so a reused pid is not taken for them), the trainer's
+command, the user and since when. The clock owner (emo.device.clock_owner) writes it before its
+first clock change of a GPU and removes it after its reset; it resets only GPUs whose record is its
+own, so one job's end never resets another's GPU. A second job's owner is refused a GPU whose
+holder lives. A record whose owner or trainer is dead is stale: any EMO command that meets one
+(`emo apply`, a new clock owner, `emo reset-clocks`) resets that GPU and says so.
+
+All changes of the folder happen under one flock (LOCK_FILE), and an owner's reset with it: a
+holder's reset and another's take-over of its record never interleave. The folder is node-local
+(/tmp by default, EMO_GPU_LOCK_DIR elsewhere) and sticky like /tmp: a user cannot remove another's
+record. Records are plain JSON, never code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCK_DIR_ENV = "EMO_GPU_LOCK_DIR"
+DEFAULT_DIR = "/tmp/emo-gpu-locks"
+LOCK_FILE = ".flock"
+SETTLE_S = 2.0  # a live owner whose trainer died resets within clock_owner.RESET_BOUND_S: wait that long first
+
+
+def lock_dir() -> Path:
+    d = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR)
+    if not d.is_dir():
+        d.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # another user made it first: theirs to set
+            os.chmod(d, 0o1777)  # every user's jobs record here; sticky: none removes another's record
+    return d
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/<pid>/stat), None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            text = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A clock owner and the trainer it serves, as a record names them."""
+
+    pid: int
+    start: int | None
+    trainer: int
+    trainer_start: int | None
+
+    @classmethod
+    def me(cls, trainer: int) -> Holder:
+        return cls(os.getpid(), start_time(os.getpid()), trainer, start_time(trainer))
+
+    def alive(self) -> bool:
+        """Both the owner and its trainer run (the same processes, not a reused pid)."""
+        return start_time(self.pid) == self.start is not None and start_time(self.trainer) == self.trainer_start
+
+
+@dataclass(frozen=True)
+class Record:
+    gpu: int
+    holder: Holder
+    job: str
+    user: str
+    since: float
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        return (
+            f"EMO job {self.holder.trainer} of {self.user} (`{self.job}`, since {when}, clock owner {self.holder.pid})"
+        )
+
+    def to_json(self) -> str:
+        h = self.holder
+        return json.dumps(
+            {
+                "gpu": self.gpu,
+                "owner": h.pid,
+                "owner_start": h.start,
+                "trainer": h.trainer,
+                "trainer_start": h.trainer_start,
+                "job": self.job,
+                "user": self.user,
+                "since": self.since,
+            }
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Record | None:
+        """A record, or None for anything else (a cut-short write, a stranger's file)."""
+        try:
+            d = json.loads(text)
+            holder = Holder(int(d["owner"]), d["owner_start"], int(d["trainer"]), d["trainer_start"])
+            return cls(int(d["gpu"]), holder, str(d["job"]), str(d["user"]), float(d["since"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _path(gpu: int) -> Path:
+    return lock_dir() / f"gpu{int(gpu)}.json"
+
+
+def read(gpu: int) -> Record | None:
+    try:
+        return Record.parse(_path(gpu).read_text())
+    except OSError:
+        return None
+
+
+def records() -> list[Record]:
+    out = []
+    for f in sorted(lock_dir().glob("gpu*.json")):
+        with contextlib.suppress(OSError):
+            rec = Record.parse(f.read_text())
+            if rec is not None:
+                out.append(rec)
+    return out
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    fd = os.open(lock_dir() / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)  # every user's owners take it
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write(rec: Record) -> None:
+    path = _path(rec.gpu)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(rec.to_json())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _settled(rec: Record) -> Record | None:
+    """The record once a live owner whose trainer died had SETTLE_S to reset and remove it itself."""
+    h = rec.holder
+    if start_time(h.pid) != h.start or h.start is None:
+        return rec  # the owner is gone: nobody else will reset it
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        now = read(rec.gpu)
+        if now != rec:
+            return now
+        time.sleep(0.05)
+    return rec
+
+
+class Held(Exception):
+    """The GPU is held by another live EMO job."""
+
+    def __init__(self, rec: Record):
+        super().__init__(f"GPU {rec.gpu} is held by {rec.describe()}")
+        self.record = rec
+
+
+def acquire(gpu: int, me: Holder) -> Record | None:
+    """Record that `me` holds `gpu`. Raises Held if another live job does; returns the stale record it
+    replaced (its holder died without resetting: the caller's clock change overrides it), else None."""
+    stale = None
+    for _ in range(3):
+        rec = read(gpu)
+        if rec is not None and rec.holder != me and not rec.holder.alive():
+            rec = _settled(rec)
+        with _locked():
+            now = read(gpu)
+            if now is not None and now != rec:
+                continue  # changed while we waited: look again
+            if now is not None and now.holder == me:
+                return None
+            if now is not None and now.holder.alive():
+                raise Held(now)
+            stale = now
+            _write(Record(int(gpu), me, _cmdline(me.trainer), _user(), time.time()))
+            return stale
+    rec = read(gpu)
+    raise (
+        Held(rec)
+        if rec is not None and rec.holder != me
+        else RuntimeError(f"GPU {gpu}: its lock record keeps changing")
+    )
+
+
+def mine(gpu: int, me: Holder) -> bool:
+    rec = read(gpu)
+    return rec is not None and rec.holder == me
+
+
+def release(gpu: int, me: Holder, reset: Callable[[int], None]) -> bool:
+    """Reset `gpu` and remove its record if `me` holds it; else leave both (another job holds it, or
+    someone reset it already). Returns whether it was ours. `reset` raising keeps the record."""
+    with _locked():
+        rec = read(gpu)
+        if rec is None or rec.holder != me:
+            return False
+        reset(gpu)
+        with contextlib.suppress(FileNotFoundError):
+            _path(gpu).unlink()
+        return True
+
+
+def recover(reset: Callable[[int], None], gpus: list[int] | None = None) -> list[str]:
+    """Reset every GPU (of `gpus`, default all) whose recorded holder is dead and remove its record.
+    Returns one line per stale record found: reset, or why not."""
+    lines = []
+    for rec in records():
+        if (gpus is not None and rec.gpu not in gpus) or rec.holder.alive():
+            continue
+        rec2 = _settled(rec)
+        if rec2 != rec:
+            continue  # its owner reset it in the meantime
+        with _locked():
+            if read(rec.gpu) != rec:
+                continue
+            try:
+                reset(rec.gpu)
+            except Exception as e:  # no permission, zeusd gone: say so, keep the record for a later try
+                why = getattr(e, "reason", None) or str(e)
+                lines.append(
+                    f"GPU {rec.gpu} was left locked by {rec.describe()}, now dead; could not reset it ({why}): "
+                    "run `emo reset-clocks` as root"
+                )
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                _path(rec.gpu).unlink()
+        lines.append(f"GPU {rec.gpu} was left locked by {rec.describe()}, now dead: reset it")
+    return lines
+
+
+def forget(gpu: int) -> Record | None:
+    """Remove `gpu`'s record whoever holds it (`emo reset-clocks` reset the GPU by hand); the record removed."""
+    with _locked():
+        rec = read(gpu)
+        with contextlib.suppress(FileNotFoundError):
+            _path(gpu).unlink()
+        return rec
+
+
+def held_by_others(gpus: list[int], me: Holder | None = None) -> list[Record]:
+    """The live records of `gpus` held by another job than `me`."""
+    out = []
+    for g in gpus:
+        rec = read(g)
+        if rec is not None and rec.holder != me and rec.holder.alive():
+            out.append(rec)
+    return out

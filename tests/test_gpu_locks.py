@@ -1,0 +1,190 @@
+"""One owner per GPU on a node (issue 48 item 1), against the NVML fake: jobs (tests/lock_job.py)
+whose clock owners log to one file and share one lock folder, as two jobs on one node do.
+
+A second job on a held GPU is refused at its start in one line and never resets the first one's
+GPU; a job killed with its owner leaves a record that the next EMO command finds, resets and names;
+a stopped owner whose GPU was taken over does not reset it when continued; `emo reset-clocks`
+clears the records and says whose they were; an owner killed under its trainer is replaced and
+the new one resets what the dead one left locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emo.device import gpu_locks
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import nvml_fake  # noqa: E402
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node: one NVML fake log (every owner's clock calls, in order) and one lock folder."""
+    log = tmp_path / "node.jsonl"
+    locks = str(tmp_path / "locks")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **nvml_fake.owner_env(log, gpus=2), gpu_locks.LOCK_DIR_ENV: locks}
+    monkeypatch.setenv(gpu_locks.LOCK_DIR_ENV, locks)
+    return log, env
+
+
+def _job(node, gpu: int, seconds: float) -> subprocess.Popen:
+    log, env = node
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "lock_job.py"), str(log), str(gpu), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _ready(p: subprocess.Popen) -> int:
+    line = p.stdout.readline().split()
+    assert line[:1] == ["ready"], (line, p.stderr.read() if p.poll() is not None else "")
+    return int(line[1])
+
+
+def _mark(log: Path, what: str) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps([what]) + "\n")
+
+
+def _calls_after(log: Path, marker: str) -> list[tuple]:
+    calls = nvml_fake.read_log(log)
+    i = max(i for i, c in enumerate(calls) if c[0] == marker)
+    return calls[i + 1 :]
+
+
+def _until_closing(calls: list[tuple], gpu: int) -> list[tuple]:
+    out = []
+    for c in calls:
+        if c[:2] == ("closing", gpu):
+            break
+        out.append(c)
+    return out
+
+
+def _summary(p: subprocess.Popen) -> tuple[dict, str]:
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    return json.loads(out.splitlines()[-1]), err
+
+
+def test_a_second_job_on_a_held_gpu_is_refused_and_resets_nothing(node):
+    log, _ = node
+    first = _job(node, 0, 3.0)
+    try:
+        _ready(first)
+        _mark(log, "second starts")
+        second = _job(node, 0, 0.3)
+        out, err = second.communicate(timeout=60)
+        lines = [ln for ln in err.splitlines() if ln.startswith("emo")]
+        assert second.returncode == 2 and len(lines) == 1, err
+        assert f"GPU 0 is held by EMO job {first.pid} of " in lines[0] and "lock_job.py" in lines[0]
+        assert ("reset", 0) not in [c[:2] for c in _until_closing(_calls_after(log, "second starts"), 0)]
+        s, _ = _summary(first)
+        assert s["landed"] > 0 and s["failed"] == s["lost"] == 0, s
+    finally:
+        first.kill()
+
+
+def test_a_job_killed_with_its_owner_is_recorded_and_the_next_job_resets_its_gpu(node):
+    log, _ = node
+    first = _job(node, 0, 60.0)
+    owner = _ready(first)
+    os.kill(owner, signal.SIGKILL)
+    first.kill()  # both at once: an OOM kill of the job's cgroup
+    first.wait()
+    time.sleep(0.2)
+    rec = gpu_locks.read(0)
+    assert rec is not None and rec.holder.trainer == first.pid and not rec.holder.alive()
+    _mark(log, "killed")
+    assert ("reset", 0) not in [c[:2] for c in _calls_after(log, "killed")]
+    second = _job(node, 0, 0.3)
+    s, err = _summary(second)
+    assert f"GPU 0 was left locked by EMO job {first.pid} of " in err and "now dead" in err, err
+    clock_calls = [c[:2] for c in _calls_after(log, "killed") if c[0] in ("lock", "reset")]
+    assert clock_calls[0] == ("reset", 0)  # reset before the new job's first clock
+    assert s["landed"] > 0 and s["failed"] == 0 and gpu_locks.read(0) is None
+
+
+def test_a_stopped_owner_continued_after_a_take_over_resets_nothing(node):
+    log, _ = node
+    first = _job(node, 0, 60.0)
+    owner = _ready(first)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        first.kill()
+        first.wait()
+        second = _job(node, 0, 4.0)
+        _ready(second)  # took GPU 0 over from the stopped owner (its trainer is dead)
+        os.kill(owner, signal.SIGCONT)
+        _mark(log, "continued")
+        time.sleep(1.0)  # the continued owner sees its trainer gone and ends
+        s, err = _summary(second)
+        assert ("reset", 0) not in [c[:2] for c in _until_closing(_calls_after(log, "continued"), 0)]
+        assert "GPU 0 was left locked by" in err and s["lost"] == 0 and s["failed"] == 0, (s, err)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it ended itself once continued
+            os.kill(owner, signal.SIGCONT)
+            os.kill(owner, signal.SIGKILL)
+
+
+def test_emo_reset_clocks_clears_the_records_and_says_whose(node, monkeypatch, capsys):
+    from emo.cli import reset_clocks
+
+    log, _ = node
+    first = _job(node, 1, 60.0)
+    owner = _ready(first)
+    os.kill(owner, signal.SIGKILL)
+    first.kill()
+    first.wait()
+    nvml_fake.install(monkeypatch, gpus=2)
+    monkeypatch.setattr("emo.device.nvml.os.geteuid", lambda: 0)
+    args = type("A", (), {"gpus": "1", "power": False})()
+    assert reset_clocks._cmd(args) == 0
+    err = capsys.readouterr().err
+    assert f"GPU 1 was left locked by EMO job {first.pid} of " in err and gpu_locks.read(1) is None, err
+
+
+def test_an_owner_killed_under_a_live_trainer_is_replaced_and_its_gpu_reset(node, tmp_path):
+    """Killing the owner first: the trainer's next request fails (said), a new owner resets the GPU
+    the dead one left locked, and the job's later requests land again."""
+    log, env = node
+    code = f"""
+import sys, time, os, signal, json
+sys.path.insert(0, {str(HERE)!r})
+import nvml_fake
+sys.modules["pynvml"] = nvml_fake.FakeNVML(gpus=2)
+from emo.device import clock_owner
+from emo.device.nvml_control import nvml_applier
+from emo.policy import FrequencyPolicy, Step
+ap = nvml_applier(FrequencyPolicy(gpu="a100", steps={{0: [Step(0, 1410), Step(5, 900)]}}, period_ms=10),
+                  devices={{0: 0}}, lead_ms=0)
+for i in range(60):
+    ap.step()
+    time.sleep(0.01)
+    if i == 20:
+        os.kill(clock_owner._OWNER.proc.pid, signal.SIGKILL)
+ap.close()
+print(json.dumps(ap.summary()))
+"""
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout.splitlines()[-1])
+    assert s["failed"] >= 1 and s["landed"] > 20, s  # the request the death cut off, then landing again
+    assert "a new clock owner reset the GPUs it left locked" in p.stderr, p.stderr
+    assert "GPU 0 was left locked by" in p.stderr and gpu_locks.read(0) is None, p.stderr
+    calls = [c[:2] for c in nvml_fake.read_log(log) if c[0] in ("lock", "reset")]
+    assert calls[-1] == ("reset", 0)
