@@ -78,7 +78,7 @@ def check_describes_run(check: dict, where: str) -> None:
             f"{where}: the traced graph predicts {1e3 * float(pred):.3f} ms an iteration at the default clock, "
             f"the run measures {1e3 * float(meas):.3f} ms untraced ({err:+.1f} %, more than {allowed:.1f} %): "
             "the trace does not describe the run, so no policy is planned on it; trace with less overhead "
-            "(trace.capture=light) or more iterations (trace.iterations), see the graph stage's summary.json"
+            "(trace.capture=light) and measure the run untraced (trace.untraced_iterations > 0); the graph stage's summary.json `untraced` says what was corrected"
         )
 
 
