@@ -188,3 +188,29 @@ print(json.dumps(ap.summary()))
     assert "GPU 0 was left locked by" in p.stderr and gpu_locks.read(0) is None, p.stderr
     calls = [c[:2] for c in nvml_fake.read_log(log) if c[0] in ("lock", "reset")]
     assert calls[-1] == ("reset", 0)
+
+
+def test_emo_apply_resets_what_a_job_killed_with_its_owners_left_locked(tmp_path):
+    """Every process of the job SIGKILLed at once: `emo apply` itself finds the record after the job,
+    resets the GPU and says so (it printed `0 rank(s)` and nothing else before)."""
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"gpu": "a100", "steps": {"0": [{"t_ms": 0, "sm_mhz": 900}]}, "period_ms": 10}))
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import os, signal, sys, time\nimport emo\nfrom emo.device import clock_owner\n"
+        "with emo.apply(sys.argv[1]) as clocks:\n"
+        "    for _ in range(5):\n        clocks.step()\n        time.sleep(0.01)\n"
+        "    os.kill(clock_owner._OWNER.proc.pid, signal.SIGKILL)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "EMO_FAKE_GPU": "1", gpu_locks.LOCK_DIR_ENV: str(tmp_path / "locks")}
+    cli = "import sys; from emo.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-c", cli, "apply", "--policy", str(policy), "--", sys.executable, str(job), str(policy)]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 137, p.stderr  # the job's SIGKILL, by the shell's convention
+    line = [ln for ln in p.stderr.splitlines() if "was left locked" in ln]
+    assert (
+        len(line) == 1
+        and line[0].startswith("emo apply: GPU 0 was left locked by EMO job ")
+        and line[0].endswith("now dead: reset it")
+    ), p.stderr
+    assert not list((tmp_path / "locks").glob("gpu*.json"))

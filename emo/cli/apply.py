@@ -55,6 +55,21 @@ def preflight(policy: Path) -> None:
         control.close()
 
 
+def recover_left() -> list[str]:
+    """After the job: reset what its ranks' clock owners could not (the job's processes all killed at
+    once, an owner stopped), from their lock records (emo.device.gpu_locks); one line per GPU."""
+    from emo.device import gpu_locks
+    from emo.device.control import open_control
+
+    if not gpu_locks.records():
+        return []
+    control = open_control()
+    try:
+        return gpu_locks.recover(control.reset_sm_clock, control.visible())
+    finally:
+        control.close()
+
+
 def read_reports(folder: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted(folder.glob("rank*.json"))]
 
@@ -87,6 +102,8 @@ def _cmd_apply(args) -> int:
         rc = subprocess.run(build_command(spec), env=env).returncode
         reports = read_reports(Path(tmp))
     for line in summary(reports):
+        print(f"emo apply: {line}", file=sys.stderr)
+    for line in recover_left():
         print(f"emo apply: {line}", file=sys.stderr)
     if rc != 0:
         print(f"emo apply: {' '.join(command)} exited with status {rc}", file=sys.stderr)

@@ -32,7 +32,10 @@ SETTLE_S = 2.0  # a live owner whose trainer died resets within clock_owner.RESE
 
 
 def lock_dir() -> Path:
-    d = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR)
+    """EMO_GPU_LOCK_DIR, else the node's folder (a folder of its own for EMO_FAKE_GPU's fake GPUs, whose
+    indices are not the real ones)."""
+    fake = "-fake" if os.environ.get("EMO_FAKE_GPU") else ""
+    d = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR + fake)
     if not d.is_dir():
         d.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # another user made it first: theirs to set
