@@ -96,3 +96,21 @@ def test_emo_apply_sums_every_count_and_fails_on_dropped_or_lost():
         "2 rank(s): 420 clock requests landed (4 late: after the next request was due), 0 failed, "
         "90 dropped (the clock owner was resetting), 7 skipped (planned past an early iteration marker)"
     )
+
+
+@pytest.mark.parametrize("counter, status", [("dropped", 1), ("lost", 1), ("late", 0), ("skipped", 0)])
+def test_emo_apply_exits_1_when_a_rank_dropped_or_lost_clocks(tmp_path, monkeypatch, capsys, counter, status):
+    """A job whose rank reports `counter` (written as the injected applier writes it at exit)."""
+    import json
+    import sys
+
+    from emo.cli import main
+
+    monkeypatch.setenv("EMO_FAKE_GPU", "1")
+    monkeypatch.setenv("EMO_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    policy = tmp_path / "policy.json"
+    FrequencyPolicy(gpu="a100", steps={0: [Step(0, 1410)]}).save(policy)
+    rec = {"rank": 0, "device": 0, "landed": 210, "failed": 0, "iterations": 30, counter: 90, "errors": []}
+    job = f"import json, os; open(os.environ['EMO_APPLY_REPORT'] + '/rank00000.json', 'w').write({json.dumps(rec)!r})"
+    assert main(["apply", "--policy", str(policy), "--", sys.executable, "-c", job]) == status
+    assert f"90 {counter}" in capsys.readouterr().err
