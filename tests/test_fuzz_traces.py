@@ -1,7 +1,8 @@
 """A seeded fuzz of `emo analyze` (issue 36): a few hundred mutations of the bundled traces (fields
 removed, replaced by lists, huge or negative ids, text for numbers, deep nesting, events dropped or
 duplicated, bytes cut or flipped, gzip members spliced). Each must end in one line and an exit
-status != 0, or in an analysis whose replay error is 0: never a traceback, and within memory."""
+status != 0, or in an analysis whose replay error is 0 and which, where its numbers are not the
+undamaged trace's, carries a warning (issue 48): never a traceback, and within memory."""
 
 from __future__ import annotations
 
@@ -156,6 +157,11 @@ def _write(case, path: Path, rng: random.Random) -> None:
     return path
 
 
+def _numbers(s: dict) -> tuple[float, float, float]:
+    """What a damaged trace must not change without saying so: total slack, critical path, its GPU time."""
+    return round(sum(s["slack_us"].values()), 3), s["critical_path_us"], s["breakdown_us"]["gpu_compute"]
+
+
 def run_case(path: Path) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
@@ -167,6 +173,7 @@ def run_case(path: Path) -> tuple[int, str, str]:
 def test_fuzzed_traces_end_in_one_line_or_an_exact_replay(tmp_path):
     rng = random.Random(SEED)
     docs = [json.loads(gzip.decompress(p.read_bytes())) for p in BUNDLED]
+    clean = [_numbers(json.loads(run_case(p)[1])) for p in BUNDLED]
     failures = []
     for i in range(CASES):
         path = _write(mutate(docs[i % len(docs)], rng), tmp_path / f"case{i}.json", rng)
@@ -176,9 +183,11 @@ def test_fuzzed_traces_end_in_one_line_or_an_exact_replay(tmp_path):
             failures.append(f"case {i}: {type(e).__name__}: {str(e)[:200]}")
             continue
         if code == 0:
-            replay = json.loads(out)["replay_error_us"]
-            if replay != 0:
-                failures.append(f"case {i}: replay error {replay} us")
+            s = json.loads(out)
+            if s["replay_error_us"] != 0:
+                failures.append(f"case {i}: replay error {s['replay_error_us']} us")
+            if not s["warnings"] and _numbers(s) != clean[i % len(docs)]:
+                failures.append(f"case {i}: {_numbers(s)}, undamaged {clean[i % len(docs)]}, and no warning")
         elif not (err.startswith("emo: error: ") and err.count("\n") == 1 and str(path) in err):
             failures.append(f"case {i}: exit {code}, stderr {err[:300]!r}")
         path.unlink()

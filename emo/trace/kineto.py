@@ -18,7 +18,7 @@ import mmap
 import os
 import re
 from itertools import compress, count, repeat
-from operator import attrgetter, eq
+from operator import attrgetter, eq, index
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +234,13 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 
 def _int(v, default=-1) -> int:
-    """v as an int64; `default` for anything else (text such as "12", true, 1.5, a list, an id >= 2^63):
-    an id the trace did not write as an integer is not one."""
-    return v if type(v) is int and _INT64[0] <= v <= _INT64[1] else default
+    """v as an int64; `default` for anything else (text such as "12", 1.5, a list, an id >= 2^63): an
+    id the trace did not write as an integer is not one (true is 1, as Python's operator.index says)."""
+    try:
+        i = index(v)
+    except TypeError:
+        return default
+    return i if _INT64[0] <= i <= _INT64[1] else default
 
 
 # Categories as written (current lower-case and older capitalised ones), so no per-event .lower()
@@ -315,14 +319,11 @@ def _read_kineto(path: Path, rank: int | None):
         if not lo <= v < MAX_RANKS:  # (the graph keys nodes by rank below 2^23)
             raise ValueError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
     codes = _kinds(path, events)
-    warnings = _skipped(events)
-    index = np.flatnonzero(codes)
-    kept = list(map(events.__getitem__, index.tolist()))
     # only complete events are intervals
-    complete = np.fromiter(map(eq, map(_PH, kept), repeat("X")), dtype=bool, count=len(kept))
-    if not complete.all():
-        index = index[complete]
-        kept = list(map(events.__getitem__, index.tolist()))
+    complete_all = np.fromiter(map(eq, map(_PH, events), repeat("X")), dtype=bool, count=len(events))
+    warnings = _skipped(events, codes, complete_all)
+    index = np.flatnonzero((codes != 0) & complete_all)
+    kept = list(map(events.__getitem__, index.tolist()))
     codes = codes[index]
     kind_arr = _KIND_NAMES[codes]
     n = len(kept)
@@ -399,7 +400,7 @@ def _read_kineto(path: Path, rank: int | None):
         _sparse_text(c, need[at]) for c, at in ((sync_kind, ss), (pg, named), (granks, named | listed))
     )
     warnings += _doubtful_ids(codes, col["stream"], col["device"], pid, tid)
-    warnings += _dangling_flows(events, col["correlation"], ts, codes)
+    warnings += _dangling_flows(events, complete_all, col["correlation"], ts, codes)
     table = normalise(
         {
             "rank": np.full(n, rank, np.int32),
@@ -433,18 +434,16 @@ _HOST_CODES = [_CODE[k] for k in ("cpu_op", "annotation", "runtime")]
 _FLOW_END_CODES = [_CODE[k] for k in ("runtime", "kernel", "memcpy", "memset", "sync")]
 
 
-def _skipped(events: list) -> list[str]:
+def _skipped(events: list, codes: np.ndarray, complete: np.ndarray) -> list[str]:
     """What says an event was damaged before it was skipped: no valid phase ('ph'), or a complete
     event ('X') without a category (Kineto gives every one; without it the event's kind is unknown)."""
-    n = len(events)
-    ph = list(map(_PH, events))
-    bad_ph = n - sum(map(PHASES.__contains__, map(str, ph)))  # (str: a list is no phase, and unhashable)
-    complete = np.fromiter(map(eq, ph, repeat("X")), dtype=bool, count=n)
-    has_cat = np.fromiter(map(isinstance, map(_CAT, events), repeat(str)), dtype=bool, count=n)
+    other = map(_PH, compress(events, ~complete))  # (str: a list is no phase, and unhashable)
+    bad_ph = int((~complete).sum()) - sum(map(PHASES.__contains__, map(str, other)))
+    unknown = np.flatnonzero(complete & (codes == 0)).tolist()  # few: Kineto's "Trace", python_function
+    no_cat = sum(not isinstance(events[i].cat, str) for i in unknown)
     out = []
     if bad_ph:
         out.append(f"{bad_ph} events have no valid phase ('ph'): skipped, so what they were is missing")
-    no_cat = int((complete & ~has_cat).sum())
     if no_cat:
         out.append(f"{no_cat} complete events have no category ('cat'): skipped, so what they were is missing")
     return out
@@ -472,20 +471,43 @@ def _doubtful_ids(codes, stream, device, pid, tid) -> list[str]:
     return out
 
 
-def _dangling_flows(events: list, correlation: np.ndarray, start_ns: np.ndarray, codes: np.ndarray) -> list[str]:
+def _dangling_flows(
+    events: list, complete: np.ndarray, correlation: np.ndarray, start_ns: np.ndarray, codes: np.ndarray
+) -> list[str]:
     """Kineto draws each launch -> GPU op link as flow events (ac2g) placed on both ends: a runtime
     call or GPU op with the flow's id as correlation id, starting at the flow's time. A flow with no
     such event means events were dropped or moved."""
-    flows = list(compress(events, map(eq, map(_CAT, events), repeat("ac2g"))))
-    ids = np.array([_int(f.id) for f in flows], dtype=np.int64)
-    ts = np.array([f.ts if type(f.ts) in (int, float) and abs(f.ts) <= _MAX_US else np.nan for f in flows])
-    ok = (ids >= 0) & ~np.isnan(ts)
+    other = list(compress(events, ~complete))  # flows are 's' and 'f' events: look among the non-'X' ones
+    flows = list(compress(other, map(eq, map(_CAT, other), repeat("ac2g"))))
+    if not flows:
+        return []
+    ids = _ints(flows, "id")
+    try:
+        ts = np.fromiter(map(_TS, flows), dtype=np.float64, count=len(flows))
+    except (TypeError, ValueError):
+        ts = np.array([_float(t) for t in map(_TS, flows)])
+    ok = (ids >= 0) & (np.abs(ts) <= _MAX_US)
     at = np.isin(codes, _FLOW_END_CODES)
-    have = set(zip(correlation[at].tolist(), start_ns[at].tolist()))
-    lost = sum(k not in have for k in zip(ids[ok].tolist(), _us_to_ns(ts[ok]).tolist()))
+    c, t = np.r_[correlation[at], ids[ok]], np.r_[start_ns[at], _us_to_ns(ts[ok])]
+    if not len(c):
+        return []
+    t = t - t.min()
+    span, top = int(t.max()) + 1, int(c.max()) + 1
+    if top * span >= 2**62:  # (a damaged trace's huge ids or times): their ranks among the values seen
+        c, t = (np.unique(x, return_inverse=True)[1].astype(np.int64) for x in (c, t))
+        span = int(t.max()) + 1
+    key = c * span + t  # a (correlation, start) pair as one integer
+    m = int(at.sum())
+    have = np.sort(key[:m])
+    pos = np.minimum(np.searchsorted(have, key[m:]), m - 1) if m else np.zeros(len(key), np.int64)
+    lost = int((have[pos] != key[m:]).sum()) if m else len(key)
     if not lost:
         return []
     return [f"{lost} launch flows (ac2g) point at no event with their id at their time: events dropped or moved"]
+
+
+def _float(v) -> float:
+    return float(v) if type(v) in (int, float) else np.nan
 
 
 def _group_ranks(info: dict) -> dict[str, str]:
@@ -534,14 +556,12 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
 
 def _ints(objs: list, field: str) -> np.ndarray:
     """Field `field` of every object as int64; anything not an integer (a string pid like "Spans",
-    "12", true, 1.5, None) becomes -1."""
-    vals = list(map(attrgetter(field), objs))
-    if set(map(type, vals)) <= {int}:  # (numpy would take "12", true and 1.5 as numbers)
-        try:
-            return np.fromiter(vals, dtype=np.int64, count=len(vals))
-        except OverflowError:
-            pass
-    return np.array([_int(v) for v in vals], dtype=np.int64)
+    "12", 1.5, None) becomes -1."""
+    get = attrgetter(field)
+    try:  # (through operator.index: numpy alone would take "12" and 1.5 as numbers)
+        return np.fromiter(map(index, map(get, objs)), dtype=np.int64, count=len(objs))
+    except (TypeError, OverflowError):
+        return np.array([_int(v) for v in map(get, objs)], dtype=np.int64)
 
 
 def _explain_bad_event(path: Path, events: list, keep) -> None:
