@@ -201,3 +201,21 @@ def test_warnings_are_printed_and_reach_the_graph_summary(tmp_path, capsys):
     events.to_parquet(tmp_path / "events.parquet")  # as the trace stage hands them to the graph stage
     s = summary(build_graph(pd.read_parquet(tmp_path / "events.parquet")))
     assert any("no valid phase" in w for w in s["warnings"])
+
+
+def test_the_graph_stage_logs_the_warnings_and_writes_them(tmp_path, caplog):
+    import logging
+
+    from emo.stages import graph as stage
+    from emo.trace import read_trace
+
+    read_trace(write(tmp_path / "t.json", _one_removed("ph", "cudaStreamSynchronize"))).to_parquet(
+        tmp_path / "events.parquet"
+    )
+    (tmp_path / "measured.json").write_text("{}")  # a recorded trace: nothing measured
+    out = tmp_path / "out"
+    out.mkdir()
+    with caplog.at_level(logging.WARNING, logger="emo"):
+        stage.run({}, {"events": tmp_path / "events.parquet", "measured": tmp_path / "measured.json"}, out)
+    assert "graph: 1 events have no valid phase ('ph')" in caplog.text
+    assert any("no valid phase" in w for w in json.loads((out / "summary.json").read_text())["warnings"])
