@@ -1,8 +1,8 @@
 """An EMO job holding one GPU's clock (run by tests/test_gpu_locks.py).
 
-usage: python lock_job.py LOG GPU SECONDS. Its clock owner uses the NVML fake logging to LOG
+usage: python lock_job.py LOG GPU SECONDS [STOP]. Its clock owner uses the NVML fake logging to LOG
 (nvml_fake.owner_env in the environment, whose lock folder is the node's). It applies a two-step
-policy on NVML GPU `GPU` for SECONDS, printing `ready <owner pid>` once a request landed, writes
+policy on NVML GPU `GPU` for SECONDS (or until the file STOP exists), printing `ready <owner pid>` once a request landed, writes
 ["closing", GPU] to LOG, closes, and prints its summary as JSON. A refusal at its start is one line
 on stderr and exit status 2, as a rank under `emo apply` ends.
 """
@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nvml_fake  # noqa: E402
 
 log, gpu, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+stop = sys.argv[4] if len(sys.argv) > 4 else None
 sys.modules["pynvml"] = nvml_fake.FakeNVML(gpus=2)  # this process only reads; its owner changes clocks
 
 from emo.device import clock_owner  # noqa: E402
@@ -31,7 +32,7 @@ except GpuAccessError as e:
     sys.exit(2)
 said = False
 end = time.monotonic() + seconds
-while time.monotonic() < end:
+while time.monotonic() < end and not (stop and os.path.exists(stop)):
     ap.step()
     if ap.landed and not said:
         print("ready", clock_owner._OWNER.proc.pid, flush=True)

@@ -38,10 +38,10 @@ def node(tmp_path, monkeypatch):
     return log, env
 
 
-def _job(node, gpu: int, seconds: float) -> subprocess.Popen:
+def _job(node, gpu: int, seconds: float, stop: Path | None = None) -> subprocess.Popen:
     log, env = node
     return subprocess.Popen(
-        [sys.executable, str(HERE / "lock_job.py"), str(log), str(gpu), str(seconds)],
+        [sys.executable, str(HERE / "lock_job.py"), str(log), str(gpu), str(seconds), *([str(stop)] if stop else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,9 +81,9 @@ def _summary(p: subprocess.Popen) -> tuple[dict, str]:
     return json.loads(out.splitlines()[-1]), err
 
 
-def test_a_second_job_on_a_held_gpu_is_refused_and_resets_nothing(node):
+def test_a_second_job_on_a_held_gpu_is_refused_and_resets_nothing(node, tmp_path):
     log, _ = node
-    first = _job(node, 0, 3.0)
+    first = _job(node, 0, 120.0, stop=tmp_path / "stop")  # until the second job is done, however slow
     try:
         _ready(first)
         _mark(log, "second starts")
@@ -92,8 +92,9 @@ def test_a_second_job_on_a_held_gpu_is_refused_and_resets_nothing(node):
         lines = [ln for ln in err.splitlines() if ln.startswith("emo")]
         assert second.returncode == 2 and len(lines) == 1, err
         assert f"GPU 0 is held by EMO job {first.pid} of " in lines[0] and "lock_job.py" in lines[0]
-        assert ("reset", 0) not in [c[:2] for c in _until_closing(_calls_after(log, "second starts"), 0)]
+        (tmp_path / "stop").touch()
         s, _ = _summary(first)
+        assert ("reset", 0) not in [c[:2] for c in _until_closing(_calls_after(log, "second starts"), 0)]
         assert s["landed"] > 0 and s["failed"] == s["lost"] == 0, s
     finally:
         first.kill()
@@ -119,6 +120,10 @@ def test_a_job_killed_with_its_owner_is_recorded_and_the_next_job_resets_its_gpu
     assert s["landed"] > 0 and s["failed"] == 0 and gpu_locks.read(0) is None
 
 
+def _gone(pid: int) -> bool:
+    return gpu_locks.start_time(pid) is None
+
+
 def test_a_stopped_owner_continued_after_a_take_over_resets_nothing(node):
     log, _ = node
     first = _job(node, 0, 60.0)
@@ -127,11 +132,14 @@ def test_a_stopped_owner_continued_after_a_take_over_resets_nothing(node):
     try:
         first.kill()
         first.wait()
-        second = _job(node, 0, 4.0)
+        second = _job(node, 0, 120.0, stop=log.parent / "stop")
         _ready(second)  # took GPU 0 over from the stopped owner (its trainer is dead)
         os.kill(owner, signal.SIGCONT)
         _mark(log, "continued")
-        time.sleep(1.0)  # the continued owner sees its trainer gone and ends
+        deadline = time.monotonic() + 30
+        while not _gone(owner) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the continued owner sees its trainer gone and ends
+        (log.parent / "stop").touch()
         s, err = _summary(second)
         assert ("reset", 0) not in [c[:2] for c in _until_closing(_calls_after(log, "continued"), 0)]
         assert "GPU 0 was left locked by" in err and s["lost"] == 0 and s["failed"] == 0, (s, err)
@@ -214,3 +222,18 @@ def test_emo_apply_resets_what_a_job_killed_with_its_owners_left_locked(tmp_path
         and line[0].endswith("now dead: reset it")
     ), p.stderr
     assert not list((tmp_path / "locks").glob("gpu*.json"))
+
+
+def test_a_lock_folder_no_one_can_write_is_one_line_not_a_crash(node, tmp_path, monkeypatch):
+    """The records cannot be written (a folder another user made, a file in its place): the job's
+    first request says so in one line and nothing is changed; the owner lives on."""
+    log, env = node
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    env[gpu_locks.LOCK_DIR_ENV] = str(blocker / "locks")
+    p = _job((log, env), 0, 0.3)
+    out, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.startswith("emo: GPU 0")]
+    assert p.returncode == 0 and len(lines) == 1, err
+    assert "cannot record the GPU's lock in" in lines[0] and gpu_locks.LOCK_DIR_ENV in lines[0], err
+    assert "Traceback" not in err and not [c for c in nvml_fake.read_log(log) if c[0] == "lock"]

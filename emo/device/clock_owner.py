@@ -279,7 +279,12 @@ def serve(sock: socket.socket, parent: int) -> int:
     def release(gpu: int) -> None:
         """Reset `gpu` if its record is still ours (never another job's clock), and forget it."""
         assert ctl is not None  # a GPU is only locked through a working controller
-        ours = gpu_locks.release(gpu, me, ctl.reset_clock)
+        try:
+            ours = gpu_locks.release(gpu, me, ctl.reset_clock)
+        except OSError as e:  # the records cannot be read or locked: reset anyway, ours as far as we know
+            say(f"GPU {gpu}: the lock records in {gpu_locks.lock_dir()} failed ({e}): resetting without them")
+            ctl.reset_clock(gpu)
+            ours = True
         locked.discard(gpu)
         if not ours:
             raise GpuAccessError(
@@ -309,6 +314,12 @@ def serve(sock: socket.socket, parent: int) -> int:
         except gpu_locks.Held as e:
             why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
             raise GpuAccessError(why, cause=HELD, reason=why) from None
+        except OSError as e:  # e.g. a lock folder another user made without write access for all
+            why = (
+                f"cannot record the GPU's lock in {gpu_locks.lock_dir()} ({e.strerror or e}): "
+                f"set {gpu_locks.LOCK_DIR_ENV} to a folder every EMO user of this node can write"
+            )
+            raise GpuAccessError(why, cause=zeusd.OTHER, reason=why) from None
         if stale is not None:
             say(f"GPU {gpu} was left locked by {stale.describe()}, now dead: this job takes it over")
 
@@ -365,8 +376,11 @@ def serve(sock: socket.socket, parent: int) -> int:
         return {"id": rid, "ok": True}
 
     if ctl:
-        for found in gpu_locks.recover(ctl.reset_clock):  # a dead owner's locks on this node: reset, said
-            say(found)
+        try:
+            for found in gpu_locks.recover(ctl.reset_clock):  # a dead owner's locks on this node: reset, said
+                say(found)
+        except OSError as e:  # an unusable lock folder is said at the first set; not a reason to stop here
+            say(f"cannot read the GPU lock records in {gpu_locks.lock_dir()} ({e.strerror or e})")
         hello = {"id": 0, "ok": True, "via": ctl.via}
     else:
         assert init_error is not None  # ClockController.auto either returned one or set init_error

@@ -37,8 +37,8 @@ def lock_dir() -> Path:
     fake = "-fake" if os.environ.get("EMO_FAKE_GPU") else ""
     d = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR + fake)
     if not d.is_dir():
-        d.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):  # another user made it first: theirs to set
+        with contextlib.suppress(OSError):  # cannot make it: the first write says so, where it is handled
+            d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o1777)  # every user's jobs record here; sticky: none removes another's record
     return d
 
@@ -77,7 +77,9 @@ class Holder:
 
     def alive(self) -> bool:
         """Both the owner and its trainer run (the same processes, not a reused pid)."""
-        return start_time(self.pid) == self.start is not None and start_time(self.trainer) == self.trainer_start
+        if self.start is None or self.trainer_start is None:
+            return False
+        return start_time(self.pid) == self.start and start_time(self.trainer) == self.trainer_start
 
 
 @dataclass(frozen=True)
@@ -185,10 +187,17 @@ def _settled(rec: Record) -> Record | None:
 
 
 class Held(Exception):
-    """The GPU is held by another live EMO job."""
+    """The GPU is held by another live EMO job (dead=True: a dead one of another user, whose record
+    only root or its user may remove)."""
 
-    def __init__(self, rec: Record):
-        super().__init__(f"GPU {rec.gpu} is held by {rec.describe()}")
+    def __init__(self, rec: Record, dead: bool = False):
+        text = (
+            f"GPU {rec.gpu} was left locked by {rec.describe()}, now dead, whose record this user cannot "
+            "replace: run `emo reset-clocks` as root or as that user"
+            if dead
+            else f"GPU {rec.gpu} is held by {rec.describe()}"
+        )
+        super().__init__(text)
         self.record = rec
 
 
@@ -209,7 +218,11 @@ def acquire(gpu: int, me: Holder) -> Record | None:
             if now is not None and now.holder.alive():
                 raise Held(now)
             stale = now
-            _write(Record(int(gpu), me, _cmdline(me.trainer), _user(), time.time()))
+            try:
+                _write(Record(int(gpu), me, _cmdline(me.trainer), _user(), time.time()))
+            except PermissionError:  # a dead holder of another user: its record cannot be replaced
+                assert now is not None  # a fresh name in the sticky folder is always ours to make
+                raise Held(now, dead=True) from None
             return stale
     rec = read(gpu)
     raise (
@@ -232,8 +245,7 @@ def release(gpu: int, me: Holder, reset: Callable[[int], None]) -> bool:
         if rec is None or rec.holder != me:
             return False
         reset(gpu)
-        with contextlib.suppress(FileNotFoundError):
-            _path(gpu).unlink()
+        _remove(gpu)
         return True
 
 
@@ -259,18 +271,31 @@ def recover(reset: Callable[[int], None], gpus: list[int] | None = None) -> list
                     "run `emo reset-clocks` as root"
                 )
                 continue
-            with contextlib.suppress(FileNotFoundError):
-                _path(rec.gpu).unlink()
-        lines.append(f"GPU {rec.gpu} was left locked by {rec.describe()}, now dead: reset it")
+            kept = (
+                ""
+                if _remove(rec.gpu)
+                else " (its record, another user's, stays: `emo reset-clocks` as root removes it)"
+            )
+        lines.append(f"GPU {rec.gpu} was left locked by {rec.describe()}, now dead: reset it{kept}")
     return lines
+
+
+def _remove(gpu: int) -> bool:
+    """Remove `gpu`'s record; False when it is another user's in the sticky folder (kept)."""
+    try:
+        _path(gpu).unlink()
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        return False
+    return True
 
 
 def forget(gpu: int) -> Record | None:
     """Remove `gpu`'s record whoever holds it (`emo reset-clocks` reset the GPU by hand); the record removed."""
     with _locked():
         rec = read(gpu)
-        with contextlib.suppress(FileNotFoundError):
-            _path(gpu).unlink()
+        _remove(gpu)
         return rec
 
 
