@@ -15,8 +15,10 @@ it returns after close() gave up waiting for it.
 
 A failed request is said at once: the first one prints one line to stderr (the GPU, the clock, the
 cause and what to do, from the setter's error), every one is counted, and close() prints how many
-landed and failed. With strict=True the next step() (and leaving the `with` block) raises
-ClockRequestFailed after resetting, so the job stops with a non-zero status instead of running on at
+landed and failed, and every other count that is not 0: dropped (the setter was resetting), lost
+(someone else reset the GPU), late (landed after the next request was due) and skipped (planned
+past an early iteration marker). With strict=True the next step() (and leaving the `with` block) raises
+ClockRequestFailed after resetting (a dropped or lost request too), so the job stops with a non-zero status instead of running on at
 clocks it never got; summary()["applied"] is False when no request landed, and then no saving may be
 claimed. In a forked child (a DataLoader worker) the inherited applier does nothing at all: it has no
 threads there, and step() and close() neither set nor reset the parent's GPUs.

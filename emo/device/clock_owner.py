@@ -17,6 +17,13 @@ the clocks are already back. No PR_SET_PDEATHSIG: it would kill the owner with t
 very moment it must reset. A forked child of the trainer has no access to the owner (its copy of
 the socket is closed at fork) and its inherited appliers refuse to act (emo.runtime).
 
+One owner per GPU on the node: before its first change of a GPU it records the lock
+(emo.device.gpu_locks), is refused a GPU another live job holds (cause HELD), resets only GPUs whose
+record is still its own (a GPU reset or taken over by someone else answers cause LOST), and at its
+start resets the GPUs dead owners left locked, saying so. Every clock asked for is checked against
+the GPU's supported clocks first (out of range). When it dies under a live trainer, the trainer's
+handle starts a new owner, whose start resets what the dead one held.
+
 Protocol: one JSON object per line. Request {"id", "op": "set"|"reset", "gpu", "mhz"}; answer
 {"id", "ok": true} or {"id", "ok": false, "cause", "error"}; the first line the owner writes is
 a hello ({"id": 0, "ok", "via"} or the error that stops it from controlling clocks).
