@@ -176,10 +176,21 @@ def test_an_nsys_export_whose_string_table_names_no_call_is_refused(tmp_path, ca
     assert f"{p}: 3048 of 3048 CUDA API calls" in err and "StringIds" in err
 
 
-def test_an_nsys_export_with_some_calls_unnamed_is_flagged(tmp_path, capsys):
+def test_an_nsys_export_with_its_synchronising_calls_unnamed_is_refused(tmp_path, capsys):
+    """Was: gpu_compute 46143 us on the critical path instead of 294405 (each cudaDeviceSynchronize
+    unnamed, so no wait), exit 0 and no note."""
     p = _nsys(tmp_path, "delete from StringIds where value like 'cudaDevice%'")
+    code, _, err = analyze(p, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"{p}: 1312 of 1312 synchronising CUDA calls have no name in StringIds" in err
+
+
+def test_an_nsys_export_with_some_other_calls_unnamed_is_flagged(tmp_path, capsys):
+    clean = analyze(real("pipit_nsys_cloverleaf_a100.sqlite"), capsys)[1]
+    p = _nsys(tmp_path, "delete from StringIds where value like 'cudaMalloc%' or value like 'cudaLaunch%'")
     code, s, _ = analyze(p, capsys)
-    assert code == 0 and warned(s, "1312 of 3048 CUDA API calls", "not recognised")
+    assert code == 0 and warned(s, "1388 of 3048 CUDA API calls", "not recognised")
+    assert s["critical_path_us"] == clean["critical_path_us"]
 
 
 def test_kernels_unnamed_in_an_nsys_export_are_flagged(tmp_path, capsys):

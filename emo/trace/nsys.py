@@ -170,6 +170,8 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     y = _table(
         con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "start, end, deviceId, streamId, correlationId, globalPid"
     )
+    if y is not None and len(y) and rt is not None and len(rt):
+        _unnamed_syncs(path, names, rt["correlationId"], y["correlationId"])
     if y is not None and len(y):
         kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
         rows = _gpu_rows(y, "sync", kind)
@@ -206,6 +208,17 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     )
     table.attrs["warnings"] = warnings
     return table
+
+
+def _unnamed_syncs(path: Path, names: pd.Series, call_corr: pd.Series, sync_corr: pd.Series) -> None:
+    """A call that waited on the GPU (its correlation id has a SYNCHRONIZATION row) without its name:
+    whether it waited for one stream, an event or the whole device is unknown, and so is the graph."""
+    bad = ~names.str.match(_CUDA_CALL) & call_corr.isin(sync_corr)
+    if bad.any():
+        raise ValueError(
+            f"{path}: {int(bad.sum())} of {int(call_corr.isin(sync_corr).sum())} synchronising CUDA calls have no "
+            "name in StringIds: what each waited for is unknown (a damaged export?)"
+        )
 
 
 def _unnamed_calls(path: Path, names: pd.Series) -> list[str]:
