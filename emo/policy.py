@@ -166,10 +166,12 @@ def check_clock(mhz: int, clocks: list[int], where: str) -> None:
 
 
 def model_matches(policy_gpu: str, gpu_key: str) -> bool:
-    """Whether a policy made for `policy_gpu` ("a100") fits a GPU whose model key is `gpu_key`
-    ("a100_sxm4_40gb"): the same key, or the key's first words."""
-    p, k = policy_gpu.lower(), gpu_key.lower()
-    return p == k or k.startswith(p + "_") or p in ("auto", "")
+    """Whether a policy made for `policy_gpu` ("a100", "rtx3080ti") fits a GPU whose model key is
+    `gpu_key` ("a100_sxm4_40gb", "rtx3080_ti"): the key's first words, joined by "_" or nothing
+    ("a10" is not "a100_sxm4")."""
+    p, words = policy_gpu.lower(), gpu_key.lower().split("_")
+    heads = {sep.join(words[:n]) for n in range(1, len(words) + 1) for sep in ("_", "")}
+    return p in heads or p in ("auto", "")
 
 
 def check_policy(

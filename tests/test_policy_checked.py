@@ -112,3 +112,23 @@ def test_the_clock_owner_refuses_a_clock_the_gpu_does_not_support(fake):
     assert e.value.cause == "out of range"
     owner.set_clock(0, 900)  # a supported one lands
     assert [c[:3] for c in fake.calls if c[0] == "lock"] == [("lock", 0, 900)]
+
+
+@pytest.mark.parametrize(
+    "policy_gpu, key, fits",
+    [
+        ("a100", "a100_sxm4_80gb", True),
+        ("h100", "h100_80gb_hbm3", True),
+        ("rtx3080ti", "rtx3080_ti", True),
+        ("v100", "v100_sxm2_32gb", True),
+        ("h200", "h200", True),
+        ("auto", "h200", True),
+        ("a10", "a100_sxm4_80gb", False),
+        ("h100", "h200", False),
+        ("a100_sxm4_80gb", "a100_sxm4_40gb", False),
+    ],
+)
+def test_a_policy_fits_the_models_its_name_starts(policy_gpu, key, fits):
+    from emo.policy import model_matches
+
+    assert model_matches(policy_gpu, key) is fits
