@@ -136,7 +136,7 @@ def untrace(
     delta, p_fit = fit_overhead(graph, counts, anchors, target, tol)
     dur = graph.nodes["dur_ns"].to_numpy(np.int64)
     new = corrected(graph.nodes, counts, delta)
-    info = {
+    info: dict[str, object] = {
         "corrected": delta > 0,
         "records": int(counts.sum()),
         "traced_iteration_ms": p_traced / 1e6,
