@@ -394,3 +394,136 @@ def test_a_broken_stage_file_is_one_line_naming_it(tmp_path, name, read):
     path.write_text('{"clock_latency_ms": ')
     with pytest.raises(ValueError, match=rf"{name}: not valid JSON"):
         read(path)
+
+
+# --------------------------------------------------------------------------- the virtual A100's latency, from hardware
+# benchmarks/perseus_clock_latency.py on Perseus's SOSP'24 A100 runs (docs/virtual-gpu.md, "Clock-request
+# latency"): the fit conf/gpu/a100.yaml carries, and what the sampled virtual latency must reproduce.
+PERSEUS_A100 = {"p5": 1.49, "p50": 3.67, "p95": 9.06, "slope": 3.37, "stall": 0.0033}
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _bench(name: str):
+    """A benchmarks/ script as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _a100_latencies(target_mhz: int, n: int, seed: int = 0):
+    import numpy as np
+    import yaml
+
+    from emo.device.sim import SimDevice
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "gpu" / "a100.yaml").read_text())
+    cfg.pop("defaults", None)
+    dev = SimDevice(cfg)
+    rng = np.random.default_rng(seed)
+    ci = dev.clocks.index(target_mhz)
+    return np.array([dev.gp.clock_delay_ns(rng, ci) for _ in range(n)]) / 1e6, dev
+
+
+def test_virtual_a100_latency_is_the_one_perseus_runs_show():
+    import numpy as np
+
+    low, dev = _a100_latencies(1050, 60000)  # below the knee, as Perseus's steps down (to 960-1065 MHz)
+    assert np.percentile(low, 5) == pytest.approx(PERSEUS_A100["p5"], rel=0.05)
+    assert np.percentile(low, 50) == pytest.approx(PERSEUS_A100["p50"], rel=0.05)
+    assert np.percentile(low, 95) == pytest.approx(PERSEUS_A100["p95"], rel=0.05)
+    # stalls (>= 20 ms on top of the body): beyond 25 ms the body has ~0.02 %, so the share there is theirs
+    assert np.mean(low > 25.0) == pytest.approx(PERSEUS_A100["stall"], rel=0.25)
+    # the steps up (to 1365-1380 MHz) took several times as long: the target above the knee
+    high, _ = _a100_latencies(1380, 20000, seed=1)
+    share = (1380 - dev.gp.p.knee_mhz) / (1410 - dev.gp.p.knee_mhz)
+    want = PERSEUS_A100["p50"] * (1 + PERSEUS_A100["slope"] * share)
+    assert np.median(high) == pytest.approx(want, rel=0.05)
+    assert 12.0 < np.median(high) < 18.0  # Perseus's steps up: 13.2 ms raw median, 14.0 fitted alone
+
+
+def test_merak_order_has_one_instruction_per_power_state():
+    merak_order = _bench("perseus_clock_latency").merak_order
+
+    # Perseus's 4-stage gpt3-xl run (128 micro-batches) holds 518, 520, 518, 516 power states per rank
+    orders = [merak_order(4, s, 128) for s in range(4)]
+    assert [len(o) for o in orders] == [518, 520, 518, 516]
+    for s, o in enumerate(orders):
+        assert o.count("F") == o.count("B") == 128 and o[-3:] == ["C", "C", "O"]
+        assert o.count("L") == (128 if s in (0, 3) else 0)
+        assert o.index("B") > o.index("F") + 2 * (3 - s) - 1  # 1F1B: 3 - s warm-up forwards before the first backward
+    assert merak_order(2, 0, 2) == ["L", "F", "P", "L", "F", "P", "B", "P", "B", "C", "C", "O"]
+
+
+def _fake_merak_runs(root: Path, m0: float, sigma: float, slope: float, seed: int = 0) -> None:
+    """Perseus-format runs (2 stages, 32 micro-batches, 4 plans of random clocks) whose clock requests
+    land after a known latency: lognormal, median m0 (1 + slope x) for a target x of the way from the
+    knee to the max clock."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    pcl = _bench("perseus_clock_latency")
+    FMAX_MHZ, KNEE_MHZ, RUNS, merak_order = pcl.FMAX_MHZ, pcl.KNEE_MHZ, pcl.RUNS, pcl.merak_order
+
+    rng = np.random.default_rng(seed)
+    folder = root / RUNS / "merak+toy+custom+dp1+pp2+tp1+mbs1+nmb32+PointSolution"
+    folder.mkdir(parents=True)
+    base = {"F": 40.0, "B": 100.0}  # ms at the max clock; compute-bound: x fmax / f
+    clocks = [1050, 1380]
+    for n in range(4):
+        sched, prof = [], []
+        for stage in range(2):
+            order = merak_order(2, stage, 32)
+            ps, last = [], 1410
+            for k in order:  # compute instructions draw a clock, the rest keep the one before
+                last = int(rng.choice(clocks)) if k in "FB" else last
+                ps.append(last)
+            times = {"forward": [], "backward": []}
+            for _ in range(4):  # iterations; the first is the warm-up
+                it = {"F": [], "B": []}
+                for i, k in enumerate(order):
+                    if k not in "FB":
+                        continue
+                    t_new, t_old = base[k] * FMAX_MHZ / ps[i], base[k] * FMAX_MHZ / ps[i - 1]
+                    t = t_new
+                    if ps[i] != ps[i - 1]:
+                        x = max(0.0, (ps[i] - KNEE_MHZ) / (FMAX_MHZ - KNEE_MHZ))
+                        lat = m0 * (1 + slope * x) * np.exp(sigma * rng.standard_normal())
+                        t = t_new - lat * (t_new / t_old - 1)
+                    it[k].append((t + rng.normal(0, 0.05)) / 1e3)
+                times["forward"].append(it["F"])
+                times["backward"].append(it["B"])
+            sched.append({"rank": stage, "power_states": ps})
+            prof.append({"rank": stage, "time_breakdown": times})
+        (folder / f"{n}.sched.json.gz").write_bytes(gzip.compress(json.dumps(sched).encode()))
+        (folder / f"{n}.prof.json.gz").write_bytes(gzip.compress(json.dumps(prof).encode()))
+
+
+def test_latency_estimate_recovers_a_known_latency(tmp_path, capsys):
+    import json
+
+    pcl = _bench("perseus_clock_latency")
+
+    _fake_merak_runs(tmp_path, m0=4.0, sigma=0.4, slope=2.5)
+    assert pcl.main(["--data", str(tmp_path), "--json", str(tmp_path / "fit.json")]) == 0
+    fit = json.loads((tmp_path / "fit.json").read_text())["fit"]
+    assert fit["n"] > 300
+    assert fit["m0_ms"] == pytest.approx(4.0, rel=0.1)
+    assert fit["sigma"] == pytest.approx(0.4, rel=0.15)
+    assert fit["slope"] == pytest.approx(2.5, rel=0.15)
+    assert fit["outlier_share"] < 0.01
+    out = capsys.readouterr().out
+    assert out.startswith("toy: ") and "fit: m0 " in out
+
+
+def test_latency_estimate_without_runs_is_one_line(tmp_path, capsys):
+    pcl = _bench("perseus_clock_latency")
+
+    assert pcl.main(["--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no Merak runs" in err and str(tmp_path) in err

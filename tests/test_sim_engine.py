@@ -70,7 +70,7 @@ def test_clock_change_lands_after_a_heavy_tailed_latency() -> None:
     lo, hi = dev.phys.clock_delay_ms
     assert np.percentile(x, 5) == pytest.approx(lo, rel=0.1)  # 1005 MHz is below the knee: the plain body
     assert np.percentile(x, 50) == pytest.approx(np.sqrt(lo * hi), rel=0.1)
-    assert np.percentile(x, 99.5) > 2.5 * hi  # the tail
+    assert np.percentile(x, 100 * (1 - dev.phys.clock_tail_prob / 3)) > 2.5 * hi  # the tail: stalls reach far
     assert x.max() <= hi * 5 + dev.phys.clock_tail_max_ms
     up = np.array([dev.gp.clock_delay_ns(rng, len(dev.clocks) - 1) for _ in range(5000)]) / 1e6
     assert np.median(up) == pytest.approx((1 + dev.phys.clock_target_slope) * np.median(x), rel=0.1)
