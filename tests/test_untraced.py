@@ -236,3 +236,17 @@ def test_light_capture_in_the_job_records_with_cupti_only(tmp_path, monkeypatch)
         {"command": ["python", "t.py"], "nproc": 1, "wait": 1, "warmup": 1, "active": 3}, capture="light"
     )
     assert launcher.build_env(spec, tmp_path)[launcher.ENV_CAPTURE] == "light"
+
+
+def test_a_recorded_trace_is_warned_not_refused(caplog):
+    """A recorded trace's baseline is its own traced window: a mismatch is the model's, said in a
+    warning; the gate refuses only against a run measured untraced."""
+    from emo.stages.optimize import check_describes_run
+
+    rec = {
+        "default": {"predicted_iteration_s": 0.14, "measured_iteration_s": 0.1},
+        "iteration_time_sd_s": 0.001,
+        "baseline_source": "trace",
+    }
+    check_describes_run(rec, "trace")
+    assert "no untraced run" in caplog.text

@@ -258,6 +258,8 @@ def fit_workload(
         "time_levels_dropped": dropped,
         # one iteration's spread at the default clock, measured over many (optimize's tolerance)
         "iteration_time_sd_s": baseline.get("iteration_time_sd_s"),
+        # what measured the baseline: the run untraced (profile), or a recorded trace's own window
+        "baseline_source": baseline.get("source", "untraced"),
     }
 
     def versus(meas: dict, pol) -> dict:
