@@ -40,6 +40,9 @@ def a100():
                 "gpu.noise=0",
                 "gpu.physics.comm_sm_fraction=0",
                 "gpu.physics.comm_hbm_per_link_byte=0",
+                # and no profiler cost: each of its records is one more rounded timestamp, and this
+                # compares two traced runs to the ns (the cost itself: tests/test_untraced.py)
+                "gpu.physics.trace_overhead_us=0",
             ],
         ).gpu
 
