@@ -527,3 +527,13 @@ def test_latency_estimate_without_runs_is_one_line(tmp_path, capsys):
     assert pcl.main(["--data", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Merak runs" in err and str(tmp_path) in err
+
+
+def test_crossing_is_where_perseus_stops_leading_within_budget():
+    lc = _bench("latency_crossing")
+    assert lc.counted(10.0, 0.4, 0.0) == 10.0 and lc.counted(10.0, 0.6, 0.0) is None  # budget + 0.5 tolerance
+    assert lc.crossing([0, 1, 2, 5], [2.0, 1.0, -1.0, -3.0]) == (1.5, 1.5)  # linear between 1 and 2 ms
+    assert lc.crossing([0, 1, 2], [2.0, None, None]) == (0, 1)  # leaves the budget between 0 and 1 ms
+    assert lc.crossing([0, 1], [None, None]) is None  # never within budget
+    assert lc.crossing([0, 1], [-1.0, -2.0]) is None  # never ahead
+    assert lc.crossing([0, 1], [1.0, 2.0]) is None  # ahead throughout
