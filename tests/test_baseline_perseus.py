@@ -277,7 +277,9 @@ def test_triggered_clock_changes_land_a_latency_after_the_hosts_scope_entries(sy
     virtual GPU's clock-change latency later (fixed here); a request repeating the clock is none."""
     from emo.workloads import build_program
 
-    wl, dev = _pp_device("gpu.physics.clock_delay_ms=[3.0,3.0]", "gpu.physics.clock_tail_prob=0")
+    wl, dev = _pp_device(
+        "gpu.physics.clock_delay_ms=[3.0,3.0]", "gpu.physics.clock_tail_prob=0", "gpu.physics.clock_target_slope=0"
+    )
     top = dev.default_clock()
     low = dev.supported_clocks()[len(dev.supported_clocks()) // 2]
     prog = build_program(wl, dev.name)
