@@ -47,6 +47,7 @@ SKIPPED = 77
 MIN_BENCH_S = 1.0  # per microbenchmark window: many energy-counter updates
 ENERGY_PROBE_S = 2.0  # polling the energy counter while the GPU is busy
 MEASURE_S = 5.0  # untraced training iterations whose NVML energy the prediction is compared with
+UNTRACED_ITERATIONS = 10  # the loop measured without the profiler, as the trace stage does (trace.untraced_iterations)
 
 # --------------------------------------------------------------------------- read-only NVML
 # Anything that sets, resets or clears GPU state (clocks, power limits, persistence, compute mode,
@@ -550,16 +551,26 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     res = dev.run(wl, int(_get(wl, "active", 3) or 3), warmup=1, trace_dir=trace_dir)
     events = read_trace(trace_dir)
     events.to_parquet(work / "events.parquet")
+    # the same loop untraced, as the trace stage measures it: what the graph is corrected to
+    plain = dev.run(wl, UNTRACED_ITERATIONS, warmup=1)
+    (work / "measured.json").write_text(
+        json.dumps(
+            {
+                "iteration_times_s": res.iteration_times_s,
+                "untraced": {"iterations": plain.iterations, "iteration_times_s": plain.iteration_times_s},
+            }
+        )
+    )
     cost["trace_s"] = time.monotonic() - t
     t = time.monotonic()
     gdir, pdir = work / "graph", work / "pack"
     gdir.mkdir(exist_ok=True)
     pdir.mkdir(exist_ok=True)
-    graph_stage.run({}, {"events": work / "events.parquet"}, gdir)
+    graph_stage.run({}, {"events": work / "events.parquet", "measured": work / "measured.json"}, gdir)
     summary = json.loads((gdir / "summary.json").read_text())
     pack_stage.run(
         {"packing": {"delta_max_ms": delta_max_ms}},
-        {"nodes": gdir / "nodes.parquet", "events": work / "events.parquet"},
+        {"nodes": gdir / "nodes.parquet", "iterations": gdir / "iterations.parquet"},
         pdir,
     )
     packs = pd.read_parquet(pdir / "packs.parquet")
@@ -581,7 +592,12 @@ def analyze_training(dev, wl, bench, work: Path, *, default_mhz: int, delta_max_
     iters = max(int(anchors.groupby("rank").size().max()) if len(anchors) else 1, 1)
     cp_s = summary["critical_path_us"] * 1e-6 / iters
     kernels = int((events["kind"] == "kernel").sum()) if "kind" in events else 0
+    untraced = np.asarray(plain.iteration_times_s, float)
     return {
+        "untraced_iteration_ms": round(float(untraced.mean()) * 1e3, 3),
+        "untraced_iteration_sd_ms": round(float(untraced.std()) * 1e3, 3),
+        "untraced_correction": summary["untraced"],
+        "time_vs_untraced_pct": round((pred.time_s / float(untraced.mean()) - 1) * 100, 2),
         "traced_iterations": len(measured),
         "measured_iteration_ms": round(float(measured.mean()) * 1e3, 3),
         "measured_iteration_sd_ms": round(float(measured.std()) * 1e3, 3),

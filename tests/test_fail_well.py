@@ -136,6 +136,7 @@ def test_a_stage_failing_on_a_full_disk_reports_the_path_not_the_hidden_copy(tmp
         "log": str(log),
         "killed": False,
         "folder": str(out),
+        "status": 1,  # a failure of the stage, not of its input (errors.InputError: 2)
     }  # the folder: no job from it shows a result
     assert "Traceback" in log.read_text() and not list(out.parent.glob(".*.tmp"))
 

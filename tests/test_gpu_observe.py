@@ -230,6 +230,8 @@ def test_training_analysis_on_the_virtual_gpu(tmp_path):
     # the replayed critical path and the model's time at the traced clock are close to the measured iteration
     assert abs(res["critical_path_vs_measured_pct"]) < 5
     assert res["predicted_iteration_ms"] == pytest.approx(res["measured_iteration_ms"], rel=0.1)
+    # and the graph is checked against the loop untraced (the trace is not the run)
+    assert res["untraced_iteration_ms"] > 0 and "traced_over_untraced" in res["untraced_correction"]
     run = dev.run(cfg["workload"], 5)
     assert res["predicted_iteration_energy_j"] == pytest.approx(run.energy_j / run.iterations, rel=0.5)
     assert set(res["cost_s"]) == {"trace_s", "graph_pack_s", "profile_s", "fit_predict_s"}

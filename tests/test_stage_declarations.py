@@ -60,12 +60,13 @@ def _upstream(tmp_path: Path) -> Path:
     trace.mkdir()
     (trace / "events.parquet").write_bytes(b"events")
     (trace / "measured.json").write_text("{}")
+    (trace / "config.json").write_text("{}")
     return trace
 
 
 def test_a_stage_reading_an_undeclared_input_fails(tmp_path, monkeypatch):
-    """graph declares trace's events.parquet only: trace's measured.json is not where it looks, and
-    the real trace folder is closed to it while it runs."""
+    """graph declares trace's events.parquet and measured.json only: trace's config.json is not
+    where it looks, and the real trace folder is closed to it while it runs."""
     import emo.stages.graph as graph_stage
 
     trace = _upstream(tmp_path)
@@ -73,18 +74,18 @@ def test_a_stage_reading_an_undeclared_input_fails(tmp_path, monkeypatch):
 
     def beside(cfg, inputs, out):
         seen["events"] = inputs["events"].read_bytes()  # declared: there
-        return json.loads((inputs["events"].parent / "measured.json").read_text())
+        return json.loads((inputs["events"].parent / "config.json").read_text())
 
     monkeypatch.setattr(graph_stage, "run", beside)
-    with pytest.raises(PermissionError, match=f"{trace / 'measured.json'}: stage graph did not declare it"):
+    with pytest.raises(PermissionError, match=f"{trace / 'config.json'}: stage graph did not declare it"):
         run_in_place("graph", compose([]), {"events": trace / "events.parquet"}, tmp_path / "graph")
     assert seen["events"] == b"events"
 
     def around(cfg, inputs, out):  # following the link back to the upstream folder
-        return json.loads((Path(os.readlink(inputs["events"])).parent / "measured.json").read_text())
+        return json.loads((Path(os.readlink(inputs["events"])).parent / "config.json").read_text())
 
     monkeypatch.setattr(graph_stage, "run", around)
-    with pytest.raises(PermissionError, match="measured.json: stage graph did not declare it"):
+    with pytest.raises(PermissionError, match="config.json: stage graph did not declare it"):
         run_in_place("graph", compose([]), {"events": trace / "events.parquet"}, tmp_path / "graph")
 
 
@@ -107,8 +108,8 @@ def test_a_stage_reading_an_undeclared_file_beside_a_recorded_trace_fails(tmp_pa
 
 
 def test_an_input_a_stage_does_not_declare_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="measured: not an input emo.stages.graph.STAGE declares"):
-        run_in_place("graph", compose([]), {"measured": _upstream(tmp_path) / "measured.json"}, tmp_path / "g")
+    with pytest.raises(ValueError, match="config: not an input emo.stages.graph.STAGE declares"):
+        run_in_place("graph", compose([]), {"config": _upstream(tmp_path) / "config.json"}, tmp_path / "g")
 
 
 def test_every_declared_input_is_an_upstream_output():
