@@ -181,7 +181,7 @@ def test_emo_run_records_then_has_nothing_to_do(tmp_path):
     assert (p["graph"].dir / "summary.json").exists()
     assert (tmp_path / "mlflow.db").exists()
     # the README's result line is what the code prints (its figures, on the default configuration)
-    printed = re.search(r"emo on a100, budget 2 %: [^;]*;", r.stderr)
+    printed = re.search(r"emo on a100, budget 2 %: [^;]*;", r.stdout + r.stderr)
     readme = re.search(r"emo: defaults: (emo on a100, budget 2 %: [^;]*;)", (ROOT / "README.md").read_text())
     assert printed and readme and printed.group(0) == readme.group(1), (printed, readme)
     r = emo("run", res, "-n")
