@@ -77,7 +77,13 @@ class _OneLineHook:
         except OSError as e:
             where = f"no traceback written: {log}: {e.strerror}"
         who = f"rank {rank}: " if rank is not None else ""
-        print(f"emo: error: {who}{one_line(value)} ({where})", file=sys.stderr, flush=True)
+        line = f"emo: error: {who}{one_line(value)} ({where})\n".encode()
+        try:  # one write: the ranks share the launcher's stderr, and a line must not be split by another's
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line)
+        except (OSError, ValueError):  # no file descriptor (a captured stderr)
+            sys.stderr.write(line.decode())
+            sys.stderr.flush()
 
 
 def rank_env() -> tuple[int, int, int]:
