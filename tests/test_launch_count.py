@@ -93,8 +93,12 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
     device = open_device(gpu)
     try:
         rr = device.run(wl, 3, warmup=1, trace_dir=job / "trace")
-        counts["trace"] = len(_launches(job))
         assert len(rr.trace_files) == 2 and rr.iterations == 3
+        # and the same program untraced (the graph's timing: the trace is not the run), never under
+        # the profiler's window
+        plain = device.run(wl, 3, warmup=1)
+        assert plain.iterations == 3 and not plain.trace_files
+        counts["trace"] = len(_launches(job))
         # the profile stage's two device calls: Nsight Compute over one iteration, then the baselines
         # at the default clock and the level clocks
         device.profile_ranges(wl, [KernelRange(0, (0,)), KernelRange(1, (0,))])
@@ -134,5 +138,11 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
     levels = [lv["iteration_time_s"] / base["iteration_time_s"] for lv in base["levels"]]
     assert all(0.1 < r < 10 for r in levels), (levels, base)
 
-    assert counts == {"trace": 1, "profile": 2, "validate": 1}
-    assert _launches(job) == ["EMO_CAPTURE_DIR", "EMO_PROFILE_ITERATION", "EMO_SEGMENTS", "EMO_SEGMENTS"]
+    assert counts == {"trace": 2, "profile": 2, "validate": 1}
+    assert _launches(job) == [
+        "EMO_CAPTURE_DIR",
+        "EMO_SEGMENTS",
+        "EMO_PROFILE_ITERATION",
+        "EMO_SEGMENTS",
+        "EMO_SEGMENTS",
+    ]
