@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import Graph
-from emo.graph.whatif import compile_graph, whatif
+from emo.graph.whatif import Compiled, compile_graph, whatif
 
 RECORD_KINDS = ("cpu_op", "annotation", "runtime")
 BISECTIONS = 40  # halvings of the δ range: far below a nanosecond per record
@@ -80,12 +80,11 @@ def moved_anchors(anchors: pd.DataFrame, old_dur: np.ndarray, new_dur: np.ndarra
 
 
 def fit_overhead(
-    graph: Graph, counts: np.ndarray, anchors: pd.DataFrame, target_ns: float, tol_ns: float
+    graph: Graph, c: Compiled, counts: np.ndarray, anchors: pd.DataFrame, target_ns: float, tol_ns: float
 ) -> tuple[float, float]:
-    """(δ in ns per record, the replayed period at δ): the least δ whose replay comes within
-    `tol_ns` of `target_ns` (0 when the trace already does; the largest useful δ when even that
-    stays slower)."""
-    c = compile_graph(graph)
+    """(δ in ns per record, the replayed period at δ): the least δ whose replay of `graph` (compiled
+    as `c`) comes within `tol_ns` of `target_ns` (0 when the trace already does; the largest useful
+    δ when even that stays slower)."""
     dur = graph.nodes["dur_ns"].to_numpy(np.int64)
 
     def period(delta: float) -> float:
@@ -133,7 +132,7 @@ def untrace(
     if p_traced is None:
         return graph, anchors, {"corrected": False, "why": "fewer than 2 traced iterations on every rank"}
     counts = record_counts(events, graph.nodes)
-    delta, p_fit = fit_overhead(graph, counts, anchors, target, tol)
+    delta, p_fit = fit_overhead(graph, c, counts, anchors, target, tol)
     dur = graph.nodes["dur_ns"].to_numpy(np.int64)
     new = corrected(graph.nodes, counts, delta)
     info: dict[str, object] = {
