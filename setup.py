@@ -1,6 +1,6 @@
 """A built wheel carries the pipeline's own files beside the library: `emo run` needs the Snakefile,
 its rules and scripts, the Hydra configuration, the workflow profiles and the microbenchmarks'
-sources, which live at the top of the repository (DESIGN.md §1). They are copied into
+sources, which live at the top of the repository (docs/design.md §3). They are copied into
 emo/_project at build time (emo.paths finds them there); an editable install reads them in place."""
 
 import shutil

@@ -1,4 +1,4 @@
-"""The training-loop API (DESIGN.md §3, in the spirit of Zeus's monitor):
+"""The training-loop API (docs/design.md §9, in the spirit of Zeus's monitor):
 
     with emo.apply("policy.json") as clocks:
         for batch in data:

@@ -1,4 +1,4 @@
-"""Execution graph, what-if analysis and slack (see DESIGN.md §1 and emo.graph.whatif)."""
+"""Execution graph, what-if analysis and slack (docs/design.md §5 and emo.graph.whatif)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernel packing (DESIGN.md §1): group consecutive compute kernels of a stream into packs of at most
+"""Kernel packing (docs/design.md §6): group consecutive compute kernels of a stream into packs of at most
 Δmax at the default clock, so that the clock controller and the model work at the granularity a
 clock change can act on, and each distinct pack (signature) is profiled once.
 

@@ -1,4 +1,4 @@
-"""Compose the configuration and plan the content-hashed stage folders (DESIGN.md §2).
+"""Compose the configuration and plan the content-hashed stage folders (docs/design.md §4).
 
 Each stage's folder is `results/<stage>/<hash>/`, the hash covering exactly the configuration the stage
 depends on, its inputs' hashes and a digest of the code that computes it. The chain is computable before
