@@ -27,6 +27,10 @@ from emo.optimize import make_items, optimize, solve_exact
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
 from optimize_instances import perseus_profile, pipeline_problem, random_problem
 
+from emo import benchreport  # noqa: E402
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("dp-gap",)
 ROOT = Path(__file__).resolve().parents[1]
 DVFS = ROOT.parent / "shared" / "data" / "dvfs" / "perseus_stage_profiles"
 
@@ -104,6 +108,7 @@ def virtual_instances():
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--seeds", type=int, default=16)
     ap.add_argument("--virtual", action="store_true", help="also a TP workload traced on the virtual GPU")
     ap.add_argument("--budgets", default="0,0.02,0.05")
@@ -165,4 +170,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("dp-gap"):
+        sys.exit(main())

@@ -24,7 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_fuzz_traces as corpus  # noqa: E402  (the corpus is the test's, not a copy)
 
+from emo import benchreport  # noqa: E402
 from emo.cli import main  # noqa: E402
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("fuzz-flags",)
 
 
 class Hang(Exception):
@@ -92,6 +96,7 @@ def classify(n_cases: int, timeout: int, tmp: Path) -> tuple[Counter, list[str]]
 
 def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--cases", type=int, default=corpus.CASES)
     ap.add_argument("--timeout", type=int, default=60, help="seconds before a case counts as a hang")
     args = ap.parse_args(argv)
@@ -117,4 +122,5 @@ def run(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    with benchreport.recording("fuzz-flags"):
+        sys.exit(run())

@@ -34,10 +34,17 @@ import time
 import traceback
 from pathlib import Path
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = (
+    "gpu-check",
+    "gpu-check-observe",
+)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_observe import gpu_present  # noqa: E402  (one check for both modes)
+
+from emo import benchreport  # noqa: E402
 
 SKIPPED = 77
 
@@ -310,6 +317,7 @@ def measure_policies(dev, policies: list[Path], script: Path, check: Check) -> d
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this")
     ap.add_argument("--skip-pipeline", action="store_true")
@@ -364,4 +372,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording(lambda argv: "gpu-check-observe" if "--observe" in argv else "gpu-check"):
+        sys.exit(main())

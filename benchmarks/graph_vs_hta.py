@@ -36,6 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from emo import benchreport
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("graph-vs-hta",)
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[0].parent / "shared" / "data" / "traces"
 RANKS = sorted((SHARED / "dlrm_8rank").glob("worker*_*.json.gz")) if (SHARED / "dlrm_8rank").exists() else []
@@ -210,6 +214,7 @@ def write_trace(path: Path, base: dict, events: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--sizes", default="1000,10000,100000,500000", help="approximate event counts")
     ap.add_argument("--ranks-events", type=int, default=500000, help="events in the 8-rank folder (0: skip)")
     ap.add_argument("--hta-timeout", type=float, default=1800, help="seconds per HTA run")
@@ -284,4 +289,5 @@ def _head(events: list[dict], n: int) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("graph-vs-hta"):
+        sys.exit(main())

@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from emo import benchreport  # noqa: E402
 from emo.baselines.perseus_schedule import instructions  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402  (the checkout, not an installed emo)
 from emo.trace import read_trace  # noqa: E402
 from emo.workflow.plan import compose  # noqa: E402
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("instruction-lengths",)
 HERE = Path(__file__).resolve().parent
 GPT3XL_RUN = (
     HERE.parent.parent
@@ -100,6 +102,7 @@ def line(name: str, med: dict[tuple[int, str], float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument("--seed", type=int, default=0, help="gpu.seed (the chip)")
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     a = ap.parse_args(argv)
@@ -124,4 +127,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("instruction-lengths"):
+        sys.exit(main())

@@ -26,11 +26,13 @@ import argparse
 import sys
 from pathlib import Path
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("kernel-model-table",)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
 from kernel_tables import sim_tables  # noqa: E402
 
+from emo import benchreport  # noqa: E402
 from emo.model.kernels import fit_predict  # noqa: E402
 from emo.model.shapes import Form  # noqa: E402
 
@@ -58,6 +60,7 @@ def by_clock(res, label: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    benchreport.add_flag(ap)
     ap.add_argument("--step", type=int, default=6)
     ap.add_argument("--gpus", default=",".join(NAMES))
     ap.add_argument("--by-clock", action="store_true")
@@ -98,4 +101,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with benchreport.recording("kernel-model-table"):
+        main()

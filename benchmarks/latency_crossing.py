@@ -25,12 +25,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from emo import benchreport  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402  (the checkout, not an installed emo)
 from emo.methods import ONLINE, PL_TOLERANCE_PCT  # noqa: E402
 from emo.validate import validate  # noqa: E402
 from emo.workflow.plan import compose, plan  # noqa: E402
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("latency-crossing",)
 CELLS = {
     "PP4": ["workload=pp", "workload.pp=4", "workload.partition=uniform"],
     "TP2xPP2xDP2": ["workload=hybrid", "workload.tp=2", "workload.pp=2", "workload.dp=2"],
@@ -78,6 +80,7 @@ def crossing(lat: list[float], lead: list[float | None]) -> tuple[float, float] 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument("--results", type=Path, required=True, help="the sweep's results folder")
     ap.add_argument("--cell", default="PP4", choices=sorted(CELLS))
     ap.add_argument("--seed", type=int, default=0)
@@ -134,4 +137,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("latency-crossing"):
+        sys.exit(main())

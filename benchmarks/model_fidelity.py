@@ -53,6 +53,13 @@ from pathlib import Path
 
 import numpy as np
 
+from emo import benchreport
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = (
+    "model-fidelity",
+    "model-fidelity-quick",
+)
 WORKLOADS = {
     "tp2": ["workload=tp", "workload.tp=2"],
     "tp4": ["workload=tp", "workload.tp=4"],
@@ -337,6 +344,7 @@ def case(args) -> dict:
 
 def main(argv=None) -> float:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument("--quick", action="store_true", help="a100 only, every 6th static clock, 2 random policies")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU models (default: a100,h100,rtx3080ti)")
     ap.add_argument("--workloads", default=None, help=f"comma-separated, from {','.join(WORKLOADS)}")
@@ -459,4 +467,5 @@ def optimized_summary(results: list[dict]) -> dict | None:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is not None else 1)
+    with benchreport.recording(lambda argv: "model-fidelity-quick" if "--quick" in argv else "model-fidelity"):
+        sys.exit(0 if main() is not None else 1)

@@ -25,9 +25,12 @@ from emo.optimize import make_items, optimize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test instances
 from optimize_instances import large_pipeline, perseus_profile, pipeline_problem
 
+from emo import benchreport  # noqa: E402
 from emo.optimize.problem import units
 from emo.optimize.solvers.perseus import lowtime_version, optimize_perseus
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("optimizer-vs-lowtime",)
 ROOT = Path(__file__).resolve().parents[1]
 DVFS = ROOT.parent / "shared" / "data" / "dvfs" / "perseus_stage_profiles"
 
@@ -42,6 +45,7 @@ def timed(solver, *args, **kw):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--budget", type=float, default=0.05)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=6)
@@ -113,4 +117,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("optimizer-vs-lowtime"):
+        sys.exit(main())

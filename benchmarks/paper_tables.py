@@ -47,9 +47,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = (
+    "paper-tables",
+    "paper-tables-ablations",
+    "paper-tables-quick",
+    "paper-tables-quick-ablations",
+)
+
+
+def results_section(argv: list[str]) -> str:
+    """paper-tables[-quick][-ablations]: the section of docs/results.md a run with these flags writes."""
+    return "paper-tables" + "-quick" * ("--quick" in argv) + "-ablations" * ("--ablations" in argv)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
+from emo import benchreport  # noqa: E402
 from emo.methods import ABLATIONS, METHODS  # noqa: E402  (the checkout, not an installed emo)
 from emo.report import scoring  # noqa: E402
 from emo.workflow.run import jobs_config  # noqa: E402
@@ -189,6 +203,7 @@ def static_curve(result: dict | None, vdir: Path) -> pd.DataFrame | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--quick", action="store_true", help="one TP, one PP and one hybrid cell")
     ap.add_argument(
         "--seeds", type=int, default=None, help="seeds per cell (gpu.seed = 0 .. N-1); default 5, 3 with --quick"
@@ -321,4 +336,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording(results_section):
+        sys.exit(main())

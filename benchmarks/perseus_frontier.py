@@ -34,10 +34,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from emo import benchreport
 from emo.perseus.dag import BLOCKING_POWER_W, PerseusDag, pipeline, plan
 from emo.perseus.merak import instruction_order
 from emo.perseus.profile import Profile, read_profile
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("perseus-frontier",)
 STAGES = 8  # the emulation's pipeline (evaluation.ipynb: tp, pp = 8, 8; 8 stages in every profile)
 GPUS = {"a100_sxm": "a100", "a40": "a40"}
 
@@ -146,6 +149,7 @@ def lowtime_walk(profile: Profile, dag: PerseusDag, mb: int, blocking_w: float, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("data", type=Path, help="the perseus-sosp24 folder")
     ap.add_argument("--points", type=int, default=21, help="frontier points per case, evenly spaced (0: all)")
     ap.add_argument(
@@ -232,4 +236,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("perseus-frontier"):
+        sys.exit(main())

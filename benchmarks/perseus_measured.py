@@ -22,8 +22,12 @@ import sys
 
 import numpy as np
 
+from emo import benchreport
 from emo.errors import one_line
 from emo.perseus.measured import fit, naive, nearest, powers_w, predict, read_folder
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("perseus-measured",)
 
 
 def pct(pred, meas) -> np.ndarray:
@@ -84,6 +88,7 @@ def evaluate(folder: str, show_plans: bool, show_powers: bool, fit_on: str, capp
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("folders", nargs="+", metavar="MODEL_DIR")
     ap.add_argument("--plans", action="store_true", help="one line per predicted plan")
     ap.add_argument("--powers", action="store_true", help="the fitted powers per rank (identifiability)")
@@ -112,4 +117,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("perseus-measured"):
+        sys.exit(main())

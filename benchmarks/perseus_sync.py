@@ -18,11 +18,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from emo import benchreport  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402  (the checkout, not an installed emo)
 from emo.policy import FrequencyPolicy, Step, Trigger  # noqa: E402
 from emo.workflow.plan import compose  # noqa: E402
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("perseus-sync",)
 SCOPES = ("forward_step", "backward_step")  # Perseus's instructions
 WORKLOADS = {
     "PP2": ["workload=pp", "workload.pp=2"],
@@ -52,6 +54,7 @@ def iteration_s(overrides: list[str], synchronize: bool) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument("--seed", type=int, default=0, help="gpu.seed (the chip)")
     args = ap.parse_args()
     cost = {}
@@ -70,4 +73,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("perseus-sync"):
+        sys.exit(main())

@@ -19,14 +19,18 @@ from pathlib import Path
 
 import yaml
 
+from emo import benchreport
 from emo.device.sim import SimDevice
 from emo.workloads import build_program
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("sim-speed",)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument("--kernels", type=int, default=1_000_000, help="at least this many kernel launches")
     ap.add_argument("--gpu", default="a100")
     ap.add_argument("--tp", type=int, default=8)
@@ -73,4 +77,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with benchreport.recording("sim-speed"):
+        main()

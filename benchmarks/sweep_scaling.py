@@ -22,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from emo import benchreport
+
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("sweep-scaling",)
 ROOT = Path(__file__).resolve().parents[1]
 # 2 workloads x 3 methods x 2 budgets = 12 jobs: one calibration, two trace chains, 8 optimize, 12 validate
 SWEEP = ["workload=tp", "workload.tp=2,4", "optimizer=emo,static,zeus", "budget=0.02,0.05"]
@@ -78,6 +82,7 @@ def stage_files(results: Path) -> dict[str, Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchreport.add_flag(ap)
     ap.add_argument(
         "--jobs", type=int, default=2, help="jobs at once in the one-DAG run (and cores of each sequential run)"
     )
@@ -131,4 +136,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with benchreport.recording("sweep-scaling"):
+        sys.exit(main())

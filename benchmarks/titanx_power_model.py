@@ -20,10 +20,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from emo import benchreport
 from emo.model.gpupowermodel import long_table, read_power_curves
 from emo.model.kernels import fit_predict
 from emo.model.power import evaluate_power_model
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("titanx-power-model",)
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvfs" / "gpupowermodel_titanx"
 MICRO = "TitanX__titanx_micro_names_peak_idle_HPCAandCF.csv"
 APPS = "TitanX__titanx_real_allFsPower_HPCAandCF.csv"
@@ -33,6 +36,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    benchreport.add_flag(p)
     p.add_argument(
         "data", nargs="?", type=Path, default=DATA, help=f"folder holding {MICRO} and {APPS} (default: {DATA})"
     )
@@ -69,4 +73,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    with benchreport.recording("titanx-power-model"):
+        sys.exit(main(sys.argv))

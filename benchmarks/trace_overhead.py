@@ -16,8 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+# the sections of docs/results.md this script writes with --write-results (emo.benchreport)
+RESULTS_SECTIONS = ("trace-overhead",)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from emo import benchreport  # noqa: E402
 
 WORKLOADS = {  # label -> workload overrides
     "tp2 (default)": [],
@@ -50,6 +53,7 @@ def iteration_s(cfg, capture: str | None, iterations: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchreport.add_flag(ap)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument(
         "--overhead-us", type=float, default=None, help="gpu.physics.trace_overhead_us (default: the GPU's)"
@@ -77,4 +81,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with benchreport.recording("trace-overhead"):
+        main()
