@@ -1,4 +1,4 @@
-"""Frequency policies: per GPU, SM-clock steps relative to the start of an iteration (DESIGN.md §2).
+"""Frequency policies: per GPU, SM-clock steps relative to the start of an iteration (docs/design.md §9).
 
 A policy is plain JSON so that the runtime applier on a GPU box and the virtual GPU read the same file;
 what a step means in time (`issue_plan`: when its clock request is made) is defined here once and used
@@ -25,6 +25,13 @@ from pathlib import Path
 class Step:
     t_ms: float  # when the clock should be in effect, relative to the iteration start
     sm_mhz: int
+    lead_ms: float | None = None  # this step's request is issued this early; None: the policy's lead_ms
+
+    def to_dict(self) -> dict:
+        d: dict = {"t_ms": self.t_ms, "sm_mhz": self.sm_mhz}
+        if self.lead_ms is not None:  # a policy with one lead for every step is written as before
+            d["lead_ms"] = self.lead_ms
+        return d
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class FrequencyPolicy:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["steps"] = {str(k): [dataclasses.asdict(s) for s in v] for k, v in self.steps.items()}
+        d["steps"] = {str(k): [s.to_dict() for s in v] for k, v in self.steps.items()}
         if self.trigger is None:
             del d["trigger"]  # a time-based policy's file is as before
         else:
@@ -84,7 +91,11 @@ class FrequencyPolicy:
         d["steps"] = {
             _device(k, "steps"): sorted(
                 (
-                    Step(_finite(s["t_ms"], f"steps.{k}.t_ms"), _mhz(s["sm_mhz"], f"steps.{k}.sm_mhz"))
+                    Step(
+                        _finite(s["t_ms"], f"steps.{k}.t_ms"),
+                        _mhz(s["sm_mhz"], f"steps.{k}.sm_mhz"),
+                        None if s.get("lead_ms") is None else _finite(s["lead_ms"], f"steps.{k}.lead_ms", low=0.0),
+                    )
                     for s in _list(v, f"steps.{k}")
                 ),
                 key=lambda s: s.t_ms,
@@ -215,7 +226,8 @@ class Issue:
 
 
 def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[Issue]:
-    """When, relative to an iteration marker, each clock request is made.
+    """When, relative to an iteration marker, each clock request is made: t_ms minus the step's own
+    lead_ms, or `lead_ms` for a step without one.
 
     A step whose issue time (t_ms - lead_ms) is before the marker is issued at the end of the
     iteration instead (period_ms - lead_ms ahead), for the next one; without a period it is issued
@@ -229,7 +241,7 @@ def issue_plan(steps: list[Step], *, lead_ms: float, period_ms: float) -> list[I
             kept.append(s)
     out = []
     for s in kept:
-        at = s.t_ms - lead_ms
+        at = s.t_ms - (lead_ms if s.lead_ms is None else s.lead_ms)
         if at < 0:
             at = at + period_ms if period_ms > 0 else 0.0
         out.append(Issue(max(at, 0.0) / 1000.0, int(s.sm_mhz)))

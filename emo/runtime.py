@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from emo.policy import FrequencyPolicy, Issue, issue_plan
+from emo.policy import FrequencyPolicy, Issue, Step, issue_plan
 
 
 def refuse_triggered(policy: FrequencyPolicy, source: str = "policy") -> None:
@@ -194,6 +194,8 @@ class PolicyApplier:
             steps = policy.steps.get(d)
             if not steps:
                 continue
+            if lead_ms is not None:  # the caller's one lead replaces the steps' own
+                steps = [Step(s.t_ms, s.sm_mhz) for s in steps]
             plan = issue_plan(steps, lead_ms=self.lead_ms, period_ms=policy.period_ms)
             first = sorted(steps, key=lambda s: s.t_ms)[0].sm_mhz
             self._threads.append(_DeviceThread(self, d, target, plan, first))

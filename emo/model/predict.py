@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -154,7 +155,7 @@ def clock_timelines(
     t: PackTables,
     policy: FrequencyPolicy | None,
     iter_start_ns: np.ndarray,
-    transition_ms: float | tuple[float, float],
+    transition_ms: float | tuple[Any, Any],
     end_ns: float = np.inf,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
@@ -164,7 +165,8 @@ def clock_timelines(
     early, wrapped by period_ms, repeated clocks dropped); one not yet issued when the next mark
     comes (or after the run's end) is dropped; each lands `transition_ms` after it is issued, or, for
     an (up, down) pair, `up` after for a request to a faster clock than the one requested before it
-    and `down` after for a slower one; the last one issued wins (a request that lands after a later
+    and `down` after for a slower one (each a number, or an array over t.clocks_mhz: the latency of
+    a request to that clock); the last one issued wins (a request that lands after a later
     one is dropped). The traced iterations follow a warm-up iteration under the same policy,
     taken to be as long as the first traced one."""
     d = len(t.device_keys)
@@ -172,6 +174,8 @@ def clock_timelines(
     snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
     # np.isscalar is a TypeGuard (not TypeIs): numpy's stub leaves the else branch un-narrowed
     up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms  # type: ignore[misc]
+    # each a latency, or one per target clock (a request to clocks[ci] lands up_ms[ci] after it is issued)
+    up_v, down_v = (np.broadcast_to(np.asarray(v, dtype=np.float64), clocks.shape) for v in (up_ms, down_ms))
     by_gpu: dict[int, list] = {}
     if policy is not None and policy.trigger is not None:  # its requests follow the host, not times
         raise ValueError("predict: a host-triggered policy (emo.policy.Trigger) has no timed steps to follow")
@@ -207,7 +211,7 @@ def clock_timelines(
             at = np.array([i for i, _ in issued])
             ci = np.array([c for _, c in issued], dtype=np.int64)
             before = np.r_[first, ci[:-1]]
-            land = at + np.where(ci > before, up_ms, down_ms) * 1e6
+            land = at + np.where(ci > before, up_v[ci], down_v[ci]) * 1e6
             # the last one issued wins: keep a request only if every later one lands after it
             later = np.r_[np.minimum.accumulate(land[::-1])[::-1][1:], np.inf]
             keep = land < later
@@ -280,7 +284,11 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
 
 
 def predict(
-    t: PackTables, policy: FrequencyPolicy | None = None, *, transition_ms: float | None = None, max_passes: int = 6
+    t: PackTables,
+    policy: FrequencyPolicy | None = None,
+    *,
+    transition_ms: float | tuple[Any, Any] | None = None,
+    max_passes: int = 6,
 ) -> Prediction:
     """Time and energy per iteration of the traced workload under `policy` (None: default clocks).
 

@@ -66,13 +66,19 @@ STRATA = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
 
 @dataclass(frozen=True)
 class Latencies:
-    """The clock-request latencies (ms) a plan assumes. [lo, hi] is the range the policy is built for
-    (schedule.build_policy issues every step hi early and delays down-steps by hi - lo); `nodes` and
-    `weights` are a quadrature over the whole distribution, tail included, that the predictor
-    averages over (expected): each node is the latency of every request to a faster clock, `down`
-    that of every request to a slower one (None: the node's too). `own_nodes`/`own_weights`: the same
-    for one GPU's own raise when `nodes` are the latest of several peers' (None: `nodes`): a GPU's
-    clock follows its own request, while the group's time waits for the latest one."""
+    """The clock-request latencies (ms) a plan assumes. [lo, hi] is the range a raise is built for
+    (schedule.build_policy issues it hi early); [down_lo, down_hi] the same for a lowering, which is
+    delayed by down_hi - down_lo so that it lands inside its own window. `nodes` and `weights` are a
+    quadrature over the raises' whole distribution, tail included, that the predictor averages over
+    (expected): each node is the latency of every request to a faster clock, `down` that of every
+    request to a slower one (None: the node's too). `own_nodes`/`own_weights`: the same for one
+    GPU's own raise when `nodes` are the latest of several peers' (None: `nodes`): a GPU's clock
+    follows its own request, while the group's time waits for the latest one.
+
+    `scale`: (target MHz, factor) points: a request to clock f takes every figure above times the
+    factor interpolated at f (1 without points). On hardware the latency depends on where the clock
+    goes (the regulator settles longer for a target high on the voltage curve), so one lead for every
+    step makes the raises to the top clocks late and the others early (planning_latencies)."""
 
     lo: float
     mean: float
@@ -82,6 +88,9 @@ class Latencies:
     down: float | None = None
     own_nodes: tuple[float, ...] | None = None
     own_weights: tuple[float, ...] | None = None
+    down_lo: float | None = None  # None: lo
+    down_hi: float | None = None  # None: hi
+    scale: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def of(cls, lats) -> Latencies:
@@ -99,8 +108,34 @@ class Latencies:
         """[min, mean, max], as the stage's summary records it."""
         return [round(x, 4) for x in (self.lo, self.mean, self.hi)]
 
-    def at(self, node: float) -> float | tuple[float, float]:
-        """predict's transition_ms for one node: (up, down) latencies, or one for both."""
+    def factor(self, mhz):
+        """The latency factor of a request to `mhz` (a number or an array)."""
+        if not self.scale:
+            return np.ones_like(np.asarray(mhz, dtype=np.float64))
+        f, x = np.asarray(self.scale, dtype=np.float64).T
+        return np.interp(np.asarray(mhz, dtype=np.float64), f, x)
+
+    def lead(self, mhz: float, up: bool) -> float:
+        """How far ahead of its window a request to `mhz` is issued: a raise its hi, a lowering its
+        down_hi (build_policy places a lowering down_hi - down_lo into its window)."""
+        return float(self.factor(mhz)) * (self.hi if up else self.down_hi if self.down_hi is not None else self.hi)
+
+    def earliest(self, mhz: float, up: bool) -> float:
+        """The planned range's min of a request to `mhz`: lo for a raise, down_lo for a lowering."""
+        return float(self.factor(mhz)) * (self.lo if up else self.down_lo if self.down_lo is not None else self.lo)
+
+    def spread(self, mhz: float) -> float:
+        """down_hi - down_lo of a lowering to `mhz`: how far into its window it is placed."""
+        lo = self.down_lo if self.down_lo is not None else self.lo
+        hi = self.down_hi if self.down_hi is not None else self.hi
+        return float(self.factor(mhz)) * (hi - lo)
+
+    def at(self, node: float, clocks_mhz=None):
+        """predict's transition_ms for one node: (up, down) latencies, or one for both; with `scale`
+        and the tables' clocks, (up, down) per target clock (arrays over clocks_mhz)."""
+        if self.scale and clocks_mhz is not None:
+            f = self.factor(clocks_mhz)
+            return node * f, (node if self.down is None else self.down) * f
         return node if self.down is None else (node, self.down)
 
 
@@ -157,30 +192,88 @@ def planning_latencies(
             "after removing that folder), or set optimizer.transition_ms=[min,max] (ms)"
         )
     assert measured is not None  # it has samples
-    x, x_up, x_down = _directions(measured)
+    x, x_up, x_down, scale = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
     a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
     lo, hi = (float(v) for v in np.percentile(x_up, [a, b]))
+    down_lo, down_hi = (float(v) for v in np.percentile(x_down, [a, b]))
     nodes, weights = quadrature(latest_of(x_up, peers))  # a late lowering on one peer costs only its energy
-    down = float(x_down[x_down <= np.percentile(x_down, b)].mean())
+    down = float(x_down[x_down <= down_hi].mean())
     latest = f", the latest of {peers} GPUs' raises" if peers > 1 else ""
+    by_target = f", scaled by target clock over {len(scale)} bins" if scale else ""
     own = quadrature(x_up) if peers > 1 else (None, None)
     return (
-        Latencies(lo, float(np.dot(nodes, weights)), hi, nodes, weights, down, *own),
-        f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}",
+        Latencies(
+            lo,
+            float(np.dot(nodes, weights)),
+            hi,
+            nodes,
+            weights,
+            down,
+            own_nodes=own[0],
+            own_weights=own[1],
+            down_lo=down_lo,
+            down_hi=down_hi,
+            scale=scale,
+        ),
+        f"measured p{a:g}-p{b:g} of {len(x)} clock steps, {split}expectation over {len(nodes)} strata{latest}{by_target}",
     )
 
 
-def _directions(measured: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(all, up, down) measured latencies (ms): a raise plans with the steps to a faster clock, a
-    lowering with those to a slower one (on hardware a request's latency depends on its direction:
-    the voltage moves first on the way up); all of them for a direction with too few samples."""
+MIN_TARGET_SAMPLES = 20  # clock steps per bin of target clocks the latency factor is read on
+
+
+def target_scale(x: np.ndarray, to: np.ndarray, up: np.ndarray) -> tuple[tuple[tuple[float, float], ...], np.ndarray]:
+    """(scale, x / factor): how a request's latency depends on its target clock, as Latencies.scale
+    points (the median target of each bin of MIN_TARGET_SAMPLES steps or more, its factor), and the
+    samples with that dependence divided out. Latency is taken as direction times target (additive
+    in the log), each read as medians (a stall moves neither) by backfitting the two in turn; the
+    factors' median over the samples is 1. Fewer than two bins: no dependence, the samples as they are."""
+    targets = np.unique(to)
+    counts = np.array([(to == t).sum() for t in targets])
+    bins, cur, n = [], [], 0
+    for t, c in zip(targets, counts):
+        cur.append(t)
+        n += c
+        if n >= MIN_TARGET_SAMPLES:
+            bins.append(cur)
+            cur, n = [], 0
+    if cur and bins:
+        bins[-1] += cur  # a short last bin joins the one below
+    if len(bins) < 2:
+        return (), x
+    bin_of = np.empty(len(x), dtype=np.int64)
+    for i, ts in enumerate(bins):
+        bin_of[np.isin(to, ts)] = i
+    f = np.ones(len(x))
+    fb = np.ones(len(bins))
+    for _ in range(10):  # rounds enough for the two sets of medians to settle
+        d = np.empty(len(x))
+        for side in (up, ~up):
+            if side.any():
+                d[side] = x[side] / np.median(x[side] / f[side])
+        fb = np.array([np.median(d[bin_of == i]) for i in range(len(bins))])
+        fb = np.maximum(fb / np.median(fb[bin_of]), 1e-3)
+        f = fb[bin_of]
+    points = tuple((float(np.median(to[bin_of == i])), round(float(fb[i]), 4)) for i in range(len(bins)))
+    return points, x / f
+
+
+def _directions(measured: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
+    """(all, up, down, scale): measured latencies (ms), the target clock's factor (target_scale)
+    divided out: a raise plans with the steps to a faster clock, a lowering with those to a slower
+    one (on hardware a request's latency depends on its direction: the voltage moves first on the
+    way up); all of them for a direction with too few samples. Without (from, to) pairs for every
+    sample, no direction and no target dependence."""
     x = np.asarray(measured["samples"], dtype=np.float64)
     pairs = np.asarray(measured.get("pairs") or [], dtype=np.float64).reshape(-1, 2)
-    up = pairs[:, 1] > pairs[:, 0] if len(pairs) == len(x) else np.ones(len(x), dtype=bool)
+    if len(pairs) != len(x):
+        return x, x, x, ()
+    up = pairs[:, 1] > pairs[:, 0]
+    scale, x = target_scale(x, pairs[:, 1], up)
     x_up = x[up] if up.sum() >= MIN_DIRECTION_SAMPLES else x
     x_down = x[~up] if (~up).sum() >= MIN_DIRECTION_SAMPLES else x
-    return x, x_up, x_down
+    return x, x_up, x_down, scale
 
 
 # Leads a plan may take besides the planned range's max (optimizer.transition_percentiles' hi):
@@ -231,7 +324,7 @@ def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Late
     if opt.get("transition_ms") is not None or not (measured or {}).get("samples"):
         return [lats]
     assert measured is not None  # it has samples
-    _, x_up, _ = _directions(measured)
+    _, x_up, _, _ = _directions(measured)
     his = [float(np.percentile(x_up, q)) for q in LEAD_PERCENTILES]
     return [lats] + [dataclasses.replace(lats, hi=h) for h in dict.fromkeys(his) if h > lats.hi]
 
@@ -244,8 +337,8 @@ def expected(tables, policy: FrequencyPolicy, lats):
     energy the mean over each GPU's own, plus the peers' wait at idle power. What the stage reports,
     and the one on-time test of the budget search, the polish and the repair."""
     q = Latencies.of(lats)
-    # the ignores: emo.model.predict takes an (up, down) pair too (its docstring); its annotation leaves it out
-    runs = [predict(tables, policy, transition_ms=q.at(x)) for x in q.nodes]  # type: ignore[arg-type]  # see above
+    clocks = tables.clocks_mhz
+    runs = [predict(tables, policy, transition_ms=q.at(x, clocks)) for x in q.nodes]
 
     def mean(runs, weights, attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
         w = np.asarray(weights) / np.sum(weights)
@@ -270,7 +363,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
     # at the GPUs' own latencies, plus the wait for the latest peer at the GPUs' default-clock idle
     # power (the latest-of-peers latency for every GPU kept each one slow for as long as the slowest,
     # which on the hybrid TP2 x PP2 x DP2 predicted 0.8 points of ES more than its own latencies)
-    own = [predict(tables, policy, transition_ms=q.at(x)) for x in q.own_nodes]  # type: ignore[arg-type]  # as above
+    own = [predict(tables, policy, transition_ms=q.at(x, clocks)) for x in q.own_nodes]
     energy = {k: mean(own, q.own_weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")}
     wait_ns = max(time["makespan_ns"] - mean(own, q.own_weights, "makespan_ns"), 0.0)
     wait_j = wait_ns * 1e-9 * float(tables.idle_power_w[:, tables.default_index].sum())

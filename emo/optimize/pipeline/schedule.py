@@ -1,20 +1,22 @@
 """From a solution to a FrequencyPolicy: per GPU, clock steps relative to the iteration start.
 
 Windows become steps at their start on the iteration timeline; runs of equal clocks collapse to one
-step. A clock request lands `transition_ms` = (min, max) after it is issued, and the applier issues
-each step `lead_ms` = max ahead, so an undelayed step would land up to (max - min) early. That is
-what we want when the clock goes UP (the faster clock is in place when the critical work starts)
-but not when it goes DOWN (the slower clock would eat into the end of the previous window), so a
-down-step is placed (max - min) later: it lands between its window's start and (max - min) after.
-The schedule repeats every iteration, so the first step is a down-step too when its clock is below
-the last step's. Steps closer than `min_interval_ms` to the previous one are merged into it, keeping
-the faster clock.
+step. A clock request lands `transition_ms` = (min, max) after it is issued (check.Latencies: per
+direction and, when measured so, per target clock), and the applier issues each step its own lead
+= max ahead, so an undelayed step would land up to (max - min) early. That is what we want when
+the clock goes UP (the faster clock is in place when the critical work starts) but not when it
+goes DOWN (the slower clock would eat into the end of the previous window), so a down-step is
+placed (max - min) later: it lands between its window's start and (max - min) after. The schedule
+repeats every iteration, so the first step is a down-step too when its clock is below the last
+step's. Steps closer than `min_interval_ms` to the previous one, or issued no later than it, are
+merged into it, keeping the faster clock.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from emo.optimize.pipeline.check import Latencies
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy, Step
 
@@ -25,7 +27,7 @@ def build_policy(
     *,
     window_ms: float,
     device_ids: list[int] | None = None,
-    transition_ms: tuple[float, float],
+    transition_ms: tuple[float, float] | Latencies,
     min_interval_ms: float = 10.0,
     period_ms: float | None = None,
     window_start_ms: np.ndarray | None = None,
@@ -38,10 +40,12 @@ def build_policy(
     the planned ones). Windows that start at or after the period (padding) never make a step.
     `window_clear_ms` [group, window]: when the window before has finished its packs (planned_window
     _clear); a down-step lands no earlier."""
-    lo, hi = float(transition_ms[0]), float(transition_ms[1])
-    if lo < 0 or hi < lo:
-        raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
-    spread = hi - lo
+    if not isinstance(transition_ms, Latencies):
+        lo, hi = float(transition_ms[0]), float(transition_ms[1])
+        if lo < 0 or hi < lo:
+            raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
+    lat = Latencies.of(transition_ms)
+    lo, hi = lat.lo, lat.hi
     items = sol.items
     period = float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6)
     mhz = sol.item_mhz
@@ -72,7 +76,7 @@ def build_policy(
             if raw and c < raw[-1].sm_mhz:
                 # down-steps land inside their own window, never before it, nor before the packs of
                 # the window before have finished (window_clear_ms)
-                t = max(t, float(window_clear_ms[g, w])) + spread
+                t = max(t, float(window_clear_ms[g, w])) + lat.spread(c)
                 if t >= min(period, window_start_ms[g, w + 1]):
                     continue  # the window ends before a slower clock could land: stay fast
             if raw and t - raw[-1].t_ms < min_interval_ms:
@@ -85,7 +89,7 @@ def build_policy(
             # the policy repeats: the first step goes down from the last one's clock, so it too lands
             # inside its window (issued lead_ms before t = spread, at the end of the previous
             # iteration), or, when the window is too short for that, the first window stays fast
-            t0 = max(0.0, float(window_clear_ms[g, 0])) + spread
+            t0 = max(0.0, float(window_clear_ms[g, 0])) + lat.spread(raw[0].sm_mhz)
             if raw[1].t_ms - t0 >= min_interval_ms:
                 raw[0] = Step(t0, raw[0].sm_mhz)
             else:
@@ -94,6 +98,7 @@ def build_policy(
                     raw.pop(1)
         if not raw:
             raw = [Step(0.0, int(sol.problem.clocks_mhz[sol.problem.ref]))]
+        raw = _issued_in_order(raw, lat, period)
         for d in devs:
             steps[int(device_ids[d]) if device_ids is not None else int(d)] = list(raw)
     s = sol.summary()
@@ -113,3 +118,46 @@ def build_policy(
             **(meta or {}),
         },
     )
+
+
+def _with_leads(raw: list[Step], lat: Latencies) -> tuple[list[Step], list[float], list[float]]:
+    """(steps, issue times, earliest landings): each step with its own lead (Latencies.lead: a
+    raise's or a lowering's, to its clock), None where that is the policy's lead_ms (lat.hi), so a
+    policy with one lead is written as before; when each is issued, and when it lands at the soonest
+    (the planned range's min after that)."""
+    out, at, land = [], [], []
+    for i, s in enumerate(raw):
+        prev = raw[i - 1].sm_mhz if i > 0 or len(raw) > 1 else s.sm_mhz  # the schedule repeats
+        up = s.sm_mhz >= prev
+        lead = lat.lead(s.sm_mhz, up)
+        out.append(Step(s.t_ms, s.sm_mhz, None if abs(lead - lat.hi) < 1e-9 else round(lead, 4)))
+        at.append(s.t_ms - lead)
+        land.append(at[-1] + lat.earliest(s.sm_mhz, up))
+    return out, at, land
+
+
+def _collapse(raw: list[Step]) -> list[Step]:
+    return [s for i, s in enumerate(raw) if i == 0 or s.sm_mhz != raw[i - 1].sm_mhz]
+
+
+def _issued_in_order(raw: list[Step], lat: Latencies, period: float) -> list[Step]:
+    """The steps with their leads, each request issued once the one before it can have landed (the
+    last one issued wins: a raise with a long lead issued before the short window ahead of it has
+    its clock would undo that window's own request). A step issued sooner merges with the one
+    before it at the faster of the two clocks; across the iteration's end, the last window takes
+    the first one's clock when that is faster, else the first window stays at the last one's."""
+    for _ in range(len(raw) + 1):
+        steps, at, land = _with_leads(raw, lat)
+        bad = next((k for k in range(1, len(steps)) if at[k] < land[k - 1]), None)
+        if bad is not None:
+            raw[bad - 1] = Step(raw[bad - 1].t_ms, max(raw[bad - 1].sm_mhz, raw[bad].sm_mhz))
+            del raw[bad]
+        elif raw[0].sm_mhz != raw[-1].sm_mhz and period > 0 and at[0] + period < land[-1]:
+            if raw[0].sm_mhz < raw[-1].sm_mhz:
+                raw[0] = Step(0.0, raw[-1].sm_mhz)
+            else:
+                raw[-1] = Step(raw[-1].t_ms, raw[0].sm_mhz)
+        else:
+            return steps
+        raw = _collapse(raw)
+    return _with_leads(raw, lat)[0]

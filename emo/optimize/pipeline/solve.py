@@ -185,7 +185,7 @@ def solve(
             gpu,
             window_ms=interval,
             device_ids=policy_device_ids(tables.device_keys),
-            transition_ms=(lats.lo, lats.hi),
+            transition_ms=lats,
             min_interval_ms=min_interval,
             period_ms=timing.period_ns * 1e-6 * s.makespan_ns / p.makespan0_ns,
             window_start_ms=starts(s) * 1e-6,
