@@ -56,6 +56,8 @@ from emo.device.launcher import (
 )
 from emo.runtime import ClockRequestFailed
 
+ENV_SHAPES = "EMO_RECORD_SHAPES"  # 1: record each op's input shapes and types (emo.device.sim.command)
+
 
 # --------------------------------------------------------------------------- inside the program
 def _rank() -> tuple[int, int]:
@@ -90,6 +92,8 @@ class ProfilerWindow:
             self.prof = profile(
                 activities=activities,
                 schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                # the virtual GPU's stand-in for a CPU program sizes its kernels from the ops' shapes
+                record_shapes=os.environ.get(ENV_SHAPES) == "1",
                 on_trace_ready=self._export,
                 experimental_config=torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True),
             )

@@ -385,14 +385,19 @@ SYNTHETIC = ("tp", "pp", "hybrid", "offload")  # the workloads only the virtual 
 
 def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
     """A workload the GPU config cannot run fails here, not after calibration: a program (`command`)
-    runs on a real GPU, a synthetic workload only on the virtual one."""
+    runs on a real GPU, or on the CPU with a virtual GPU of a known model standing in for its kernels
+    (emo.device.sim.command); a synthetic workload only on the virtual one."""
     backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
     if kind == "command" and backend == "sim":
-        raise ValueError(
-            f"bad configuration: workload=command runs your program on a GPU, and gpu={gpu.get('name')} is the virtual "
-            "GPU: use gpu=nvml (or gpu.backend=nvml) on a GPU box; without one, workload=recorded with a trace of it, "
-            "or a synthetic workload (tp, pp, hybrid, offload), runs on the virtual GPU"
-        )
+        from emo.workloads.arch import ARCHS  # the GPU models whose kernels the virtual GPU can stand in for
+
+        if str(gpu.get("name")).lower() not in ARCHS:
+            raise ValueError(
+                f"bad configuration: workload=command on the virtual GPU runs your program on the CPU with the "
+                f"virtual GPU standing in for its kernels, which it sizes for a GPU model it knows "
+                f"({', '.join(ARCHS)}), not gpu.name={gpu.get('name')}: use gpu=a100 (or h100, rtx3080ti, v100), "
+                "or gpu=nvml on a GPU box"
+            )
     if kind in SYNTHETIC and backend == "nvml":
         raise ValueError(
             f"bad configuration: workload={kind} is a synthetic workload of the virtual GPU, and gpu.backend=nvml "

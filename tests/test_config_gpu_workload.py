@@ -21,8 +21,7 @@ FAKE = Path(__file__).resolve().parent / "fake_pynvml"
 @pytest.mark.parametrize(
     "overrides, says",
     [
-        (["workload=command"], "use gpu=nvml"),
-        (["gpu=h100", "workload=command", "workload.command=[python,t.py]"], "use gpu=nvml"),
+        (["gpu.name=mygpu", "workload=command", "workload.command=[python,t.py]"], "use gpu=a100"),
         (["gpu=nvml"], "use workload=command"),
         (["workload=pp", "gpu.backend=nvml"], "use workload=command"),
     ],
@@ -35,6 +34,7 @@ def test_a_workload_the_gpu_cannot_run_is_one_line_at_composition(overrides, say
 
 def test_what_each_gpu_runs_composes():
     compose(["gpu=nvml", "workload=command"])
+    compose(["gpu=h100", "workload=command", "workload.command=[python,t.py]"])  # the virtual GPU stands in
     compose(["gpu=nvml", "workload=recorded", "workload.path=t.json"])
     compose(["workload=recorded", "workload.path=t.json"])
 
@@ -50,11 +50,11 @@ def _emo_run(tmp_path, *overrides, env=None):
     )
 
 
-def test_emo_run_of_a_command_on_the_virtual_gpu_fails_before_calibrating(tmp_path):
+def test_emo_run_of_a_command_on_a_virtual_gpu_it_cannot_size_fails_before_calibrating(tmp_path):
     t0 = time.monotonic()
-    r = _emo_run(tmp_path, "workload=command", "workload.command=[python,train.py]")
+    r = _emo_run(tmp_path, "gpu.name=mygpu", "workload=command", "workload.command=[python,train.py]")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "emo: error: bad configuration: workload=command" in r.stderr and "gpu=nvml" in r.stderr
+    assert "emo: error: bad configuration: workload=command on the virtual GPU" in r.stderr and "gpu=a100" in r.stderr
     assert not (tmp_path / "results" / "calibrate").exists() and time.monotonic() - t0 < 60
 
 

@@ -14,7 +14,7 @@ from emo.device import Device
 
 # Backends by name, "module:factory" imported on demand: a model that holds a Device sees only the protocol.
 BACKENDS: dict[str, str | Callable[[Any], Device]] = {
-    "sim": "emo.device.sim:SimDevice",
+    "sim": "emo.device.sim.command:CommandSimDevice",  # the virtual GPU; it also runs `command` workloads
     "nvml": "emo.device.nvml:NvmlDevice",
 }
 

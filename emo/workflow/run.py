@@ -142,7 +142,8 @@ def require_gpu(cfgs: list[dict]) -> None:
         raise ValueError(
             f"bad configuration: gpu.backend=nvml with EMO_FAKE_GPU={fake}: the fake GPUs answer NVML's calls only "
             "(emo apply, emo.apply, emo.measure); emo run's stages need a GPU's kernels: unset EMO_FAKE_GPU on a GPU "
-            "box, or use a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
+            "box, or run your command on a virtual GPU (gpu=a100, h100, rtx3080ti, v100: your program on the CPU, "
+            "its kernels simulated)"
         )
     from emo.device.control import GpuAccessError, open_control
 
