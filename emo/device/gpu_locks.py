@@ -1,12 +1,14 @@
-"""One owner per GPU on a node: the on-disk record of every GPU whose clock an EMO clock owner locked.
+"""One owner per GPU on a node: the on-disk record of every GPU whose clock EMO locked.
 
 A record `gpu<N>.json` in lock_dir() says who holds GPU N (NVML index): the owner process and the
 trainer it serves (pid and start time, so a reused pid is not taken for them), the trainer's
 command, the user and since when. The clock owner (emo.device.clock_owner) writes it before its
 first clock change of a GPU and removes it after its reset; it resets only GPUs whose record is its
-own, so one job's end never resets another's GPU. A second job's owner is refused a GPU whose
+own, so one job's end never resets another's GPU. EMO's own stages that lock clocks in-process
+(calibrate, validate's static clocks: emo.device.nvml.ClockController) record theirs the same way,
+the stage's process both owner and trainer. A second job's owner is refused a GPU whose
 holder lives. A record whose owner or trainer is dead is stale: any EMO command that meets one
-(`emo apply`, a new clock owner, `emo reset-clocks`) resets that GPU and says so.
+(`emo apply`, a new clock owner, a stage's first lock, `emo reset-clocks`) resets that GPU and says so.
 
 All changes of the folder happen under one flock (LOCK_FILE), and an owner's reset with it: a
 holder's reset and another's take-over of its record never interleave. The folder is node-local
@@ -20,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,9 +59,10 @@ def start_time(pid: int) -> int | None:
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            text = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            words = f.read().replace(b"\0", b" ").decode(errors="replace").split()
     except OSError:
         return "?"
+    text = " ".join(words)  # one line, even for a `python -c` program's newlines
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -92,9 +96,8 @@ class Record:
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
-        return (
-            f"EMO job {self.holder.trainer} of {self.user} (`{self.job}`, since {when}, clock owner {self.holder.pid})"
-        )
+        owner = "" if self.holder.pid == self.holder.trainer else f", clock owner {self.holder.pid}"  # a stage: itself
+        return f"EMO job {self.holder.trainer} of {self.user} (`{self.job}`, since {when}{owner})"
 
     def to_json(self) -> str:
         h = self.holder
@@ -143,14 +146,32 @@ def records() -> list[Record]:
     return out
 
 
+_HOLDS = threading.local()  # depth: how deep this thread is inside _locked()
+os.register_at_fork(after_in_child=lambda: setattr(_HOLDS, "depth", 0))
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
+    """The folder's flock. Re-entrant in one thread: a stage's restore guard may reset (release) from a
+    signal handler that interrupted this thread inside a change; a second flock of its own would wait forever."""
+    depth = getattr(_HOLDS, "depth", 0)
+    if depth:
+        _HOLDS.depth = depth + 1
+        try:
+            yield
+        finally:
+            _HOLDS.depth = depth
+        return
     fd = os.open(lock_dir() / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o666)  # every user's owners take it
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        _HOLDS.depth = 1
+        try:
+            yield
+        finally:
+            _HOLDS.depth = 0
     finally:
         os.close(fd)
 

@@ -6,11 +6,16 @@ set directly as root or relayed through zeusd (`ZEUSD_SOCK_PATH`) when not (Cloc
 
 Who owns the clocks: a training job's clocks (emo.device.nvml_control.nvml_applier) are set by a clock owner, a small side
 process (emo.device.clock_owner) that resets every GPU it touched when the trainer dies in any way.
-EMO's own stages (calibrate) set clocks in-process through ClockController; whatever they changed is
-put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP (atexit plus signal handlers
-that chain the ones already installed), the runtime appliers' threads stopped first so that the reset
-is the last call each GPU sees. A forked child never sets or resets its parent's GPUs: the
-controller, the guard and its handlers do nothing in a process other than the one that made them.
+EMO's own stages (calibrate, validate's static clocks) set clocks in-process through ClockController;
+whatever they changed is put back on normal exit, on an exception, and on SIGINT/SIGTERM/SIGHUP
+(atexit plus signal handlers that chain the ones already installed), the runtime appliers' threads
+stopped first so that the reset is the last call each GPU sees. Like a clock owner, such a stage
+records each GPU it locks on the node (emo.device.gpu_locks, the stage's process both owner and
+trainer): it is refused a GPU another live EMO job holds, resets only a GPU whose record is still its
+own and removes the record with the reset; a stage SIGKILLed while it held a clock leaves a record
+that the next EMO command (a stage's first lock, a clock owner, `emo apply`, `emo reset-clocks`)
+resets and names. A forked child never sets or resets its parent's GPUs: the controller, the guard
+and its handlers do nothing in a process other than the one that made them.
 `emo reset-clocks` is the last resort when even the owner died (a node crash, or SIGKILL to both).
 
 Only this module and its helpers import pynvml, lazily, so the package imports without a driver.
@@ -33,9 +38,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emo.device import COUNTERS, Measurement, ProfileResult, RunResult
+from emo.device import COUNTERS, Measurement, ProfileResult, RunResult, gpu_locks
 from emo.device import ProfilingUnavailable as NoCounters
 from emo.device import zeusd as _zeusd
+from emo.device.clock_owner import HELD, LOST
 from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part of this module's API
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
@@ -100,8 +106,9 @@ def explain(nvml, e: Exception, what: str) -> GpuAccessError:
 # --------------------------------------------------------------------------- control
 class ClockController:
     """Sets and resets locked SM clocks and power limits by NVML index: directly or via zeusd.
-    `guarded`: what it changes is put back at exit by the restore guard (False in the clock owner,
-    which resets by itself). It refuses to act in a forked child of the process that made it."""
+    `guarded`: what it changes is put back at exit by the restore guard, and each GPU whose clock it
+    locks is recorded on the node (emo.device.gpu_locks) for this process (False in the clock owner,
+    which resets and records by itself). It refuses to act in a forked child of the process that made it."""
 
     def __init__(self, nvml, zeusd: ZeusdRelay | None = None, *, guarded: bool = True):
         self.nvml = nvml
@@ -135,7 +142,7 @@ class ClockController:
                 raise explain(self.nvml, e, f"GPU {index}") from e
         return self._handles[index]
 
-    def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[ZeusdRelay], None]) -> None:
+    def _own_process(self, what: str) -> None:
         if os.getpid() != self._pid:
             raise GpuAccessError(
                 f"{what}: refused in a forked child (pid {os.getpid()}): only the process "
@@ -143,6 +150,9 @@ class ClockController:
                 cause="forked child",
                 reason="refused in a forked child",
             )
+
+    def _do(self, what: str, direct: Callable[[], None], relayed: Callable[[ZeusdRelay], None]) -> None:
+        self._own_process(what)
         try:
             relayed(self.zeusd) if self.zeusd else direct()
         except self.nvml.NVMLError as e:
@@ -152,22 +162,112 @@ class ClockController:
 
     def set_clock(self, index: int, mhz: int) -> None:
         mhz = int(mhz)
+        what = f"lock SM clock of GPU {index} at {mhz} MHz"
+        if not self.guarded:  # the clock owner: it records its locks itself
+            self._set_direct(index, mhz, what)
+            return
+        guard = _GUARD
+        with guard._lock:
+            self._own_process(what)
+            fresh = self._take(guard, index)
+            try:
+                self._set_direct(index, mhz, what)
+            except GpuAccessError as e:
+                # refused outright (no permission, a bad clock) on a GPU just recorded: drop its record
+                # unreset; unreachable or unknown: it may have landed, so it is reset (and released) at exit
+                if not fresh or e.cause in (_zeusd.UNREACHABLE, _zeusd.OTHER):
+                    guard.changed(self, index, "clocks")
+                else:
+                    with contextlib.suppress(OSError):
+                        gpu_locks.release(index, guard.holder(), lambda g: None)
+                    guard.held.discard(index)
+                raise
+            guard.changed(self, index, "clocks")
+
+    def _set_direct(self, index: int, mhz: int, what: str) -> None:
         self._do(
-            f"lock SM clock of GPU {index} at {mhz} MHz",
+            what,
             lambda: self.nvml.nvmlDeviceSetGpuLockedClocks(self.handle(index), mhz, mhz),
             lambda z: z.set_gpu_locked_clocks(index, mhz, mhz),
         )
-        if self.guarded:
-            _GUARD.changed(self, index, "clocks")
+
+    def _take(self, guard: _RestoreGuard, index: int) -> bool:
+        """Before this process locks GPU `index`: the GPU is its own on the node (emo.device.gpu_locks),
+        as a clock owner's take. The first lock of the process also resets what dead EMO jobs left
+        locked, saying so. Returns whether the record was made now; raises GpuAccessError (cause HELD)
+        when another live EMO job holds the GPU, (LOST) when this process's record of it is gone."""
+        me = guard.holder()
+        if index in guard.held:
+            if gpu_locks.mine(index, me):
+                return False
+            guard.held.discard(index)
+            guard.lost.add(index)  # not this process's to reset any more
+            guard.restored(index, "clocks")
+            why = f"reset by someone else while this process held it ({_holder(index)})"
+            raise GpuAccessError(f"GPU {index}: its clock was {why}", cause=LOST, reason=why)
+        if not guard.recovered:
+            guard.recovered = True
+            try:
+                for line in gpu_locks.recover(self._reset_direct):  # a dead job's or stage's locks: reset, said
+                    print(f"emo: {line}", file=sys.stderr)
+            except OSError:  # an unusable lock folder is said by acquire below
+                pass
+        try:
+            stale = gpu_locks.acquire(index, me)
+        except gpu_locks.Held as e:
+            why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
+            raise GpuAccessError(why, cause=HELD, reason=why) from None
+        except OSError as e:  # e.g. a lock folder another user made without write access for all
+            why = (
+                f"cannot record GPU {index}'s lock in {gpu_locks.lock_dir()} ({e.strerror or e}): "
+                f"set {gpu_locks.LOCK_DIR_ENV} to a folder every EMO user of this node can write"
+            )
+            raise GpuAccessError(why, cause=_zeusd.OTHER, reason=why) from None
+        guard.held.add(index)
+        guard.lost.discard(index)
+        if stale is not None:
+            print(
+                f"emo: GPU {index} was left locked by {stale.describe()}, now dead: this job takes it over",
+                file=sys.stderr,
+            )
+        return True
 
     def reset_clock(self, index: int) -> None:
+        if not self.guarded:
+            self._reset_direct(index)
+            return
+        guard = _GUARD
+        with guard._lock:
+            if index in guard.lost:  # someone else reset or took it (said when found): not ours to reset
+                guard.lost.discard(index)
+            elif index in guard.held:  # ours on the node: reset and the record removed together
+                self._own_process(f"reset SM clock of GPU {index}")
+                try:
+                    ours = gpu_locks.release(index, guard.holder(), self._reset_direct)
+                except OSError as e:  # the records cannot be read or locked: reset anyway, ours as far as we know
+                    print(
+                        f"emo: GPU {index}: the lock records in {gpu_locks.lock_dir()} failed ({e}): resetting without them",
+                        file=sys.stderr,
+                    )
+                    self._reset_direct(index)
+                    ours = True
+                guard.held.discard(index)
+                if not ours:
+                    print(
+                        f"emo: GPU {index}: its clock was reset by someone else while this process held it "
+                        f"({_holder(index)}): left as it is",
+                        file=sys.stderr,
+                    )
+            else:  # never recorded by this process (`emo reset-clocks`, a dead job's lock): reset as asked
+                self._reset_direct(index)
+            guard.restored(index, "clocks")
+
+    def _reset_direct(self, index: int) -> None:
         self._do(
             f"reset SM clock of GPU {index}",
             lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self.handle(index)),
             lambda z: z.reset_gpu_locked_clocks(index),
         )
-        if self.guarded:
-            _GUARD.restored(index, "clocks")
 
     def set_power_limit(self, index: int, watts: float) -> None:
         h = self.handle(index)
@@ -208,6 +308,19 @@ class _RestoreGuard:
         self._installed = False
         self._previous: dict[int, Any] = {}
         self._appliers: list[PolicyApplier] = []
+        self._forget_locks()
+
+    def _forget_locks(self) -> None:
+        self.held: set[int] = set()  # GPUs whose lock record (emo.device.gpu_locks) this process made
+        self.lost: set[int] = set()  # ... and found reset or taken by someone else: not ours to reset
+        self.recovered = False  # dead jobs' locks reset at this process's first lock
+        self._me: gpu_locks.Holder | None = None
+
+    def holder(self) -> gpu_locks.Holder:
+        """This process as the holder of its in-process locks: its own owner and trainer."""
+        if self._me is None or self._me.pid != os.getpid():
+            self._me = gpu_locks.Holder.me(os.getpid())
+        return self._me
 
     def forget(self) -> None:
         """In a forked child: nothing of the parent's is ours to restore. The handlers stay installed
@@ -215,6 +328,7 @@ class _RestoreGuard:
         parent thread at the fork, so it is made anew."""
         self._lock = threading.RLock()
         self._changed, self._controller, self._appliers = {}, None, []
+        self._forget_locks()
 
     def track(self, applier: PolicyApplier) -> None:
         """An applier whose threads restore_all must stop before it resets anything."""
@@ -288,6 +402,11 @@ class _RestoreGuard:
 
 _GUARD = _RestoreGuard()
 os.register_at_fork(after_in_child=lambda: _GUARD.forget())  # late lookup: tests swap _GUARD
+
+
+def _holder(gpu: int) -> str:
+    rec = gpu_locks.read(gpu)
+    return f"now held by {rec.describe()}" if rec is not None else "`emo reset-clocks`, or a take-over"
 
 
 def visible_nvml_indices(nvml) -> list[int]:
