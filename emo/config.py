@@ -53,6 +53,20 @@ FRACTIONS = {
         "a non-empty list of fractions in (0, 1] of the max clock",
     )
 }
+RANK_SAMPLE = {
+    "allowed": (
+        lambda v: (
+            v in ("all", "replica")
+            or (isinstance(v, str) and v != "" and all(p.strip().replace("-", "", 1).isdigit() for p in v.split(",")))
+            or (
+                isinstance(v, list | tuple)
+                and len(v) > 0
+                and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in v)
+            )
+        ),
+        'all, replica, or a list of ranks ([0,1,8,9] or "0-7,64-71")',
+    )
+}
 PERCENTILES = {"allowed": (lambda v: len(v) == 2 and 0 <= v[0] <= v[1] <= 100, "[lo, hi] with 0 <= lo <= hi <= 100")}
 
 
@@ -134,7 +148,7 @@ class HybridWorkload(WorkloadConfig):
     kind: str = "hybrid"
     tp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # tensor-parallel ranks per stage (one NVLink domain)
     pp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # pipeline stages
-    dp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # data-parallel replicas; tp * pp * dp GPUs in all
+    dp: int = field(default=2, metadata=one_of(1, 2, 4, 8, 16))  # data-parallel replicas; tp * pp * dp GPUs in all
     microbatches: int = field(default=4, metadata=at_least(1))  # per replica and step, >= pp (1F1B)
     partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))
     # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
@@ -194,6 +208,11 @@ class TraceConfig:
     # the same workload measured untraced right after, at the default clock: the iteration time the
     # graph's host intervals are corrected to (the trace is not the run: docs/analyze.md)
     untraced_iterations: int = field(default=10, metadata=at_least(0))  # 0: not measured, not corrected
+    # which ranks are traced and planned from (emo.sampling): all (every rank, as before); replica
+    # (data-parallel replica 0); or a list of ranks ([0,1,8,9] or "0-7,64-71") that covers every
+    # pipeline stage and TP position. A sample plans once per (stage, TP position) and maps every rank
+    # of the job to its class's schedule (policy meta.ranks); needs a tp, pp or hybrid workload
+    ranks: Any = field(default="all", metadata=RANK_SAMPLE)
 
 
 @dataclass
@@ -355,6 +374,11 @@ def check(cfg: dict) -> None:
     if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
         _workload_rules(cfg["workload"])
     _gpu_runs_workload(cfg.get("gpu", {}), cfg.get("workload", {}))
+    ranks = (cfg.get("trace") or {}).get("ranks", "all")
+    if ranks != "all" and isinstance(cfg.get("workload"), dict):
+        from emo.sampling import sample_of  # the sample covers every stage and TP position, or one line
+
+        sample_of(cfg["workload"], ranks)
     opt = cfg.get("optimizer", {})
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
         _bad(
@@ -381,6 +405,7 @@ def check(cfg: dict) -> None:
 
 
 SYNTHETIC = ("tp", "pp", "hybrid", "offload")  # the workloads only the virtual GPU runs
+MAX_HYBRID_GPUS = 1024  # TP8 x PP8 x DP16: the largest hybrid job (the virtual GPU simulates every rank)
 
 
 def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
@@ -440,10 +465,10 @@ def _workload_rules(w: dict) -> None:
             _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
     elif kind == "hybrid":
         assert m is not None
-        if w["tp"] * w["pp"] * w["dp"] > 64:
+        if w["tp"] * w["pp"] * w["dp"] > MAX_HYBRID_GPUS:
             _bad(
                 "workload.dp",
-                f"such that workload.tp * workload.pp * workload.dp <= 64 GPUs "
+                f"such that workload.tp * workload.pp * workload.dp <= {MAX_HYBRID_GPUS} GPUs "
                 f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})",
                 w["dp"],
             )

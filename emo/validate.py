@@ -39,6 +39,7 @@ from emo.device import RunResult, pooled, run_segments, settle_iterations
 from emo.methods import PL_TOLERANCE_PCT
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
+from emo.sampling import class_spread
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")
@@ -276,6 +277,9 @@ def validate(
         metrics.update(prediction_errors(policy, t_opt, e_opt, t_ori, e_ori))
     if explore is not None:
         metrics.update({"explore_time_s": explore.time_s, "explore_energy_j": explore.energy_j})
+    checked = None if policy is None else class_spread(policy.meta, opt.energy_per_device_j)
+    if checked is not None:  # a sampled plan: its ranks not traced, measured against their class's traced one
+        metrics.update(checked)
     result = {
         "method": method,
         "budget": float(cfg["budget"]),
@@ -293,5 +297,6 @@ def validate(
             "baseline_time_s": policy.meta.get("baseline_time_s"),
             "baseline_energy_j": policy.meta.get("baseline_energy_j"),
         },
+        **({} if checked is None or policy is None else {"sample": {**policy.meta["sample"], "check": checked}}),
     }
     return result, metrics, curve

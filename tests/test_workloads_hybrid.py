@@ -123,11 +123,9 @@ def test_without_data_parallelism_there_is_no_gradient_all_reduce() -> None:
     "cfg,message",
     [
         ({"kind": "hybrid", "tp": 3}, "workload.tp must be one of 1, 2, 4, 8 (got 3)"),
-        ({"kind": "hybrid", "dp": 0}, "workload.dp must be one of 1, 2, 4, 8 (got 0)"),
-        (
-            {"kind": "hybrid", "tp": 8, "pp": 8, "dp": 2},
-            "workload.dp must be such that workload.tp * workload.pp * workload.dp <= 64",
-        ),
+        ({"kind": "hybrid", "dp": 0}, "workload.dp must be one of 1, 2, 4, 8, 16 (got 0)"),
+        # TP8 x PP8 x DP16 = 1,024 GPUs is the largest job; a wider data-parallel dimension is refused
+        ({"kind": "hybrid", "tp": 8, "pp": 8, "dp": 32}, "workload.dp must be one of 1, 2, 4, 8, 16 (got 32)"),
         ({"kind": "hybrid", "pp": 4, "microbatches": 2}, "workload.microbatches must be >= workload.pp (4) (got 2)"),
         (
             {"kind": "hybrid", "pp": 8, "microbatches": 8, "model": {"layers": 4}},

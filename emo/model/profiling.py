@@ -267,6 +267,18 @@ def recorded_baseline(src: Path, events: pd.DataFrame) -> dict:
     }
 
 
+def only_ranks(baseline: dict, ranks: list[int]) -> dict:
+    """A baseline measured on the whole job, its energies those of `ranks` (a sampled graph's
+    ranks): what the model of their graph is fitted to."""
+
+    def point(p: dict) -> dict:
+        per = {k: v for k, v in p["energy_per_device_j"].items() if int(k) in set(ranks)}
+        e = float(sum(per.values()))
+        return {**p, "energy_j": e, "iteration_energy_j": e / p["iterations"], "energy_per_device_j": per}
+
+    return {**point(baseline), "levels": [point(p) for p in baseline.get("levels", [])]}
+
+
 def profile_workload(
     cfg: dict,
     packs: pd.DataFrame,
@@ -291,16 +303,19 @@ def profile_workload(
                 device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"])
             )
             gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
+            sample = measured.get("sample")  # a sampled trace (emo.sampling): the graph holds one rank per class
             baseline = measure_baselines(
                 device,
                 cfg["workload"],
                 it_s,
                 float(cfg["model"]["min_seconds"]),
                 int(cfg["trace"]["warmup"]),
-                gpus,
+                list(range(int(sample["world"]))) if sample else gpus,  # every GPU of the job at each clock
                 cfg["model"]["level_fractions"],
                 float(cfg["gpu"].get("settle_s", 0.0)),
             )
+            if sample:
+                baseline = only_ranks(baseline, gpus)
         finally:
             device.close()
     summary = {

@@ -7,7 +7,12 @@ zeus, geepafs and perseus tune online inside validate; for them optimize writes 
 
 The clock-request latency it plans with is the calibration's measurement (calibrate's
 calibration.json, `clock_latency_ms`; check.planning_latencies), unless optimizer.transition_ms
-overrides it; the stage logs which."""
+overrides it; the stage logs which.
+
+A plan from a sampled trace (`trace.ranks`, emo.sampling) is planned once per class of ranks (the
+graph holds one rank per pipeline stage and TP position) and covers every rank of the job: the policy
+maps each rank to its class's schedule (meta.ranks), its predicted energy is the job's, and the
+summary's `sample` states what is assumed of the ranks not traced."""
 
 from __future__ import annotations
 
@@ -19,17 +24,27 @@ from emo.stages import Stage
 
 log = logging.getLogger("emo")
 
+INPUTS = {
+    "packs": ("pack", "packs.parquet"),
+    "nodes": ("pack", "nodes.parquet"),
+    "edges": ("pack", "edges.parquet"),
+    "iterations": ("pack", "iterations.parquet"),
+    "model": ("fit", "model.parquet"),
+    "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
+    "calibration": ("calibrate", "calibration.json"),  # the measured clock-request latency
+}
+
+
+def _inputs(cfg: dict) -> dict:
+    """A sampled trace's plan also reads which ranks it stands for (the trace's measured.json)."""
+    if cfg["trace"].get("ranks", "all") == "all":
+        return INPUTS
+    return {**INPUTS, "measured": ("trace", "measured.json")}
+
+
 STAGE = Stage(
-    reads=("gpu", "optimizer", "budget"),
-    inputs={
-        "packs": ("pack", "packs.parquet"),
-        "nodes": ("pack", "nodes.parquet"),
-        "edges": ("pack", "edges.parquet"),
-        "iterations": ("pack", "iterations.parquet"),
-        "model": ("fit", "model.parquet"),
-        "check": ("fit", "check.json"),  # one iteration's measured spread: the budget's tolerance
-        "calibration": ("calibrate", "calibration.json"),
-    },  # the measured clock-request latency
+    reads=("gpu", "optimizer", "budget", "trace"),
+    inputs=_inputs,
     outputs=("policy.json", "summary.json"),
 )
 
@@ -124,6 +139,17 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     )
     base = predict(tables, None)
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})
+    sample = _read(inputs.get("measured")).get("sample")
+    if sample:  # one schedule per class, every rank of the job mapped to its class's (emo.sampling)
+        from emo.sampling import Sample, expand_policy
+
+        summary["sample"] = expand_policy(policy, Sample.from_dict(sample))
+        base_e = float(policy.meta["baseline_energy_j"])
+        log.info(
+            "optimize: %s; %d distinct schedule(s)", summary["sample"]["assumption"], summary["sample"]["schedules"]
+        )
+    else:
+        base_e = base.energy_j
     policy.save(out / "policy.json")
     # per iteration, by the stage's predictor at the mean configured latency
     t, e = policy.predicted_time_s, policy.predicted_energy_j
@@ -132,9 +158,12 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         "time_s": t,
         "energy_j": e,
         "baseline_time_s": base.time_s,
-        "baseline_energy_j": base.energy_j,
-        "es_pct": 100 * (1 - e / base.energy_j),
+        "baseline_energy_j": base_e,
+        "es_pct": 100 * (1 - e / base_e),
         "pl_pct": 100 * (t / base.time_s - 1),
     }
     write_json(out / "summary.json", summary)
-    return {f"predicted_{k}": v for k, v in summary["predicted"].items()}
+    metrics = {f"predicted_{k}": v for k, v in summary["predicted"].items()}
+    if sample:
+        metrics.update({"schedules": summary["sample"]["schedules"], "planned_ranks": summary["sample"]["classes"]})
+    return metrics

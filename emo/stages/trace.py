@@ -27,10 +27,12 @@ STAGE = Stage(
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.device.backends import open_device
     from emo.io import write_json, write_parquet
+    from emo.sampling import canonical_events, sample_of
     from emo.trace import read_trace
     from emo.trace.read import TRACE_SUFFIXES
 
     wl = cfg["workload"]
+    sample = sample_of(wl, cfg["trace"].get("ranks", "all"))  # None: every rank, as before
     kineto = out / "kineto"
     kineto.mkdir()
     measured: dict = {}
@@ -61,8 +63,10 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
                 int(cfg["trace"]["iterations"]),
             )
         tc = cfg["trace"]
+        # a sample: the whole job runs, only the sampled ranks' traces are kept (the profiler on those ranks)
+        some = {} if sample is None else {"trace_ranks": list(sample.sampled)}
         try:
-            res = device.run(wl, tc["iterations"], warmup=tc["warmup"], trace_dir=kineto, capture=tc["capture"])
+            res = device.run(wl, tc["iterations"], warmup=tc["warmup"], trace_dir=kineto, capture=tc["capture"], **some)
             # the run as it is when nothing records it: what the graph's timing is corrected to
             plain = (
                 device.run(wl, tc["untraced_iterations"], warmup=tc["warmup"]) if tc["untraced_iterations"] else None
@@ -83,9 +87,14 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             ),
         }
         events = read_trace(kineto)
+    if sample is not None:  # one rank per class, its collectives joined through their classes (emo.sampling)
+        measured["sample"] = sample.to_dict()
+        log.info("trace: %s", measured["sample"]["assumption"])
+        events = canonical_events(events, sample)
     write_parquet(out / "events.parquet", events)
     write_json(out / "measured.json", measured)
     return {
+        **({"sampled_ranks": len(sample.sampled), "planned_ranks": len(sample.reps)} if sample else {}),
         "events": len(events),
         "ranks": int(events["rank"].nunique()),
         "kernels": int((events["kind"] == "kernel").sum()) if "kind" in events else 0,

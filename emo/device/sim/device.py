@@ -24,7 +24,8 @@ from emo.workloads.program import KernelSpec, Op, Program, Work
 
 COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 
-MAX_GPUS = 64
+MAX_GPUS = 1024  # the most GPUs one program may run on (the hybrid workload's TP8 x PP8 x DP16)
+NODE_GPUS = 64  # the GPUs modelled from the start; a program on more adds its GPUs (SimDevice._grow)
 
 
 @contextlib.contextmanager
@@ -87,12 +88,12 @@ class SimDevice:
         self._applier_started: set[int] = set()
         self.now = 0.0  # virtual ns
         self.idle_w = self.gp.idle_power_w()  # nominal chip (the power controller's estimate)
-        self.idle_w_g = [self.gp.idle_power_w(g, self.seed) for g in range(MAX_GPUS)]  # each chip's own
-        self.static_w_g = [self.gp.static_w(g, self.seed) for g in range(MAX_GPUS)]
+        self.idle_w_g = [self.gp.idle_power_w(g, self.seed) for g in range(NODE_GPUS)]  # each chip's own
+        self.static_w_g = [self.gp.static_w(g, self.seed) for g in range(NODE_GPUS)]
         self._runs = 0
         self._profiles = 0  # profile_range calls: each replay draws its own counter errors
-        self._ci = [self.default_ci] * MAX_GPUS  # requested clock per GPU
-        self._last_issue = [-math.inf] * MAX_GPUS
+        self._ci = [self.default_ci] * NODE_GPUS  # requested clock per GPU
+        self._last_issue = [-math.inf] * NODE_GPUS
         ph, k = self.phys, self.noise
         d0 = self.default_ci
 
@@ -103,8 +104,8 @@ class SimDevice:
                 ph.thermal_r_k_per_w, ph.thermal_tau_s, ph.leak_temp_coeff, float(self.idle_w_g[g][d0])
             )
 
-        self.meters = [
-            EnergyMeter(
+        def meter(g: int) -> EnergyMeter:
+            return EnergyMeter(
                 ph.counter_period_ms,
                 ph.sensor_window_ms,
                 self.seed,
@@ -116,11 +117,12 @@ class SimDevice:
                 thermal=thermal(g),
                 static_w=float(self.static_w_g[g][d0]),
             )
-            for g in range(MAX_GPUS)
-        ]
+
+        self._meter = meter
+        self.meters = [meter(g) for g in range(NODE_GPUS)]
         top = len(clocks) - 1
-        self._cap_ci = [top] * MAX_GPUS  # the power controller's clock ceiling per GPU ...
-        self._p_avg = [0.0] * MAX_GPUS  # ... and its averaged power: the controller runs on across calls
+        self._cap_ci = [top] * NODE_GPUS  # the power controller's clock ceiling per GPU ...
+        self._p_avg = [0.0] * NODE_GPUS  # ... and its averaged power: the controller runs on across calls
         self.last_sim: SimResult | None = None
         self.last_sim_seconds = 0.0
 
@@ -131,7 +133,7 @@ class SimDevice:
         from emo.device.sim.control import SimControl
 
         if getattr(self, "_control", None) is None:
-            self._control = SimControl(self, MAX_GPUS)
+            self._control = SimControl(self, NODE_GPUS)
         return self._control
 
     def supported_clocks(self) -> list[int]:
@@ -165,7 +167,8 @@ class SimDevice:
 
     def _lock_all(self, ci: int, gpus: int | None = None) -> None:
         """Lock every GPU's clock now and wait until the change has landed (idle meanwhile)."""
-        gpus = MAX_GPUS if gpus is None else gpus
+        gpus = len(self.meters) if gpus is None else gpus
+        self._grow(gpus)
         if all(self._ci[g] == ci for g in range(gpus)):
             return
         rng = np.random.default_rng([self.seed, 99, self._runs])
@@ -176,12 +179,12 @@ class SimDevice:
             self._ci[g] = ci
             self._last_issue[g] = self.now
 
-    def _idle_until(self, t: float, gpus: int = MAX_GPUS) -> None:
+    def _idle_until(self, t: float, gpus: int = MAX_GPUS) -> None:  # (gpus: unused, every GPU idles)
         if t <= self.now:
             return
         top = len(self.clocks) - 1
         ticks = int((t - self.now) / (self.phys.power_period_ms * 1e6))
-        for g in range(MAX_GPUS):
+        for g in range(len(self.meters)):
             idle = float(self.idle_w_g[g][self._ci[g]])
             self.meters[g].idle(t, idle, float(self.static_w_g[g][self._ci[g]]))
             if self._cap_ci[g] < top and ticks and idle < self.cap_w * (1 - self.phys.power_hysteresis):
@@ -232,6 +235,22 @@ class SimDevice:
     def _check_gpu(self, device: int) -> None:
         if not 0 <= int(device) < MAX_GPUS:
             raise ValueError(f"device index {device} out of range")
+        self._grow(int(device) + 1)
+
+    def _grow(self, gpus: int) -> None:
+        """Model `gpus` GPUs (a job larger than the node's NODE_GPUS): each added GPU is its own chip
+        (seeded by its index, as the first ones), idle at the default clock until now. The first
+        NODE_GPUS are never changed by it."""
+        for g in range(len(self.meters), gpus):
+            self.idle_w_g.append(self.gp.idle_power_w(g, self.seed))
+            self.static_w_g.append(self.gp.static_w(g, self.seed))
+            self._ci.append(self.default_ci)
+            self._last_issue.append(-math.inf)
+            self._cap_ci.append(len(self.clocks) - 1)
+            self._p_avg.append(0.0)
+            m = self._meter(g)
+            m.idle(self.now, float(self.idle_w_g[g][self.default_ci]), float(self.static_w_g[g][self.default_ci]))
+            self.meters.append(m)
 
     # ------------------------------------------------------------------ tables
     def tables(self, kernels: list[KernelSpec]) -> tuple[KernelTables, list, list, list]:
@@ -249,21 +268,24 @@ class SimDevice:
         cost the host time (`trace_overhead_us` each)."""
         if program.ranks < 1 or program.ranks > MAX_GPUS or len(program.ops) != program.ranks:
             raise ValueError(f"program {program.name!r}: ranks={program.ranks} but {len(program.ops)} op lists")
+        self._grow(program.ranks)
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         tab, dur, slow, cslow = self.tables(program.kernels)
         plan = trigger = None
+        # the schedule each GPU follows: its own, or the one meta.ranks maps its rank to (a sampled plan)
+        sched = {int(k): int(v) for k, v in ((policy.meta.get("ranks") if policy else None) or {}).items()}
         if policy is not None and policy.trigger is not None:  # host-triggered (emo.policy.Trigger)
             per = {
-                gi: [self.clock_index(s.sm_mhz) for s in sorted(policy.steps[gi], key=lambda s: s.t_ms)]
+                gi: [self.clock_index(s.sm_mhz) for s in sorted(policy.steps[sched.get(gi, gi)], key=lambda s: s.t_ms)]
                 for gi in range(program.ranks)
-                if policy.steps.get(gi)
+                if policy.steps.get(sched.get(gi, gi))
             }
             trigger = (frozenset(policy.trigger.scopes), bool(policy.trigger.synchronize), per)
         elif policy is not None:
             plan = {}
             for gi in range(program.ranks):
-                steps = sorted(policy.steps.get(gi, []), key=lambda s: s.t_ms)
+                steps = sorted(policy.steps.get(sched.get(gi, gi), []), key=lambda s: s.t_ms)
                 if not steps:
                     continue
                 issues = [
@@ -349,7 +371,7 @@ class SimDevice:
             self._last_issue[g.idx] = g.last_issue
             if power is not None:
                 self._cap_ci[g.idx], self._p_avg[g.idx] = g.cap_ci, g.p_avg
-        for gi in range(program.ranks, MAX_GPUS):
+        for gi in range(program.ranks, len(self.meters)):
             self.meters[gi].idle(
                 t_dev, float(self.idle_w_g[gi][self._ci[gi]]), float(self.static_w_g[gi][self._ci[gi]])
             )
@@ -367,9 +389,11 @@ class SimDevice:
         warmup: int = 1,
         trace_dir: Path | None = None,
         capture: str = "full",
+        trace_ranks: list[int] | None = None,
     ) -> RunResult:
         """With `trace_dir`, the measured iterations are traced by `capture` and pay its host cost;
-        without, nothing is recorded and nothing is paid (the warm-up is never traced)."""
+        without, nothing is recorded and nothing is paid (the warm-up is never traced). `trace_ranks`:
+        the ranks whose traces are written (a sampled trace, emo.sampling; None: every rank)."""
         if capture not in CAPTURES:
             raise ValueError(f"trace.capture={capture!r}: want one of {', '.join(CAPTURES)}")
         program = self._program(workload)
@@ -401,7 +425,9 @@ class SimDevice:
         if trace_dir is not None:
             from emo.device.sim.kineto import write_traces
 
-            files = write_traces(res, program, self, Path(trace_dir), first_step=warmup, capture=capture)
+            files = write_traces(
+                res, program, self, Path(trace_dir), first_step=warmup, capture=capture, ranks=trace_ranks
+            )
         return RunResult(
             iterations=iterations,
             time_s=(res.t_end - res.t_start) * 1e-9,
@@ -579,7 +605,7 @@ class SimDevice:
             land = self.gp.clock_delay_ns(rng, ci)
             reads = math.ceil(land / (poll_ms * 1e6))
             self._idle_until(self.now + land)
-            for g in range(MAX_GPUS):
+            for g in range(len(self.meters)):
                 self._ci[g] = ci
                 self._last_issue[g] = self.now
             self._idle_until(self.now - land + reads * poll_ms * 1e6)

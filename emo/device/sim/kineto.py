@@ -477,13 +477,22 @@ def light(doc: dict) -> dict:
     return {**doc, "traceEvents": keep}
 
 
-def write_traces(res: SimResult, program, dev, out_dir: Path, first_step: int = 0, capture: str = "full") -> list[Path]:
-    """One `rank<R>.pt.trace.json.gz` per rank in out_dir; each written atomically. `capture`:
-    "full" (torch.profiler's CPU and CUDA activities) or "light" (`light`)."""
+def write_traces(
+    res: SimResult,
+    program,
+    dev,
+    out_dir: Path,
+    first_step: int = 0,
+    capture: str = "full",
+    ranks: list[int] | None = None,
+) -> list[Path]:
+    """One `rank<R>.pt.trace.json.gz` per rank in out_dir (or per rank of `ranks`: a sampled trace);
+    each written atomically. `capture`: "full" (torch.profiler's CPU and CUDA activities) or "light"
+    (`light`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for r in range(program.ranks):
+    for r in range(program.ranks) if ranks is None else sorted(ranks):
         doc = trace_document(res, program, dev, r, first_step)
         data = orjson.dumps(light(doc) if capture == "light" else doc)
         path = out_dir / f"rank{r}.pt.trace.json.gz"
