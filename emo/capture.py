@@ -1,4 +1,5 @@
-"""`emo trace -- <command>`: record a window of a real program's iterations with torch.profiler.
+"""In-program hooks: record a window of a real program's iterations with torch.profiler, apply a
+policy, for `emo trace` (emo.cli.trace), `emo apply` (emo.cli.apply) and the NVML backend.
 
 The command runs as the user gives it (`python train.py`, `torchrun ...`, `deepspeed ...`,
 `accelerate launch ...`, a shell script): emo.device.launcher injects emo/_site/sitecustomize.py
@@ -24,7 +25,6 @@ torch is imported only inside the launched process.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import os
@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# the runner (the parent side: command line, environment, collecting the ranks' files)
+# the names of the runner's variables and files (the parent side, emo.device.launcher: command
+# line, environment, collecting the ranks' files)
 from emo.device.launcher import (
     ENV_ACTIVE,
     ENV_CAPTURE,
@@ -47,10 +48,6 @@ from emo.device.launcher import (
     ENV_STOP,
     ENV_WAIT,
     ENV_WARMUP,
-    CaptureSpec,
-    markers_needed,
-    run_capture,
-    run_result,
     trace_name,
     window_name,
 )
@@ -346,55 +343,3 @@ def install_from_env() -> None:
     from emo.postimport import when_imported
 
     when_imported("torch.optim.optimizer", _register_optimizer_hook)
-
-
-# --------------------------------------------------------------------------- the sub-command
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "trace",
-        help="record a window of a real PyTorch program's iterations",
-        description="Record iterations of a training job, started as you start it "
-        "(python, torchrun, deepspeed, accelerate launch, a shell script), with "
-        "torch.profiler (Kineto, CUDA activities, cuda_sync events), one trace per "
-        "rank; EMO ends the job after the window.",
-    )
-    p.add_argument("-o", "--out", default="results/capture", help="output folder (default: %(default)s)")
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="ranks of a plain `python script.py` (> 1: EMO starts it under torchrun --standalone); "
-        "leave at 1 when the command is a launcher",
-    )
-    p.add_argument("--wait", type=int, default=5, help="iterations skipped before warmup")
-    p.add_argument("--warmup", type=int, default=2, help="profiled but discarded iterations")
-    p.add_argument("--active", type=int, default=3, help="recorded iterations")
-    p.add_argument("--policy", help="a frequency policy JSON to apply while the program runs")
-    p.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        help="-- the command as you run it: python train.py ..., torchrun ..., deepspeed ..., "
-        "accelerate launch ..., bash run.sh",
-    )
-    p.set_defaults(func=_cmd_trace)
-
-
-def _cmd_trace(args) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    spec = CaptureSpec(command=command, nproc=args.nproc, wait=args.wait, warmup=args.warmup, active=args.active)
-    if args.policy:  # no file, not a policy, no GPU: one line before the job starts
-        from emo.cli.apply import preflight
-
-        preflight(Path(args.policy))
-    print(
-        f"emo trace: one launch of {' '.join(command)}; EMO ends it after {markers_needed(spec)} iterations "
-        f"({spec.active} recorded)",
-        file=sys.stderr,
-    )
-    res = run_capture(spec, Path(args.out), policy=Path(args.policy) if args.policy else None)
-    rr = run_result(res, Path(args.out))
-    for f in res.trace_files:
-        print(f)
-    e = "n/a (no NVML)" if rr.energy_j != rr.energy_j else f"{rr.energy_j:.3f} J"
-    print(f"{rr.iterations} iterations: {rr.time_s:.4f} s, {e}")
-    return 0

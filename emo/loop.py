@@ -268,6 +268,47 @@ def check_fit(
         check_policy(policy, source, world_size=world_size)
 
 
+def preflight(policy: Path) -> None:
+    """Before the job starts (`emo apply`, `emo trace --policy`, in the parent): one line for what
+    would fail in every rank: no file, not a policy, no GPU, a policy made for another GPU model or
+    naming clocks it does not support."""
+    from emo.device import gpu_locks
+    from emo.device.control import open_control
+    from emo.policy import FrequencyPolicy
+    from emo.runtime import refuse_triggered
+
+    if not policy.is_file():
+        raise FileNotFoundError(f"{policy}: no such policy file")
+    loaded = FrequencyPolicy.load(policy)
+    refuse_triggered(loaded, str(policy))
+    control = open_control()  # GpuAccessError: e.g. "cannot initialise NVML (...): no NVIDIA driver or GPU"
+    try:  # every GPU the job may use: its model and supported clocks (ranks are checked in each rank)
+        visible = control.visible()
+        check_fit(loaded, str(policy), control, visible)
+        for line in gpu_locks.recover(control.reset_sm_clock, visible):  # a dead job's locks: reset, said
+            print(f"emo: {line}", file=sys.stderr)
+        for rec in gpu_locks.held_by_others(visible):  # each rank refuses its own GPU if it is one of these
+            print(f"emo: warning: {gpu_locks.Held(rec)}: a rank given this GPU stops at its start", file=sys.stderr)
+    finally:
+        control.close()
+
+
+def recover_left() -> list[str]:
+    """After the job (`emo apply`, in the parent): reset what its ranks' clock owners could not (the
+    job's processes all killed at once, an owner stopped), from their lock records
+    (emo.device.gpu_locks); one line per GPU."""
+    from emo.device import gpu_locks
+    from emo.device.control import open_control
+
+    if not gpu_locks.records():
+        return []
+    control = open_control()
+    try:
+        return gpu_locks.recover(control.reset_sm_clock, control.visible())
+    finally:
+        control.close()
+
+
 @dataclass
 class Energy:
     """What a window measured: wall seconds and joules, in total and per GPU (NVML index)."""

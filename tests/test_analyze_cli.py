@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from emo import analyze
+from emo.cli import analyze
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="shared real traces not present")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from emo import capture
+from emo.cli import trace
 from emo.config import CommandWorkload
 from emo.device import launcher
 
@@ -91,14 +91,14 @@ def test_trace_subcommand_parses_after_double_dash(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr(
-        capture,
+        trace,
         "run_capture",
         lambda spec, out, policy=None, stop=True: (
             seen.update(spec=spec, out=out) or (_ for _ in ()).throw(ValueError("stop"))
         ),
     )
     ap = argparse.ArgumentParser()
-    capture.register(ap.add_subparsers())
+    trace.register(ap.add_subparsers())
     args = ap.parse_args(
         ["trace", "-o", str(tmp_path), "--nproc", "2", "--active", "4", "--", "python", "train.py", "--epochs", "1"]
     )

@@ -343,7 +343,8 @@ def test_a_store_failing_after_an_interrupt_keeps_the_interrupt_line_and_status(
     """Logging the KILLED run may fail too (a store folder it may not write): said in one line, but
     the interrupt is what ended the run, so its line and 128 + signal stay."""
     from emo import cli, errors
-    from emo.workflow import run, sweep
+    from emo.cli import run
+    from emo.workflow import sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(signal.SIGTERM)

@@ -445,7 +445,8 @@ def test_ctrl_c_while_mlflow_is_imported_is_one_line(tmp_path, capsys, monkeypat
     """The signal cut MLflow's import short in `finish`; logging the interrupted run then met the
     half-initialised module: an AttributeError traceback (2 of 3 tries)."""
     from emo import errors
-    from emo.workflow import run, sweep
+    from emo.cli import run
+    from emo.workflow import sweep
 
     def interrupted(*a, **k):
         raise errors.Interrupted(2)

@@ -1,4 +1,5 @@
-"""`emo`: one console script; each sub-command lives in the module that does its job."""
+"""`emo`: one console script; each sub-command is a module of emo/cli/ (its command line), which calls
+the library that does its job."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import sys
 
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
 COMMAND_MODULES = (
-    "emo.workflow.run",
-    "emo.analyze",
-    "emo.capture",
+    "emo.cli.run",
+    "emo.cli.analyze",
+    "emo.cli.trace",
     "emo.cli.apply",
     "emo.cli.reset_clocks",
     "emo.cli.compare",
@@ -24,9 +25,9 @@ COMMAND_MODULES = (
 # others pull in pandas, numba, Hydra, MLflow, Snakemake). A module of COMMAND_MODULES missing
 # here is simply imported up front.
 COMMANDS = {
-    "run": ("emo.workflow.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
-    "analyze": ("emo.analyze", "critical path, slack and replay error of a trace"),
-    "trace": ("emo.capture", "record a window of a real PyTorch program's iterations"),
+    "run": ("emo.cli.run", "run the pipeline (Snakemake) on a Hydra-composed configuration"),
+    "analyze": ("emo.cli.analyze", "critical path, slack and replay error of a trace"),
+    "trace": ("emo.cli.trace", "record a window of a real PyTorch program's iterations"),
     "apply": ("emo.cli.apply", "run a job with a frequency policy applied (no profiler)"),
     "reset-clocks": ("emo.cli.reset_clocks", "restore default GPU clocks after a crashed run"),
     "compare": ("emo.cli.compare", "table (and plots) of ES/PL per workload x method x budget from MLflow"),
