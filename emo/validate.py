@@ -199,7 +199,7 @@ def validate(
         if est is None:
             est = device.run(wl, 1, warmup=warmup).time_s
         n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
-        settle = settle_iterations(float(cfg["gpu"].get("settle_s", 0.0)), est)  # before the first launch only
+        settle = settle_iterations(float(cfg["gpu"]["settle_s"]), est)  # before the first launch only
         log.info(
             "validate: %d iterations to settle, then max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: "
             "about %.1f minutes plus start-up",

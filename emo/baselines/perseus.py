@@ -325,5 +325,5 @@ def run_online(
         opts,
         iterations=iterations,
         warmup=warmup,
-        settle_s=float(gpu_cfg.get("settle_s", 0.0)),
+        settle_s=float(gpu_cfg["settle_s"]),
     )

@@ -244,7 +244,7 @@ def run_zeus(
                 steps += n
         chosen_w = plo.state.optimal_power_limit / 1000.0
         gpus.set_limit(None)  # the die back to the max clock's warmth, then the limit zeus chose
-        rewarm(device, workload, float(gpu_cfg.get("settle_s", 0.0)))
+        rewarm(device, workload, float(gpu_cfg["settle_s"]))
         gpus.set_limit(chosen_w)
         with meter.phase("steady"):
             steady = device.run(workload, options["iterations"], warmup=options["warmup"])

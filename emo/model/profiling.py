@@ -312,7 +312,7 @@ def profile_workload(
                 int(cfg["trace"]["warmup"]),
                 list(range(int(sample["world"]))) if sample else gpus,  # every GPU of the job at each clock
                 cfg["model"]["level_fractions"],
-                float(cfg["gpu"].get("settle_s", 0.0)),
+                float(cfg["gpu"]["settle_s"]),
             )
             if sample:
                 baseline = only_ranks(baseline, gpus)
