@@ -373,20 +373,20 @@ def check(cfg: dict) -> None:
     _check_node(Config, cfg, "")
     if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
         _workload_rules(cfg["workload"])
-    _gpu_runs_workload(cfg.get("gpu", {}), cfg.get("workload", {}))
-    ranks = (cfg.get("trace") or {}).get("ranks", "all")
+    _gpu_runs_workload(cfg["gpu"], cfg["workload"])
+    ranks = cfg["trace"]["ranks"]
     if ranks != "all" and isinstance(cfg.get("workload"), dict):
         from emo.sampling import sample_of  # the sample covers every stage and TP position, or one line
 
         sample_of(cfg["workload"], ranks)
-    opt = cfg.get("optimizer", {})
+    opt = cfg["optimizer"]
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
         _bad(
             "optimizer.change_interval_ms",
             f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
             opt["change_interval_ms"],
         )
-    gpu = cfg.get("gpu", {})
+    gpu = cfg["gpu"]
     if "clocks_mhz" in gpu and not gpu["clocks_mhz"] and gpu.get("backend") != "nvml":
         _bad(
             "gpu.clocks_mhz",
@@ -455,7 +455,7 @@ def _workload_rules(w: dict) -> None:
         for k in ("heads", "vocab"):
             if m[k] % w["tp"]:
                 _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
-        if w.get("overlap", "domino") == "domino" and m["batch"] % w["chunks"]:
+        if w["overlap"] == "domino" and m["batch"] % w["chunks"]:
             _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
     elif kind == "pp":
         assert m is not None

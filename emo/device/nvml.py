@@ -437,12 +437,7 @@ class NvmlDevice:
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.nvml = import_pynvml()
         nvml_init(self.nvml)
-        get = (
-            (lambda k, d=None: gpu_cfg.get(k, d))
-            if isinstance(gpu_cfg, dict)
-            else (lambda k, d=None: getattr(gpu_cfg, k, d))
-        )
-        self.name = str(get("name", "gpu"))
+        self.name = str(gpu_cfg["name"] if isinstance(gpu_cfg, dict) else gpu_cfg.name)  # gpu.name: required
         self.indices = visible_nvml_indices(self.nvml)
         if not self.indices:
             raise GpuAccessError("NVML sees no GPU (check CUDA_VISIBLE_DEVICES)")

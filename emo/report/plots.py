@@ -190,7 +190,7 @@ def planned_latency_ms(opt_dir: Path | None, opt_cfg: dict) -> float | None:
     f = opt_dir / "summary.json" if opt_dir is not None else None
     if f is None or not f.exists():
         return None
-    lats = json.loads(f.read_text()).get(opt_cfg.get("name", ""), {}).get("transition_ms")
+    lats = json.loads(f.read_text()).get(opt_cfg["name"], {}).get("transition_ms")
     return float(lats[1]) if lats else None
 
 

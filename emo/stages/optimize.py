@@ -37,7 +37,7 @@ INPUTS = {
 
 def _inputs(cfg: dict) -> dict:
     """A sampled trace's plan also reads which ranks it stands for (the trace's measured.json)."""
-    if cfg["trace"].get("ranks", "all") == "all":
+    if cfg["trace"]["ranks"] == "all":
         return INPUTS
     return {**INPUTS, "measured": ("trace", "measured.json")}
 

@@ -32,7 +32,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.trace.read import TRACE_SUFFIXES
 
     wl = cfg["workload"]
-    sample = sample_of(wl, cfg["trace"].get("ranks", "all"))  # None: every rank, as before
+    sample = sample_of(wl, cfg["trace"]["ranks"])  # None: every rank, as before
     kineto = out / "kineto"
     kineto.mkdir()
     measured: dict = {}

@@ -203,7 +203,7 @@ def _private_bytes(path: Path) -> bytes | None:
 def gpus_needed(cfg: dict) -> int:
     """GPUs one job of this configuration occupies: the workload's ranks on real GPUs; one slot on
     the virtual GPU (it runs on a CPU core, so jobs spread over cores)."""
-    if cfg["gpu"].get("backend", "sim") == "sim":
+    if cfg["gpu"]["backend"] == "sim":
         return 1
     wl = cfg["workload"]
     if wl.get("kind") == "hybrid":  # one rank per GPU of the TP x PP x DP grid
@@ -213,7 +213,7 @@ def gpus_needed(cfg: dict) -> int:
 
 def gpus_available(cfg: dict, cores: int) -> int:
     """The `gpu` resource of a run: the visible GPUs of a real backend, one slot per core on the virtual GPU."""
-    if cfg["gpu"].get("backend", "sim") == "sim":
+    if cfg["gpu"]["backend"] == "sim":
         return max(cores, 1)
     return len(visible_gpus())
 
@@ -279,7 +279,7 @@ def claim_gpus(
 @contextlib.contextmanager
 def gpu_for_stage(cfg: dict, gpus: int, results: Path) -> Iterator[list[str]]:
     """What a GPU-touching rule runs inside: its own GPU(s) on a real backend, nothing on the virtual GPU."""
-    if gpus <= 0 or cfg["gpu"].get("backend", "sim") == "sim":
+    if gpus <= 0 or cfg["gpu"]["backend"] == "sim":
         yield []
         return
     with claim_gpus(gpus, results / ".gpu-locks") as ids:
