@@ -409,20 +409,10 @@ MAX_HYBRID_GPUS = 1024  # TP8 x PP8 x DP16: the largest hybrid job (the virtual 
 
 
 def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
-    """A workload the GPU config cannot run fails here, not after calibration: a program (`command`)
-    runs on a real GPU, or on the CPU with a virtual GPU of a known model standing in for its kernels
-    (emo.device.sim.command); a synthetic workload only on the virtual one."""
+    """A workload the GPU config cannot run fails here, not after calibration: a synthetic workload
+    runs only on the virtual GPU (a program on the virtual GPU needs a model it can size kernels for:
+    emo.workloads.arch.check_virtual_command, which compose calls too)."""
     backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
-    if kind == "command" and backend == "sim":
-        from emo.workloads.arch import ARCHS  # the GPU models whose kernels the virtual GPU can stand in for
-
-        if str(gpu.get("name")).lower() not in ARCHS:
-            raise ValueError(
-                f"bad configuration: workload=command on the virtual GPU runs your program on the CPU with the "
-                f"virtual GPU standing in for its kernels, which it sizes for a GPU model it knows "
-                f"({', '.join(ARCHS)}), not gpu.name={gpu.get('name')}: use gpu=a100 (or h100, rtx3080ti, v100), "
-                "or gpu=nvml on a GPU box"
-            )
     if kind in SYNTHETIC and backend == "nvml":
         raise ValueError(
             f"bad configuration: workload={kind} is a synthetic workload of the virtual GPU, and gpu.backend=nvml "

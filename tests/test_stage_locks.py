@@ -21,7 +21,7 @@ import pytest
 
 from emo.device import gpu_locks
 from emo.device import nvml as nv
-from emo.device.clock_owner import HELD, LOST
+from emo.device.gpu_locks import HELD, LOST
 from emo.policy import FrequencyPolicy
 
 HERE = Path(__file__).parent

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from emo.device import gpu_locks
 from emo.device.control import GpuAccessError
+from emo.device.gpu_locks import HELD, LOST
 from emo.runtime import ClockLost, RequestDropped
 
 RESET_BOUND_S = 1.0  # stated bound: the trainer's death to the last GPU reset (measured: milliseconds)
@@ -50,7 +51,6 @@ START_S = 60.0  # the owner's start (a Python interpreter and emo.device.nvml)
 REPLY_S = 30.0  # one request: zeusd's own timeout is 5 s; NVML answers in milliseconds
 NVML_ENV = "EMO_CLOCK_OWNER_NVML"  # "module:factory" returning a pynvml stand-in (tests' NVML fake)
 DRAINING, OWNER_DIED = "owner resetting", "clock owner gone"
-HELD, LOST = "held by another job", "reset by someone else"  # the node's lock records (emo.device.gpu_locks)
 
 
 # --------------------------------------------------------------------------- the trainer's side

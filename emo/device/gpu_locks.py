@@ -31,6 +31,7 @@ from pathlib import Path
 LOCK_DIR_ENV = "EMO_GPU_LOCK_DIR"
 DEFAULT_DIR = "/tmp/emo-gpu-locks"
 LOCK_FILE = ".flock"
+HELD, LOST = "held by another job", "reset by someone else"  # why a GPU is refused or gone (causes)
 SETTLE_S = 2.0  # a live owner whose trainer died resets within clock_owner.RESET_BOUND_S: wait that long first
 
 

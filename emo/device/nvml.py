@@ -41,9 +41,9 @@ from typing import Any
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult, gpu_locks
 from emo.device import ProfilingUnavailable as NoCounters
 from emo.device import zeusd as _zeusd
-from emo.device.clock_owner import HELD, LOST
 from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part of this module's API
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
+from emo.device.gpu_locks import HELD, LOST
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier, refuse_triggered

@@ -41,6 +41,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     from omegaconf.errors import OmegaConfBaseException
 
     from emo.config import check
+    from emo.workloads.arch import check_virtual_command
 
     conf = Path(config_dir or ROOT / "conf")
     cfg = None
@@ -61,6 +62,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
     check(out)
+    check_virtual_command(out["gpu"], out["workload"])
     return out
 
 

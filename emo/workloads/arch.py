@@ -33,3 +33,18 @@ def arch_for(gpu) -> Arch:
         return ARCHS[str(name).lower()]
     except KeyError:
         raise ValueError(f"gpu: unknown GPU model {name!r} for workloads (known: {', '.join(ARCHS)})") from None
+
+
+def check_virtual_command(gpu: dict, wl: dict) -> None:
+    """A program (`command`) runs on a real GPU, or on the CPU with a virtual GPU standing in for its
+    kernels (emo.device.sim.command), which it sizes for a GPU model of ARCHS: another model fails at
+    composition, in one line."""
+    backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
+    if kind == "command" and backend == "sim":
+        if str(gpu.get("name")).lower() not in ARCHS:
+            raise ValueError(
+                f"bad configuration: workload=command on the virtual GPU runs your program on the CPU with the "
+                f"virtual GPU standing in for its kernels, which it sizes for a GPU model it knows "
+                f"({', '.join(ARCHS)}), not gpu.name={gpu.get('name')}: use gpu=a100 (or h100, rtx3080ti, v100), "
+                "or gpu=nvml on a GPU box"
+            )
