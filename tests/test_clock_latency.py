@@ -371,13 +371,15 @@ def test_peers_plan_with_the_latest_of_their_raises():
 
     from emo.optimize.pipeline.check import latest_of, planning_latencies
 
+    PLAN = {"transition_ms": None, "transition_percentiles": [10.0, 90.0]}
+
     x = np.linspace(0.0, 10.0, 10001)
     assert latest_of(x, 1) is x
     four = latest_of(x, 4)  # the max of 4 uniform draws on [0, 10]: mean 8, median 10 * 0.5 ** (1/4)
     assert np.mean(four) == pytest.approx(8.0, abs=0.01) and np.median(four) == pytest.approx(8.409, abs=0.01)
     measured = {"samples": list(x[::10]), "pairs": [[1, 2]] * 1001}
-    one, _ = planning_latencies({}, measured)
-    many, source = planning_latencies({}, measured, peers=4)
+    one, _ = planning_latencies(PLAN, measured)
+    many, source = planning_latencies(PLAN, measured, peers=4)
     # the range the policy is built for (its lead) stays one GPU's; the expectation judges the latest
     assert (many.lo, many.hi) == (one.lo, one.hi) and many.mean > one.mean + 2.5
     assert source.endswith("the latest of 4 GPUs' raises")

@@ -297,7 +297,7 @@ def test_the_plan_pays_for_the_measured_stalls():
 
     body = list(np.linspace(5.0, 15.0, 95))
     stalls = [60.0, 70.0, 80.0, 90.0, 100.0]
-    opt = {"transition_percentiles": [10.0, 90.0], "change_interval_ms": 20.0}
+    opt = {"transition_ms": None, "transition_percentiles": [10.0, 90.0], "change_interval_ms": 20.0}
     lats, source = planning_latencies(opt, {"samples": body + stalls})
     assert lats.weights[-1] == pytest.approx(0.02) and lats.nodes[-1] == pytest.approx(95.0)  # the two longest
     assert sum(lats.weights) == pytest.approx(1.0) and lats.down == pytest.approx(np.mean(body[:-5]), abs=0.6)
@@ -369,7 +369,7 @@ def test_lead_options_change_only_how_early_raises_are_issued():
     An override measures nothing, and a latency without a tail has no longer lead to try."""
     from emo.optimize.pipeline.check import lead_options, planning_latencies
 
-    opt = {"transition_percentiles": [10.0, 90.0]}
+    opt = {"transition_ms": None, "transition_percentiles": [10.0, 90.0]}
     lats, _ = planning_latencies(opt, STALLED)
     leads = lead_options(opt, STALLED, lats)
     assert [x.hi for x in leads] == pytest.approx([np.percentile(STALLED["samples"], q) for q in (90, 95, 98)])

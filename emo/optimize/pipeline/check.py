@@ -182,7 +182,7 @@ def planning_latencies(
     the critical path once slack is used up), a late lowering only wastes a little energy; and a
     stalled request is superseded when a later one lands (the last one issued wins). No measurement
     and no override: a ValueError that names what to run."""
-    if opt.get("transition_ms") is not None:
+    if opt["transition_ms"] is not None:
         return Latencies.of(opt["transition_ms"]), "optimizer.transition_ms"
     samples = (measured or {}).get("samples") or []
     if not samples:
@@ -194,7 +194,7 @@ def planning_latencies(
     assert measured is not None  # it has samples
     x, x_up, x_down, scale = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
-    a, b = (float(v) for v in opt.get("transition_percentiles", (10.0, 90.0)))
+    a, b = (float(v) for v in opt["transition_percentiles"])
     lo, hi = (float(v) for v in np.percentile(x_up, [a, b]))
     down_lo, down_hi = (float(v) for v in np.percentile(x_down, [a, b]))
     nodes, weights = quadrature(latest_of(x_up, peers))  # a late lowering on one peer costs only its energy
@@ -321,7 +321,7 @@ def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Late
     """`lats` and its variants with raises issued earlier: max at each LEAD_PERCENTILES of the
     measured raise latency above lats.hi (none with optimizer.transition_ms, which measures nothing).
     Only the lead changes; the quadrature a plan is judged by stays the same."""
-    if opt.get("transition_ms") is not None or not (measured or {}).get("samples"):
+    if opt["transition_ms"] is not None or not (measured or {}).get("samples"):
         return [lats]
     assert measured is not None  # it has samples
     _, x_up, _, _ = _directions(measured)
