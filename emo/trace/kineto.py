@@ -5,10 +5,13 @@ Reads both the current categories (`cpu_op`, `cuda_runtime`, `cuda_driver`, `ker
 capitalised ones (`Operator`, `Runtime`, `Kernel`, `Memcpy`, `Memset`). Flow events (`ac2g`) carry
 nothing the correlation ids do not already say, so they are skipped like metadata.
 
-Speed: the file is inflated with ISA-L (`isal`), decoded by msgspec straight into small typed
-structs (only the fields EMO reads; the rest of each event, e.g. a cpu_op's long args, is skipped
-by the parser), and each column is then pulled out of all structs at once by C-level
-`attrgetter`/`zip` transposition: there is no per-event Python code."""
+Speed: the file is inflated with ISA-L (`isal`) or mapped into memory, checked by msgspec (which
+skips every value), and its events' columns are written by one compiled pass over the text
+(emo.trace.kineto_scan): no Python object per event. What that pass does not take as msgspec's typed
+decode would (an escaped key, a value of an unusual type) is read by that decode instead, straight
+into small typed structs (only the fields EMO reads), whose columns are then pulled out of all
+structs at once by C-level `attrgetter`/`zip` transposition. Both give the same table, warnings
+and errors."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import gc
 import mmap
 import os
 import re
+from dataclasses import dataclass
 from itertools import compress, count, repeat
 from operator import attrgetter, eq, index
 from pathlib import Path
@@ -311,13 +315,133 @@ def _factorize(values, n: int) -> tuple[np.ndarray, np.ndarray]:
     return lut[at], _objects(first, len(first))
 
 
-def _read_kineto(path: Path, rank: int | None):
-    events, info = decode_events(path)
+@dataclass(slots=True)
+class _Columns:
+    """What the table is built from, by either path: the kept events' (complete ones of a kind EMO
+    reads) kind codes, names, times, ids and args, and what is needed of the others."""
+
+    rank: int
+    world: int
+    info: dict
+    index: np.ndarray  # the kept events' positions among all
+    codes: np.ndarray  # their kind codes (KIND_CODES)
+    name_codes: np.ndarray
+    name_values: np.ndarray  # (objects)
+    ts_us: np.ndarray
+    dur_us: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    need: np.ndarray  # the kept events whose args EMO reads
+    ints: dict[str, np.ndarray]  # _ARG_INTS, per kept event (-1 outside `need`)
+    objects: dict[str, np.ndarray]  # _ARG_OBJECTS, per `need` event (UNSET: absent)
+    warnings: list[str]
+    flow_ids: np.ndarray  # the launch flows' (ac2g) ids and times (us)
+    flow_ts: np.ndarray
+
+
+def _rank_world(path: Path, info: dict, rank: int | None) -> tuple[int, int]:
     rank = _int(info.get("rank"), rank if rank is not None else 0)
     world = _int(info.get("world_size"), -1)
     for key, v, lo in (("rank", rank, 0), ("world_size", world, -1)):
         if not lo <= v < MAX_RANKS:  # (the graph keys nodes by rank below 2^23)
             raise ValueError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
+    return rank, world
+
+
+def _read_kineto(path: Path, rank: int | None):
+    cols = _scanned_columns(path, rank)
+    if cols is None:  # the typed decode reads (or refuses, saying why) what the scan does not take
+        cols = _decoded_columns(path, rank)
+    return _table(path, cols)
+
+
+def _scanned_columns(path: Path, rank: int | None) -> _Columns | None:
+    """The columns from the compiled scan of the JSON text (emo.trace.kineto_scan); None where it
+    leaves the file to the typed decode."""
+    from emo.trace import kineto_scan as ks
+
+    with mapped_text(path) as raw:
+        first = _NON_SPACE.search(raw)
+        assert first is not None  # mapped_text yields no blank text
+        sc = ks.scan(raw, bare=first.group() == b"[")
+    if sc is None:
+        return None
+    rank, world = _rank_world(path, sc.info, rank)
+    cat = sc.codes[ks.CAT]
+    table = _KindTable(path)
+    kind_of = np.zeros(len(sc.strings) + 1, np.int8)  # (the last entry: no category)
+    for c in pd.unique(cat[cat >= 0]).tolist():  # in order of first appearance, as the typed path meets them
+        kind_of[c] = table[sc.strings[c]]
+    codes = kind_of[cat]
+    ph = sc.codes[ks.PH]
+    complete_all = ph == 1
+    warnings = _skipped_counts(
+        int(((~complete_all) & (ph != 2)).sum()), int((complete_all & (codes == 0) & (cat < 0)).sum())
+    )
+    index = np.flatnonzero((codes != 0) & complete_all)
+    name_codes = sc.codes[ks.NAME][index]
+    if (
+        (name_codes < 0).any()
+        or (sc.codes[ks.TS_STATE][index] != 1).any()
+        or (sc.codes[ks.DUR_STATE][index] != 1).any()
+        or any(type(sc.strings[c]) is not str for c in np.unique(name_codes).tolist())
+    ):
+        return None  # a kept event without a name, ts or dur: the typed path says which
+    flows = np.flatnonzero(~complete_all & (cat == _string_code(sc.strings, "ac2g")))
+    flow_ts = np.where(sc.codes[ks.TS_STATE][flows] == 1, sc.ts[flows], np.nan)  # (null or absent: not a number)
+    codes = codes[index]
+    need = np.flatnonzero(np.isin(codes, _ARG_CODES))
+    rows = index[need]
+    ints = {}
+    for field, c in zip(_ARG_INTS, ks.ARG_INTS):
+        out = np.full(len(index), -1, np.int64)
+        out[need] = sc.ints[c][rows]
+        ints[field] = out
+    objects = {}
+    for field, f in zip(_ARG_OBJECTS, (ks.SYNC_KIND, ks.PG_LONG, ks.PG_NAME, ks.PG_RANKS)):
+        out = np.full(len(need), _UNSET, dtype=object)
+        if f in sc.values:
+            at, vals = sc.values[f]
+            pos = np.searchsorted(rows, at)
+            hit = pos < len(rows)
+            hit[hit] = rows[pos[hit]] == at[hit]
+            out[pos[hit]] = _objects(compress(vals, hit.tolist()), int(hit.sum()))
+        objects[field] = out
+    return _Columns(
+        rank=rank,
+        world=world,
+        info=sc.info,
+        index=index,
+        codes=codes,
+        name_codes=name_codes.astype(np.int64),
+        name_values=_objects(sc.strings, len(sc.strings)),
+        ts_us=sc.ts[index],
+        dur_us=sc.dur[index],
+        pid=sc.ints[ks.PID][index],
+        tid=sc.ints[ks.TID][index],
+        need=need,
+        ints=ints,
+        objects=objects,
+        warnings=warnings,
+        flow_ids=sc.ints[ks.ID][flows],
+        flow_ts=flow_ts,
+    )
+
+
+def _string_code(strings: list, s: str) -> int:
+    try:
+        return strings.index(s)
+    except ValueError:
+        return -2  # (no code)
+
+
+_ARG_OBJECTS = ("cuda_sync_kind", "pg_long", "pg_name", "pg_ranks")
+
+
+def _decoded_columns(path: Path, rank: int | None) -> _Columns:
+    """The columns from msgspec's typed decode (one small struct per event, read column by column)."""
+    events, info = decode_events(path)
+    rank, world = _rank_world(path, info, rank)
     codes = _kinds(path, events)
     # only complete events are intervals
     complete_all = np.fromiter(map(eq, map(_PH, events), repeat("X")), dtype=bool, count=len(events))
@@ -325,9 +449,7 @@ def _read_kineto(path: Path, rank: int | None):
     index = np.flatnonzero((codes != 0) & complete_all)
     kept = list(map(events.__getitem__, index.tolist()))
     codes = codes[index]
-    kind_arr = _KIND_NAMES[codes]
     n = len(kept)
-
     try:
         name_codes, name_values = _factorize(map(_NAME, kept), n)
         ts_us = np.fromiter(map(_TS, kept), dtype=np.float64, count=n)
@@ -337,7 +459,47 @@ def _read_kineto(path: Path, rank: int | None):
     except (TypeError, ValueError, OverflowError) as e:
         _explain_bad_event(path, events, index)
         raise ValueError(f"{path}: an event's name, ts or dur is of the wrong type ({e})") from None
-    for vals, what in ((ts_us, "timestamp"), (dur_us, "duration")):
+    pid = _ints(kept, "pid")
+    tid = _ints(kept, "tid")
+    # args: only of the kinds whose ids EMO reads, one column at a time
+    need = np.flatnonzero(np.isin(codes, _ARG_CODES))
+    args = list(map(attrgetter("args"), map(kept.__getitem__, need.tolist())))
+    if set(map(type, args)) - {_Args}:  # args that are not an object carry nothing
+        args = [a if type(a) is _Args else _NO_ARGS for a in args]
+    ints = {}
+    for field in _ARG_INTS:
+        out = np.full(n, -1, np.int64)
+        out[need] = _ints(args, field)
+        ints[field] = out
+    objects = {field: _objects(map(attrgetter(field), args), len(need)) for field in _ARG_OBJECTS}
+    flow_ids, flow_ts = _flows(events, complete_all)
+    return _Columns(
+        rank=rank,
+        world=world,
+        info=info,
+        index=index,
+        codes=codes,
+        name_codes=name_codes,
+        name_values=name_values,
+        ts_us=ts_us,
+        dur_us=dur_us,
+        pid=pid,
+        tid=tid,
+        need=need,
+        ints=ints,
+        objects=objects,
+        warnings=warnings,
+        flow_ids=flow_ids,
+        flow_ts=flow_ts,
+    )
+
+
+def _table(path: Path, c: _Columns):
+    """The event table from the columns (either path's), with the checks and warnings on them."""
+    index, codes, name_codes, name_values, need = c.index, c.codes, c.name_codes, c.name_values, c.need
+    kind_arr = _KIND_NAMES[codes]
+    n = len(index)
+    for vals, what in ((c.ts_us, "timestamp"), (c.dur_us, "duration")):
         big = np.abs(vals) > _MAX_US
         if big.any():
             i = int(np.argmax(big))
@@ -345,7 +507,7 @@ def _read_kineto(path: Path, rank: int | None):
                 f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
                 f"{vals[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)"
             )
-    ts, dur = _us_to_ns(ts_us), _us_to_ns(dur_us)
+    ts, dur = _us_to_ns(c.ts_us), _us_to_ns(c.dur_us)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
         raise ValueError(
@@ -355,56 +517,41 @@ def _read_kineto(path: Path, rank: int | None):
     hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
         raise ValueError(f"{path}: a ROCm/HIP trace ({min(hip)}); EMO reads NVIDIA CUDA traces only")
-    pid = _ints(kept, "pid")
-    tid = _ints(kept, "tid")
-    # args: only of the kinds whose ids EMO reads, one column at a time
-    need = np.flatnonzero(np.isin(codes, _ARG_CODES))
-    args = list(map(attrgetter("args"), map(kept.__getitem__, need.tolist())))
-    if set(map(type, args)) - {_Args}:  # args that are not an object carry nothing
-        args = [a if type(a) is _Args else _NO_ARGS for a in args]
+    pid, tid, col, obj = c.pid, c.tid, c.ints, c.objects
     m = len(need)
-
-    def arg(field: str, ints: bool = True) -> np.ndarray:
-        if not ints:
-            return _objects(map(attrgetter(field), args), m)
-        out = np.full(n, -1, np.int64)
-        out[need] = _ints(args, field)
-        return out
-
-    col = {k: arg(k) for k in _ARG_INTS}
     gpu = np.isin(codes, [_CODE[k] for k in GPU_KINDS])
     is_sync = codes == _CODE["sync"]
     device = np.where(gpu, np.where(col["device"] >= 0, col["device"], pid), -1)
     stream = np.where(gpu, np.where((col["stream"] < 0) & ~is_sync, tid, col["stream"]), -1)
     sub = codes[need]
     sync_kind = np.full(n, "", dtype=object)
-    sv = arg("cuda_sync_kind", ints=False)
+    sv = obj["cuda_sync_kind"]
     ss = sub == _CODE["sync"]
     sync_kind[need[ss]] = [str(x) for x in np.where(sv[ss] == _UNSET, name_values[name_codes[need[ss]]], sv[ss])]
     pg = np.full(n, "", dtype=object)
     granks = np.full(n, "", dtype=object)
     kern = sub == _CODE["kernel"]
-    g = arg("pg_long", ints=False)
-    g = np.where(g != _UNSET, g, arg("pg_name", ints=False))
+    g = obj["pg_long"]
+    g = np.where(g != _UNSET, g, obj["pg_name"])
     named = kern & (g != _UNSET)
     listed = np.zeros(m, bool)
     if named.any():
         pg[need[named]] = [str(x) for x in g[named]]
-        r = arg("pg_ranks", ints=False)
+        r = obj["pg_ranks"]
         listed = kern & (r != _UNSET)
         granks[need[listed]] = [_rank_list(x) for x in r[listed]]
-        groups = _group_ranks(info)
+        groups = _group_ranks(c.info)
         cfg = named & ~listed
         granks[need[cfg]] = [groups.get(x, "") for x in pg[need[cfg]]]
     sync_kind, pg, granks = (
-        _sparse_text(c, need[at]) for c, at in ((sync_kind, ss), (pg, named), (granks, named | listed))
+        _sparse_text(t, need[at]) for t, at in ((sync_kind, ss), (pg, named), (granks, named | listed))
     )
-    warnings += _doubtful_ids(codes, col["stream"], col["device"], pid, tid)
-    warnings += _dangling_flows(events, complete_all, col["correlation"], ts, codes)
+    warnings = c.warnings + _doubtful_ids(codes, col["stream"], col["device"], pid, tid)
+    warnings += _dangling_flows(c.flow_ids, c.flow_ts, col["correlation"], ts, codes)
     table = normalise(
         {
-            "rank": np.full(n, rank, np.int32),
-            "world_size": np.full(n, world, np.int32),
+            "rank": np.full(n, c.rank, np.int32),
+            "world_size": np.full(n, c.world, np.int32),
             "device": device,
             "stream": stream,
             "pid": pid,
@@ -441,6 +588,10 @@ def _skipped(events: list, codes: np.ndarray, complete: np.ndarray) -> list[str]
     bad_ph = int((~complete).sum()) - sum(map(PHASES.__contains__, map(str, other)))
     unknown = np.flatnonzero(complete & (codes == 0)).tolist()  # few: Kineto's "Trace", python_function
     no_cat = sum(not isinstance(events[i].cat, str) for i in unknown)
+    return _skipped_counts(bad_ph, no_cat)
+
+
+def _skipped_counts(bad_ph: int, no_cat: int) -> list[str]:
     out = []
     if bad_ph:
         out.append(f"{bad_ph} events have no valid phase ('ph'): skipped, so what they were is missing")
@@ -471,21 +622,26 @@ def _doubtful_ids(codes, stream, device, pid, tid) -> list[str]:
     return out
 
 
-def _dangling_flows(
-    events: list, complete: np.ndarray, correlation: np.ndarray, start_ns: np.ndarray, codes: np.ndarray
-) -> list[str]:
-    """Kineto draws each launch -> GPU op link as flow events (ac2g) placed on both ends: a runtime
-    call or GPU op with the flow's id as correlation id, starting at the flow's time. A flow with no
-    such event means events were dropped or moved."""
+def _flows(events: list, complete: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The launch flows' (ac2g) ids and times (us; NaN: not a number)."""
     other = list(compress(events, ~complete))  # flows are 's' and 'f' events: look among the non-'X' ones
     flows = list(compress(other, map(eq, map(_CAT, other), repeat("ac2g"))))
-    if not flows:
-        return []
     ids = _ints(flows, "id")
     try:
         ts = np.fromiter(map(_TS, flows), dtype=np.float64, count=len(flows))
     except (TypeError, ValueError):
         ts = np.array([_float(t) for t in map(_TS, flows)])
+    return ids, ts
+
+
+def _dangling_flows(
+    ids: np.ndarray, ts: np.ndarray, correlation: np.ndarray, start_ns: np.ndarray, codes: np.ndarray
+) -> list[str]:
+    """Kineto draws each launch -> GPU op link as flow events (ac2g) placed on both ends: a runtime
+    call or GPU op with the flow's id as correlation id, starting at the flow's time. A flow with no
+    such event means events were dropped or moved."""
+    if not len(ids):
+        return []
     ok = (ids >= 0) & (np.abs(ts) <= _MAX_US)
     at = np.isin(codes, _FLOW_END_CODES)
     c, t = np.r_[correlation[at], ids[ok]], np.r_[start_ns[at], _us_to_ns(ts[ok])]

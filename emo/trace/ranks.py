@@ -1,6 +1,9 @@
 """Read the per-rank files of a folder, in parallel where the machine has cores for it.
 
-This process reads one share of the files; each other share goes to a fresh
+Where one process reads them all (small folders, machines with fewer than MIN_CORES cores), several
+files are read at once by threads (as many as cores, at most MAX_THREADS): the compiled scan of each
+file's JSON text, most of a read, runs without the GIL (emo.trace.kineto_scan). Otherwise this
+process reads one share of the files; each other share goes to a fresh
 `python -m emo.trace.ranks` process that reads its files one at a time and hands each table back as
 an Arrow (Feather) file, so memory is bounded by the tables themselves plus one file being parsed
 per reader. Fresh processes rather than a fork: the
@@ -13,11 +16,12 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 
-from emo.trace.kineto import read_kineto
+from emo.trace.kineto import no_gc, read_kineto
 
 # Folders of at least this many bytes are read by several processes, on machines with at least
 # MIN_CORES cores: a worker's start (an interpreter importing numpy and pandas) costs about as much
@@ -25,6 +29,7 @@ from emo.trace.kineto import read_kineto
 PARALLEL_BYTES = 32 << 20
 MIN_CORES = 4
 MAX_READERS = 8
+MAX_THREADS = 8
 
 
 def readers(files: list[Path]) -> int:
@@ -40,7 +45,7 @@ def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
     """One event table per file, in file order (the file's index is its rank unless it says one)."""
     n = readers(files)
     if n < 2:
-        return [read_kineto(f, rank=i) for i, f in enumerate(files)]
+        return read_here(list(enumerate(files)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     share = [i % n for i in range(len(files))]  # this process reads share 0 while the workers read theirs
     with tempfile.TemporaryDirectory(prefix="emo-ranks-") as tmp:
@@ -68,6 +73,16 @@ def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
             if p.returncode != 0:
                 raise ValueError(err.splitlines()[-1] if err else f"a trace reader exited with {p.returncode}")
         return [mine[i] if share[i] == 0 else pd.read_feather(Path(tmp) / f"{i}.feather") for i in range(len(files))]
+
+
+def read_here(jobs: list[tuple[int, Path]]) -> list[pd.DataFrame]:
+    """The tables of (rank, file) jobs, in their order, read by threads in this process (the first
+    failing file's error is raised, as when they are read one after another)."""
+    threads = min(len(jobs), len(os.sched_getaffinity(0)), MAX_THREADS)
+    if threads < 2:
+        return [read_kineto(f, rank=i) for i, f in jobs]
+    with no_gc(), ThreadPoolExecutor(threads, thread_name_prefix="emo-read") as pool:
+        return list(pool.map(lambda job: read_kineto(job[1], rank=job[0]), jobs))
 
 
 def _worker(out: str, jobs: list[str]) -> int:
