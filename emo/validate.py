@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from emo.baselines import ONLINE, run_online
+from emo.baselines import run_online
 from emo.device import RunResult, pooled, run_segments, settle_iterations
-from emo.methods import PL_TOLERANCE_PCT
+from emo.methods import PL_TOLERANCE_PCT, Method, OnlineContext, describe
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
 from emo.sampling import class_spread
@@ -161,6 +161,48 @@ def _run_dict(run: RunResult) -> dict:
     }
 
 
+def static_pick(
+    cfg: dict,
+    device: Any,
+    devices: list[int],
+    policy: FrequencyPolicy,
+    base: RunResult,
+    opt: RunResult,
+    setting: dict,
+    n: int,
+    warmup: int,
+) -> tuple[RunResult, RunResult, pd.DataFrame]:
+    """(baseline, run, curve) of a method that measures the static curve (Method.measures_static_curve):
+    the curve, every clock at the budget's edge, and a fresh run at the clock of the least measured
+    energy that keeps the budget (the model's pick, `policy`, measured as `opt`, is a candidate);
+    `setting` says which clock and why."""
+    vcfg, ocfg, wl = cfg["validate"], cfg["optimizer"], cfg["workload"]
+    supported = device.supported_clocks()
+    clocks = pareto_clocks(supported, vcfg["pareto_points"], ocfg["min_clock_fraction"])
+    curve = measure_static_curve(device, wl, devices, clocks, n, warmup, base)
+    limit_s = per_iteration(base)[0] * (1 + float(cfg["budget"]) + PL_TOLERANCE_PCT / 100)
+    edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
+    if edge:
+        curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup, base)])
+    model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
+    candidates = curve
+    if len(model_mhz) == 1:  # the model's pick, measured above, is a candidate too
+        t_m, e_m = per_iteration(opt)
+        candidates = pd.concat([curve, pd.DataFrame([{"sm_mhz": model_mhz[0], "time_s": t_m, "energy_j": e_m}])])
+    pick = best_measured_clock(candidates, limit_s)
+    curve = curve.sort_values("sm_mhz").drop_duplicates("sm_mhz").reset_index(drop=True)
+    if pick is not None:
+        # a fresh run at the pick: its own measurement, not the least of several noisy ones,
+        # against its own baseline runs; the curve is restated on that baseline
+        first = base
+        base, opt = against_max_clock(device, wl, FrequencyPolicy.static(device.name, devices, pick), n, warmup)
+        curve = restated(curve, first, base)
+        setting.update(
+            {"static_pick": "measured", "sm_mhz": pick, "model_mhz": model_mhz, "measured_clocks": int(len(curve))}
+        )
+    return base, opt, curve
+
+
 def validate(
     cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]
 ) -> tuple[dict, dict, pd.DataFrame | None]:
@@ -185,8 +227,9 @@ def validate(
     n, warmup, method = int(vcfg["iterations"]), int(vcfg["warmup"]), ocfg["name"]
     if n < MIN_ITERATIONS:
         raise ValueError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")
+    m = describe(method) or Method(method, online=False)  # unknown: an offline method's policy or nothing
     policy = None
-    if method not in ONLINE:
+    if not m.online:
         if policy_path is None:
             raise ValueError(f"validate: optimizer {method!r} needs optimize's policy.json")
         policy = FrequencyPolicy.load(policy_path)
@@ -221,45 +264,15 @@ def validate(
                 (before,) = run_segments(device, wl, [(None, n)], warmup=warmup, settle=settle)
                 bar.update()
                 devices = sorted(before.energy_per_device_j) or [0]
-                res = run_online(
-                    method, device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"], iterations=n, warmup=warmup
-                )
+                budget = float(cfg["budget"])
+                res = run_online(OnlineContext(device, wl, devices, budget, ocfg, cfg["gpu"], n, warmup))
                 opt, explore, setting = res.steady, res.explore, res.setting
                 base = pooled(before, device.run(wl, n, warmup=warmup))
             bar.update()
         curve = None
-        if method == "static" and vcfg["pareto_points"] > 0:
-            supported = device.supported_clocks()
-            clocks = pareto_clocks(supported, vcfg["pareto_points"], ocfg["min_clock_fraction"])
-            curve = measure_static_curve(device, wl, devices, clocks, n, warmup, base)
-            limit_s = per_iteration(base)[0] * (1 + float(cfg["budget"]) + PL_TOLERANCE_PCT / 100)
-            edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
-            if edge:
-                curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup, base)])
-            assert policy is not None  # static is an offline method: its policy was loaded above
-            model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
-            candidates = curve
-            if len(model_mhz) == 1:  # the model's pick, measured above, is a candidate too
-                t_m, e_m = per_iteration(opt)
-                candidates = pd.concat(
-                    [curve, pd.DataFrame([{"sm_mhz": model_mhz[0], "time_s": t_m, "energy_j": e_m}])]
-                )
-            pick = best_measured_clock(candidates, limit_s)
-            curve = curve.sort_values("sm_mhz").drop_duplicates("sm_mhz").reset_index(drop=True)
-            if pick is not None:
-                # a fresh run at the pick: its own measurement, not the least of several noisy ones,
-                # against its own baseline runs; the curve is restated on that baseline
-                first = base
-                base, opt = against_max_clock(device, wl, FrequencyPolicy.static(device.name, devices, pick), n, warmup)
-                curve = restated(curve, first, base)
-                setting.update(
-                    {
-                        "static_pick": "measured",
-                        "sm_mhz": pick,
-                        "model_mhz": model_mhz,
-                        "measured_clocks": int(len(curve)),
-                    }
-                )
+        if m.measures_static_curve and vcfg["pareto_points"] > 0:
+            assert policy is not None  # a method measuring the static curve is offline: its policy was loaded above
+            base, opt, curve = static_pick(cfg, device, devices, policy, base, opt, setting, n, warmup)
     finally:
         device.close()
 

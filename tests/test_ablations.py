@@ -8,7 +8,7 @@ from test_optimize_verify import LATS, _tables
 
 from emo.methods import ABLATIONS, METHODS, OFFLINE, ONLINE
 from emo.optimize import solve
-from emo.optimize.pipeline import solve as run
+from emo.optimize.pipeline import planner as run
 from emo.workflow.plan import compose
 
 

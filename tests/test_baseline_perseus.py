@@ -151,7 +151,7 @@ def test_lowtime_slows_what_is_off_the_critical_path_and_keeps_the_deadline():
 @pytest.mark.slow
 def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeypatch):
     pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
-    from emo.baselines import run_online
+    from emo.baselines import OnlineContext, run_online
     from emo.device.backends import open_device
     from emo.workflow.plan import compose
 
@@ -187,15 +187,16 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeyp
     try:
         base = dev.run(cfg["workload"], 2, warmup=1)
         r = run_online(
-            "perseus",
-            dev,
-            cfg["workload"],
-            sorted(base.energy_per_device_j),
-            0.05,
-            cfg["optimizer"],
-            cfg["gpu"],
-            iterations=2,
-            warmup=1,
+            OnlineContext(
+                dev,
+                cfg["workload"],
+                sorted(base.energy_per_device_j),
+                0.05,
+                cfg["optimizer"],
+                cfg["gpu"],
+                iterations=2,
+                warmup=1,
+            )
         )
     finally:
         dev.close()

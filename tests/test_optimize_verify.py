@@ -11,7 +11,7 @@ import pytest
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
-from emo.optimize.pipeline import solve as run
+from emo.optimize.pipeline import planner as run
 from emo.optimize.pipeline.check import expected, fit_to_prediction
 from emo.optimize.pipeline.schedule import build_policy
 from emo.optimize.pipeline.search import polish_on_predictor

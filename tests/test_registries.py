@@ -105,15 +105,15 @@ def test_a_registered_offline_method_plans_in_the_optimize_stage(offload, tmp_pa
 
     seen = {}
 
-    def lowest_clock(tables, opt, budget, *, gpu, clock_latency, iteration_sd_s):
-        seen["budget"] = budget
-        clocks = sorted(int(c) for c in tables.clocks_mhz)
-        policy = FrequencyPolicy.static(gpu, [0], clocks[0], budget=budget)
-        pred = predict(tables, policy)  # the stage's predictor (emo.model)
+    def lowest_clock(ctx: methods.PlanContext):  # a run of its own, without emo's Planner
+        seen["budget"] = ctx.budget
+        clocks = sorted(int(c) for c in ctx.tables.clocks_mhz)
+        policy = FrequencyPolicy.static(ctx.gpu, [0], clocks[0], budget=ctx.budget)
+        pred = predict(ctx.tables, policy)  # the stage's predictor (emo.model)
         policy.predicted_time_s, policy.predicted_energy_j = pred.time_s, pred.energy_j
         return policy, {
-            "method": opt["name"],
-            opt["name"]: {"transition_ms": [0.0, 0.0, 0.0], "transition_source": "none: one clock"},
+            "method": ctx.name,
+            ctx.name: {"transition_ms": [0.0, 0.0, 0.0], "transition_source": "none: one clock"},
         }
 
     registered("lowest", online=False, run=lowest_clock)
@@ -140,10 +140,10 @@ def test_a_registered_online_method_runs_in_the_validate_stage(tmp_path, run_sta
 
     calls = []
 
-    def at_max(device, workload, devices, budget, optimizer_cfg, gpu_cfg, *, iterations, warmup):
-        calls.append((list(devices), budget))
-        device.set_policy(None)
-        run = device.run(workload, iterations, warmup=warmup)
+    def at_max(ctx: methods.OnlineContext) -> OnlineResult:
+        calls.append((list(ctx.devices), ctx.budget))
+        ctx.device.set_policy(None)
+        run = ctx.device.run(ctx.workload, ctx.iterations, warmup=ctx.warmup)
         return OnlineResult(method="atmax", steady=run, setting={"clock": "default"})
 
     registered("atmax", online=True, run=at_max)
@@ -280,11 +280,11 @@ def test_a_method_module_named_by_convention_is_found(monkeypatch):
     import types
 
     mod = types.ModuleType("emo.optimize.solvers.conventional")
-    mod.solve = lambda *a, **k: None
+    mod.run = lambda ctx: None  # the method's `run` (emo.methods: one context object)
     monkeypatch.setitem(sys.modules, "emo.optimize.solvers.conventional", mod)
     try:
         assert "conventional" in methods.OFFLINE  # loaded by `in`, as plan.py and validate ask
-        assert methods.method("conventional").run is mod.solve
+        assert methods.method("conventional").run is mod.run
     finally:
         methods._REGISTRY.pop("conventional", None)
 

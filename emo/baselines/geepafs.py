@@ -43,6 +43,7 @@ import numpy as np
 
 from emo.baselines.online import OnlineResult, PhaseTotals
 from emo.device import RunResult
+from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step
 
 log = logging.getLogger("emo.baselines.geepafs")
@@ -313,22 +314,12 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
     )
 
 
-def run_online(
-    device: Any,
-    workload: Any,
-    devices: Sequence[int],
-    budget: float,
-    optimizer_cfg: dict,
-    gpu_cfg: dict,
-    *,
-    iterations: int,
-    warmup: int,
-):
+def run_online(ctx: OnlineContext) -> OnlineResult:
     """optimizer.name=geepafs (emo.methods): its options are the optimizer's `geepafs` section."""
     opts = {
-        **optimizer_cfg["geepafs"],
-        "min_clock_fraction": optimizer_cfg["min_clock_fraction"],
-        "iterations": iterations,
-        "warmup": warmup,
+        **ctx.optimizer["geepafs"],
+        "min_clock_fraction": ctx.optimizer["min_clock_fraction"],
+        "iterations": ctx.iterations,
+        "warmup": ctx.warmup,
     }
-    return run_geepafs(device, workload, devices, budget, opts)
+    return run_geepafs(ctx.device, ctx.workload, ctx.devices, ctx.budget, opts)

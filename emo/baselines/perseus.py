@@ -49,6 +49,7 @@ from emo.baselines.perseus_schedule import (
     schedule,
     stage_of,
 )
+from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step, Trigger
 
 # Perseus's on_instruction_begin: torch.cuda.synchronize(), then the instruction's clock to the side process
@@ -304,26 +305,16 @@ def run_perseus(
     return OnlineResult("perseus", steady, explore, setting)
 
 
-def run_online(
-    device: Any,
-    workload: Any,
-    devices: Sequence[int],
-    budget: float,
-    optimizer_cfg: dict,
-    gpu_cfg: dict,
-    *,
-    iterations: int,
-    warmup: int,
-) -> OnlineResult:
+def run_online(ctx: OnlineContext) -> OnlineResult:
     """emo.methods' online contract: optimizer.perseus.* and the clock floor, then run_perseus."""
-    opts = {**optimizer_cfg["perseus"], "min_clock_fraction": optimizer_cfg["min_clock_fraction"]}
+    opts = {**ctx.optimizer["perseus"], "min_clock_fraction": ctx.optimizer["min_clock_fraction"]}
     return run_perseus(
-        device,
-        workload,
-        devices,
-        budget,
+        ctx.device,
+        ctx.workload,
+        ctx.devices,
+        ctx.budget,
         opts,
-        iterations=iterations,
-        warmup=warmup,
-        settle_s=float(gpu_cfg["settle_s"]),
+        iterations=ctx.iterations,
+        warmup=ctx.warmup,
+        settle_s=float(ctx.gpu["settle_s"]),
     )

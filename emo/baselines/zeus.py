@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from emo.baselines.online import OnlineResult, PhaseMeter, rewarm
+from emo.methods import OnlineContext
 
 log = logging.getLogger("emo.baselines.zeus")
 
@@ -258,17 +259,7 @@ def run_zeus(
     )
 
 
-def run_online(
-    device: Any,
-    workload: Any,
-    devices: Sequence[int],
-    budget: float,
-    optimizer_cfg: dict,
-    gpu_cfg: dict,
-    *,
-    iterations: int,
-    warmup: int,
-):
+def run_online(ctx: OnlineContext) -> OnlineResult:
     """optimizer.name=zeus (emo.methods): its options are the optimizer's `zeus` section."""
-    opts = {**optimizer_cfg["zeus"], "iterations": iterations, "warmup": warmup}
-    return run_zeus(device, workload, devices, budget, opts, gpu_cfg)
+    opts = {**ctx.optimizer["zeus"], "iterations": ctx.iterations, "warmup": ctx.warmup}
+    return run_zeus(ctx.device, ctx.workload, ctx.devices, ctx.budget, opts, ctx.gpu)

@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from emo.graph.whatif import TOLERANCE_NS
-from emo.optimize.problem import Items, Problem, evaluate, make_items
+from emo.optimize.problem import Evaluation, Items, Problem, evaluate, make_items
 from emo.optimize.solution import Solution
+
+
+def single_clock_curve(p: Problem, items: Items) -> list[Evaluation]:
+    """Every candidate clock on every item, on the engine: the static curve, one point per clock."""
+    return [evaluate(p, items, np.full(items.k, c)) for c in range(p.n_clocks)]
 
 
 def optimize_static(
@@ -17,8 +22,7 @@ def optimize_static(
     deadline = p.makespan0_ns * (1 + budget)
     curve = []
     best_c, best_e = p.ref, np.inf
-    for c in range(p.n_clocks):
-        ev = evaluate(p, items, np.full(items.k, c))
+    for c, ev in enumerate(single_clock_curve(p, items)):
         curve.append({"sm_mhz": int(p.clocks_mhz[c]), "time_ms": ev.makespan_ns * 1e-6, "energy_j": ev.energy_j})
         if ev.makespan_ns <= deadline + TOLERANCE_NS and ev.energy_j < best_e:
             best_c, best_e = c, ev.energy_j
