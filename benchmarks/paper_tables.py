@@ -65,7 +65,7 @@ def results_section(argv: list[str]) -> str:
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from emo import benchreport  # noqa: E402
-from emo.methods import ABLATIONS, METHODS  # noqa: E402  (the checkout, not an installed emo)
+from emo.methods import METHODS, describe, lead  # noqa: E402  (the checkout, not an installed emo)
 from emo.report import scoring  # noqa: E402
 from emo.workflow.run import jobs_config  # noqa: E402
 from emo.workflow.sweep import build  # noqa: E402
@@ -217,7 +217,7 @@ def main() -> int:
         help="stage folders (reused); the pipeline's log goes to paper_tables.log there",
     )
     ap.add_argument("--cores", type=int, default=2)
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if m not in ABLATIONS))
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if describe(m).rival))
     ap.add_argument(
         "--ablations",
         action=argparse.BooleanOptionalAction,
@@ -236,7 +236,7 @@ def main() -> int:
         print(f"--methods: {', '.join(unknown)} not one of {', '.join(known)}", file=sys.stderr)
         return 2
     if args.ablations if args.ablations is not None else not args.quick:
-        methods += [m for m in ABLATIONS if m not in methods]
+        methods += [m for m in METHODS if not describe(m).rival and m not in methods]  # the ablations
     if args.seeds is None:
         # a cell on the curve is "below" by chance when its mean is over one sample sd away:
         # P(t(n-1) > sqrt(n)) is 11 % at 3 seeds, 4.5 % at 5 (docs/validate.md)
@@ -244,8 +244,9 @@ def main() -> int:
     if args.seeds < 1:
         print("--seeds: want at least 1", file=sys.stderr)
         return 2
-    if "static" not in methods:
-        methods.append("static")  # the static curve is the bar every cell is scored against
+    curved = next(m for m in METHODS if describe(m).measures_static_curve)  # static: its validate measures the curve
+    if curved not in methods:
+        methods.append(curved)  # the static curve is the bar every cell is scored against
     common = [f"results={results}", "tracking.enabled=false", f"validate.pareto_points={CURVE_POINTS}"]
     seeds = list(range(args.seeds))
     table = cells(args.quick)
@@ -271,7 +272,8 @@ def main() -> int:
         print(f"the pipeline failed for some jobs (exit {rc}): see {log}; scoring what finished", file=sys.stderr)
     sw = build(jobs)
     folder = {(c[1], c[3], s, m): Path(j.result).parent for (c, s, m), j in zip(grid, sw.jobs)}
-    emo_job = {(c[1], c[3]): j for (c, s, m), j in zip(grid, sw.jobs) if s == seeds[0] and m == "emo"}
+    first = lead()  # the method the table judges (emo.methods: Method.lead)
+    emo_job = {(c[1], c[3]): j for (c, s, m), j in zip(grid, sw.jobs) if s == seeds[0] and m == first}
     got = {key: load(str(vdir / "result.json")) for key, vdir in folder.items()}
 
     width = {m: max(22, len(m) + 11) for m in methods}
@@ -288,21 +290,22 @@ def main() -> int:
         per: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in methods}
         curves, emo_points = [], []
         for s in seeds:
-            curve = static_curve(got[(label, budget, s, "static")], folder[(label, budget, s, "static")])
+            curve = static_curve(got[(label, budget, s, curved)], folder[(label, budget, s, curved)])
             for mth in methods:
                 r = got[(label, budget, s, mth)]
                 if r is None:
                     continue
                 es, pl = r["metrics"]["es_pct"], r["metrics"]["pl_pct"]
-                if mth == "static" and curve is not None:
+                if describe(mth).measures_static_curve and curve is not None:
                     bar.append(((es, pl), curve[curve["sm_mhz"] >= 0]))  # the sweep alone (the own pick is -1)
                     es, pl, _mhz = scoring.best_static(curve, bpct)
                 per[mth][0].append(es)
                 per[mth][1].append(pl)
                 record.append({"cell": label, "budget": budget, "seed": s, "method": mth, "es_pct": es, "pl_pct": pl})
-                if mth != "static" and changes_clocks(r):  # static's pick comes from the curve, not its own run
+                # static's pick comes from the curve, not its own run
+                if not describe(mth).measures_static_curve and changes_clocks(r):
                     errors.setdefault(mth, []).append(prediction_errors(r))
-            r = got[(label, budget, s, "emo")] if "emo" in methods else None
+            r = got[(label, budget, s, first)] if first in methods else None
             if r is not None and curve is not None:
                 curves.append(curve)
                 emo_points.append((r["metrics"]["es_pct"], r["metrics"]["pl_pct"]))
@@ -317,7 +320,7 @@ def main() -> int:
             n_above += scoring.above(mg)
             n_below += scoring.below(mg)
             margin_txt = f"{mg.es:>+14.2f}±{mg.es_sd:.2f}"
-        ok, why = scoring.ahead({m: v for m, v in scores.items() if m not in ABLATIONS}, bpct)  # rivals only
+        ok, why = scoring.ahead({m: v for m, v in scores.items() if describe(m).rival}, bpct, first)  # rivals only
         n_ahead += ok
         print(
             f"{tab:<6}{label:<14}{budget:>7.0%}  "

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from emo.io import write_json
-from emo.methods import ABLATIONS
 from emo.methods import METHODS as METHOD_ORDER
+from emo.methods import describe, lead
 from emo.report import scoring
 from emo.report.runs import latest, read_result, stage_dir, static_curve, upstream  # noqa: F401  (also emo.cli.compare's names)
 
@@ -125,6 +125,18 @@ STATIC_NOTE = (
 )
 
 
+def measures_curve(name: str) -> bool:
+    """A method whose validate measured the static curve (Method.measures_static_curve)."""
+    m = describe(name) if isinstance(name, str) else None
+    return m is not None and m.measures_static_curve
+
+
+def rival(name: str) -> bool:
+    """A method scored against the lead (an ablation is not; a method unknown here is)."""
+    m = describe(name)
+    return m is None or m.rival
+
+
 def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Rows GPU x workload x budget: how many seeds, a column per method (`ES±sd/PL±sd` over them), EMO's margin
     over the static curve, and whether EMO is ahead. `curves`: static validate hash -> the clocks it
@@ -135,8 +147,11 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
     curves = curves or {}
     methods = [m for m in METHOD_ORDER if m in set(r["method"])] + sorted(set(r["method"]) - set(METHOD_ORDER))
     static = (
-        r[(r["method"] == "static") & r["validate_hash"].isin(list(curves))] if "validate_hash" in r else r.iloc[:0]
+        r[r["method"].map(measures_curve) & r["validate_hash"].isin(list(curves))]
+        if "validate_hash" in r
+        else r.iloc[:0]
     )
+    first = lead()
     rows = []
     for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
         bpct = 100 * budget
@@ -150,7 +165,7 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
         scores = {}
         for m, g in cell.groupby("method"):
             points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
-            if m == "static":  # each static run by its own curve (was: by the seed's curve of any budget)
+            if measures_curve(m):  # each static run by its own curve (was: by the seed's curve of any budget)
                 points = [
                     scoring.best_static(curves[row["validate_hash"]], bpct)[:2]
                     if row.get("validate_hash") in curves
@@ -165,7 +180,7 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
             "seeds": cell["seed"].nunique(),
             **{m: s.text(bpct) for m, s in scores.items()},
         }
-        emo = cell[(cell["method"] == "emo") & cell["seed"].isin(list(seed_curve))]
+        emo = cell[(cell["method"] == first) & cell["seed"].isin(list(seed_curve))]
         out["EMO - static curve"] = "-"
         if len(emo):
             mg = scoring.margins(
@@ -173,12 +188,12 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
                 [seed_curve[int(sd)] for sd in emo["seed"]],
             )
             out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
-        rivals = {m: v for m, v in scores.items() if m not in ABLATIONS}  # an ablation is no rival of EMO
-        ok, why = scoring.ahead(rivals, bpct)
-        n = scores["emo"].n if "emo" in scores else 0
+        rivals = {m: v for m, v in scores.items() if rival(m)}  # an ablation is no rival of EMO
+        ok, why = scoring.ahead(rivals, bpct, first)
+        n = scores[first].n if first in scores else 0
         out["EMO ahead"] = (
             "- (no baseline measured)"
-            if "emo" in rivals and len(rivals) == 1
+            if first in rivals and len(rivals) == 1
             else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else "")
         )
         rows.append(out)
@@ -191,7 +206,7 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
 def static_points(runs: pd.DataFrame, results: Path) -> dict[str, pd.DataFrame]:
     """Static validate hash -> every clock it measured (its curve and its own pick) as PL/ES %."""
     out = {}
-    for _, row in runs[(runs["method"] == "static") & runs["validate_hash"].notna()].iterrows():
+    for _, row in runs[runs["method"].map(measures_curve) & runs["validate_hash"].notna()].iterrows():
         f = stage_dir(results, "validate", row["validate_hash"]) / "pareto.parquet"
         if f.exists():
             out[row["validate_hash"]] = scoring.static_points(pd.read_parquet(f), row.to_dict())
@@ -302,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
     t = table(runs, curves)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(t.to_string())
-    if curves and "static" in t.columns:
+    if curves and any(measures_curve(m) for m in t.columns):
         print(STATIC_NOTE)
     if args.csv:
         from emo.io import atomic_path

@@ -23,6 +23,7 @@ import pandas as pd
 from scipy.optimize import isotonic_regression
 
 from emo.methods import PL_TOLERANCE_PCT as TOLERANCE_PCT
+from emo.methods import lead as lead_method
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,10 @@ def below(margin: Score) -> bool:
     return margin.es < 0 and -margin.es > margin.es_sd
 
 
-def ahead(scores: dict[str, Score], budget_pct: float, lead: str = "emo") -> tuple[bool, str]:
-    """Is `lead` ahead of every other method within budget by more than their combined spread? And
-    why not, in a few words."""
+def ahead(scores: dict[str, Score], budget_pct: float, lead: str | None = None) -> tuple[bool, str]:
+    """Is `lead` (the registry's lead method by default: emo.methods.lead) ahead of every other method
+    within budget by more than their combined spread? And why not, in a few words."""
+    lead = lead or lead_method()
     me = scores.get(lead)
     if me is None:
         return False, f"{lead} not measured"
