@@ -54,11 +54,15 @@ RESULTS_SECTIONS = (
     "paper-tables-ablations",
     "paper-tables-quick",
     "paper-tables-quick-ablations",
+    "paper-tables-cells",
 )
 
 
 def results_section(argv: list[str]) -> str:
-    """paper-tables[-quick][-ablations]: the section of docs/results.md a run with these flags writes."""
+    """paper-tables[-quick][-ablations], or paper-tables-cells for some cells (--cells): the section of
+    docs/results.md a run with these flags writes."""
+    if any(a == "--cells" or a.startswith("--cells=") for a in argv):
+        return "paper-tables-cells"
     return "paper-tables" + "-quick" * ("--quick" in argv) + "-ablations" * ("--ablations" in argv)
 
 
