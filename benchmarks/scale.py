@@ -93,6 +93,7 @@ def run_stage(stage: str, root: Path, cal: Path, overrides: list[str]) -> dict:
         sys.exit(f"scale: {stage} failed (rc {p.returncode}):\n{stderr[-3000:]}")
     r = json.loads(stdout.strip().splitlines()[-1])
     r["rss_gb"] = usage.ru_maxrss / 1e6  # KiB on Linux
+    r["cpu_s"] = usage.ru_utime + usage.ru_stime  # what the machine's load does not inflate
     return r
 
 
@@ -117,9 +118,11 @@ def main() -> None:
         k = json.loads((job / "optimize" / "summary.json").read_text())["sample"]["schedules"]
         sim = st["trace"]["wall_s"] + st["profile"]["sim_s"]
         per = ", ".join(f"{s} {st[s]['wall_s'] - (st[s]['sim_s'] if s == 'profile' else 0):.0f}" for s in ANALYSIS)
+        cpu = sum(st[s]["cpu_s"] for s in ANALYSIS if s != "profile")
         print(
             f"{n} GPUs: {t:.0f} s, {m:.2f} GB, {k} schedules "
-            f"({per} s; virtual GPU simulating the job {sim:.0f} s, trace stage {st['trace']['rss_gb']:.2f} GB; "
+            f"({per} s; graph+pack+fit+optimize {cpu:.0f} s of CPU; "
+            f"virtual GPU simulating the job {sim:.0f} s, trace stage {st['trace']['rss_gb']:.2f} GB; "
             f"load {load:.1f} at start, {os.getloadavg()[0]:.1f} at end)",
             flush=True,
         )
