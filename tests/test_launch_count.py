@@ -85,7 +85,7 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
             )
         )
     }
-    gpu = {"name": "a100", "backend": "nvml"}
+    gpu = {"name": "a100", "backend": "nvml", "settle_s": 0.0}  # no settling: the launches are what is counted
     counts = {}
 
     # the trace stage's device call (the stage itself refuses a CPU trace: no kernels to analyse)
