@@ -43,7 +43,7 @@ from pathlib import Path
 
 from emo.device import gpu_locks
 from emo.device.control import GpuAccessError
-from emo.device.gpu_locks import HELD, LOST
+from emo.device.gpu_locks import LOST
 from emo.runtime import ClockLost, RequestDropped
 
 RESET_BOUND_S = 1.0  # stated bound: the trainer's death to the last GPU reset (measured: milliseconds)
@@ -316,17 +316,7 @@ def serve(sock: socket.socket, parent: int) -> int:
             locked.discard(gpu)
             why = f"reset by someone else ({_holder(gpu)})"
             raise GpuAccessError(f"GPU {gpu}: {why}", cause=LOST, reason=why)
-        try:
-            stale = gpu_locks.acquire(gpu, me)
-        except gpu_locks.Held as e:
-            why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
-            raise GpuAccessError(why, cause=HELD, reason=why) from None
-        except OSError as e:  # e.g. a lock folder another user made without write access for all
-            why = (
-                f"cannot record the GPU's lock in {gpu_locks.lock_dir()} ({e.strerror or e}): "
-                f"set {gpu_locks.LOCK_DIR_ENV} to a folder every EMO user of this node can write"
-            )
-            raise GpuAccessError(why, cause=zeusd.OTHER, reason=why) from None
+        stale = gpu_locks.take(gpu, me)
         if stale is not None:
             say(f"GPU {gpu} was left locked by {stale.describe()}, now dead: this job takes it over")
 

@@ -254,6 +254,25 @@ def acquire(gpu: int, me: Holder) -> Record | None:
     )
 
 
+def take(gpu: int, me: Holder) -> Record | None:
+    """acquire, its failures as the one-line GpuAccessError every locker of a GPU raises: HELD when
+    another live job holds it, OTHER when the record cannot be written."""
+    from emo.device.control import GpuAccessError
+    from emo.device.zeusd import OTHER
+
+    try:
+        return acquire(gpu, me)
+    except Held as e:
+        why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
+        raise GpuAccessError(why, cause=HELD, reason=why) from None
+    except OSError as e:  # e.g. a lock folder another user made without write access for all
+        why = (
+            f"cannot record the GPU's lock in {lock_dir()} ({e.strerror or e}): "
+            f"set {LOCK_DIR_ENV} to a folder every EMO user of this node can write"
+        )
+        raise GpuAccessError(why, cause=OTHER, reason=why) from None
+
+
 def mine(gpu: int, me: Holder) -> bool:
     rec = read(gpu)
     return rec is not None and rec.holder == me

@@ -43,7 +43,7 @@ from emo.device import ProfilingUnavailable as NoCounters
 from emo.device import zeusd as _zeusd
 from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part of this module's API
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
-from emo.device.gpu_locks import HELD, LOST
+from emo.device.gpu_locks import LOST
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier, refuse_triggered
@@ -212,17 +212,7 @@ class ClockController:
                     print(f"emo: {line}", file=sys.stderr)
             except OSError:  # an unusable lock folder is said by acquire below
                 pass
-        try:
-            stale = gpu_locks.acquire(index, me)
-        except gpu_locks.Held as e:
-            why = f"{e}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)"
-            raise GpuAccessError(why, cause=HELD, reason=why) from None
-        except OSError as e:  # e.g. a lock folder another user made without write access for all
-            why = (
-                f"cannot record GPU {index}'s lock in {gpu_locks.lock_dir()} ({e.strerror or e}): "
-                f"set {gpu_locks.LOCK_DIR_ENV} to a folder every EMO user of this node can write"
-            )
-            raise GpuAccessError(why, cause=_zeusd.OTHER, reason=why) from None
+        stale = gpu_locks.take(index, me)
         guard.held.add(index)
         guard.lost.discard(index)
         if stale is not None:

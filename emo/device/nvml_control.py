@@ -127,7 +127,7 @@ def nvml_applier(
     if held:  # one owner per GPU on the node: said before any request, not as a failure of each
         raise GpuAccessError(
             f"{gpu_locks.Held(held[0])}: wait for it to end, or give this job other GPUs (CUDA_VISIBLE_DEVICES)",
-            cause=clock_owner.HELD,
+            cause=gpu_locks.HELD,
         )
     owner = clock_owner.owner()
     if strict and owner.error is not None:
