@@ -33,7 +33,9 @@ from typing import Any
 class PlanContext:
     """What an offline method plans from (the optimize stage): the model's tables (PackTables), the
     optimizer section, the user's budget, the GPU's name, the calibration's measured clock-request
-    latency (None: not measured) and one iteration's measured spread in seconds (None: unknown)."""
+    latency (None: not measured), one iteration's measured spread in seconds (None: unknown) and the
+    untraced run's measured iteration time over the model's prediction at the default clock (fit's
+    check; None: no untraced measurement)."""
 
     tables: Any
     opt: dict
@@ -41,6 +43,7 @@ class PlanContext:
     gpu: str
     clock_latency: dict | None = None
     iteration_sd_s: float | None = None
+    baseline_ratio: float | None = None
 
     @property
     def name(self) -> str:

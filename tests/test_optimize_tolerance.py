@@ -129,3 +129,34 @@ def test_optimize_is_byte_identical_on_an_idle_and_a_loaded_machine(offload, tmp
             h.wait()
     for name in ("policy.json", "summary.json"):
         assert (tmp_path / "idle" / name).read_bytes() == (tmp_path / "loaded" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("budget", "ratio"),
+    [(0.02, None), (0.02, 0.99), (0.02, 1.01), (0.0, 0.99)],
+)
+def test_the_budget_is_against_the_measured_run(offload, budget, ratio):
+    """The deadline is (1 + budget) x the *measured* untraced iteration (fit's check: measured over
+    predicted at the default clock), never stricter than the noise floor, which is a floor and not
+    a term added to the user's budget."""
+    t = load_pack_tables(offload / "pack", offload / "fit")
+    opt = compose(["optimizer=emo"])["optimizer"]
+    measured = clock_latency(offload / "calibrate/calibration.json")
+    policy, summary = solve(t, opt, budget, gpu="a100", clock_latency=measured, baseline_ratio=ratio)
+    s = summary["emo"]
+    floor = s["time_tolerance_ms"] * 1e6 / predict(t).makespan_ns
+    want = max((1 + budget) * (1.0 if ratio is None else ratio) - 1, floor)
+    assert s["planning_budget"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert s["baseline_ratio"] == (1.0 if ratio is None else ratio)
+    assert policy.budget == budget  # the policy carries the user's budget
+
+
+def test_baseline_ratio_reads_the_untraced_check(tmp_path):
+    from emo.stages.optimize import baseline_ratio
+
+    check = {"default": {"predicted_iteration_s": 0.2, "measured_iteration_s": 0.199}}
+    (tmp_path / "untraced.json").write_text(json.dumps({**check, "baseline_source": "untraced"}))
+    (tmp_path / "recorded.json").write_text(json.dumps({**check, "baseline_source": "trace"}))
+    assert baseline_ratio(tmp_path / "untraced.json") == pytest.approx(0.995)
+    assert baseline_ratio(tmp_path / "recorded.json") is None  # the traced run is no reference for the run
+    assert baseline_ratio(tmp_path / "missing.json") is None

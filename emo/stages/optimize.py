@@ -71,6 +71,18 @@ def iteration_sd(path: Path | None) -> float | None:
     return None if sd is None else float(sd)
 
 
+def baseline_ratio(path: Path | None) -> float | None:
+    """The untraced run's measured iteration time over the model's prediction at the default clock,
+    from a fit folder's check.json (None without an untraced measurement: a recorded trace's
+    baseline is the traced run itself)."""
+    check = _read(path)
+    d = check.get("default") or {}
+    pred, meas = d.get("predicted_iteration_s"), d.get("measured_iteration_s")
+    if pred is None or meas is None or check.get("baseline_source", "untraced") != "untraced":
+        return None
+    return float(meas) / float(pred)
+
+
 GATE_PCT = 1.0  # the prediction may miss the measured untraced iteration by max(this, 2 sd)
 
 
@@ -128,6 +140,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         gpu=cfg["gpu"]["name"],
         clock_latency=measured,
         iteration_sd_s=iteration_sd(inputs.get("check")),
+        baseline_ratio=baseline_ratio(inputs.get("check")),
     )
     lo, mean, hi = summary[opt["name"]]["transition_ms"]  # what solve planned with, its clock groups' included
     log.info(

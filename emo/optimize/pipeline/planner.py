@@ -100,15 +100,20 @@ class Setting:
         # a clock group's GPUs raise together and wait for each other at their collectives: a raise is
         # on time when the latest of theirs is
         self.lats, source = planning_latencies(opt, ctx.clock_latency, peers=max(len(g) for g in self.items.groups))
-        # plan against the budget plus the iteration time's own noise (tables.time_tolerance_ns): with a
-        # strict 0, microseconds of predicted delay would rule out every lower clock
+        # The budget is relative to the measured run at the default clock, not to the model's prediction
+        # of it (fit's check measured both), and never stricter than the iteration time's own noise
+        # (tables.time_tolerance_ns: with a strict 0, microseconds of predicted delay would rule out
+        # every lower clock). A floor, not a term: the verdict's tolerance (PL_TOLERANCE_PCT) is room
+        # for measuring, not for planning into (docs/optimize.md, "Time tolerance").
         sd = None if ctx.iteration_sd_s is None else ctx.iteration_sd_s * 1e9
         tolerance_ns = time_tolerance_ns(self.timing, p.makespan0_ns, sd)
-        self.plan_budget = budget + tolerance_ns / p.makespan0_ns
+        ratio = 1.0 if ctx.baseline_ratio is None else float(ctx.baseline_ratio)
+        self.plan_budget = max((1.0 + budget) * ratio - 1.0, tolerance_ns / p.makespan0_ns)
         lats = self.lats
         self.record: dict = {
             "planning_budget": self.plan_budget,
             "time_tolerance_ms": tolerance_ns * 1e-6,
+            "baseline_ratio": ratio,
             "transition_ms": lats.range(),
             "transition_source": source,
             "latency_quadrature": {

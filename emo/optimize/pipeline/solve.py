@@ -20,13 +20,16 @@ def solve(
     gpu: str,
     clock_latency: dict | None = None,
     iteration_sd_s: float | None = None,
+    baseline_ratio: float | None = None,
 ) -> tuple[FrequencyPolicy, dict]:
     """The policy of method opt["name"] within `budget`, and its summary: the method's own record
     under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency).
     `clock_latency`: the calibration's measured clock-request latency (check.planning_latencies:
     what the plan assumes unless optimizer.transition_ms overrides it); `iteration_sd_s`: one
-    iteration's measured spread (tables.time_tolerance_ns). The policy carries its prediction, in
-    expectation over the latencies it was planned with (check.expected)."""
+    iteration's measured spread (tables.time_tolerance_ns); `baseline_ratio`: the untraced run's
+    measured iteration over the predicted one at the default clock (the deadline's reference,
+    planner.Setting). The policy carries its prediction, in expectation over the latencies it was
+    planned with (check.expected)."""
     name = opt["name"]
     m = method(name)
     if m.online or m.run is None:
@@ -34,4 +37,4 @@ def solve(
             f"optimizer.name: {name!r} is not an offline method ({', '.join(OFFLINE)}); "
             f"{', '.join(ONLINE)} run online in validate"
         )
-    return m.run(PlanContext(tables, opt, budget, gpu, clock_latency, iteration_sd_s))
+    return m.run(PlanContext(tables, opt, budget, gpu, clock_latency, iteration_sd_s, baseline_ratio))
