@@ -15,6 +15,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from emo.errors import ConfigError
+
 
 # --------------------------------------------------------------------------- allowed values
 # A field's `metadata["allowed"]` is (test, text): the range a value must lie in, said in words.
@@ -477,7 +479,7 @@ def _check_node(schema: type, node: dict, prefix: str) -> None:
     hints = typing.get_type_hints(schema)
     unknown = sorted(set(node) - {f.name for f in dataclasses.fields(schema)})
     if unknown:  # `+key=value` adds a key no stage reads: a typo the typed config would otherwise let through
-        raise ValueError(f"bad configuration: {prefix + unknown[0]} is not a key of the configuration")
+        raise ConfigError(f"bad configuration: {prefix + unknown[0]} is not a key of the configuration")
     for f in dataclasses.fields(schema):
         if f.name not in node:
             continue
@@ -496,7 +498,7 @@ def _check_node(schema: type, node: dict, prefix: str) -> None:
 
 
 def _bad(key: str, allowed: str, value) -> None:
-    raise ValueError(f"bad configuration: {key} must be {allowed} (got {value!r})")
+    raise ConfigError(f"bad configuration: {key} must be {allowed} (got {value!r})")
 
 
 def register() -> None:

@@ -1,7 +1,8 @@
 """Failures as one line a person can read: `emo: error: FILE: problem`.
 
 Bad input raises ValueError / FileNotFoundError / OSError whose message starts with the user's file or
-key; this module turns any exception into that one line, carries a stage's line to `emo run` (a JSON
+key; the error tree (EmoError: ConfigError, InputError, DeviceError) says by its type which exit status
+a failure asks for (exit_code; docs/design.md, "Exit status"); this module turns any exception into that one line, carries a stage's line to `emo run` (a JSON
 line appended to the file named by EMO_ERRORS) and turns the signals a terminal, ssh or a scheduler
 sends (SIGTERM, SIGHUP) into an exception, so that every `finally` and error path runs as for Ctrl-C.
 """
@@ -32,9 +33,54 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-class InputError(ValueError):
-    """What a stage was given cannot give a trustworthy answer (a trace that does not describe the
-    run): a failure of the input, so `emo run` exits 2 as for bad configuration, not 1."""
+class EmoError(Exception):
+    """A failure EMO knows the meaning of; its class decides the exit status (`exit_code`), never its
+    message. The subclasses keep the builtin they replaced as a base, so that callers catching
+    ValueError or RuntimeError still catch them."""
+
+    exit_code = 1
+
+
+class ConfigError(EmoError, ValueError):
+    """The configuration (a Hydra key, a flag, a policy's or optimizer's setting) is not one EMO can run:
+    exit 2, as argparse exits on a bad command line."""
+
+    exit_code = 2
+
+
+class InputError(EmoError, ValueError):
+    """What a stage or command was given (a trace, a table, a profile) cannot give a trustworthy
+    answer: a failure of the input, exit 2 as for bad configuration (fix what you gave, then rerun)."""
+
+    exit_code = 2
+
+
+class DeviceError(EmoError, RuntimeError):
+    """The GPU (or what controls it: NVML, zeusd, the clock owner, a launcher) could not be read or
+    controlled as asked: exit 3, a failure of the machine, not of what was asked of it."""
+
+    exit_code = 3
+
+
+UNTYPED_INPUT_EXIT = 2  # an untyped ValueError or OSError (a full disk, a read-only folder): what it was given
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit status a failure asks for, by its type: an EmoError's own code; 128 + the signal for an
+    interrupt; 2 for an untyped ValueError or OSError; 1 for anything else (a bug)."""
+    if isinstance(e, EmoError):
+        return e.exit_code
+    if is_interrupt(e):
+        return exit_status(e)
+    if isinstance(e, (ValueError, OSError)):
+        return UNTYPED_INPUT_EXIT
+    return 1
+
+
+def stage_status(e: BaseException) -> int:
+    """The exit status a failed stage asks `emo run` for: an EmoError's code; 1 for anything else
+    (a stage given checked configuration that still fails untyped is EMO's failure, not the user's)."""
+    return e.exit_code if isinstance(e, EmoError) else 1
 
 
 def is_interrupt(e: BaseException) -> TypeGuard[KeyboardInterrupt]:
@@ -58,7 +104,7 @@ def one_line(e: BaseException, replace: dict[str, str] | None = None) -> str:
         text = f"interrupted ({signal_name(e)})"
     elif isinstance(e, OSError) and e.strerror:  # a full disk, a read-only folder: the path and why
         text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
-    elif isinstance(e, (ValueError, FileNotFoundError)):
+    elif isinstance(e, (EmoError, ValueError, FileNotFoundError)):
         text = str(e)
     else:
         text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -96,7 +142,7 @@ def report(
 ) -> None:
     """Hand a stage's failure to `emo run` (EMO_ERRORS), or print it when run by plain snakemake;
     `folder`: the stage folder it failed to make (so that no job computed from it shows a result);
-    `status`: the exit status it asks for (2: its input, InputError)."""
+    `status`: the exit status it asks for (exit_code of what it raised)."""
     record = {"stage": stage, "error": line, "log": log_file, "killed": killed, "folder": folder, "status": status}
     path = os.environ.get(ERRORS_ENV)
     if path:

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emo.errors import InputError
+
 
 @dataclass(frozen=True)
 class Step:
@@ -43,7 +45,7 @@ class Trigger:
 
     def __post_init__(self) -> None:
         if isinstance(self.scopes, str) or not self.scopes or not all(isinstance(x, str) and x for x in self.scopes):
-            raise ValueError(f"trigger.scopes: a non-empty list of scope names, got {self.scopes!r}")
+            raise InputError(f"trigger.scopes: a non-empty list of scope names, got {self.scopes!r}")
         object.__setattr__(self, "scopes", tuple(self.scopes))
 
     def to_dict(self) -> dict:
@@ -53,7 +55,7 @@ class Trigger:
     def from_dict(cls, d: dict) -> Trigger:
         unknown = set(d) - {"scopes", "synchronize"}
         if unknown:
-            raise ValueError(f"trigger: unknown keys {sorted(unknown)}")
+            raise InputError(f"trigger: unknown keys {sorted(unknown)}")
         return cls(tuple(d["scopes"]), bool(d.get("synchronize", False)))
 
 
@@ -113,7 +115,7 @@ class FrequencyPolicy:
             }
             missing = sorted({v for v in d["meta"]["ranks"].values()} - set(d["steps"]))
             if missing:
-                raise ValueError(f"meta.ranks maps ranks to device {missing[0]}, which has no schedule in steps")
+                raise InputError(f"meta.ranks maps ranks to device {missing[0]}, which has no schedule in steps")
         trig = d.get("trigger")
         d["trigger"] = None if trig is None else Trigger.from_dict(trig)
         return cls(**d)
@@ -129,33 +131,33 @@ class FrequencyPolicy:
         try:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a frequency policy ({e})") from e
+            raise InputError(f"{path}: not a frequency policy ({e})") from e
 
 
 def _mapping(v, where: str) -> dict:
     if not isinstance(v, dict):
-        raise ValueError(f"{where}: an object, got {type(v).__name__}")
+        raise InputError(f"{where}: an object, got {type(v).__name__}")
     return v
 
 
 def _list(v, where: str) -> list:
     if not isinstance(v, list):
-        raise ValueError(f"{where}: a list of steps, got {type(v).__name__}")
+        raise InputError(f"{where}: a list of steps, got {type(v).__name__}")
     return v
 
 
 def _finite(v, where: str, low: float | None = None) -> float:
     """A JSON number that is one (not true/false, not Infinity or NaN, which Python's json reads)."""
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise ValueError(f"{where}: a finite number, got {v!r}")
+        raise InputError(f"{where}: a finite number, got {v!r}")
     if low is not None and v < low:
-        raise ValueError(f"{where}: at least {low:g}, got {v!r}")
+        raise InputError(f"{where}: at least {low:g}, got {v!r}")
     return float(v)
 
 
 def _mhz(v, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v) or v <= 0:
-        raise ValueError(f"{where}: a positive whole number of MHz, got {v!r}")
+        raise InputError(f"{where}: a positive whole number of MHz, got {v!r}")
     return int(v)
 
 
@@ -163,14 +165,14 @@ def _device(v, where: str) -> int:
     """A device or rank id: a non-negative integer, or its decimal string (JSON keys are strings)."""
     text = str(v) if not isinstance(v, bool) else ""
     if not text.isdigit() or isinstance(v, float):
-        raise ValueError(f"{where}: a device or rank id is a non-negative integer, got {v!r}")
+        raise InputError(f"{where}: a device or rank id is a non-negative integer, got {v!r}")
     return int(text)
 
 
 def check_clock(mhz: int, clocks: list[int], where: str) -> None:
     """One clock request against the clocks its GPU supports (the clock owner checks every request)."""
     if clocks and mhz not in clocks:
-        raise ValueError(
+        raise InputError(
             f"{where}: {mhz} MHz is not a clock this GPU supports ({min(clocks)}-{max(clocks)} MHz, "
             f"{len(clocks)} steps; `emo gpu-config` lists them)"
         )
@@ -197,9 +199,9 @@ def check_policy(
     GPU supports, and (under a launcher) it covers exactly the job's ranks. One-line ValueError
     naming `source`; nothing checked here needs a GPU (the caller reads the model and clocks)."""
     if not policy.steps or not any(policy.steps.values()):
-        raise ValueError(f"{source}: no clock steps for any device")
+        raise InputError(f"{source}: no clock steps for any device")
     if gpu_key is not None and not model_matches(policy.gpu, gpu_key):
-        raise ValueError(f"{source}: made for GPU model {policy.gpu!r}, this GPU is {gpu_key!r}: optimize one for it")
+        raise InputError(f"{source}: made for GPU model {policy.gpu!r}, this GPU is {gpu_key!r}: optimize one for it")
     for d, steps in sorted(policy.steps.items()):
         for s in steps:
             check_clock(s.sm_mhz, clocks or [], f"{source}: device {d} at t={s.t_ms:g} ms")
@@ -207,7 +209,7 @@ def check_policy(
         ranks = policy.meta.get("ranks")
         covered = sorted(int(r) for r in ranks) if ranks else sorted(policy.steps)
         if covered != list(range(world_size)):
-            raise ValueError(
+            raise InputError(
                 f"{source}: covers rank(s) {_span(covered)} but this job has WORLD_SIZE={world_size}: "
                 "optimize a policy for this job's ranks, or map its ranks in meta.ranks"
             )
@@ -261,4 +263,4 @@ def dense_index(device_keys: list[tuple[int, int]], device_id: int) -> int:
     ids = policy_device_ids(device_keys)
     if device_id in ids:
         return ids.index(device_id)
-    raise ValueError(f"policy names device {device_id}, the graph has GPUs {device_keys}")
+    raise InputError(f"policy names device {device_id}, the graph has GPUs {device_keys}")

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from emo.errors import DeviceError
 from emo.policy import FrequencyPolicy, Issue, Step, issue_plan
 
 
@@ -73,7 +74,7 @@ def counts_text(s: dict, noun: str = "") -> str:
     return text
 
 
-class ClockRequestFailed(RuntimeError):
+class ClockRequestFailed(DeviceError):
     """A clock request failed under strict=True: the job must not run on believing it was applied."""
 
 

@@ -25,6 +25,8 @@ import re
 import typing
 from dataclasses import dataclass
 
+from emo.errors import ConfigError
+
 ASSUMPTION = (
     "planned from {n} sampled rank(s) of {world}, one per (pipeline stage, TP position): every other rank "
     "is assumed to run as its class's sampled rank does (same program, same timing; its data-parallel "
@@ -155,7 +157,7 @@ def sample_of(workload: dict, spec) -> Sample | None:
 
 
 def _bad(allowed: str, value) -> typing.NoReturn:
-    raise ValueError(f"bad configuration: trace.ranks must be {allowed} (got {value!r})")
+    raise ConfigError(f"bad configuration: trace.ranks must be {allowed} (got {value!r})")
 
 
 # --------------------------------------------------------------------------- the sampled events

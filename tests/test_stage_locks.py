@@ -30,7 +30,7 @@ import nvml_fake  # noqa: E402
 
 # A stage holding a clock, as calibrate does (NvmlDevice.lock_clock before each microbenchmark), in a
 # process of its own: argv LOG GPU SECONDS. It prints `ready` once the clock is locked; a refusal is
-# one line on stderr and exit status 2, as `emo` ends on a GpuAccessError.
+# one line on stderr and exit status 3, as `emo` ends on a GpuAccessError (a DeviceError).
 STAGE = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {here!r})
@@ -42,7 +42,7 @@ STAGE = textwrap.dedent("""
         dev.lock_clock(int(sys.argv[2]), 900)
     except GpuAccessError as e:
         print(f"emo: error: {{e}}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     print("ready", flush=True)
     time.sleep(float(sys.argv[3]))
     dev.close()
@@ -123,10 +123,10 @@ def test_a_second_stage_on_a_held_gpu_is_refused_in_one_line(node, tmp_path):
         assert _clock_calls(node.calls) == []  # nothing locked, nothing reset
         dev.close()
         assert gpu_locks.read(0).holder.pid == first.pid  # its record stays its own
-        # the same in a process of its own: exit 2, one line
+        # the same in a process of its own: exit 3 (a DeviceError), one line
         second, log = _stage(tmp_path, 0, 0.1)
         out, err = second.communicate(timeout=60)
-        assert second.returncode == 2 and out == "", err
+        assert second.returncode == 3 and out == "", err
         assert err.count("\n") == 1 and err.startswith(f"emo: error: GPU 0 is held by EMO job {first.pid} "), err
         assert _clock_calls(nvml_fake.read_log(log)) == []
     finally:

@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from emo.errors import EmoError
+
 # Each module exposes `register(subparsers)`, which adds its sub-command(s) with `func=` defaults.
 COMMAND_MODULES = (
     "emo.cli.run",
@@ -63,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError) as e:  # bad input, a full disk, a folder we may not write: one line
-        from emo.errors import one_line
+    except (EmoError, ValueError, OSError) as e:  # bad input, a full disk, the GPU: one line
+        from emo.errors import exit_code, one_line
 
         print(f"emo: error: {one_line(e)}", file=sys.stderr)
-        return 2
+        return exit_code(e)  # by its type: docs/design.md, "Exit status"
     except KeyboardInterrupt as e:
         from emo.errors import exit_status, signal_name
 

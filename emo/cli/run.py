@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from emo import errors
+from emo.errors import ConfigError
 from emo.workflow import locks
 from emo.workflow import run as pipeline
 
@@ -137,7 +138,7 @@ def require_gpu(cfgs: list[dict]) -> None:
         return
     fake = os.environ.get("EMO_FAKE_GPU")
     if fake:  # its GPUs answer NVML's calls, but the stages need a GPU's kernels (microbenchmarks, a trace)
-        raise ValueError(
+        raise ConfigError(
             f"bad configuration: gpu.backend=nvml with EMO_FAKE_GPU={fake}: the fake GPUs answer NVML's calls only "
             "(emo apply, emo.apply, emo.measure); emo run's stages need a GPU's kernels: unset EMO_FAKE_GPU on a GPU "
             "box, or run your command on a virtual GPU (gpu=a100, h100, rtx3080ti, v100: your program on the CPU, "
@@ -156,7 +157,7 @@ def require_gpu(cfgs: list[dict]) -> None:
     else:
         why = "NVML sees no GPU (check CUDA_VISIBLE_DEVICES)"
     if not found:
-        raise ValueError(
+        raise ConfigError(
             f"bad configuration: gpu.backend=nvml needs an NVIDIA GPU: {why}; "
             "run it on a GPU box, or on a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
         )
@@ -167,15 +168,15 @@ def check_flags(args: argparse.Namespace) -> None:
     from emo.stages import STAGES
 
     if args.until and args.until not in STAGES:
-        raise ValueError(f"--until {args.until}: not a stage (one of {', '.join(STAGES)})")
+        raise ConfigError(f"--until {args.until}: not a stage (one of {', '.join(STAGES)})")
     if args.report:
         report = Path(args.report)
         if report.suffix not in (".html", ".zip"):
-            raise ValueError(f"--report {args.report}: Snakemake writes a report as .html or .zip")
+            raise ConfigError(f"--report {args.report}: Snakemake writes a report as .html or .zip")
         if not report.parent.is_dir():
-            raise ValueError(f"--report {args.report}: no folder {report.parent}")
+            raise ConfigError(f"--report {args.report}: no folder {report.parent}")
         if report.exists() and not report.is_file() or report.is_symlink():  # a device, a folder: never replaced
-            raise ValueError(f"--report {args.report}: not a regular file")
+            raise ConfigError(f"--report {args.report}: not a regular file")
 
 
 def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | None) -> int:

@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from emo.device import Device
+from emo.errors import ConfigError
 
 # Backends by name, "module:factory" imported on demand: a model that holds a Device sees only the protocol.
 BACKENDS: dict[str, str | Callable[[Any], Device]] = {
@@ -30,7 +31,7 @@ def backend_factory(name: str) -> Callable[[Any], Device]:
         found = [e for e in entry_points(group="emo.backends") if e.name == name]
         if not found:
             known = sorted(set(BACKENDS) | {e.name for e in entry_points(group="emo.backends")})
-            raise ValueError(f"gpu.backend: unknown backend {name!r} (expected one of {known})")
+            raise ConfigError(f"gpu.backend: unknown backend {name!r} (expected one of {known})")
         return found[0].load()
     if isinstance(factory, str):
         module, attr = factory.split(":")

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from emo.errors import ConfigError, DeviceError
+
 VENDOR_ENV = "EMO_GPU_VENDOR"  # which control backend open_control() uses (default "nvml")
 
 # Control backends by name, "module:factory", imported on demand; plugins add theirs with the
@@ -24,8 +26,9 @@ VENDOR_ENV = "EMO_GPU_VENDOR"  # which control backend open_control() uses (defa
 CONTROLS: dict[str, str | Callable[..., GpuControl]] = {"nvml": "emo.device.nvml_control:NvmlControl"}
 
 
-class GpuAccessError(ValueError):
-    """The GPU cannot be read or controlled as asked. A ValueError so that `emo` prints one line.
+class GpuAccessError(DeviceError, ValueError):
+    """The GPU cannot be read or controlled as asked: a DeviceError (exit 3); also a ValueError, as it
+    was before the error tree, for callers that catch that.
     `cause`: one of emo.device.zeusd.CAUSES when known; `reason`: the message without what was asked."""
 
     def __init__(self, message: str, *, cause: str | None = None, reason: str | None = None):
@@ -100,7 +103,9 @@ def open_control(vendor: str | None = None, **options: Any) -> GpuControl:
         found = [e for e in entry_points(group="emo.controls") if e.name == name]
         if not found:
             known = sorted(set(CONTROLS) | {e.name for e in entry_points(group="emo.controls")})
-            raise ValueError(f"{VENDOR_ENV}: unknown GPU control backend {name!r} (expected one of {', '.join(known)})")
+            raise ConfigError(
+                f"{VENDOR_ENV}: unknown GPU control backend {name!r} (expected one of {', '.join(known)})"
+            )
         factory = found[0].load()
     if isinstance(factory, str):
         module, attr = factory.split(":")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emo.errors import DeviceError
+
 _SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)\s*[{;\\]')
 
 # Registry argument types -> (C type in the source, ctypes for cuLaunchKernel; None = device pointer)
@@ -117,7 +119,7 @@ def import_cuda():
             from cuda import cuda as driver  # cuda-python < 12.6
             from cuda import nvrtc
         except ImportError as e:
-            raise RuntimeError(
+            raise DeviceError(
                 "cuda-python is not installed: pip install 'emo[gpu]' (cupti-python brings cuda-bindings)"
             ) from e
     return driver, nvrtc
@@ -128,7 +130,7 @@ def check(result):
     err, *vals = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
         name = getattr(err, "name", str(err))
-        raise RuntimeError(f"CUDA call failed: {name}")
+        raise DeviceError(f"CUDA call failed: {name}")
     return vals[0] if len(vals) == 1 else (tuple(vals) if vals else None)
 
 
@@ -143,7 +145,7 @@ class CudaContext:
         except RuntimeError:
             raise
         except Exception as e:  # cuda-python raises when libcuda itself is missing
-            raise RuntimeError(f"no CUDA driver on this machine ({e})") from e
+            raise DeviceError(f"no CUDA driver on this machine ({e})") from e
         self.dev = check(d.cuDeviceGet(device))
         self.ctx = check(d.cuDevicePrimaryCtxRetain(self.dev))
         check(d.cuCtxSetCurrent(self.ctx))
@@ -171,7 +173,7 @@ class CudaContext:
             size = check(n.nvrtcGetProgramLogSize(prog))
             log = b" " * size
             check(n.nvrtcGetProgramLog(prog, log))
-            raise RuntimeError(f"{filename}: NVRTC failed: {log.decode(errors='replace').strip()[:2000]}")
+            raise DeviceError(f"{filename}: NVRTC failed: {log.decode(errors='replace').strip()[:2000]}")
         size = check(n.nvrtcGetCUBINSize(prog))
         cubin = b" " * size
         check(n.nvrtcGetCUBIN(prog, cubin))

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emo.errors import ConfigError
+
 ROLES = ("work", "presence")
 FORMS = ("total", "ratio", "rate")
 
@@ -210,7 +212,7 @@ def resolve_columns(names, source: str | None = None) -> tuple[FeatureSet, list[
     source's (the others' columns are ignored, with a note). A column no source names is used as
     a work feature of its own in the source's default form (ratio when unknown)."""
     if source is not None and source not in SOURCES:
-        raise ValueError(f"counters: {source!r} is not one of {', '.join(SOURCES)}")
+        raise ConfigError(f"counters: {source!r} is not one of {', '.join(SOURCES)}")
     known = SOURCES[source] if source else {k: v for s in SOURCES.values() for k, v in s.items()}
     others = {k for s, m in SOURCES.items() if s != source for k in m} if source else set()
     cols: dict[str, Column] = {}

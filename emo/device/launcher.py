@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emo.errors import ConfigError
+
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR",
     "EMO_CAPTURE_WAIT",
@@ -84,12 +86,12 @@ class CaptureSpec:
 
     def __post_init__(self):
         if not self.command:
-            raise ValueError("emo trace: no command given (usage: emo trace -- python train.py ...)")
+            raise ConfigError("emo trace: no command given (usage: emo trace -- python train.py ...)")
         for k in ("wait", "warmup"):
             if getattr(self, k) < 0:
-                raise ValueError(f"emo trace: {k} must be >= 0, got {getattr(self, k)}")
+                raise ConfigError(f"emo trace: {k} must be >= 0, got {getattr(self, k)}")
         if self.active < 1 or self.nproc < 1:
-            raise ValueError(f"emo trace: active and nproc must be >= 1, got {self.active}, {self.nproc}")
+            raise ConfigError(f"emo trace: active and nproc must be >= 1, got {self.active}, {self.nproc}")
 
     @classmethod
     def from_workload(
@@ -146,11 +148,11 @@ def script_argv(command: list[str]) -> list[str]:
     (what torchrun is given when workload.nproc > 1 asks EMO to start the ranks)."""
     rest = command[1:] if not command[0].endswith(".py") else command
     if not rest:
-        raise ValueError("emo trace: no script after the interpreter")
+        raise ConfigError("emo trace: no script after the interpreter")
     if rest[0] == "-m" and len(rest) < 2:
-        raise ValueError("emo trace: -m needs a module name")
+        raise ConfigError("emo trace: -m needs a module name")
     if rest[0].startswith("-") and rest[0] != "-m":
-        raise ValueError(
+        raise ConfigError(
             f"emo trace: interpreter option {rest[0]!r} with nproc > 1: give the launcher "
             "yourself (`torchrun --nproc-per-node N ...`) and leave nproc at 1"
         )
@@ -164,7 +166,7 @@ def build_command(spec: CaptureSpec) -> list[str]:
     if spec.nproc == 1:
         return [sys.executable, *cmd] if cmd[0].endswith(".py") else cmd
     if starts_ranks(cmd) or not is_python(cmd):
-        raise ValueError(
+        raise ConfigError(
             f"workload.nproc={spec.nproc}: {cmd[0]!r} starts its own processes; set the rank "
             "count in its own options (e.g. --nproc-per-node) and leave nproc at 1"
         )

@@ -45,6 +45,7 @@ from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part 
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.gpu_locks import LOST
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
+from emo.errors import ConfigError, DeviceError
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier, refuse_triggered
 
@@ -573,7 +574,7 @@ class NvmlDevice:
         take to land. Measured on an otherwise idle GPU; a clock that has not landed after
         LANDING_POLLS reads is an error (power or thermal capping, or another process's lock)."""
         if not poll_ms > 0:
-            raise ValueError(f"clock latency: poll_ms must be > 0 (got {poll_ms})")
+            raise ConfigError(f"clock latency: poll_ms must be > 0 (got {poll_ms})")
         out = []
         for a, b in pairs:
             self._clock_lands_ms(int(a), poll_ms)
@@ -664,7 +665,7 @@ class NvmlDevice:
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
-            raise ValueError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
+            raise ConfigError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
         spec = capture.CaptureSpec.from_workload(workload)
         own_ranks = capture.starts_ranks(spec.command)  # a launcher: its rank count is its own option
         bad = [r.rank for r in ranges if r.rank < 0 or (not own_ranks and r.rank >= spec.nproc)]
@@ -765,7 +766,7 @@ class NvmlDevice:
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
         if kind != "command":
-            raise ValueError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
+            raise ConfigError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
         self.set_policy(None)  # nothing locked from here: the ranks own the clocks for this launch
         spec = capture.CaptureSpec.from_workload(workload)
         segments = [
@@ -879,7 +880,7 @@ def _ncu_results(text: str, with_process: bool = False):
 
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     if not lines:
-        raise ValueError("ncu output holds no CSV rows (nothing was profiled?)")
+        raise DeviceError("ncu output holds no CSV rows (nothing was profiled?)")
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     by_id: dict[str, dict[str, float]] = {}
     where: dict[str, tuple[str, str]] = {}

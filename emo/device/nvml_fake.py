@@ -21,6 +21,8 @@ import types
 
 import pynvml as _real
 
+from emo.errors import ConfigError
+
 FAKE_GPU_ENV = "EMO_FAKE_GPU"  # N: every EMO process talks to N fake GPUs
 FAKE_GPU_LOG_ENV = "EMO_FAKE_GPU_LOG"  # a file each process appends its NVML calls to (one JSON line each)
 
@@ -190,6 +192,6 @@ def from_fake_gpu_env() -> FakeNVML:
     if not _PROCESS:
         raw = os.environ.get(FAKE_GPU_ENV, "1")
         if not raw.isdigit() or not 1 <= int(raw) <= 64:
-            raise ValueError(f"{FAKE_GPU_ENV}={raw}: the number of fake GPUs, 1 to 64")
+            raise ConfigError(f"{FAKE_GPU_ENV}={raw}: the number of fake GPUs, 1 to 64")
         _PROCESS.append(FakeNVML(int(raw), log_path=os.environ.get(FAKE_GPU_LOG_ENV), power_w=fake_power_w))
     return _PROCESS[0]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from emo.errors import DeviceError
+
 SOCK_ENV = "ZEUSD_SOCK_PATH"
 HOST_ENV = "ZEUSD_HOST_PORT"
 TOKEN_ENV = "ZEUSD_TOKEN"
@@ -35,7 +37,7 @@ PERMISSION, UNREACHABLE, NOT_SUPPORTED, OUT_OF_RANGE, INCOMPATIBLE, OTHER = (
 CAUSES = (PERMISSION, UNREACHABLE, NOT_SUPPORTED, OUT_OF_RANGE, INCOMPATIBLE, OTHER)
 
 
-class ZeusdError(RuntimeError):
+class ZeusdError(DeviceError):
     """zeusd refused a request or could not be reached: `cause` (one of CAUSES) and `reason`."""
 
     def __init__(self, reason: str, cause: str = OTHER):

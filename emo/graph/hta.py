@@ -20,6 +20,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from emo.errors import InputError
 from emo.graph.tables import codes, first_of, group_numbers, merge, new_group
 from emo.graph.whatif import toposort
 from emo.trace.kineto import no_gc
@@ -105,7 +106,7 @@ def _window(df: pd.DataFrame, annotation: str, instance: int) -> tuple[int, int]
     has = names.categories.to_series().astype(str).str.contains(annotation, regex=False).to_numpy(bool)
     hits = df[has[names.codes.to_numpy()]]
     if len(hits) <= instance:
-        raise ValueError(f"annotation {annotation!r} instance {instance} not found ({len(hits)} instance(s))")
+        raise InputError(f"annotation {annotation!r} instance {instance} not found ({len(hits)} instance(s))")
     return int(hits["ts"].iloc[instance]), int(hits["end"].iloc[instance])
 
 
@@ -153,7 +154,7 @@ def hta_critical_path(events: pd.DataFrame, rank: int = 0, annotation: str = "",
 def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instance: int) -> HtaPath:
     df = _rank_frame(events, rank)
     if df.empty:
-        raise ValueError(f"no events on rank {rank}")
+        raise InputError(f"no events on rank {rank}")
     lo, hi = _window(df, annotation, instance)
     n_ev = len(df)
     cpu_ev = df[df["stream"].eq(-1)]
@@ -195,7 +196,7 @@ def _hta_critical_path(events: pd.DataFrame, rank: int, annotation: str, instanc
 
     n = 2 * k
     if (w < 0).any():
-        raise ValueError("negative edge weight in the HTA-compatible graph (events out of order)")
+        raise InputError("negative edge weight in the HTA-compatible graph (events out of order)")
     length, path = _longest_path(n, s, d, w)
     # the weight and type of each path step: of the last edge added between its two points
     key = s * max(n, 1) + d
@@ -512,7 +513,7 @@ def _longest_path(n, s, d, w) -> tuple[int, np.ndarray]:
         return 0, np.zeros(0, np.int64)
     order = toposort(n, s, d)
     if len(order) < n:
-        raise ValueError("dependency cycle in the HTA-compatible graph")
+        raise InputError("dependency cycle in the HTA-compatible graph")
     dist, pred = _longest_path_kernel(n, order, s, d, w)
     return int(dist.max()), _backtrack(pred, np.argmax(dist))
 

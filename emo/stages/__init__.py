@@ -225,7 +225,7 @@ def _failed(stage: str, params: dict, e: BaseException, tmp: Path, out: Path, lo
         log_file,
         killed=errors.is_interrupt(e),
         folder=str(out),
-        status=2 if isinstance(e, errors.InputError) else 1,
+        status=errors.stage_status(e),
     )
 
 

@@ -36,6 +36,7 @@ try:  # ISA-L's inflate is several times faster than zlib's and reads the same s
 except ImportError:  # pragma: no cover - isal is a dependency; plain zlib still reads every file
     from gzip import decompress as _gunzip
 
+from emo.errors import InputError
 from emo.trace.schema import normalise
 
 CATEGORY_KIND = {
@@ -158,13 +159,13 @@ def read_bytes(path: Path) -> bytes:
         if raw[:2] == b"\x1f\x8b":
             raw = inflate(path, raw)
     except _TooBig as e:
-        raise ValueError(str(e)) from None
+        raise InputError(str(e)) from None
     except (OSError, EOFError, ValueError, zlib_error()) as e:  # truncated gzip stream, unreadable file
-        raise ValueError(f"{path}: cannot read ({e})") from None
+        raise InputError(f"{path}: cannot read ({e})") from None
     except Exception as e:  # ISA-L's own error type (IsalError) for a damaged deflate stream
-        raise ValueError(f"{path}: cannot read (damaged gzip stream: {e})") from None
+        raise InputError(f"{path}: cannot read (damaged gzip stream: {e})") from None
     if not raw.strip():
-        raise ValueError(f"{path}: empty file")
+        raise InputError(f"{path}: empty file")
     return raw
 
 
@@ -185,7 +186,7 @@ def mapped_text(path: Path):
         return
     try:
         if _NON_SPACE.search(text) is None:
-            raise ValueError(f"{path}: empty file")
+            raise InputError(f"{path}: empty file")
         yield text
     finally:
         text.close()
@@ -210,11 +211,11 @@ def decode_events(path: Path) -> tuple[list[_Event], dict]:
                 return _EVENTS.decode(raw), {}
             doc = _TRACE.decode(raw)
         except msgspec.ValidationError as e:  # e.g. "Object missing required field `traceEvents`"
-            raise ValueError(f"{path}: not a Chrome/Kineto trace ({e})") from None
+            raise InputError(f"{path}: not a Chrome/Kineto trace ({e})") from None
         except msgspec.DecodeError as e:
-            raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+            raise InputError(f"{path}: truncated or malformed JSON ({e})") from None
         except RecursionError:  # msgspec recurses per level: arrays nested ~1000 deep
-            raise ValueError(f"{path}: JSON nested too deep to be a trace") from None
+            raise InputError(f"{path}: JSON nested too deep to be a trace") from None
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     return doc.traceEvents, info
 
@@ -226,11 +227,11 @@ def load_json(path: Path) -> dict:
         with no_gc():
             doc = orjson.loads(raw)
     except (orjson.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path}: truncated or malformed JSON ({e})") from None
+        raise InputError(f"{path}: truncated or malformed JSON ({e})") from None
     if isinstance(doc, list):  # the bare-array Chrome trace form
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise ValueError(f"{path}: not a Chrome/Kineto trace (no 'traceEvents' list)")
+        raise InputError(f"{path}: not a Chrome/Kineto trace (no 'traceEvents' list)")
     return doc
 
 
@@ -298,7 +299,7 @@ class _KindTable(dict):
 
     def __missing__(self, cat) -> int:
         if isinstance(cat, str) and cat.lower() in HIP_CATEGORIES:
-            raise ValueError(f"{self.path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
+            raise InputError(f"{self.path}: a ROCm/HIP trace (category {cat!r}); EMO reads NVIDIA CUDA traces only")
         code = self[cat] = _CODE.get(CATEGORY_KIND.get(cat.lower(), ""), 0) if isinstance(cat, str) else 0
         return code
 
@@ -344,7 +345,7 @@ def _rank_world(path: Path, info: dict, rank: int | None) -> tuple[int, int]:
     world = _int(info.get("world_size"), -1)
     for key, v, lo in (("rank", rank, 0), ("world_size", world, -1)):
         if not lo <= v < MAX_RANKS:  # (the graph keys nodes by rank below 2^23)
-            raise ValueError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
+            raise InputError(f"{path}: distributedInfo {key} {v} is not a {key} (want {max(lo, 0)} to {MAX_RANKS - 1})")
     return rank, world
 
 
@@ -458,7 +459,7 @@ def _decoded_columns(path: Path, rank: int | None) -> _Columns:
             raise TypeError
     except (TypeError, ValueError, OverflowError) as e:
         _explain_bad_event(path, events, index)
-        raise ValueError(f"{path}: an event's name, ts or dur is of the wrong type ({e})") from None
+        raise InputError(f"{path}: an event's name, ts or dur is of the wrong type ({e})") from None
     pid = _ints(kept, "pid")
     tid = _ints(kept, "tid")
     # args: only of the kinds whose ids EMO reads, one column at a time
@@ -503,20 +504,20 @@ def _table(path: Path, c: _Columns):
         big = np.abs(vals) > _MAX_US
         if big.any():
             i = int(np.argmax(big))
-            raise ValueError(
+            raise InputError(
                 f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a {what} of "
                 f"{vals[i]:g} us, beyond what int64 nanoseconds hold (about 106 days)"
             )
     ts, dur = _us_to_ns(c.ts_us), _us_to_ns(c.dur_us)
     if len(dur) and dur.min() < 0:
         i = int(np.argmin(dur))
-        raise ValueError(
+        raise InputError(
             f"{path}: event #{index[i]} ({kind_arr[i]} {name_values[name_codes[i]]!r}) has a negative duration"
         )
     runtime = codes == _CODE["runtime"]
     hip = [s for s in name_values[pd.unique(name_codes[runtime])].tolist() if _HIP.match(str(s))]
     if hip:
-        raise ValueError(f"{path}: a ROCm/HIP trace ({min(hip)}); EMO reads NVIDIA CUDA traces only")
+        raise InputError(f"{path}: a ROCm/HIP trace ({min(hip)}); EMO reads NVIDIA CUDA traces only")
     pid, tid, col, obj = c.pid, c.tid, c.ints, c.objects
     m = len(need)
     gpu = np.isin(codes, [_CODE[k] for k in GPU_KINDS])
@@ -724,11 +725,11 @@ def _explain_bad_event(path: Path, events: list, keep) -> None:
     for i in keep.tolist():
         ev = events[i]
         if ev.name is not None and not isinstance(ev.name, (str, int, float, bool)):
-            raise ValueError(
+            raise InputError(
                 f"{path}: event #{i} ({ev.cat}) has a name that is not text ({type(ev.name).__name__})"
             ) from None
         for field in ("ts", "dur", "name"):
             if getattr(ev, field) is None:
-                raise ValueError(f"{path}: event #{i} ({ev.cat}) lacks the field '{field}'") from None
+                raise InputError(f"{path}: event #{i} ({ev.cat}) lacks the field '{field}'") from None
         if not isinstance(ev.ts, (int, float)) or not isinstance(ev.dur, (int, float)):
-            raise ValueError(f"{path}: event #{i} ({ev.cat} {ev.name!r}) has a non-numeric ts/dur") from None
+            raise InputError(f"{path}: event #{i} ({ev.cat} {ev.name!r}) has a non-numeric ts/dur") from None

@@ -14,6 +14,7 @@ from typing import Literal, overload
 import numpy as np
 import pandas as pd
 
+from emo.errors import InputError
 from emo.trace.schema import normalise
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -59,11 +60,11 @@ def _table(con: sqlite3.Connection, path: Path, name: str, columns: str, require
     have = {r[1] for r in con.execute(f"pragma table_info({name})")}
     if not have:
         if required:
-            raise ValueError(f"{path}: nsys export without a {name} table ({REQUIRED[name]})")
+            raise InputError(f"{path}: nsys export without a {name} table ({REQUIRED[name]})")
         return None
     missing = [c.strip() for c in columns.split(",") if c.strip() not in have]
     if missing:
-        raise ValueError(f"{path}: table {name} lacks the column {missing[0]!r} (an nsys export EMO cannot read)")
+        raise InputError(f"{path}: table {name} lacks the column {missing[0]!r} (an nsys export EMO cannot read)")
     return _numbers(pd.read_sql_query(f"select {columns} from {name}", con), path, name)
 
 
@@ -84,7 +85,7 @@ def _numbers(t: pd.DataFrame, path: Path, name: str) -> pd.DataFrame:
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             v = "NULL" if pd.isna(col.iat[i]) else repr(col.iat[i])
-            raise ValueError(f"{path}: table {name}, column {c}, row {i + 1} holds {v}: not an integer")
+            raise InputError(f"{path}: table {name}, column {c}, row {i + 1} holds {v}: not an integer")
         t[c] = num.astype(np.int64)
     return t
 
@@ -103,11 +104,11 @@ def read_nsys(path: Path) -> pd.DataFrame:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         con.execute("select count(*) from sqlite_master").fetchone()
     except sqlite3.DatabaseError as e:
-        raise ValueError(f"{path}: not a readable SQLite database ({e})") from None
+        raise InputError(f"{path}: not a readable SQLite database ({e})") from None
     try:
         return _read(con, path)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:
-        raise ValueError(f"{path}: unreadable nsys export ({e})") from None
+        raise InputError(f"{path}: unreadable nsys export ({e})") from None
     finally:
         con.close()
 
@@ -121,7 +122,7 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     if rt is not None and len(rt):
         names = rt["nameId"].map(name_of).astype(object).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
         if names.str.match(r"^hip[A-Z]").any():
-            raise ValueError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
+            raise InputError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
         warnings += _unnamed_calls(path, names)
         gtid = rt["globalTid"].to_numpy(np.int64)
         parts.append(
@@ -184,7 +185,7 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     df = pd.concat(parts, ignore_index=True)
     if (df["end"] < df["start"]).any():
         bad = df[df["end"] < df["start"]].iloc[0]
-        raise ValueError(f"{path}: events out of order: {bad['kind']} {bad['name']!r} ends before it starts")
+        raise InputError(f"{path}: events out of order: {bad['kind']} {bad['name']!r} ends before it starts")
     n = len(df)
     table = normalise(
         {
@@ -215,7 +216,7 @@ def _unnamed_syncs(path: Path, names: pd.Series, call_corr: pd.Series, sync_corr
     whether it waited for one stream, an event or the whole device is unknown, and so is the graph."""
     bad = ~names.str.match(_CUDA_CALL) & call_corr.isin(sync_corr)
     if bad.any():
-        raise ValueError(
+        raise InputError(
             f"{path}: {int(bad.sum())} of {int(call_corr.isin(sync_corr).sum())} synchronising CUDA calls have no "
             "name in StringIds: what each waited for is unknown (a damaged export?)"
         )
@@ -229,7 +230,7 @@ def _unnamed_calls(path: Path, names: pd.Series) -> list[str]:
         return []
     what = f"{bad} of {len(names)} CUDA API calls (CUPTI_ACTIVITY_KIND_RUNTIME.nameId) have no CUDA call's name in StringIds"
     if bad > UNNAMED_CALLS_SHARE * len(names):
-        raise ValueError(f"{path}: {what}: which calls launch or wait is unknown (a damaged export?)")
+        raise InputError(f"{path}: {what}: which calls launch or wait is unknown (a damaged export?)")
     return [f"{what}: launches or waits among them are not recognised"]
 
 

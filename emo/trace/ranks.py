@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from emo.errors import InputError
 from emo.trace.kineto import no_gc, read_kineto
 
 # Folders of at least this many bytes are read by several processes, on machines with at least
@@ -70,6 +71,8 @@ def read_ranks(files: list[Path]) -> list[pd.DataFrame]:
         finally:
             errors = [p.communicate()[1].strip() for p in procs]
         for p, err in zip(procs, errors):
+            if p.returncode == 2 and err:  # the worker's InputError, its one line as the worker said it
+                raise InputError(err.splitlines()[-1])
             if p.returncode != 0:
                 raise ValueError(err.splitlines()[-1] if err else f"a trace reader exited with {p.returncode}")
         return [mine[i] if share[i] == 0 else pd.read_feather(Path(tmp) / f"{i}.feather") for i in range(len(files))]
@@ -90,9 +93,9 @@ def _worker(out: str, jobs: list[str]) -> int:
         i, path = job.split("=", 1)
         try:
             table = read_kineto(Path(path), rank=int(i))
-        except ValueError as e:  # the one-line message, passed on as it is
+        except ValueError as e:  # the one-line message, passed on as it is, and its type by the status
             print(e, file=sys.stderr)
-            return 2
+            return e.exit_code if isinstance(e, InputError) else 1
         table.to_feather(Path(out) / f"{i}.feather")
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from emo.errors import InputError
 from emo.trace.kineto import read_kineto
 from emo.trace.nsys import SQLITE_MAGIC, read_nsys
 from emo.trace.ranks import read_ranks
@@ -49,11 +50,11 @@ def trace_files(folder: Path) -> list[Path]:
 def read_rank_folder(path: Path) -> pd.DataFrame:
     files = trace_files(path)
     if not files:
-        raise ValueError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
+        raise InputError(f"{path}: folder holds no Kineto trace files (*.json, *.json.gz)")
     parts = read_ranks(files)
     ranks = [int(p["rank"].iloc[0]) for p in parts if len(p)]
     if len(set(ranks)) != len(ranks):
-        raise ValueError(f"{path}: several files claim the same rank ({sorted(ranks)})")
+        raise InputError(f"{path}: several files claim the same rank ({sorted(ranks)})")
     check_one_run(files, parts)
     events = pd.concat(parts, ignore_index=True)
     events = events.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
@@ -63,7 +64,7 @@ def read_rank_folder(path: Path) -> pd.DataFrame:
 
 def _sqlite(path: Path, head: bytes) -> bool:
     if head != SQLITE_MAGIC and path.suffix in SQLITE_SUFFIXES:
-        raise ValueError(f"{path}: not an SQLite database (an nsys export: nsys export --type sqlite)")
+        raise InputError(f"{path}: not an SQLite database (an nsys export: nsys export --type sqlite)")
     return head == SQLITE_MAGIC
 
 
@@ -91,7 +92,7 @@ def trace_format(path: Path, head: bytes) -> TraceFormat:
     for fmt in FORMATS:
         if fmt.matches(path, head):
             return fmt
-    raise ValueError(f"{path}: not a trace format EMO reads ({', '.join(f.name for f in FORMATS)})")
+    raise InputError(f"{path}: not a trace format EMO reads ({', '.join(f.name for f in FORMATS)})")
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
@@ -109,7 +110,7 @@ def read_trace(path: str | Path) -> pd.DataFrame:
                 events = trace_format(path, head).read(local)  # matched on the name the user gave
             except ValueError as e:  # name the user's path, not the spooled copy (and name it at all)
                 text = str(e).replace(str(local), str(path))
-                raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+                raise InputError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     validate_events(events, path)
     events.attrs["warnings"] = [*events.attrs.get("warnings", []), *rank_set_warnings(events), *gap_warnings(events)]
     return events
@@ -180,7 +181,7 @@ def regular_file(path: Path):
         yield path
         return
     if not path.is_fifo() and not path.is_char_device():  # a socket, a block device: not a trace
-        raise ValueError(f"{path}: not a file, a folder or a pipe")
+        raise InputError(f"{path}: not a file, a folder or a pipe")
     # removed however the command ends: `emo analyze` turns SIGTERM and SIGHUP into an exception
     with tempfile.TemporaryDirectory(prefix="emo-trace-") as tmp:
         local = Path(tmp) / "trace"
@@ -189,7 +190,7 @@ def regular_file(path: Path):
             while chunk := src.read(1 << 20):
                 copied += len(chunk)
                 if copied > SPOOL_LIMIT_BYTES:
-                    raise ValueError(
+                    raise InputError(
                         f"{path}: more than {SPOOL_LIMIT_BYTES >> 20} MiB from a pipe or device: "
                         "refused; save the trace to a file and analyse that"
                     )
@@ -204,7 +205,7 @@ def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
     if len(set(worlds.values())) > 1:
         by_size = sorted(worlds.items(), key=lambda x: x[1])
         (f0, w0), (f1, w1) = by_size[0], by_size[-1]
-        raise ValueError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
+        raise InputError(f"{f1}: world_size {w1}, but {f0.name} says {w0}: ranks of different runs?")
     spans = [
         (int(p["start_ns"].min()), int((p["start_ns"] + p["dur_ns"]).max()), f) for f, p in zip(files, parts) if len(p)
     ]
@@ -213,7 +214,7 @@ def check_one_run(files: list[Path], parts: list[pd.DataFrame]) -> None:
         last_start = max(spans, key=lambda s: s[0])
         if last_start[0] > first_end[1]:
             gap = (last_start[0] - first_end[1]) / 1e9
-            raise ValueError(
+            raise InputError(
                 f"{last_start[2]}: its events start {gap:.3g} s after the last event of "
                 f"{first_end[2].name}: the files are not ranks of one run (or not of the same steps)"
             )
@@ -223,11 +224,11 @@ def validate_events(events: pd.DataFrame, path) -> None:
     """Refuse tables a graph cannot be built from: no GPU work, GPU work out of order, or
     correlation ids that name two different launches."""
     if events.empty:
-        raise ValueError(f"{path}: no trace events")
+        raise InputError(f"{path}: no trace events")
     kind = events["kind"]
     gpu = text_at(kind, isin=("kernel", "memcpy", "memset"))
     if not gpu.any():
-        raise ValueError(f"{path}: no GPU activity (no kernel, memcpy or memset events): nothing to analyse")
+        raise InputError(f"{path}: no GPU activity (no kernel, memcpy or memset events): nothing to analyse")
     rank, device, stream = (events[c].to_numpy(np.int64) for c in ("rank", "device", "stream"))
     start = events["start_ns"].to_numpy(np.int64)
     end = start + events["dur_ns"].to_numpy(np.int64)
@@ -238,7 +239,7 @@ def validate_events(events: pd.DataFrame, path) -> None:
     overlap = same & (start[o][1:] < end[o][:-1] - STREAM_OVERLAP_TOLERANCE_NS)
     if overlap.any():
         i = o[int(np.flatnonzero(overlap)[0]) + 1]
-        raise ValueError(
+        raise InputError(
             f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the previous op on "
             f"rank {rank[i]} stream {stream[i]} ends"
         )
@@ -258,7 +259,7 @@ def validate_events(events: pd.DataFrame, path) -> None:
     early = start[ops] < start[call] - STREAM_OVERLAP_TOLERANCE_NS
     if early.any():
         i = ops[int(np.argmax(early))]
-        raise ValueError(
+        raise InputError(
             f"{path}: events out of order: {events['name'].iat[i][:60]!r} starts before the call "
             f"that launched it (correlation {corr[i]})"
         )
@@ -285,7 +286,7 @@ def _check_nested(events, path, calls, first, start, end, corr) -> None:
     apart = ~first & (corr[calls] > 0) & ((start[calls] < start[outer]) | (end[calls] > end[outer]))
     if apart.any():
         i, j = calls[int(np.argmax(apart))], outer[int(np.argmax(apart))]
-        raise ValueError(
+        raise InputError(
             f"{path}: correlation id {corr[i]} is used by two separate runtime calls "
             f"({events['name'].iat[j]!r} and {events['name'].iat[i]!r}, rank {events['rank'].iat[i]}): "
             "ids must be unique per rank (were traces of different runs merged?)"
@@ -308,7 +309,7 @@ def _check_unique_ops(events, path, ops, call, is_kernel, rank, corr) -> None:
     graph = np.array(["Graph" in str(n) for n in names[call[o][dup]]])
     if (~graph).any():
         i = ops[o][dup][int(np.argmax(~graph))]
-        raise ValueError(
+        raise InputError(
             f"{path}: correlation id {corr[i]} is shared by several GPU ops ({names[i][:60]!r} ...) "
             f"on rank {rank[i]}, but was launched by one {names[call[o][dup][int(np.argmax(~graph))]]!r}: "
             "ids must be unique per rank (were traces of different runs merged?)"

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from emo.errors import InputError
+
 
 def annotation_window(events: pd.DataFrame, rank: int, name: str, instance: int) -> tuple[int, int]:
     """[start, end] ns of the instance-th host event whose name contains `name` on `rank`."""
     host = events[(events["rank"] == rank) & events["kind"].isin(["annotation", "cpu_op", "runtime"])]
     hits = host[host["name"].str.contains(name, regex=False)].sort_values("start_ns", kind="stable")
     if len(hits) <= instance:
-        raise ValueError(f"annotation {name!r} instance {instance} not found on rank {rank} ({len(hits)} instance(s))")
+        raise InputError(f"annotation {name!r} instance {instance} not found on rank {rank} ({len(hits)} instance(s))")
     row = hits.iloc[instance]
     return int(row["start_ns"]), int(row["start_ns"] + row["dur_ns"])
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from emo.errors import ConfigError
 from emo.paths import PACKAGE_PARENT, ROOT  # the pipeline's files; where the package's sources are
 from emo.stages import STAGES, declaration  # what each stage reads and writes: the stages own it
 
@@ -49,10 +50,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         parsed = _parse(list(overrides))
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
-            raise ValueError(f"bad configuration: {sweeps[0]}: several values are a sweep; run it with -m")
+            raise ConfigError(f"bad configuration: {sweeps[0]}: several values are a sweep; run it with -m")
         removed = [o.input_line for o in parsed if o.is_delete()]
         if removed:  # `~key`: every stage reads the whole configuration
-            raise ValueError(f"bad configuration: {removed[0]}: {removed[0][1:]} is required; set it instead")
+            raise ConfigError(f"bad configuration: {removed[0]}: {removed[0][1:]} is required; set it instead")
         groups = tuple(o.input_line for o in parsed if not _plain_value(o, conf))
         cfg = copy.deepcopy(_merged(str(conf), groups))
         _apply_values([o for o in parsed if _plain_value(o, conf)], cfg)
@@ -60,7 +61,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path | None
         out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         assert isinstance(out, dict)  # a DictConfig becomes a dict
     except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
+        raise ConfigError(f"bad configuration: {_unknown_key(e, cfg) or _one_line(e)}") from None
     check(out)
     check_virtual_command(out["gpu"], out["workload"])
     return out
@@ -84,7 +85,7 @@ def _parse(overrides: list[str], config_dir: Path | None = None) -> list:
             if "=~" in line
             else "; quote the value, e.g. 'key=\"a value\"'"
         )
-        raise ValueError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
+        raise ConfigError(f"bad configuration: {line}: Hydra cannot parse this override{hint}") from None
 
 
 def _parse_with_loader(overrides: list[str], config_dir: Path) -> list:

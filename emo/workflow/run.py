@@ -251,8 +251,9 @@ def failure(reports: list[dict], report: str | None = None) -> str:
     if errors.caught or any(r.get("killed") for r in reports):
         raise errors.Interrupted(errors.caught[-1] if errors.caught else signal.SIGINT)
     failed_folders[:] = [Path(r["folder"]) for r in reports if r.get("folder")]
-    # 2 when every failure was the input's (errors.InputError), as for bad configuration
-    failed_status[0] = 2 if reports and all(r.get("status") == 2 for r in reports) else 1
+    # the status every failed stage asked for (errors.stage_status: 2 config or input, 3 the device), else 1
+    statuses = {r.get("status", 1) for r in reports}
+    failed_status[0] = statuses.pop() if len(statuses) == 1 else 1
     what = f"--report {report}: Snakemake could not write the report" if report else "pipeline failed"
     lines = [errors.stage_line(r) for r in reports] or [f"emo: error: {what} (run with --verbose for Snakemake's log)"]
     for line in dict.fromkeys(lines):

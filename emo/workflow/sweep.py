@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emo import errors
+from emo.errors import ConfigError
 from emo.workflow.plan import StagePlan, compose, plan
 
 
@@ -52,7 +53,7 @@ def _values(o) -> list[str]:
     if not o.is_sweep_override():
         return [o.get_value_element_as_str()]
     if not o.is_discrete_sweep():
-        raise ValueError(
+        raise ConfigError(
             f"{o.input_line}: an interval is not a list of values (a sampling sweeper such as "
             "Optuna's draws from it); give them with choice(...) or range(start,stop,step)"
         )
@@ -64,7 +65,7 @@ def _values(o) -> list[str]:
     ):  # the typed-config schemas conf/ names in its defaults lists are not choices
         values = [v for v in values if not v.endswith("_schema")]
     if not values:
-        raise ValueError(f"{o.input_line}: matches no value")
+        raise ConfigError(f"{o.input_line}: matches no value")
     return values
 
 
@@ -138,7 +139,7 @@ def build(job_overrides: list[list[str]]) -> Sweep:
         check_uri(tracking)
     roots = {Path(j.cfg["results"]) for j in jobs}
     if len(roots) != 1:
-        raise ValueError(
+        raise ConfigError(
             f"results: a sweep writes into one results folder, not {len(roots)} ({', '.join(sorted(map(str, roots)))})"
         )
     by_stage: dict[str, dict[str, Job]] = {}

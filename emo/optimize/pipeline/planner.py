@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emo.errors import ConfigError
 from emo.methods import PlanContext
 from emo.model.predict import predict
 from emo.optimize.pipeline.check import (
@@ -86,10 +87,10 @@ class Setting:
     def __init__(self, ctx: PlanContext):
         opt, budget = ctx.opt, ctx.budget
         if not 0 <= budget < 1:
-            raise ValueError(f"budget: {budget} is not a fraction in [0, 1)")
+            raise ConfigError(f"budget: {budget} is not a fraction in [0, 1)")
         self.interval, self.min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
         if self.interval < self.min_interval:
-            raise ValueError(
+            raise ConfigError(
                 f"optimizer.change_interval_ms ({self.interval}) is below optimizer.min_interval_ms "
                 f"({self.min_interval})"
             )
