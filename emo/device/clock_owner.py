@@ -257,9 +257,6 @@ def _watch_parent(parent: int) -> int | None:
 
 
 def serve(sock: socket.socket, parent: int) -> int:
-    from emo.device import zeusd
-    from emo.device.nvml import ClockController, nvml_init
-
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -268,31 +265,99 @@ def serve(sock: socket.socket, parent: int) -> int:
     pidfd = _watch_parent(parent)
     if os.getppid() != parent:  # the trainer died before we started: nothing was locked
         return 0
+    owner = _Owner(sock, gpu_locks.Holder.me(parent))
     try:
-        nvml = _load_nvml()
-        nvml_init(nvml)
-        ctl, init_error = ClockController.auto(nvml, guarded=False), None
-    except GpuAccessError as e:
-        ctl, init_error = None, e
-    locked: set[int] = set()  # GPUs whose lock record is ours
-    changed: set[int] = set()  # ... and a set of ours landed on
-    draining = False
-    me = gpu_locks.Holder.me(parent)
-    supported: dict[int, list[int]] = {}
+        owner.loop(wake_r, pidfd)
+    finally:  # whatever ended the loop, even a bug of ours: the clocks come back
+        if owner.ctl is not None:
+            owner.reset_all()
+    return 0
 
-    def say(line: str) -> None:
-        print(f"emo clock owner: {line}", file=sys.stderr, flush=True)
 
-    def release(gpu: int) -> None:
-        """Reset `gpu` if its record is still ours (never another job's clock), and forget it."""
-        assert ctl is not None  # a GPU is only locked through a working controller
+def _say(line: str) -> None:
+    print(f"emo clock owner: {line}", file=sys.stderr, flush=True)
+
+
+class _Owner:
+    """The clock owner's state: the controller (or why there is none), the GPUs whose lock record is
+    ours (`locked`) and those a set of ours landed on (`changed`), and whether a signal made it reset
+    and refuse further sets (`draining`)."""
+
+    def __init__(self, sock: socket.socket, me: gpu_locks.Holder):
+        from emo.device.nvml import ClockController, nvml_init
+
+        self.sock, self.me = sock, me
+        self.ctl: ClockController | None = None
+        self.init_error: GpuAccessError | None = None
         try:
-            ours = gpu_locks.release(gpu, me, ctl.reset_clock)
+            self.nvml = _load_nvml()
+            nvml_init(self.nvml)
+            self.ctl = ClockController.auto(self.nvml, guarded=False)
+        except GpuAccessError as e:
+            self.init_error = e
+        self.locked: set[int] = set()
+        self.changed: set[int] = set()
+        self.draining = False
+        self.supported: dict[int, list[int]] = {}
+
+    def hello(self) -> dict:
+        """The first answer: the controller's way to the clocks, after a dead owner's locks on this
+        node were reset (said), or why there is no controller."""
+        if self.ctl is None:
+            assert self.init_error is not None  # ClockController.auto either returned one or raised
+            return {"id": 0, "ok": False, "cause": self.init_error.cause, "error": str(self.init_error)}
+        try:
+            for found in gpu_locks.recover(self.ctl.reset_clock):
+                _say(found)
+        except OSError as e:  # an unusable lock folder is said at the first set; not a reason to stop here
+            _say(f"cannot read the GPU lock records in {gpu_locks.lock_dir()} ({e.strerror or e})")
+        return {"id": 0, "ok": True, "via": self.ctl.via}
+
+    def loop(self, wake_r: int, pidfd: int | None) -> None:
+        """Answer requests until the trainer is gone (its pidfd, or EOF on its socket); a signal resets
+        the clocks at once and refuses later sets."""
+        watched: list[socket.socket | int] = [self.sock, wake_r]
+        if pidfd is not None:
+            watched.append(pidfd)
+        buf = b""
+        alive = self.send(self.hello())
+        while alive:
+            ready, _, _ = select.select(watched, [], [])
+            if pidfd is not None and pidfd in ready:
+                return  # the trainer is gone, whatever its socket says (a forked child may still hold a copy)
+            if wake_r in ready:
+                os.read(wake_r, 512)
+                self.draining = True
+                self.reset_all()
+            if self.sock in ready:
+                try:
+                    chunk = self.sock.recv(65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return  # EOF: the kernel closed the trainer's end, however it died
+                buf += chunk
+                while alive and b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    alive = self.send(self.handle(json.loads(line)))
+
+    def send(self, msg: dict) -> bool:
+        try:
+            self.sock.sendall((json.dumps(msg) + "\n").encode())
+            return True
+        except OSError:
+            return False
+
+    def release(self, gpu: int) -> None:
+        """Reset `gpu` if its record is still ours (never another job's clock), and forget it."""
+        assert self.ctl is not None  # a GPU is only locked through a working controller
+        try:
+            ours = gpu_locks.release(gpu, self.me, self.ctl.reset_clock)
         except OSError as e:  # the records cannot be read or locked: reset anyway, ours as far as we know
-            say(f"GPU {gpu}: the lock records in {gpu_locks.lock_dir()} failed ({e}): resetting without them")
-            ctl.reset_clock(gpu)
+            _say(f"GPU {gpu}: the lock records in {gpu_locks.lock_dir()} failed ({e}): resetting without them")
+            self.ctl.reset_clock(gpu)
             ours = True
-        locked.discard(gpu)
+        self.locked.discard(gpu)
         if not ours:
             raise GpuAccessError(
                 f"GPU {gpu}: its clock was reset by someone else while this job held it ({_holder(gpu)})",
@@ -300,117 +365,72 @@ def serve(sock: socket.socket, parent: int) -> int:
                 reason=f"reset by someone else ({_holder(gpu)})",
             )
 
-    def take(gpu: int, mhz: int) -> None:
+    def take(self, gpu: int, mhz: int) -> None:
         """Before a set: the clock is one the GPU supports, and the GPU is this job's on the node."""
-        if gpu not in supported:
-            supported[gpu] = _supported(nvml, gpu)
+        from emo.device import zeusd
         from emo.policy import check_clock
 
+        if gpu not in self.supported:
+            self.supported[gpu] = _supported(self.nvml, gpu)
         try:
-            check_clock(mhz, supported[gpu], f"GPU {gpu}")
+            check_clock(mhz, self.supported[gpu], f"GPU {gpu}")
         except ValueError as e:
             raise GpuAccessError(str(e), cause=zeusd.OUT_OF_RANGE, reason=str(e)) from None
-        if gpu in locked:
-            if gpu_locks.mine(gpu, me):
+        if gpu in self.locked:
+            if gpu_locks.mine(gpu, self.me):
                 return
-            locked.discard(gpu)
+            self.locked.discard(gpu)
             why = f"reset by someone else ({_holder(gpu)})"
             raise GpuAccessError(f"GPU {gpu}: {why}", cause=LOST, reason=why)
-        stale = gpu_locks.take(gpu, me)
+        stale = gpu_locks.take(gpu, self.me)
         if stale is not None:
-            say(f"GPU {gpu} was left locked by {stale.describe()}, now dead: this job takes it over")
+            _say(f"GPU {gpu} was left locked by {stale.describe()}, now dead: this job takes it over")
 
-    def send(msg: dict) -> bool:
-        try:
-            sock.sendall((json.dumps(msg) + "\n").encode())
-            return True
-        except OSError:
-            return False
-
-    def reset_all() -> None:
-        for gpu in sorted(locked):
+    def reset_all(self) -> None:
+        for gpu in sorted(self.locked):
             try:
-                release(gpu)
+                self.release(gpu)
             except GpuAccessError as e:
                 if e.cause == LOST:  # another job's now, or reset already: not ours to reset
                     continue
-                print(
-                    f"emo clock owner: could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say(f"could not reset GPU {gpu}: {e.reason}; run `emo reset-clocks`")
 
-    def handle(req: dict) -> dict:
+    def handle(self, req: dict) -> dict:
+        from emo.device import zeusd
+
         rid, op, gpu = req.get("id"), req.get("op"), int(req.get("gpu", -1))
-        if init_error is not None:
-            return {"id": rid, "ok": False, "cause": init_error.cause, "error": str(init_error)}
-        if op == "set" and draining:
+        if self.init_error is not None:
+            return {"id": rid, "ok": False, "cause": self.init_error.cause, "error": str(self.init_error)}
+        if op == "set" and self.draining:
             return {
                 "id": rid,
                 "ok": False,
                 "cause": DRAINING,
                 "error": "the clock owner got a signal and reset the clocks",
             }
-        assert ctl is not None  # ClockController.auto either returned one or set init_error
+        if op not in ("set", "reset"):
+            return {"id": rid, "ok": False, "cause": zeusd.OTHER, "error": f"unknown request {op!r}"}
         try:
             if op == "set":
-                take(gpu, int(req["mhz"]))
-                locked.add(gpu)  # recorded as ours: reset at the end even if this set fails midway
-                ctl.set_clock(gpu, int(req["mhz"]))
-                changed.add(gpu)
-            elif op == "reset":
-                if gpu in locked:  # a GPU this owner never locked is not its to reset (another job's)
-                    release(gpu)
-            else:
-                return {"id": rid, "ok": False, "cause": zeusd.OTHER, "error": f"unknown request {op!r}"}
+                self.set(gpu, int(req["mhz"]))
+            elif gpu in self.locked:  # a GPU this owner never locked is not its to reset (another job's)
+                self.release(gpu)
         except GpuAccessError as e:
             # refused outright (no permission, a bad clock) on a GPU no set of ours changed: drop its record
             # unreset; unreachable or unknown: it may have landed before the answer was lost, reset at the end
-            if op == "set" and gpu in locked and gpu not in changed and e.cause not in (zeusd.UNREACHABLE, zeusd.OTHER):
-                gpu_locks.release(gpu, me, lambda g: None)
-                locked.discard(gpu)
+            unset = op == "set" and gpu in self.locked and gpu not in self.changed
+            if unset and e.cause not in (zeusd.UNREACHABLE, zeusd.OTHER):
+                gpu_locks.release(gpu, self.me, lambda g: None)
+                self.locked.discard(gpu)
             return {"id": rid, "ok": False, "cause": e.cause, "error": e.reason}
         return {"id": rid, "ok": True}
 
-    if ctl:
-        try:
-            for found in gpu_locks.recover(ctl.reset_clock):  # a dead owner's locks on this node: reset, said
-                say(found)
-        except OSError as e:  # an unusable lock folder is said at the first set; not a reason to stop here
-            say(f"cannot read the GPU lock records in {gpu_locks.lock_dir()} ({e.strerror or e})")
-        hello = {"id": 0, "ok": True, "via": ctl.via}
-    else:
-        assert init_error is not None  # ClockController.auto either returned one or set init_error
-        hello = {"id": 0, "ok": False, "cause": init_error.cause, "error": str(init_error)}
-    watched: list[socket.socket | int] = [sock, wake_r]
-    if pidfd is not None:
-        watched.append(pidfd)
-    buf = b""
-    alive = send(hello)
-    try:
-        while alive:
-            ready, _, _ = select.select(watched, [], [])
-            if pidfd is not None and pidfd in ready:
-                break  # the trainer is gone, whatever its socket says (a forked child may still hold a copy)
-            if wake_r in ready:
-                os.read(wake_r, 512)
-                draining = True
-                reset_all()
-            if sock in ready:
-                try:
-                    chunk = sock.recv(65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    break  # EOF: the kernel closed the trainer's end, however it died
-                buf += chunk
-                while alive and b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    alive = send(handle(json.loads(line)))
-    finally:  # whatever ended the loop, even a bug of ours: the clocks come back
-        if ctl is not None:
-            reset_all()
-    return 0
+    def set(self, gpu: int, mhz: int) -> None:
+        assert self.ctl is not None  # ClockController.auto either returned one or set init_error
+        self.take(gpu, mhz)
+        self.locked.add(gpu)  # recorded as ours: reset at the end even if this set fails midway
+        self.ctl.set_clock(gpu, mhz)
+        self.changed.add(gpu)
 
 
 def _supported(nvml, gpu: int) -> list[int]:
