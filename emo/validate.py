@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ import numpy as np
 import pandas as pd
 
 from emo.baselines import run_online
+from emo.baselines.online import PhaseTotals
 from emo.device import RunResult, pooled, run_segments, settle_iterations
+from emo.errors import ConfigError, InputError
 from emo.methods import PL_TOLERANCE_PCT, Method, OnlineContext, describe
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
@@ -208,76 +211,108 @@ def validate(
 ) -> tuple[dict, dict, pd.DataFrame | None]:
     """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
     measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
-    wl, vcfg, ocfg = cfg["workload"], cfg["validate"], cfg["optimizer"]
-    if wl["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
-        why = (
-            "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
-        )
-        logging.getLogger("emo").warning(why)
-        pred = {}
-        if policy_path is not None:
-            meta = FrequencyPolicy.load(policy_path)
-            base_t, base_e = meta.meta.get("baseline_time_s"), meta.meta.get("baseline_energy_j")
-            if base_t and base_e and meta.predicted_time_s and meta.predicted_energy_j:
-                pred = {
-                    "predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
-                    "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1),
-                }
-        return {"skipped": why, "method": ocfg["name"], **pred}, {"skipped": 1, **pred}, None
-    n, warmup, method = int(vcfg["iterations"]), int(vcfg["warmup"]), ocfg["name"]
+    vcfg, method = cfg["validate"], cfg["optimizer"]["name"]
+    if cfg["workload"]["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
+        return _skipped(method, policy_path)
+    n, warmup = int(vcfg["iterations"]), int(vcfg["warmup"])
     if n < MIN_ITERATIONS:
-        raise ValueError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")
+        raise ConfigError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")
     m = describe(method) or Method(method, online=False)  # unknown: an offline method's policy or nothing
     policy = None
     if not m.online:
         if policy_path is None:
-            raise ValueError(f"validate: optimizer {method!r} needs optimize's policy.json")
+            raise InputError(f"validate: optimizer {method!r} needs optimize's policy.json")
         policy = FrequencyPolicy.load(policy_path)
     device = open_dev()
     try:
-        device.set_policy(None)
-        # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run: from
-        # the policy's own max-clock iteration time, else (online methods) a one-iteration probe
-        est = iteration_estimate_s(policy)
-        if est is None:
-            est = device.run(wl, 1, warmup=warmup).time_s
-        n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
-        settle = settle_iterations(float(cfg["gpu"]["settle_s"]), est)  # before the first launch only
-        log.info(
-            "validate: %d iterations to settle, then max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: "
-            "about %.1f minutes plus start-up",
-            settle,
-            method,
-            n,
-            warmup,
-            (settle + 3 * (n + warmup)) * est / 60,
-        )
-        with progress(2, f"validate: max clock, {method}, max clock") as bar:
-            explore = None
-            setting: dict = {}
-            if policy is not None:  # in one launch of the program (emo.device.run_segments)
-                base, opt = against_max_clock(device, wl, policy, n, warmup, settle)
-                bar.update()
-                devices = sorted(base.energy_per_device_j) or [0]
-                setting = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
-            else:  # the method's own loop runs between the two max-clock runs
-                (before,) = run_segments(device, wl, [(None, n)], warmup=warmup, settle=settle)
-                bar.update()
-                devices = sorted(before.energy_per_device_j) or [0]
-                budget = float(cfg["budget"])
-                res = run_online(OnlineContext(device, wl, devices, budget, ocfg, cfg["gpu"], n, warmup))
-                opt, explore, setting = res.steady, res.explore, res.setting
-                base = pooled(before, device.run(wl, n, warmup=warmup))
-            bar.update()
-        curve = None
+        runs = _measure(cfg, device, policy, n, warmup)
         if m.measures_static_curve and vcfg["pareto_points"] > 0:
             assert policy is not None  # a method measuring the static curve is offline: its policy was loaded above
-            base, opt, curve = static_pick(cfg, device, devices, policy, base, opt, setting, n, warmup)
+            runs.base, runs.opt, runs.curve = static_pick(
+                cfg, device, runs.devices, policy, runs.base, runs.opt, runs.setting, runs.n, warmup
+            )
     finally:
         device.close()
+    # a sampled plan: its ranks not traced, measured against their class's traced one
+    checked = None if policy is None else class_spread(policy.meta, runs.opt.energy_per_device_j)
+    metrics = _metrics(cfg, policy, runs, checked)
+    return _result(cfg, policy, runs, metrics, checked), metrics, runs.curve
 
-    t_ori, e_ori = per_iteration(base)
-    t_opt, e_opt = per_iteration(opt)
+
+def _skipped(method: str, policy_path: Path | None) -> tuple[dict, dict, None]:
+    """A recorded trace's validate: skipped, with the savings its policy predicted."""
+    why = "validate: skipped: a recorded trace cannot be re-run; measuring a policy needs the device running the job"
+    logging.getLogger("emo").warning(why)
+    pred = {}
+    if policy_path is not None:
+        meta = FrequencyPolicy.load(policy_path)
+        base_t, base_e = meta.meta.get("baseline_time_s"), meta.meta.get("baseline_energy_j")
+        if base_t and base_e and meta.predicted_time_s and meta.predicted_energy_j:
+            pred = {
+                "predicted_es_pct": 100 * (1 - meta.predicted_energy_j / base_e),
+                "predicted_pl_pct": 100 * (meta.predicted_time_s / base_t - 1),
+            }
+    return {"skipped": why, "method": method, **pred}, {"skipped": 1, **pred}, None
+
+
+@dataclass
+class _Runs:
+    """What validate measured: the baseline and the method's run, their devices, the online method's
+    exploration, the method's setting, the iterations per run and the static clocks' curve."""
+
+    base: RunResult
+    opt: RunResult
+    devices: list[int]
+    explore: PhaseTotals | None
+    setting: dict
+    n: int
+    curve: pd.DataFrame | None = None
+
+
+def _measure(cfg: dict, device: Any, policy: FrequencyPolicy | None, n: int, warmup: int) -> _Runs:
+    """Max clock, the method, max clock: an offline policy in one launch of the program
+    (emo.device.run_segments), an online method's own loop between two max-clock runs."""
+    wl, vcfg, ocfg, method = cfg["workload"], cfg["validate"], cfg["optimizer"], cfg["optimizer"]["name"]
+    device.set_policy(None)
+    # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run: from
+    # the policy's own max-clock iteration time, else (online methods) a one-iteration probe
+    est = iteration_estimate_s(policy)
+    if est is None:
+        est = device.run(wl, 1, warmup=warmup).time_s
+    n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
+    settle = settle_iterations(float(cfg["gpu"]["settle_s"]), est)  # before the first launch only
+    log.info(
+        "validate: %d iterations to settle, then max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: "
+        "about %.1f minutes plus start-up",
+        settle,
+        method,
+        n,
+        warmup,
+        (settle + 3 * (n + warmup)) * est / 60,
+    )
+    with progress(2, f"validate: max clock, {method}, max clock") as bar:
+        if policy is not None:  # in one launch of the program (emo.device.run_segments)
+            base, opt = against_max_clock(device, wl, policy, n, warmup, settle)
+            bar.update()
+            devices = sorted(base.energy_per_device_j) or [0]
+            steps = {"policy_steps": {str(d): len(s) for d, s in policy.steps.items()}}
+            runs = _Runs(base, opt, devices, None, steps, n)
+        else:  # the method's own loop runs between the two max-clock runs
+            (before,) = run_segments(device, wl, [(None, n)], warmup=warmup, settle=settle)
+            bar.update()
+            devices = sorted(before.energy_per_device_j) or [0]
+            res = run_online(OnlineContext(device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"], n, warmup))
+            base = pooled(before, device.run(wl, n, warmup=warmup))
+            runs = _Runs(base, res.steady, devices, res.explore, res.setting, n)
+        bar.update()
+    return runs
+
+
+def _metrics(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, checked: dict | None) -> dict:
+    """Savings against the baseline, whether they keep the budget, and (an offline policy) how far the
+    model's prediction and a sampled plan's classes were from what was measured."""
+    t_ori, e_ori = per_iteration(runs.base)
+    t_opt, e_opt = per_iteration(runs.opt)
     metrics = {
         **savings(t_ori, e_ori, t_opt, e_opt),
         "t_ori_s": t_ori,
@@ -286,22 +321,25 @@ def validate(
         "e_opt_j": e_opt,
         "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg["budget"]) + PL_TOLERANCE_PCT),
     }
-    if policy is not None and setting.get("static_pick") != "measured":  # the model predicted its own pick only
+    if policy is not None and runs.setting.get("static_pick") != "measured":  # the model predicted its own pick only
         metrics.update(prediction_errors(policy, t_opt, e_opt, t_ori, e_ori))
-    if explore is not None:
-        metrics.update({"explore_time_s": explore.time_s, "explore_energy_j": explore.energy_j})
-    checked = None if policy is None else class_spread(policy.meta, opt.energy_per_device_j)
-    if checked is not None:  # a sampled plan: its ranks not traced, measured against their class's traced one
+    if runs.explore is not None:
+        metrics.update({"explore_time_s": runs.explore.time_s, "explore_energy_j": runs.explore.energy_j})
+    if checked is not None:
         metrics.update(checked)
-    result = {
-        "method": method,
+    return metrics
+
+
+def _result(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, metrics: dict, checked: dict | None) -> dict:
+    return {
+        "method": cfg["optimizer"]["name"],
         "budget": float(cfg["budget"]),
-        "workload": wl,
+        "workload": cfg["workload"],
         "gpu": cfg["gpu"]["name"],
-        "baseline": _run_dict(base),
-        "optimized": _run_dict(opt),
+        "baseline": _run_dict(runs.base),
+        "optimized": _run_dict(runs.opt),
         "metrics": metrics,
-        "setting": setting,
+        "setting": runs.setting,
         "predicted": None
         if policy is None
         else {
@@ -312,4 +350,3 @@ def validate(
         },
         **({} if checked is None or policy is None else {"sample": {**policy.meta["sample"], "check": checked}}),
     }
-    return result, metrics, curve
