@@ -260,7 +260,7 @@ def run_perseus(
     with meter.phase("profile"):
         _, events = _trace(device, workload, 1, 1)  # the pipeline schedule Perseus is given
     ranks = sorted(int(r) for r in events["rank"].unique())
-    stages = stage_of(ranks, int(workload.get("pp", 1)) if hasattr(workload, "get") else 1)
+    stages = stage_of(ranks, pipeline_depth(workload))
     sched = schedule(events, stages)
     setting: dict = {"per": "instruction", "trigger": TRIGGER.to_dict()}
     if sched is None:
@@ -303,6 +303,17 @@ def run_perseus(
     device.set_policy(None)
     setting["policy_steps"] = {str(d): len(st) for d, st in policy.steps.items()}
     return OnlineResult("perseus", steady, explore, setting)
+
+
+PIPELINED = ("pp", "hybrid")  # the workload kinds that have pipeline stages: their `pp` says how many
+
+
+def pipeline_depth(workload: Any) -> int:
+    """The workload's pipeline stages: its `pp` for a pipelined kind; one for the others (a recorded
+    trace's, a command's, a synthetic workload without stages)."""
+    if isinstance(workload, dict) and workload["kind"] in PIPELINED:
+        return int(workload["pp"])
+    return 1
 
 
 def run_online(ctx: OnlineContext) -> OnlineResult:

@@ -7,6 +7,7 @@ and the energy counters persist across calls: the clock keeps running and the co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import time
@@ -25,6 +26,7 @@ from emo.workloads.program import KernelSpec, Op, Program, Work
 COUNTER_FORMS = ("ncu", "dcgm", "none")  # none: a box without profiling permission
 
 MAX_GPUS = 1024  # the most GPUs one program may run on (the hybrid workload's TP8 x PP8 x DP16)
+NVML_SAMPLE_MS = 1000.0 / 6  # nvmlDeviceGetSamples' period on the virtual GPU: NVML's fastest rate
 NODE_GPUS = 64  # the GPUs modelled from the start; a program on more adds its GPUs (SimDevice._grow)
 
 
@@ -44,14 +46,33 @@ def _no_gc():
 
 
 def _cfg_dict(gpu_cfg: Any) -> dict:
+    """The GPU config as a dict, every key the schema has a default for filled from it
+    (emo.config.GpuConfig, where each key's one default lives) when not given: a config not composed
+    by Hydra (the API, tests) reads as a composed one."""
     if isinstance(gpu_cfg, dict):
-        return dict(gpu_cfg)
-    try:
-        from omegaconf import OmegaConf
+        given = dict(gpu_cfg)
+    else:
+        try:
+            from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(gpu_cfg, resolve=True)  # type: ignore[return-value]
-    except Exception as e:  # pragma: no cover - not an OmegaConf node either
-        raise ValueError(f"gpu config: want a dict or OmegaConf node, got {type(gpu_cfg).__name__}") from e
+            given = OmegaConf.to_container(gpu_cfg, resolve=True)  # type: ignore[assignment]
+        except Exception as e:  # pragma: no cover - not an OmegaConf node either
+            raise ValueError(f"gpu config: want a dict or OmegaConf node, got {type(gpu_cfg).__name__}") from e
+    return {**_schema_defaults(), **given}
+
+
+def _schema_defaults() -> dict:
+    from omegaconf import MISSING
+
+    from emo.config import GpuConfig
+
+    out = {}
+    for f in dataclasses.fields(GpuConfig):
+        if f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        elif f.default is not dataclasses.MISSING and f.default != MISSING:
+            out[f.name] = f.default
+    return out
 
 
 class SimDevice:
@@ -71,15 +92,15 @@ class SimDevice:
             raise ValueError(f"gpu.clocks_mhz ({self.name}): must be strictly ascending")
         if int(cfg["default_mhz"]) not in clocks:
             raise ValueError(f"gpu.default_mhz ({self.name}): {cfg['default_mhz']} is not a supported clock")
-        self.phys = SimPhysics.from_config(cfg.get("physics"), where=f"gpu.physics ({self.name})")
-        self.counter_form = str(cfg.get("counters", "ncu"))  # what profile_range answers in (not physics)
+        self.phys = SimPhysics.from_config(cfg["physics"], where=f"gpu.physics ({self.name})")
+        self.counter_form = str(cfg["counters"])  # what profile_range answers in (not physics)
         if self.counter_form not in COUNTER_FORMS:
             raise ValueError(f"gpu.counters: {self.counter_form!r} is not one of {', '.join(COUNTER_FORMS)}")
         self.gp = GpuPhysics(self.phys, clocks, float(cfg["tdp_w"]))
         self.clocks = clocks
         self.default_ci = clocks.index(int(cfg["default_mhz"]))
-        self.seed = int(cfg.get("seed", 0))
-        self.noise = float(cfg.get("noise", 1.0))  # multiplier of the physics' noise sizes (0: none)
+        self.seed = int(cfg["seed"])
+        self.noise = float(cfg["noise"])  # multiplier of the physics' noise sizes (0: none)
         if not self.noise >= 0:
             raise ValueError(f"gpu.noise ({self.name}): want a multiplier >= 0, got {self.noise}")
         self.tdp_w = float(cfg["tdp_w"])
@@ -554,13 +575,13 @@ class SimDevice:
 
     def utilization_samples(self, device: int = 0) -> dict[str, list[tuple[float, float]]]:
         """NVML-style utilisation samples of the last run (nvmlDeviceGetSamples): one per sample
-        period (`gpu.nvml_sample_ms`, default 1/6 s, NVML's fastest rate) lying wholly inside the
+        period (NVML_SAMPLE_MS, NVML's fastest rate) lying wholly inside the
         run, each the share of its period a kernel ran (`gpu`) or device memory was busy (`memory`),
         in whole percent as NVML reports them; (t_s at the period's end, fraction 0..1)."""
         self._check_gpu(device)
         res, tab = self.last_sim, getattr(self, "last_tables", None)
         g = None if res is None else next((g for g in res.gpus if g.idx == int(device)), None)
-        period = float(self.cfg.get("nvml_sample_ms", 1000.0 / 6)) * 1e6
+        period = NVML_SAMPLE_MS * 1e6
         n = 0 if res is None else int((res.t_end - res.t_start) // period)
         if res is None or g is None or tab is None or n < 1:
             return {"gpu": [], "memory": []}
