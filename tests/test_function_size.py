@@ -36,7 +36,6 @@ OVER: dict[str, tuple[int, int]] = {
     "optimize/pipeline/check.py:fit_to_prediction": (89, 12),
     "optimize/problem.py:make_items": (88, 17),
     "stages/trace.py:run": (84, 19),
-    "graph/hta.py:_gpu_kernel": (82, 31),
     "graph/hta.py:_stack_kernel": (75, 23),
     "model/predict.py:clock_timelines": (68, 22),
     "cli/compare.py:table": (64, 27),
