@@ -412,40 +412,20 @@ def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full
     n_set = 0
     kernel_sync = np.full(full_ts.shape[0], -1, np.int64)
     for q in range(m):
-        room = ne + n_set + 1 if code[q] != 0 else ne + 3  # a context sync's edges; an op's three
-        if room > cap:
-            cap = 2 * cap + n_set
-            src, dst, wt, typ = _grow(src, cap), _grow(dst, cap), _grow(wt, cap), _grow(typ, cap)
-        if code[q] != 0:
+        c = code[q]
+        if c != 0:
+            if ne + n_set + 1 > cap:  # room for a context sync's edges
+                cap = 2 * cap + n_set
+                src, dst, wt, typ = _grow(src, cap), _grow(dst, cap), _grow(wt, cap), _grow(typ, cap)
             ne = _sync_edges(
                 q,
-                code[q],
+                c,
                 stream,
                 ic,
                 prev_launch,
                 next_launch,
                 op_of,
                 end_node,
-                kernel_sync,
-                last,
-                first_set[:n_set],
-                src,
-                dst,
-                wt,
-                typ,
-                ne,
-            )
-        else:
-            ne, n_set = _op_edges(
-                q,
-                eid[q],
-                stream[q],
-                ic[q],
-                ql,
-                full_ts,
-                start_node,
-                end_node,
-                node_ts,
                 kernel_sync,
                 last,
                 first_set,
@@ -456,6 +436,39 @@ def _gpu_kernel(eid, code, stream, ic, prev_launch, next_launch, op_of, ql, full
                 typ,
                 ne,
             )
+            continue
+        if ne + 3 > cap:
+            cap = 2 * cap
+            src, dst, wt, typ = _grow(src, cap), _grow(dst, cap), _grow(wt, cap), _grow(typ, cap)
+        e = eid[q]
+        sn, en = start_node[e], end_node[e]
+        src[ne], dst[ne], wt[ne], typ[ne] = sn, en, node_ts[en] - node_ts[sn], 0
+        ne += 1
+        runtime = ic[q]
+        sync_src = kernel_sync[e]
+        kernel_sync[e] = -1
+        sync_end = end_node[sync_src] if sync_src >= 0 else -1
+        if sync_end >= 0:
+            src[ne], dst[ne], wt[ne], typ[ne] = sync_end, sn, 0, 4
+            ne += 1
+        prev = last[stream[q]]
+        if (
+            ql[runtime] == 1
+            and ql[e] == 0
+            and (prev < 0 or node_ts[prev] < full_ts[runtime])
+            and (sync_end < 0 or node_ts[sync_end] < full_ts[runtime])
+        ):
+            rs = start_node[runtime]
+            if rs >= 0:
+                src[ne], dst[ne], wt[ne], typ[ne] = rs, sn, node_ts[sn] - node_ts[rs], 2
+                ne += 1
+        elif prev >= 0 and (sync_end < 0 or node_ts[sync_end] < node_ts[prev]):
+            src[ne], dst[ne], wt[ne], typ[ne] = prev, sn, node_ts[sn] - node_ts[prev], 3
+            ne += 1
+        if last[stream[q]] < 0:
+            first_set[n_set] = stream[q]
+            n_set += 1
+        last[stream[q]] = en
     return src[:ne], dst[:ne], wt[:ne], typ[:ne]
 
 
@@ -468,7 +481,23 @@ def _edge(src, dst, wt, typ, ne, a, b, w, t):
 
 @numba.njit(cache=True)
 def _sync_edges(
-    q, c, stream, ic, prev_launch, next_launch, op_of, end_node, kernel_sync, last, streams_set, src, dst, wt, typ, ne
+    q,
+    c,
+    stream,
+    ic,
+    prev_launch,
+    next_launch,
+    op_of,
+    end_node,
+    kernel_sync,
+    last,
+    first_set,
+    n_set,
+    src,
+    dst,
+    wt,
+    typ,
+    ne,
 ):
     """A synchronisation's edges (c: 1 stream wait event, 2 event sync, 3 context sync, 4 stream
     sync): a stream wait marks the next launch's kernel to wait for the recorded one; the others end
@@ -489,57 +518,11 @@ def _sync_edges(
     if rt_end < 0:
         return ne
     if c == 3:
-        for j in range(streams_set.shape[0]):
-            ne = _edge(src, dst, wt, typ, ne, last[streams_set[j]], rt_end, 0, 4)
+        for j in range(n_set):
+            ne = _edge(src, dst, wt, typ, ne, last[first_set[j]], rt_end, 0, 4)
     elif last[stream[q]] >= 0:
         ne = _edge(src, dst, wt, typ, ne, last[stream[q]], rt_end, 0, 4)
     return ne
-
-
-@numba.njit(cache=True)
-def _op_edges(
-    q,
-    e,
-    st,
-    runtime,
-    ql,
-    full_ts,
-    start_node,
-    end_node,
-    node_ts,
-    kernel_sync,
-    last,
-    first_set,
-    n_set,
-    src,
-    dst,
-    wt,
-    typ,
-    ne,
-):
-    """A GPU op's edges: its own duration; from the kernel a stream wait made it wait for; from its
-    launch when its stream was idle at the launch (and no wait held it), else from its stream's
-    previous op. (ne, n_set) after it."""
-    sn, en = start_node[e], end_node[e]
-    ne = _edge(src, dst, wt, typ, ne, sn, en, node_ts[en] - node_ts[sn], 0)
-    sync_src = kernel_sync[e]
-    kernel_sync[e] = -1
-    sync_end = end_node[sync_src] if sync_src >= 0 else -1
-    if sync_end >= 0:
-        ne = _edge(src, dst, wt, typ, ne, sync_end, sn, 0, 4)
-    prev = last[st]
-    idle = (prev < 0 or node_ts[prev] < full_ts[runtime]) and (sync_end < 0 or node_ts[sync_end] < full_ts[runtime])
-    if ql[runtime] == 1 and ql[e] == 0 and idle:
-        rs = start_node[runtime]
-        if rs >= 0:
-            ne = _edge(src, dst, wt, typ, ne, rs, sn, node_ts[sn] - node_ts[rs], 2)
-    elif prev >= 0 and (sync_end < 0 or node_ts[sync_end] < node_ts[prev]):
-        ne = _edge(src, dst, wt, typ, ne, prev, sn, node_ts[sn] - node_ts[prev], 3)
-    if prev < 0:
-        first_set[n_set] = st
-        n_set += 1
-    last[st] = en
-    return ne, n_set
 
 
 @numba.njit(cache=True)
