@@ -74,7 +74,7 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
     res = tmp_path / "results"
     r = emo("run", "--until", "trace", "workload=recorded", f"workload.path={bad}", f"results={res}", cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1
+    assert r.returncode == 2  # an InputError: what it was given (docs/design.md, "Exit status")
     assert lines[-1].startswith(f"emo: error: {bad}: truncated or malformed JSON"), r.stderr
     log = next((res / "trace" / "logs").glob("*.log"))
     assert f"(stage trace, log {log})" in lines[-1]
@@ -94,7 +94,7 @@ def test_a_bad_recorded_trace_is_one_line_naming_the_users_file_stage_and_log(tm
         f"results={res}",
         cwd=tmp_path,
     )
-    assert v.returncode == 1 and "Traceback" in v.stderr, v.stderr[-2000:]
+    assert v.returncode == 2 and "Traceback" in v.stderr, v.stderr[-2000:]
     assert v.stderr.strip().splitlines()[-1] == lines[-1], v.stderr[-2000:]
 
 

@@ -13,6 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from emo.errors import InputError
 from emo.stages import Stage
 
 log = logging.getLogger("emo")
@@ -25,68 +26,17 @@ STAGE = Stage(
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
-    from emo.device.backends import open_device
     from emo.io import write_json, write_parquet
     from emo.sampling import canonical_events, sample_of
-    from emo.trace import read_trace
-    from emo.trace.read import TRACE_SUFFIXES
 
     wl = cfg["workload"]
     sample = sample_of(wl, cfg["trace"]["ranks"])  # None: every rank, as before
     kineto = out / "kineto"
     kineto.mkdir()
-    measured: dict = {}
     if wl["kind"] == "recorded":
-        src = Path(wl["path"])
-        if not src.exists():
-            raise FileNotFoundError(f"{src}: workload.path does not exist")
-        files = recorded_files(src)
-        if not files:
-            raise ValueError(f"{src}: folder holds no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)})")
-        for f in files:
-            shutil.copy2(f, kineto / f.name)
-        try:  # a single file is read as itself (a Kineto file or an nsys export), a folder as ranks
-            events = read_trace(kineto if src.is_dir() else kineto / src.name)
-        except (ValueError, OSError) as e:  # name the user's file, not the copy
-            copy, orig = (kineto, src) if src.is_dir() else (kineto / src.name, src)
-            raise ValueError(str(e).replace(str(copy), str(orig))) from None
+        events, measured, plain = _recorded(Path(wl["path"]), kineto), {}, None
     else:
-        device = open_device(cfg["gpu"])
-        if wl["kind"] == "command":
-            log.info(
-                "trace: one launch of %s: %d iterations (%d recorded), then EMO ends it; one more, untraced",
-                " ".join(wl["command"]),
-                1
-                + int(wl["wait"])
-                + max(int(wl["warmup"]), int(cfg["trace"]["warmup"]))
-                + int(cfg["trace"]["iterations"]),
-                int(cfg["trace"]["iterations"]),
-            )
-        tc = cfg["trace"]
-        # a sample: the whole job runs, only the sampled ranks' traces are kept (the profiler on those ranks)
-        some = {} if sample is None else {"trace_ranks": list(sample.sampled)}
-        try:
-            res = device.run(wl, tc["iterations"], warmup=tc["warmup"], trace_dir=kineto, capture=tc["capture"], **some)
-            # the run as it is when nothing records it: what the graph's timing is corrected to
-            plain = (
-                device.run(wl, tc["untraced_iterations"], warmup=tc["warmup"]) if tc["untraced_iterations"] else None
-            )
-        finally:
-            device.close()
-        measured = {
-            "iterations": res.iterations,
-            "time_s": res.time_s,
-            "energy_j": res.energy_j,
-            "iteration_times_s": res.iteration_times_s,
-            "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()},
-            "capture": tc["capture"],
-            **(
-                {"untraced": {"iterations": plain.iterations, "iteration_times_s": plain.iteration_times_s}}
-                if plain
-                else {}
-            ),
-        }
-        events = read_trace(kineto)
+        events, measured, plain = _traced(cfg, kineto, sample)
     if sample is not None:  # one rank per class, its collectives joined through their classes (emo.sampling)
         measured["sample"] = sample.to_dict()
         log.info("trace: %s", measured["sample"]["assumption"])
@@ -108,6 +58,65 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
             else {}
         ),
     }
+
+
+def _recorded(src: Path, kineto: Path):
+    """A recorded workload's events: its files copied into the stage's `kineto` folder and read there
+    (a single file as itself, a Kineto file or an nsys export; a folder as ranks)."""
+    from emo.trace import read_trace
+    from emo.trace.read import TRACE_SUFFIXES
+
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: workload.path does not exist")
+    files = recorded_files(src)
+    if not files:
+        raise InputError(f"{src}: folder holds no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)})")
+    for f in files:
+        shutil.copy2(f, kineto / f.name)
+    try:
+        return read_trace(kineto if src.is_dir() else kineto / src.name)
+    except (ValueError, OSError) as e:  # name the user's file, not the copy
+        copy = kineto if src.is_dir() else kineto / src.name
+        raise InputError(str(e).replace(str(copy), str(src))) from None
+
+
+def _traced(cfg: dict, kineto: Path, sample):
+    """(events, measured.json, the untraced run or None) of a workload run on the device: the traced
+    iterations, then (trace.untraced_iterations) the run as it is when nothing records it, which the
+    graph's timing is corrected to."""
+    from emo.device.backends import open_device
+    from emo.trace import read_trace
+
+    wl, tc = cfg["workload"], cfg["trace"]
+    device = open_device(cfg["gpu"])
+    if wl["kind"] == "command":
+        log.info(
+            "trace: one launch of %s: %d iterations (%d recorded), then EMO ends it; one more, untraced",
+            " ".join(wl["command"]),
+            1 + int(wl["wait"]) + max(int(wl["warmup"]), int(tc["warmup"])) + int(tc["iterations"]),
+            int(tc["iterations"]),
+        )
+    # a sample: the whole job runs, only the sampled ranks' traces are kept (the profiler on those ranks)
+    some = {} if sample is None else {"trace_ranks": list(sample.sampled)}
+    try:
+        res = device.run(wl, tc["iterations"], warmup=tc["warmup"], trace_dir=kineto, capture=tc["capture"], **some)
+        plain = device.run(wl, tc["untraced_iterations"], warmup=tc["warmup"]) if tc["untraced_iterations"] else None
+    finally:
+        device.close()
+    measured = {
+        "iterations": res.iterations,
+        "time_s": res.time_s,
+        "energy_j": res.energy_j,
+        "iteration_times_s": res.iteration_times_s,
+        "energy_per_device_j": {str(k): v for k, v in res.energy_per_device_j.items()},
+        "capture": tc["capture"],
+        **(
+            {"untraced": {"iterations": plain.iterations, "iteration_times_s": plain.iteration_times_s}}
+            if plain
+            else {}
+        ),
+    }
+    return read_trace(kineto), measured, plain
 
 
 def recorded_files(src: Path) -> list[Path]:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from emo import errors
+from emo.errors import ConfigError
 from emo.workflow import locks
 from emo.workflow.plan import ROOT
 
@@ -50,37 +51,7 @@ def snakemake(
 
     from emo.workflow import sweep
 
-    argv = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(ROOT / "Snakefile"),
-        "--directory",
-        str(Path.cwd()),
-        # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
-        "--no-hooks",
-        "--rerun-incomplete",
-        "--nolock",
-    ]
-    if profile:
-        path = PROFILES / profile if (PROFILES / profile).is_dir() else Path(profile)
-        if not (path / "config.yaml").is_file():
-            names = ", ".join(sorted(p.name for p in PROFILES.iterdir() if p.is_dir()))
-            raise ValueError(f"--profile {profile}: no such workflow profile (profiles/: {names})")
-        argv += ["--workflow-profile", str(path)]
-    if cores is not None:
-        argv += ["--jobs" if profile else "--cores", str(cores)]
-    if gpus is not None:
-        argv += ["--resources", f"gpu={gpus}"]
-    if dry_run:
-        argv += ["--dry-run"]
-    elif not verbose:
-        argv += ["--quiet", "all"]  # a line per stage comes from the stages
-    if until:
-        argv += ["--until", until]
-    if report:
-        argv += ["--report", str(report)]
+    argv = snakemake_argv(cores, dry_run, until, gpus, report, profile, verbose)
     # in the results folder under EMO's mark (emo.workflow.locks.RUN_FILE): what a kill -9 leaves, the next run removes
     held = planned is not None and not dry_run and Path(planned.results).is_dir()  # under the run's lock
     if held:
@@ -114,6 +85,50 @@ def snakemake(
         reports.unlink(missing_ok=True)
         plan_file.unlink(missing_ok=True)
         jobs_file.unlink(missing_ok=True)
+
+
+def snakemake_argv(
+    cores: int | None,
+    dry_run: bool,
+    until: str | None,
+    gpus: int | None,
+    report: str | None,
+    profile: str | None,
+    verbose: bool,
+) -> list[str]:
+    """The `snakemake` command line `snakemake()` runs, before the jobs' config."""
+    argv = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(Path.cwd()),
+        # no hooks: the Snakefile's onsuccess/onerror log for plain `snakemake`; emo run logs itself
+        "--no-hooks",
+        "--rerun-incomplete",
+        "--nolock",
+    ]
+    if profile:
+        path = PROFILES / profile if (PROFILES / profile).is_dir() else Path(profile)
+        if not (path / "config.yaml").is_file():
+            names = ", ".join(sorted(p.name for p in PROFILES.iterdir() if p.is_dir()))
+            raise ConfigError(f"--profile {profile}: no such workflow profile (profiles/: {names})")
+        argv += ["--workflow-profile", str(path)]
+    if cores is not None:
+        argv += ["--jobs" if profile else "--cores", str(cores)]
+    if gpus is not None:
+        argv += ["--resources", f"gpu={gpus}"]
+    if dry_run:
+        argv += ["--dry-run"]
+    elif not verbose:
+        argv += ["--quiet", "all"]  # a line per stage comes from the stages
+    if until:
+        argv += ["--until", until]
+    if report:
+        argv += ["--report", str(report)]
+    return argv
 
 
 PROFILE_LINE = re.compile(rb"Using .*profile.* for setting default command line arguments\.\r?\n")
