@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from emo.errors import ConfigError
 from emo.optimize.pipeline.check import Latencies
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy, Step
@@ -43,12 +44,10 @@ def build_policy(
     if not isinstance(transition_ms, Latencies):
         lo, hi = float(transition_ms[0]), float(transition_ms[1])
         if lo < 0 or hi < lo:
-            raise ValueError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
+            raise ConfigError(f"optimizer.transition_ms must be [min, max] with 0 <= min <= max (got {transition_ms})")
     lat = Latencies.of(transition_ms)
-    lo, hi = lat.lo, lat.hi
     items = sol.items
     period = float(period_ms if period_ms is not None else sol.makespan_ns * 1e-6)
-    mhz = sol.item_mhz
     nwin = int(items.window.max()) + 1
     if window_start_ms is None:  # the baseline change points
         window_start_ms = (
@@ -62,40 +61,8 @@ def build_policy(
         window_clear_ms = np.full((len(items.groups), nwin), -np.inf)
     steps: dict[int, list[Step]] = {}
     for g, devs in enumerate(items.groups):
-        ks = np.flatnonzero(items.group == g)
-        ks = ks[np.argsort(items.window[ks], kind="stable")]
-        raw: list[Step] = []
-        for k in ks:
-            w = int(items.window[k])
-            t = float(window_start_ms[g, w])
-            if not t < period:  # a padding window, or one that starts after the iteration ends
-                continue
-            c = int(mhz[k])
-            if raw and raw[-1].sm_mhz == c:
-                continue
-            if raw and c < raw[-1].sm_mhz:
-                # down-steps land inside their own window, never before it, nor before the packs of
-                # the window before have finished (window_clear_ms)
-                t = max(t, float(window_clear_ms[g, w])) + lat.spread(c)
-                if t >= min(period, window_start_ms[g, w + 1]):
-                    continue  # the window ends before a slower clock could land: stay fast
-            if raw and t - raw[-1].t_ms < min_interval_ms:
-                raw[-1] = Step(raw[-1].t_ms, max(raw[-1].sm_mhz, c))
-                if len(raw) > 1 and raw[-2].sm_mhz == raw[-1].sm_mhz:
-                    raw.pop()
-                continue
-            raw.append(Step(t, c))
-        if len(raw) > 1 and raw[0].sm_mhz < raw[-1].sm_mhz:
-            # the policy repeats: the first step goes down from the last one's clock, so it too lands
-            # inside its window (issued lead_ms before t = spread, at the end of the previous
-            # iteration), or, when the window is too short for that, the first window stays fast
-            t0 = max(0.0, float(window_clear_ms[g, 0])) + lat.spread(raw[0].sm_mhz)
-            if raw[1].t_ms - t0 >= min_interval_ms:
-                raw[0] = Step(t0, raw[0].sm_mhz)
-            else:
-                raw[0] = Step(0.0, raw[-1].sm_mhz)
-                if raw[1].sm_mhz == raw[0].sm_mhz:
-                    raw.pop(1)
+        raw = _group_steps(sol, g, lat, period, window_start_ms[g], window_clear_ms[g], min_interval_ms)
+        raw = _repeated(raw, lat, float(window_clear_ms[g, 0]), min_interval_ms)
         if not raw:
             raw = [Step(0.0, int(sol.problem.clocks_mhz[sol.problem.ref]))]
         raw = _issued_in_order(raw, lat, period)
@@ -107,17 +74,71 @@ def build_policy(
         steps=steps,
         period_ms=period,
         budget=float(sol.budget),
-        lead_ms=hi,
+        lead_ms=lat.hi,
         meta={
             "method": sol.method,
             "window_ms": window_ms,
-            "transition_ms": [lo, hi],
+            "transition_ms": [lat.lo, lat.hi],
             "min_interval_ms": min_interval_ms,
             "model_saving": s["predicted_saving"],
             "model_slowdown": s["predicted_slowdown"],
             **(meta or {}),
         },
     )
+
+
+def _group_steps(
+    sol: Solution,
+    g: int,
+    lat: Latencies,
+    period: float,
+    start_ms: np.ndarray,
+    clear_ms: np.ndarray,
+    min_interval_ms: float,
+) -> list[Step]:
+    """Clock group g's steps in window order: one per change of clock, a down-step placed to land
+    inside its window (dropped when the window ends first), steps closer than min_interval_ms merged
+    into the one before, keeping the faster clock."""
+    items, mhz = sol.items, sol.item_mhz
+    ks = np.flatnonzero(items.group == g)
+    ks = ks[np.argsort(items.window[ks], kind="stable")]
+    raw: list[Step] = []
+    for k in ks:
+        w = int(items.window[k])
+        t = float(start_ms[w])
+        if not t < period:  # a padding window, or one that starts after the iteration ends
+            continue
+        c = int(mhz[k])
+        if raw and raw[-1].sm_mhz == c:
+            continue
+        if raw and c < raw[-1].sm_mhz:
+            # down-steps land inside their own window, never before it, nor before the packs of
+            # the window before have finished (window_clear_ms)
+            t = max(t, float(clear_ms[w])) + lat.spread(c)
+            if t >= min(period, start_ms[w + 1]):
+                continue  # the window ends before a slower clock could land: stay fast
+        if raw and t - raw[-1].t_ms < min_interval_ms:
+            raw[-1] = Step(raw[-1].t_ms, max(raw[-1].sm_mhz, c))
+            if len(raw) > 1 and raw[-2].sm_mhz == raw[-1].sm_mhz:
+                raw.pop()
+            continue
+        raw.append(Step(t, c))
+    return raw
+
+
+def _repeated(raw: list[Step], lat: Latencies, clear0_ms: float, min_interval_ms: float) -> list[Step]:
+    """The policy repeats: a first step below the last one's clock goes down from it, so it too lands
+    inside its window (issued lead_ms before t = spread, at the end of the previous iteration), or,
+    when the window is too short for that, the first window stays fast."""
+    if len(raw) > 1 and raw[0].sm_mhz < raw[-1].sm_mhz:
+        t0 = max(0.0, clear0_ms) + lat.spread(raw[0].sm_mhz)
+        if raw[1].t_ms - t0 >= min_interval_ms:
+            raw[0] = Step(t0, raw[0].sm_mhz)
+        else:
+            raw[0] = Step(0.0, raw[-1].sm_mhz)
+            if raw[1].sm_mhz == raw[0].sm_mhz:
+                raw.pop(1)
+    return raw
 
 
 def _with_leads(raw: list[Step], lat: Latencies) -> tuple[list[Step], list[float], list[float]]:
