@@ -34,7 +34,6 @@ OVER: dict[str, tuple[int, int]] = {
     "optimize/pipeline/check.py:fit_to_prediction": (89, 12),
     "optimize/problem.py:make_items": (88, 17),
     "graph/hta.py:_stack_kernel": (75, 23),
-    "model/predict.py:clock_timelines": (68, 22),
     "cli/compare.py:table": (64, 27),
     "cli/compare.py:main": (60, 22),
     "trace/kineto_scan.py:_number": (48, 26),

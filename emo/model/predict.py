@@ -192,33 +192,39 @@ def clock_timelines(
             ptr.append(len(ts))
             continue
         assert policy is not None  # by_gpu has steps only from a policy
-        plan = [
-            (i.at_s * 1e9, snap(i.sm_mhz))
-            for i in issue_plan(g_steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
-        ]
-        marks = list(iter_start_ns[g])
-        first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
-        marks = [marks[0] - first_len] + marks  # the warm-up iteration
-        issued = []
-        for k, m in enumerate(marks):
-            nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
-            issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
-        issued.sort(key=lambda x: x[0])
-        first = snap(g_steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
-        ts.append(-np.inf)
-        cis.append(first)
-        if issued:
-            at = np.array([i for i, _ in issued])
-            ci = np.array([c for _, c in issued], dtype=np.int64)
-            before = np.r_[first, ci[:-1]]
-            land = at + np.where(ci > before, up_v[ci], down_v[ci]) * 1e6
-            # the last one issued wins: keep a request only if every later one lands after it
-            later = np.r_[np.minimum.accumulate(land[::-1])[::-1][1:], np.inf]
-            keep = land < later
-            ts += land[keep].tolist()
-            cis += ci[keep].tolist()
+        g_ts, g_cis = _gpu_timeline(g_steps, policy, list(iter_start_ns[g]), end_ns, snap, up_v, down_v)
+        ts += g_ts
+        cis += g_cis
         ptr.append(len(ts))
     return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
+
+
+def _gpu_timeline(g_steps, policy: FrequencyPolicy, marks: list, end_ns: float, snap, up_v, down_v):
+    """One GPU's (times, clock indices) from its iteration marks: the first step from before the
+    warm-up iteration, then each request of the plan that lands before a later one does."""
+    plan = [
+        (i.at_s * 1e9, snap(i.sm_mhz)) for i in issue_plan(g_steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
+    ]
+    first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
+    marks = [marks[0] - first_len] + marks  # the warm-up iteration
+    issued = []
+    for k, m in enumerate(marks):
+        nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
+        issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
+    issued.sort(key=lambda x: x[0])
+    first = snap(g_steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
+    ts, cis = [-np.inf], [first]
+    if issued:
+        at = np.array([i for i, _ in issued])
+        ci = np.array([c for _, c in issued], dtype=np.int64)
+        before = np.r_[first, ci[:-1]]
+        land = at + np.where(ci > before, up_v[ci], down_v[ci]) * 1e6
+        # the last one issued wins: keep a request only if every later one lands after it
+        later = np.r_[np.minimum.accumulate(land[::-1])[::-1][1:], np.inf]
+        keep = land < later
+        ts += land[keep].tolist()
+        cis += ci[keep].tolist()
+    return ts, cis
 
 
 @dataclass(frozen=True)
