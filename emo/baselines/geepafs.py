@@ -43,6 +43,7 @@ import numpy as np
 
 from emo.baselines.online import OnlineResult, PhaseTotals
 from emo.device import RunResult
+from emo.errors import ConfigError
 from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step
 
@@ -218,22 +219,69 @@ class _Tally:
         )
 
 
+def _probe_samples(
+    device: Any, workload: Any, devices: Sequence[int], schedule: list[int], k_sample: int, probe: _Tally
+) -> dict[int, dict[str, list[float]]]:
+    """A period's probing phase: per device, each probe's clock, memory and GPU utilisation and power."""
+    samples: dict[int, dict[str, list[float]]] = {
+        d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices
+    }
+    for f in schedule:
+        device.set_policy(_policy(device.name, {d: f for d in devices}))
+        run = probe.add(device.run(workload, k_sample, warmup=0))
+        for d in devices:
+            s = samples[d]
+            s["mhz"].append(f)
+            s["memory"].append(_sampled(device, d, "memory"))
+            s["gpu"].append(_sampled(device, d, "gpu"))
+            s["power_w"].append(run.energy_per_device_j.get(d, 0.0) / max(run.time_s, 1e-12))
+    return samples
+
+
+def _choose(
+    samples: dict[str, list[float]], probes: list[int], budget: float, supported: list[int], floor: float, options: dict
+) -> tuple[int, dict]:
+    """One device's clock for the period's holding phase from its probes (the fold line of its memory
+    utilisation when memory-bound enough and well fitted), and the period's record of it."""
+    arr = {k: np.asarray(v, float) for k, v in samples.items()}
+    mean = {k: [float(arr[k][arr["mhz"] == f].mean()) for f in probes] for k in ("power_w", "gpu", "memory")}
+    line = None
+    if arr["memory"].mean() >= float(options["min_memory_utilization"]):
+        line = fit_fold_line(arr["mhz"], arr["memory"])
+        if line.rms > float(options["max_fit_error"]):
+            line = None
+    clock, parts = choose_clock(line, budget, supported, floor, probes, mean["power_w"], mean["gpu"])
+    fold = (
+        None
+        if line is None
+        else {"a1": line.a1, "b1": line.b1, "a2": line.a2, "b2": line.b2, "f_c": line.f_c, "rms": line.rms}
+    )
+    return clock, {
+        "clock": clock,
+        **parts,
+        "memory": mean["memory"],
+        "gpu": mean["gpu"],
+        "power_w": mean["power_w"],
+        "fold": fold,
+    }
+
+
 def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict) -> OnlineResult:
     """Run the GEEPAFS loop: one period to start, then `options['periods']` periods (more until they
     hold `options['iterations']` iterations) measured as its steady state, probing included."""
     if not callable(getattr(device, "utilization_samples", None)):
-        raise ValueError(
+        raise ConfigError(
             f"optimizer=geepafs needs a device with utilization_samples() (NVML's utilisation "
             f"samples); {type(device).__name__} has none"
         )
     supported = device.supported_clocks()
     probes = probe_clocks(supported, options["probe_fractions"])
     if len(probes) < 2:
-        raise ValueError("optimizer.geepafs.probe_fractions: need >= 2 distinct clocks")
+        raise ConfigError("optimizer.geepafs.probe_fractions: need >= 2 distinct clocks")
     schedule = probe_schedule(probes, int(options["samples_per_clock"]))
     sample_s, period_s = float(options["sample_ms"]) * 1e-3, float(options["period_ms"]) * 1e-3
     if period_s <= len(schedule) * sample_s:
-        raise ValueError(
+        raise ConfigError(
             f"optimizer.geepafs.period_ms: {options['period_ms']} does not exceed the probing "
             f"phase ({len(schedule)} samples x sample_ms={options['sample_ms']})"
         )
@@ -250,38 +298,10 @@ def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: floa
     chosen: dict[int, int] = {}
 
     def period(index: int, probe: _Tally, hold: _Tally) -> None:
-        samples: dict[int, dict[str, list[float]]] = {
-            d: {"mhz": [], "memory": [], "gpu": [], "power_w": []} for d in devices
-        }
-        for f in schedule:
-            device.set_policy(_policy(name, {d: f for d in devices}))
-            run = probe.add(device.run(workload, k_sample, warmup=0))
-            for d in devices:
-                s = samples[d]
-                s["mhz"].append(f)
-                s["memory"].append(_sampled(device, d, "memory"))
-                s["gpu"].append(_sampled(device, d, "gpu"))
-                s["power_w"].append(run.energy_per_device_j.get(d, 0.0) / max(run.time_s, 1e-12))
+        samples = _probe_samples(device, workload, devices, schedule, k_sample, probe)
         record: dict = {"period": index}
         for d in devices:
-            arr = {k: np.asarray(v, float) for k, v in samples[d].items()}
-            mean = {k: [float(arr[k][arr["mhz"] == f].mean()) for f in probes] for k in ("power_w", "gpu", "memory")}
-            line = None
-            if arr["memory"].mean() >= float(options["min_memory_utilization"]):
-                line = fit_fold_line(arr["mhz"], arr["memory"])
-                if line.rms > float(options["max_fit_error"]):
-                    line = None
-            chosen[d], parts = choose_clock(line, budget, supported, floor, probes, mean["power_w"], mean["gpu"])
-            record[str(d)] = {
-                "clock": chosen[d],
-                **parts,
-                "memory": mean["memory"],
-                "gpu": mean["gpu"],
-                "power_w": mean["power_w"],
-                "fold": None
-                if line is None
-                else {"a1": line.a1, "b1": line.b1, "a2": line.a2, "b2": line.b2, "f_c": line.f_c, "rms": line.rms},
-            }
+            chosen[d], record[str(d)] = _choose(samples[d], probes, budget, supported, floor, options)
         history.append(record)
         device.set_policy(_policy(name, chosen))
         hold.add(device.run(workload, k_hold, warmup=0))
