@@ -28,7 +28,6 @@ OVER: dict[str, tuple[int, int]] = {
     "model/levels.py:fit_workload": (96, 13),
     "report/plots.py:plot_timeline": (96, 21),
     "trace/nsys.py:_read": (96, 19),
-    "baselines/perseus.py:plan": (94, 19),
     "report/plots.py:plot_energy_time": (91, 17),
     "optimize/pipeline/check.py:fit_to_prediction": (89, 12),
     "optimize/problem.py:make_items": (88, 17),

@@ -118,19 +118,6 @@ def plan(
     max_iterations: int = 500,
 ) -> tuple[np.ndarray, dict]:
     """The clock (MHz) of each instruction: lowtime on the instruction DAG (Perseus's planner)."""
-    import networkx as nx
-    from lowtime.cost_model import CostModel, ExponentialModel
-    from lowtime.graph_utils import add_sink_node, add_source_node
-    from lowtime.operation import (
-        CandidateExecutionOptions,
-        ExecutionOption,
-        Operation,
-        OperationSpec,
-    )
-    from lowtime.solver import PhillipsDessouky
-
-    from emo.optimize.solvers.perseus import HullCost, _rust_fallback
-
     clocks = sorted(clocks, reverse=True)
     n = len(s)
     dur = np.array([[table[(int(st), str(k))][f][0] for f in clocks] for st, k in zip(s.stage, s.kind)])
@@ -145,8 +132,42 @@ def plan(
     # the time quantum: Perseus's 1 ms, or a tenth of the shortest instruction when that is finer (its
     # instructions were tens of ms), coarse enough that the walk takes at most `max_iterations` steps
     unit = max(1e4, min(1e6, float(dur[:, 0].min()) / 10), walk / max(max_iterations, 1))  # ns
+    g, hull = _lowtime_graph(s, dur, en, pw, unit, a, b)
+    deadline = t_fast * (1 + budget)
+    choice, last, iters, fallbacks = _phillips_dessouky(g, dur, a, b, deadline, max_iterations)
+    info: dict[str, Any] = {
+        "pd_iterations": iters,
+        "unit_time_ms": unit * 1e-6,
+        "instructions": int(n),
+        "dag_edges": len(a),
+        "dag_time_ms": t_fast * 1e-6,
+        "rust_panics": fallbacks,
+        "hull_cost_models": hull,
+    }
+    if choice is None and last is not None:  # lowtime's shortest schedule: Perseus's pick at its least time
+        info["note"] = "no lowtime iterate met the deadline in exact times: its last (shortest) schedule"
+        choice = last
+    if choice is None:
+        info["note"] = "lowtime returned no schedule: every instruction at the max clock"
+        choice = np.zeros(n, dtype=np.int64)
+    d = dur[np.arange(n), choice]
+    info["planned_dag_time_ms"] = float(np.max(earliest_starts(d, a, b, zero) + d)) * 1e-6
+    return np.array(clocks)[choice], info
+
+
+def _lowtime_graph(s: Schedule, dur: np.ndarray, en: np.ndarray, pw: np.ndarray, unit: float, a, b):
+    """lowtime's operation DAG of the instructions (one OperationSpec per (stage, kind), the lookup
+    table's row), with source and sink nodes; and how many specs fell back to the hull cost model."""
+    import networkx as nx
+    from lowtime.cost_model import CostModel, ExponentialModel
+    from lowtime.graph_utils import add_sink_node, add_source_node
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
+
+    from emo.optimize.solvers.perseus import HullCost
+
+    n = len(s)
     g = nx.DiGraph()
-    specs: dict[tuple[int, str], OperationSpec] = {}  # one per (stage, kind): the lookup table's row
+    specs: dict[tuple[int, str], OperationSpec] = {}
     hull = 0
     for v in range(n):
         key = (int(s.stage[v]), str(s.kind[v]))
@@ -170,7 +191,18 @@ def plan(
     add_source_node(g, n)
     add_sink_node(g, n + 1)
     g.graph["source_node"], g.graph["sink_node"] = n, n + 1
-    deadline = t_fast * (1 + budget)
+    return g, hull
+
+
+def _phillips_dessouky(g, dur: np.ndarray, a, b, deadline: float, max_iterations: int):
+    """lowtime's walk from the fastest schedule to cheaper ones: (the first iterate whose exact time
+    meets the deadline or None, the last iterate or None, iterations, Rust panics it fell back from)."""
+    from lowtime.solver import PhillipsDessouky
+
+    from emo.optimize.solvers.perseus import _rust_fallback
+
+    n = dur.shape[0]
+    zero = np.zeros(n)
     choice = last = None
     iters, fallbacks = 0, [0]
     with _rust_fallback(fallbacks):
@@ -183,24 +215,7 @@ def plan(
                 break
             if iters >= 2 * max_iterations:
                 break
-    info: dict[str, Any] = {
-        "pd_iterations": iters,
-        "unit_time_ms": unit * 1e-6,
-        "instructions": int(n),
-        "dag_edges": len(a),
-        "dag_time_ms": t_fast * 1e-6,
-        "rust_panics": fallbacks[0],
-        "hull_cost_models": hull,
-    }
-    if choice is None and last is not None:  # lowtime's shortest schedule: Perseus's pick at its least time
-        info["note"] = "no lowtime iterate met the deadline in exact times: its last (shortest) schedule"
-        choice = last
-    if choice is None:
-        info["note"] = "lowtime returned no schedule: every instruction at the max clock"
-        choice = np.zeros(n, dtype=np.int64)
-    d = dur[np.arange(n), choice]
-    info["planned_dag_time_ms"] = float(np.max(earliest_starts(d, a, b, zero) + d)) * 1e-6
-    return np.array(clocks)[choice], info
+    return choice, last, iters, fallbacks[0]
 
 
 def policy_of(
