@@ -25,7 +25,6 @@ OVER: dict[str, tuple[int, int]] = {
     "optimize/solvers/dp.py:optimize": (145, 25),
     "workloads/pp.py:pipeline": (139, 25),
     "optimize/solvers/perseus.py:optimize_perseus": (127, 18),
-    "model/levels.py:fit_workload": (96, 13),
     "report/plots.py:plot_timeline": (96, 21),
     "trace/nsys.py:_read": (96, 19),
     "report/plots.py:plot_energy_time": (91, 17),

@@ -209,6 +209,45 @@ def energy_levels(
     return (1.0, k, "dynamic-only") if k > 0 else (1.0, float("nan"), "default-clock")
 
 
+def _energy_fit(model, graph, packs, anchors, baseline: dict, gpu_name: str, iterations: int, devices: int):
+    """(model, idle level a, energy level k, how): the energy levels fitted to the measured
+    iterations; when they cannot be separated (default-clock), k calibrated on the default clock's
+    energy alone; none for a recorded trace without energy."""
+    if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
+        return model, 1.0, 1.0, "none (no measured energy)"
+    a, k, how = energy_levels(model, graph, packs, anchors, baseline, gpu_name)
+    if how.startswith("none"):
+        return model, a, k, how
+    if how != "default-clock":
+        return with_levels(model, a, k), a, k, how
+    occurrences = (
+        packs.groupby("signature")["dur_ns"].sum() / (packs.groupby("signature")["dur_ns"].median()) / iterations
+    )
+    model, k = calibrate_energy_level(
+        model,
+        occurrences,
+        float(baseline["iteration_energy_j"]),
+        float(baseline["iteration_time_s"]),
+        devices=devices,
+    )
+    return with_levels(model, 1.0, k), a, k, how
+
+
+def _versus(t, meas: dict, pol) -> dict:
+    """The model's prediction of a measured run (`meas`) under `pol` (None: the default clock)."""
+    p = predict(t, pol)
+    e_meas = meas["iteration_energy_j"]
+    return {
+        "sm_mhz": meas["sm_mhz"],
+        "predicted_iteration_s": p.time_s,
+        "predicted_energy_j": p.energy_j,
+        "measured_iteration_s": meas["iteration_time_s"],
+        "measured_energy_j": e_meas,
+        "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
+        "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1),
+    }
+
+
 def fit_workload(
     gpu: dict,
     bench: pd.DataFrame,
@@ -229,26 +268,7 @@ def fit_workload(
     for d in dropped:
         log.warning("fit: the time level at %d MHz is left out: %s", d["sm_mhz"], d["why"])
     model = with_time_level(model, levels or 1.0)
-    if baseline.get("iteration_energy_j") is None:  # a recorded trace without energy: the model's own level
-        a, k, how = 1.0, 1.0, "none (no measured energy)"
-    else:
-        a, k, how = energy_levels(model, graph, packs, anchors, baseline, gpu["name"])
-    if how.startswith("none"):
-        pass
-    elif how != "default-clock":
-        model = with_levels(model, a, k)
-    else:
-        occurrences = (
-            packs.groupby("signature")["dur_ns"].sum() / (packs.groupby("signature")["dur_ns"].median()) / iterations
-        )
-        model, k = calibrate_energy_level(
-            model,
-            occurrences,
-            float(baseline["iteration_energy_j"]),
-            float(baseline["iteration_time_s"]),
-            devices=devices,
-        )
-        model = with_levels(model, 1.0, k)
+    model, a, k, how = _energy_fit(model, graph, packs, anchors, baseline, gpu["name"], iterations, devices)
     t = pack_tables(graph, packs, model, anchors)
     check: dict[str, Any] = {
         "energy_levels": how,
@@ -262,22 +282,9 @@ def fit_workload(
         "baseline_source": baseline.get("source", "untraced"),
     }
 
-    def versus(meas: dict, pol) -> dict:
-        p = predict(t, pol)
-        e_meas = meas["iteration_energy_j"]
-        return {
-            "sm_mhz": meas["sm_mhz"],
-            "predicted_iteration_s": p.time_s,
-            "predicted_energy_j": p.energy_j,
-            "measured_iteration_s": meas["iteration_time_s"],
-            "measured_energy_j": e_meas,
-            "time_error_pct": 100 * (p.time_s / meas["iteration_time_s"] - 1),
-            "energy_error_pct": None if e_meas is None else 100 * (p.energy_j / e_meas - 1),
-        }
-
-    check["default"] = versus(baseline, None)
+    check["default"] = _versus(t, baseline, None)
     check["levels"] = [
-        versus(m, FrequencyPolicy.static(gpu["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
+        _versus(t, m, FrequencyPolicy.static(gpu["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
         for m in baseline.get("levels", [])
     ]
     lams = [lam for _, lam in levels] or [1.0]
