@@ -372,6 +372,36 @@ def expected(tables, policy: FrequencyPolicy, lats):
     return dataclasses.replace(slow, **time, **energy, **per_gpu(own, q.own_weights))
 
 
+def _raise_windows(choice: np.ndarray, ks: list[np.ndarray], want: np.ndarray, nwin: int, ref: int, info: dict) -> bool:
+    """One round's raise of `choice` (in place) for the critical packs, whose windows (at their start
+    and end) are `ks`: a window below the clock the DP timed its pack at goes up to it (drift); with
+    no drift, the slowed windows the path runs under go one clock up; when it runs under fast windows
+    only, a raise into one landed late (a stall), so the window before it (its group's previous,
+    wrapping) takes its clock. False: nothing left to raise."""
+    raised = False
+    for k in ks:
+        low = choice[k] < want
+        if low.any():
+            np.maximum.at(choice, k[low], want[low])
+            info["predictor_drift_raises"] += int(low.sum())
+            raised = True
+    if raised:
+        return True
+    under = np.unique(np.concatenate(ks))
+    slow = under[choice[under] < ref]
+    if len(slow):
+        choice[slow] = np.minimum(choice[slow] + 1, ref)
+        info["predictor_step_raises"] += len(slow)
+        return True
+    prev = np.where(under % nwin > 0, under - 1, under + nwin - 1)
+    low = choice[prev] < choice[under]
+    if not low.any():
+        return False
+    np.maximum.at(choice, prev[low], choice[under[low]])
+    info["predictor_merge_raises"] = info.get("predictor_merge_raises", 0) + int(low.sum())
+    return True
+
+
 def fit_to_prediction(
     tables,
     sol: Solution,
@@ -432,28 +462,8 @@ def fit_to_prediction(
             for x in (pred.start_ns, np.maximum(pred.finish_ns - 1.0, pred.start_ns))
         ]
         want = choice[item_of[crit]]  # the clock the DP timed each critical pack at
-        raised = False
-        for w in wins:
-            k = grp[crit] * nwin + w
-            low = choice[k] < want
-            if low.any():
-                np.maximum.at(choice, k[low], want[low])
-                info["predictor_drift_raises"] += int(low.sum())
-                raised = True
-        if not raised:  # no drift on the critical path: speed up the slowed windows it runs under
-            ks = np.unique(np.concatenate([grp[crit] * nwin + w for w in wins]))
-            slow = ks[choice[ks] < p.ref]
-            if len(slow):
-                choice[slow] = np.minimum(choice[slow] + 1, p.ref)
-                info["predictor_step_raises"] += len(slow)
-            else:  # it runs under fast windows only: a raise into one landed late (a stall), so the
-                # window before it (its group's previous, wrapping) takes its clock: no raise to wait for
-                prev = np.where(ks % nwin > 0, ks - 1, ks + nwin - 1)
-                low = choice[prev] < choice[ks]
-                if not low.any():
-                    break
-                np.maximum.at(choice, prev[low], choice[ks[low]])
-                info["predictor_merge_raises"] = info.get("predictor_merge_raises", 0) + int(low.sum())
+        if not _raise_windows(choice, [grp[crit] * nwin + w for w in wins], want, nwin, p.ref, info):
+            break
         sol = Solution(p, items, choice.copy(), sol.method, sol.budget, info=sol.info)
         policy = build(sol)
         pred = worst(policy)
