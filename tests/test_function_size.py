@@ -28,7 +28,6 @@ OVER: dict[str, tuple[int, int]] = {
     "report/plots.py:plot_timeline": (96, 21),
     "trace/nsys.py:_read": (96, 19),
     "report/plots.py:plot_energy_time": (91, 17),
-    "optimize/problem.py:make_items": (88, 17),
     "graph/hta.py:_stack_kernel": (75, 23),
     "cli/compare.py:table": (64, 27),
     "cli/compare.py:main": (60, 22),

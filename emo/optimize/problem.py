@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emo.errors import ConfigError
 from emo.graph import whatif as engine
 
 
@@ -236,6 +237,45 @@ def symmetric_groups(p: Problem, tol: float = 0.25, bin_ms: float = 5.0) -> list
     return groups
 
 
+def _timed_windows(p: Problem, step: float, g_of: np.ndarray, ngroups: int):
+    """(windows per group, each node's item key or -1, every item's key, start, length): windows every
+    `step` ns of the baseline timeline, every (group, window) an item, empty ones too (idle clock)."""
+    t_end = max(p.makespan0_ns, 1.0)
+    gpu = p.device >= 0
+    nwin = int(np.ceil(t_end / step))
+    win = np.minimum((p.base_start // step).astype(np.int64), nwin - 1)
+    key = np.where(gpu, g_of * nwin + win, -1)
+    all_keys = np.arange(ngroups * nwin)
+    t0 = (all_keys % nwin) * step
+    return nwin, key, all_keys, t0, np.minimum(t0 + step, t_end) - t0
+
+
+def _given_windows(p: Problem, windows, window_len_ns, step: float, g_of: np.ndarray, ngroups: int):
+    """As _timed_windows for explicit per-node `windows`: with `window_len_ns` every (group, window)
+    is an item over that GPU time; else the non-empty ones, over their nodes' baseline span."""
+    w = np.asarray(windows, dtype=np.int64)
+    if len(w) != p.n:
+        raise ValueError(f"windows: {len(w)} entries for {p.n} nodes")
+    w = w[p.perm]
+    nwin = np.shape(window_len_ns)[-1] if window_len_ns is not None else (int(w.max()) + 1 if len(w) else 1)
+    if len(w) and w.max() >= nwin:
+        raise ValueError(f"windows: index {w.max()} beyond the {nwin} window lengths given")
+    key = np.where((p.device >= 0) & (w >= 0), g_of * nwin + w, -1)
+    if window_len_ns is not None:  # [W], or [G, W] when each group has its own windows
+        all_keys = np.arange(ngroups * nwin)
+        wl = np.asarray(window_len_ns, dtype=np.float64)
+        wl = np.broadcast_to(wl, (ngroups, nwin)) if wl.ndim == 1 else wl
+        t0 = (all_keys % nwin) * step  # nominal; iteration_items sets the change points
+        return nwin, key, all_keys, t0, wl[all_keys // nwin, all_keys % nwin]
+    all_keys = np.unique(key[key >= 0])
+    kk = np.searchsorted(all_keys, key[key >= 0])
+    t0 = np.full(len(all_keys), np.inf)
+    last = np.zeros(len(all_keys))
+    np.minimum.at(t0, kk, p.base_start[key >= 0])
+    np.maximum.at(last, kk, p.base_finish[key >= 0])
+    return nwin, key, all_keys, t0, last - t0
+
+
 def make_items(
     p: Problem,
     interval_ms: float,
@@ -250,46 +290,17 @@ def make_items(
     window index covers in all, e.g. its length × iterations) every (group, window) is an item, empty
     ones too, and pays idle power over that time."""
     if interval_ms <= 0 and windows is None:
-        raise ValueError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
+        raise ConfigError(f"optimizer.change_interval_ms must be > 0 (got {interval_ms})")
     groups = groups or (symmetric_groups(p) if replicate else [[d] for d in range(p.devices)])
     gdev = np.full(p.devices, -1, dtype=np.int64)
     for g, ds in enumerate(groups):
         gdev[ds] = g
     step = interval_ms * 1e6
-    t_end = max(p.makespan0_ns, 1.0)
-    gpu = p.device >= 0
+    g_of = gdev[np.where(p.device >= 0, p.device, 0)]
     if windows is None:
-        nwin = int(np.ceil(t_end / step))
-        win = np.minimum((p.base_start // step).astype(np.int64), nwin - 1)
-        g_of = gdev[np.where(gpu, p.device, 0)]
-        key = np.where(gpu, g_of * nwin + win, -1)
-        all_keys = np.arange(len(groups) * nwin)  # every window, empty ones too (idle clock)
-        t0 = (all_keys % nwin) * step
-        length = np.minimum(t0 + step, t_end) - t0
+        nwin, key, all_keys, t0, length = _timed_windows(p, step, g_of, len(groups))
     else:  # explicit units (caller's node order): one window per unit id, e.g. per pack or per pass
-        w = np.asarray(windows, dtype=np.int64)
-        if len(w) != p.n:
-            raise ValueError(f"windows: {len(w)} entries for {p.n} nodes")
-        w = w[p.perm]
-        g_of = gdev[np.where(gpu, p.device, 0)]
-        nwin = np.shape(window_len_ns)[-1] if window_len_ns is not None else (int(w.max()) + 1 if len(w) else 1)
-        if len(w) and w.max() >= nwin:
-            raise ValueError(f"windows: index {w.max()} beyond the {nwin} window lengths given")
-        key = np.where(gpu & (w >= 0), g_of * nwin + w, -1)
-        if window_len_ns is not None:  # [W], or [G, W] when each group has its own windows
-            all_keys = np.arange(len(groups) * nwin)
-            wl = np.asarray(window_len_ns, dtype=np.float64)
-            wl = np.broadcast_to(wl, (len(groups), nwin)) if wl.ndim == 1 else wl
-            length = wl[all_keys // nwin, all_keys % nwin]
-            t0 = (all_keys % nwin) * step  # nominal; iteration_items sets the change points
-        else:
-            all_keys = np.unique(key[key >= 0])
-            kk = np.searchsorted(all_keys, key[key >= 0])
-            t0 = np.full(len(all_keys), np.inf)
-            last = np.zeros(len(all_keys))
-            np.minimum.at(t0, kk, p.base_start[key >= 0])
-            np.maximum.at(last, kk, p.base_finish[key >= 0])
-            length = last - t0
+        nwin, key, all_keys, t0, length = _given_windows(p, windows, window_len_ns, step, g_of, len(groups))
     item_of = np.full(p.n, -1, dtype=np.int64)
     item_of[key >= 0] = np.searchsorted(all_keys, key[key >= 0])
     K = len(all_keys)
