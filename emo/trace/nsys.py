@@ -113,36 +113,57 @@ def read_nsys(path: Path) -> pd.DataFrame:
         con.close()
 
 
+def _runtime(con: sqlite3.Connection, path: Path, name_of: dict, warnings: list[str]):
+    """(the runtime calls' table or None, their names, [their rows]) of CUPTI_ACTIVITY_KIND_RUNTIME; a
+    HIP trace is refused, calls without a name are said in `warnings`."""
+    rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId", required=True)
+    if rt is None or not len(rt):
+        return rt, pd.Series([], dtype=object), []
+    names = rt["nameId"].map(name_of).astype(object).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
+    if names.str.match(r"^hip[A-Z]").any():
+        raise InputError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
+    warnings += _unnamed_calls(path, names)
+    gtid = rt["globalTid"].to_numpy(np.int64)
+    rows = pd.DataFrame(
+        {
+            "device": -1,
+            "stream": -1,
+            "pid": (gtid >> 24) & 0xFFFFFF,
+            "thread": gtid & 0xFFFFFF,
+            "kind": "runtime",
+            "name": names,
+            "start": rt["start"],
+            "end": rt["end"],
+            "correlation": rt["correlationId"],
+        }
+    )
+    return rt, names, [rows]
+
+
+def _syncs(con: sqlite3.Connection, path: Path, rt, names: pd.Series, call_of_corr: dict) -> list[pd.DataFrame]:
+    """[the synchronisations' rows] of CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, each of the kind its call
+    names; one on no stream waits on the whole context."""
+    y = _table(
+        con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "start, end, deviceId, streamId, correlationId, globalPid"
+    )
+    if y is None or not len(y):
+        return []
+    if rt is not None and len(rt):
+        _unnamed_syncs(path, names, rt["correlationId"], y["correlationId"])
+    kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
+    rows = _gpu_rows(y, "sync", kind)
+    rows["stream"] = np.where(y["streamId"].to_numpy() == NO_STREAM, -1, y["streamId"])
+    rows["thread"] = rows["stream"]
+    rows["sync_kind"] = kind
+    return [rows]
+
+
 def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     strings = _table(con, path, "StringIds", "id, value", required=True)
     name_of = dict(zip(strings["id"], strings["value"]))
-    rt = _table(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", "start, end, globalTid, correlationId, nameId", required=True)
-    parts = []
-    warnings = []
-    if rt is not None and len(rt):
-        names = rt["nameId"].map(name_of).astype(object).fillna("").map(lambda s: _VERSION_SUFFIX.sub("", s))
-        if names.str.match(r"^hip[A-Z]").any():
-            raise InputError(f"{path}: a ROCm/HIP trace; EMO reads NVIDIA CUDA traces only")
-        warnings += _unnamed_calls(path, names)
-        gtid = rt["globalTid"].to_numpy(np.int64)
-        parts.append(
-            pd.DataFrame(
-                {
-                    "device": -1,
-                    "stream": -1,
-                    "pid": (gtid >> 24) & 0xFFFFFF,
-                    "thread": gtid & 0xFFFFFF,
-                    "kind": "runtime",
-                    "name": names,
-                    "start": rt["start"],
-                    "end": rt["end"],
-                    "correlation": rt["correlationId"],
-                }
-            )
-        )
-        call_of_corr = dict(zip(rt["correlationId"], names))
-    else:
-        call_of_corr = {}
+    warnings: list[str] = []
+    rt, names, parts = _runtime(con, path, name_of, warnings)
+    call_of_corr = dict(zip(rt["correlationId"], names)) if rt is not None and len(rt) else {}
     k = _table(
         con,
         path,
@@ -168,18 +189,7 @@ def _read(con: sqlite3.Connection, path: Path) -> pd.DataFrame:
     )
     if s is not None and len(s):
         parts.append(_gpu_rows(s, "memset", pd.Series("Memset", index=s.index), s["bytes"]))
-    y = _table(
-        con, path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "start, end, deviceId, streamId, correlationId, globalPid"
-    )
-    if y is not None and len(y) and rt is not None and len(rt):
-        _unnamed_syncs(path, names, rt["correlationId"], y["correlationId"])
-    if y is not None and len(y):
-        kind = y["correlationId"].map(call_of_corr).map(SYNC_KIND_OF_CALL).fillna("Unknown Sync")
-        rows = _gpu_rows(y, "sync", kind)
-        rows["stream"] = np.where(y["streamId"].to_numpy() == NO_STREAM, -1, y["streamId"])
-        rows["thread"] = rows["stream"]
-        rows["sync_kind"] = kind
-        parts.append(rows)
+    parts += _syncs(con, path, rt, names, call_of_corr)
     if not parts:
         return normalise({"start_ns": [], "dur_ns": []})
     df = pd.concat(parts, ignore_index=True)
