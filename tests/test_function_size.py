@@ -21,7 +21,6 @@ MAX_COMPLEXITY = 20
 OVER: dict[str, tuple[int, int]] = {
     "trace/kineto_scan.py:_scan": (207, 71),
     "trace/cupti.py:to_kineto": (158, 23),
-    "graph/build.py:syncs": (152, 11),
     "optimize/solvers/dp.py:optimize": (145, 25),
     "workloads/pp.py:pipeline": (139, 25),
     "optimize/solvers/perseus.py:optimize_perseus": (127, 18),

@@ -301,17 +301,31 @@ class _Builder:
         calls = calls[np.sort(first)]  # the first call of each (rank, correlation)
         ckeys, cpos = np.unique(key[calls], return_index=True)
         ops = self.ops
-        waits = []  # (call_row, op_row) pairs
+        waits: list[dict] = []  # (call_row, op_row) pairs
         streams = take(ops, first_of(ops["rank"], ops["device"], ops["stream"]))
         streams = {c: streams[c] for c in ("rank", "device", "stream")}
 
+        s, sk = self._sync_rows(rank, device, stream, start, key, ckeys, calls[cpos])
+        if len(s["call_row"]):
+            waits += self._recorded_waits(s, sk, streams, ckeys, calls[cpos], start)
+        waits += self._bare_waits(s["call_row"], streams)
+        waits.append(self._copy_waits())
+        call = np.concatenate([w["call_row"] for w in waits]).astype(np.int64)
+        op = np.concatenate([w["op_row"] for w in waits]).astype(np.int64)
+        call = self.top_of[call]
+        keep = first_of(call, op)
+        return {"call_row": call[keep], "op_row": op[keep]}
+
+    def _sync_rows(self, rank, device, stream, start, key, ckeys, call_of_key) -> tuple[dict, np.ndarray]:
+        """The sync rows with their call (of the same rank and correlation: `ckeys`, each call's key,
+        and `call_of_key`, its row), and each one's sync kind."""
         srows = np.flatnonzero(self.kind_is("sync"))
-        if len(srows):  # the sync rows with their call (of the same rank and correlation)
+        if len(srows):
             if len(ckeys):
                 at = np.minimum(np.searchsorted(ckeys, key[srows]), len(ckeys) - 1)
                 found = ckeys[at] == key[srows]
                 srows = srows[found]
-                call_row = calls[cpos[at[found]]]
+                call_row = call_of_key[at[found]]
             else:
                 srows = srows[np.zeros(len(srows), bool)]
                 call_row = np.zeros(0, np.int64)
@@ -326,75 +340,85 @@ class _Builder:
             }
             sk = text_at(self.ev["sync_kind"], srows)
         else:
-            s = {"call_row": np.zeros(0, np.int64)}
-        if len(s["call_row"]):
-            ss = take(s, sk == "Stream Sync")
-            waits.append(
-                self._nearest_op(
-                    {
-                        "rank": ss["rank"],
-                        "device": ss["device"],
-                        "stream": ss["stream"],
-                        "t": ss["call_t"],
-                        "call_row": ss["call_row"],
-                    }
-                )
-            )
-            cs = take(s, sk == "Context Sync")
-            waits.append(
-                self._nearest_op(
-                    merge(
-                        {"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"], "call_row": cs["call_row"]},
-                        streams,
-                        ["rank", "device"],
-                    )
-                )
-            )
-            # event record -> waiter: find the record call, then the last op on the recorded stream before it
-            es = self._with_record(take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, calls[cpos], start)
-            waits.append(
-                self._nearest_op(
-                    {
-                        "rank": es["rank"],
-                        "device": es["device"],
-                        "stream": es["wait_stream"],
-                        "t": es["rec_t"],
-                        "call_row": es["call_row"],
-                    }
-                )
-            )
-            sw = self._with_record(
-                take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys, calls[cpos], start
-            )
-            if len(sw["rank"]):
-                keys = np.arange(len(sw["rank"]))
-                src = self._nearest_op(
-                    {
-                        "rank": sw["rank"],
-                        "device": sw["device"],
-                        "stream": sw["wait_stream"],
-                        "t": sw["rec_t"],
-                        "key": keys,
-                    }
-                )
-                dst = self._nearest_op(
-                    {
-                        "rank": sw["rank"],
-                        "device": sw["device"],
-                        "stream": sw["stream"],
-                        "t": sw["call_t"],
-                        "key": keys,
-                    },
-                    forward=True,
-                )
-                dst_of = np.full(len(keys), -1, np.int64)  # keys are unique in both: a look-up, not a merge
-                dst_of[dst["key"]] = dst["op_row"]
-                hit = dst_of[src["key"]] >= 0
-                self.add_edges(self.out_node[src["op_row"][hit]], self.in_node[dst_of[src["key"]][hit]], "event")
+            s, sk = {"call_row": np.zeros(0, np.int64)}, np.zeros(0, object)
+        return s, sk
 
-        # synchronising calls the trace has no cuda_sync row for (older traces, DLRM)
+    def _recorded_waits(self, s: dict, sk: np.ndarray, streams: dict, ckeys, rec_rows, start) -> list[dict]:
+        """The (call_row, op_row) waits of the sync rows by kind: a stream's or the context's last ops
+        before the call, an event sync's recorded op; a stream wait event adds its GPU->GPU edge."""
+        waits: list[dict] = []
+        ss = take(s, sk == "Stream Sync")
+        waits.append(
+            self._nearest_op(
+                {
+                    "rank": ss["rank"],
+                    "device": ss["device"],
+                    "stream": ss["stream"],
+                    "t": ss["call_t"],
+                    "call_row": ss["call_row"],
+                }
+            )
+        )
+        cs = take(s, sk == "Context Sync")
+        waits.append(
+            self._nearest_op(
+                merge(
+                    {"rank": cs["rank"], "device": cs["device"], "t": cs["call_t"], "call_row": cs["call_row"]},
+                    streams,
+                    ["rank", "device"],
+                )
+            )
+        )
+        # event record -> waiter: find the record call, then the last op on the recorded stream before it
+        es = self._with_record(take(s, (sk == "Event Sync") & (s["wait_stream"] >= 0)), ckeys, rec_rows, start)
+        waits.append(
+            self._nearest_op(
+                {
+                    "rank": es["rank"],
+                    "device": es["device"],
+                    "stream": es["wait_stream"],
+                    "t": es["rec_t"],
+                    "call_row": es["call_row"],
+                }
+            )
+        )
+        sw = self._with_record(take(s, (sk == "Stream Wait Event") & (s["wait_stream"] >= 0)), ckeys, rec_rows, start)
+        if len(sw["rank"]):
+            keys = np.arange(len(sw["rank"]))
+            src = self._nearest_op(
+                {
+                    "rank": sw["rank"],
+                    "device": sw["device"],
+                    "stream": sw["wait_stream"],
+                    "t": sw["rec_t"],
+                    "key": keys,
+                }
+            )
+            dst = self._nearest_op(
+                {
+                    "rank": sw["rank"],
+                    "device": sw["device"],
+                    "stream": sw["stream"],
+                    "t": sw["call_t"],
+                    "key": keys,
+                },
+                forward=True,
+            )
+            dst_of = np.full(len(keys), -1, np.int64)  # keys are unique in both: a look-up, not a merge
+            dst_of[dst["key"]] = dst["op_row"]
+            hit = dst_of[src["key"]] >= 0
+            self.add_edges(self.out_node[src["op_row"][hit]], self.in_node[dst_of[src["key"]][hit]], "event")
+
+        return waits
+
+    def _bare_waits(self, recorded: np.ndarray, streams: dict) -> list[dict]:
+        """Synchronising calls the trace has no cuda_sync row for (older traces, DLRM): a device
+        sync waits for every stream's last op, a stream sync for the stream its thread last launched
+        on; a bare cudaStreamWaitEvent adds its inferred edge."""
+        ops = self.ops
+        waits: list[dict] = []
         top = self.top
-        bare = ~np.isin(top["row"], s["call_row"])
+        bare = ~np.isin(top["row"], recorded)
         name = text_at(top["name"])
         self._inferred_stream_waits(take(top, bare & (name == "cudaStreamWaitEvent")))
         ds = take(top, bare & np.isin(name, ["cudaDeviceSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize"]))
@@ -429,18 +453,18 @@ class _Builder:
                     }
                 )
             )
+        return waits
+
+    def _copy_waits(self) -> dict:
+        """Synchronous copies out of the device: their call waits for the copy."""
+        ops = self.ops
         cp = take(ops, ops["call_row"] >= 0)
         # a synchronous copy from pageable host memory returns once the data is staged, before the
         # DMA ends (CUDA API sync behaviour), so only copies out of the device are waited for
         names = self.ev["name"]
         sc = take(cp, text_at(names, cp["call_row"], SYNC_COPY_CALLS))
         sc = take(sc, ~text_at(names, sc["row"], contains="HtoD"))
-        waits.append({"call_row": sc["call_row"], "op_row": sc["row"]})
-        call = np.concatenate([w["call_row"] for w in waits]).astype(np.int64)
-        op = np.concatenate([w["op_row"] for w in waits]).astype(np.int64)
-        call = self.top_of[call]
-        keep = first_of(call, op)
-        return {"call_row": call[keep], "op_row": op[keep]}
+        return {"call_row": sc["call_row"], "op_row": sc["row"]}
 
     @staticmethod
     def _with_record(rows: dict, rec_keys: np.ndarray, rec_rows: np.ndarray, start: np.ndarray) -> dict:
