@@ -628,3 +628,67 @@ def slack_windows(graph: Graph, result: Result) -> pd.DataFrame:
             "nodes": np.diff(np.r_[heads, len(run)]).astype(np.int64),
         }
     )
+
+
+@numba.njit(cache=True)
+def forward_clocked_lanes(
+    indptr, src, from_start, lag, offset, dev, scaled, dur, energy, ref, tl_ptr, tl_t, tl_ci, start, finish, used
+):
+    """forward_clocked for L clock timelines at once, node by node (the graph is read once for all
+    of them): tl_ptr [L, D+1] indexes tl_t, tl_ci (every lane's timelines, one after the other);
+    writes start, finish, used [L, n]. Each lane's times are forward_clocked's under its
+    timelines, to the bit: the same operations in the same order."""
+    n = dur.shape[0]
+    lanes = tl_ptr.shape[0]
+    s = np.empty(lanes)
+    # the lanes side by side while the pass runs: a predecessor's times are one cache line
+    s_all, f_all = np.empty((n, lanes)), np.empty((n, lanes))
+    for v in range(n):
+        for j in range(lanes):
+            s[j] = 0.0
+        first = True
+        for k in range(indptr[v], indptr[v + 1]):
+            u = src[k]
+            for j in range(lanes):
+                tt = (s_all[u, j] if from_start[k] else f_all[u, j]) + lag[k]
+                if first or tt > s[j]:
+                    s[j] = tt
+            first = False
+        g = dev[v]
+        for j in range(lanes):
+            sv = s[j] + offset[v]
+            if g < 0 or not scaled[v]:
+                f, e = sv + dur[v, ref], energy[v, ref]
+            else:
+                f, e = _clocked_node(dur[v], energy[v], tl_ptr[j, g], tl_ptr[j, g + 1], tl_t, tl_ci, sv)
+            s_all[v, j], f_all[v, j] = sv, f
+            start[j, v], finish[j, v], used[j, v] = sv, f, e
+
+
+@numba.njit(cache=True)
+def _clocked_node(dur, energy, lo, hi, tl_t, tl_ci, s):
+    """(finish, energy used) of a node starting at s under the timeline tl_t[lo:hi], tl_ci[lo:hi]:
+    each part of it at the rate of the clock in force (forward_clocked)."""
+    k = lo
+    while k + 1 < hi and tl_t[k + 1] <= s:
+        k += 1
+    rem = 1.0
+    t = s
+    e = 0.0
+    done = False
+    while not done:
+        ci = tl_ci[k]
+        d = dur[ci]
+        seg_end = tl_t[k + 1] if k + 1 < hi else np.inf
+        need = rem * d
+        if d <= 0.0 or t + need <= seg_end:
+            e += rem * energy[ci]
+            t += need
+            done = True
+        else:
+            frac = (seg_end - t) / d
+            e += frac * energy[ci]
+            rem -= frac
+            t = seg_end
+            k += 1
+    return t, e

@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from emo.graph.graph import Graph
-from emo.graph.whatif import Compiled, compile_graph, forward_clocked
+from emo.graph.whatif import Compiled, compile_graph, forward_clocked, forward_clocked_lanes
 from emo.model.fit import model_arrays
-from emo.policy import FrequencyPolicy, dense_index, issue_plan
+from emo.model.timelines import IssuePlans, issue_plans, timelines
+from emo.policy import FrequencyPolicy, dense_index
 
 
 @dataclass
@@ -71,6 +72,7 @@ class PackTables:
     # caches of engine_arrays and anchor_arrays, made on first use
     _engine_arrays: tuple[np.ndarray, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _anchor_arrays: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    _default_pass: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def default_mhz(self) -> int:
@@ -157,6 +159,7 @@ def clock_timelines(
     iter_start_ns: np.ndarray,
     transition_ms: float | tuple[Any, Any],
     end_ns: float = np.inf,
+    plans: IssuePlans | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU, the piecewise-constant clock (column index) in what-if time as CSR arrays
     (ptr [D+1], t [.], ci [.]: clock ci from t on). iter_start_ns [D, K]: each GPU's iteration marks.
@@ -168,63 +171,19 @@ def clock_timelines(
     and `down` after for a slower one (each a number, or an array over t.clocks_mhz: the latency of
     a request to that clock); the last one issued wins (a request that lands after a later
     one is dropped). The traced iterations follow a warm-up iteration under the same policy,
-    taken to be as long as the first traced one."""
-    d = len(t.device_keys)
-    clocks = t.clocks_mhz
-    snap = lambda mhz: int(np.argmin(np.abs(clocks - float(mhz))))
+    taken to be as long as the first traced one. `plans`: the policy's issue_plans, when the caller
+    has them (a policy predicted at several latencies reads its steps once)."""
+    plans = issue_plans(t, policy) if plans is None else plans
+    return timelines(plans, iter_start_ns, *latency_columns(t, transition_ms), t.default_index, end_ns)
+
+
+def latency_columns(t: PackTables, transition_ms: float | tuple[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(up, down): the latency (ms) of a request to each clock column, to a faster and to a slower
+    clock than the one requested before it (clock_timelines' `transition_ms`)."""
     # np.isscalar is a TypeGuard (not TypeIs): numpy's stub leaves the else branch un-narrowed
     up_ms, down_ms = (transition_ms, transition_ms) if np.isscalar(transition_ms) else transition_ms  # type: ignore[misc]
-    # each a latency, or one per target clock (a request to clocks[ci] lands up_ms[ci] after it is issued)
-    up_v, down_v = (np.broadcast_to(np.asarray(v, dtype=np.float64), clocks.shape) for v in (up_ms, down_ms))
-    by_gpu: dict[int, list] = {}
-    if policy is not None and policy.trigger is not None:  # its requests follow the host, not times
-        raise ValueError("predict: a host-triggered policy (emo.policy.Trigger) has no timed steps to follow")
-    if policy is not None:
-        for dev_id, steps in policy.steps.items():
-            if steps:
-                by_gpu[t.policy_device(int(dev_id))] = sorted(steps, key=lambda x: x.t_ms)
-    ptr, ts, cis = [0], [], []
-    for g in range(d):
-        g_steps = by_gpu.get(g)
-        if not g_steps or iter_start_ns.shape[1] == 0:
-            ts.append(-np.inf)
-            cis.append(t.default_index if not g_steps else snap(g_steps[-1].sm_mhz))
-            ptr.append(len(ts))
-            continue
-        assert policy is not None  # by_gpu has steps only from a policy
-        g_ts, g_cis = _gpu_timeline(g_steps, policy, list(iter_start_ns[g]), end_ns, snap, up_v, down_v)
-        ts += g_ts
-        cis += g_cis
-        ptr.append(len(ts))
-    return np.asarray(ptr, np.int64), np.asarray(ts, np.float64), np.asarray(cis, np.int64)
-
-
-def _gpu_timeline(g_steps, policy: FrequencyPolicy, marks: list, end_ns: float, snap, up_v, down_v):
-    """One GPU's (times, clock indices) from its iteration marks: the first step from before the
-    warm-up iteration, then each request of the plan that lands before a later one does."""
-    plan = [
-        (i.at_s * 1e9, snap(i.sm_mhz)) for i in issue_plan(g_steps, lead_ms=policy.lead_ms, period_ms=policy.period_ms)
-    ]
-    first_len = marks[1] - marks[0] if len(marks) > 1 else (policy.period_ms * 1e6 or 0.0)
-    marks = [marks[0] - first_len] + marks  # the warm-up iteration
-    issued = []
-    for k, m in enumerate(marks):
-        nxt = marks[k + 1] if k + 1 < len(marks) else end_ns
-        issued += [(m + at, ci) for at, ci in plan if m + at < nxt]
-    issued.sort(key=lambda x: x[0])
-    first = snap(g_steps[0].sm_mhz)  # the very first mark (before warm-up) requested the first step
-    ts, cis = [-np.inf], [first]
-    if issued:
-        at = np.array([i for i, _ in issued])
-        ci = np.array([c for _, c in issued], dtype=np.int64)
-        before = np.r_[first, ci[:-1]]
-        land = at + np.where(ci > before, up_v[ci], down_v[ci]) * 1e6
-        # the last one issued wins: keep a request only if every later one lands after it
-        later = np.r_[np.minimum.accumulate(land[::-1])[::-1][1:], np.inf]
-        keep = land < later
-        ts += land[keep].tolist()
-        cis += ci[keep].tolist()
-    return ts, cis
+    up_v, down_v = (np.broadcast_to(np.asarray(v, dtype=np.float64), t.clocks_mhz.shape) for v in (up_ms, down_ms))
+    return up_v, down_v
 
 
 @dataclass(frozen=True)
@@ -250,9 +209,18 @@ def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
     return start[node] + offset
 
 
+def _engine_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
+    """iteration_marks from a pass's start times in the engine's order (only the anchors gathered)."""
+    if t.anchors is None or not len(t.anchors):
+        return np.zeros((len(t.device_keys), t.iterations)) + start.min()
+    node, offset = anchor_arrays(t)
+    return start[t.compiled.pos[node]] + offset
+
+
 def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
-    """The tables in the engine's topological order (dur, energy, device, scaled, lag, offset), made
-    once per PackTables: a prediction is asked for hundreds of times by the optimizer."""
+    """The tables in the engine's topological order (dur, energy, device, scaled, lag, offset, and
+    the positions of GPU nodes), made once per PackTables: a prediction is asked for hundreds of
+    times by the optimizer."""
     cached = getattr(t, "_engine_arrays", None)
     if cached is None:
         c = t.compiled
@@ -263,6 +231,7 @@ def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
             t.is_pack[c.order],
             c.lag.astype(np.float64),
             c.offset.astype(np.float64),
+            np.flatnonzero(t.device[c.order] >= 0),
         )
         t._engine_arrays = cached
     return cached
@@ -289,71 +258,130 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
     return node, offset
 
 
+def _forward(t: PackTables, tl: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """(start, finish, used) in the engine's order: one clocked forward pass under the timelines `tl`."""
+    c = t.compiled
+    dur, en, dev, scaled, lag, offset, _ = engine_arrays(t)
+    n = len(c.order)
+    start, finish, used = np.empty(n), np.empty(n), np.empty(n)
+    forward_clocked(
+        c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index, *tl, start, finish, used
+    )
+    return start, finish, used
+
+
+def default_pass(t: PackTables) -> tuple:
+    """(timelines, start, finish, used) of every GPU at its default clock: the first pass of every
+    prediction (the marks a policy is timed from), whatever the policy and latency; made once per
+    PackTables and never written to."""
+    cached = getattr(t, "_default_pass", None)
+    if cached is None:
+        tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), 0.0)
+        cached = (tl, *_forward(t, tl))
+        for a in cached[1:]:
+            a.flags.writeable = False
+        t._default_pass = cached
+    return cached
+
+
 def predict(
     t: PackTables,
     policy: FrequencyPolicy | None = None,
     *,
     transition_ms: float | tuple[Any, Any] | None = None,
     max_passes: int = 6,
+    plans: IssuePlans | None = None,
 ) -> Prediction:
     """Time and energy per iteration of the traced workload under `policy` (None: default clocks).
 
     `transition_ms`: how long a clock request takes to land (the configured or measured latency,
     never assumed here), or an (up, down) pair of latencies for requests to a faster and to a slower
-    clock (clock_timelines); required for a policy that changes a clock within the iteration."""
+    clock (clock_timelines); required for a policy that changes a clock within the iteration.
+    `plans`: the policy's issue_plans, when the caller predicts it more than once."""
     if transition_ms is None:
         if policy is not None and any(len({s.sm_mhz for s in ss}) > 1 for ss in policy.steps.values()):
             raise ValueError("predict: a policy that changes clocks needs transition_ms (the clock-request latency)")
         transition_ms = 0.0
-    c = t.compiled
-    dur, en, dev, scaled, lag, offset = engine_arrays(t)
-    n = len(c.order)
-    start, finish, used = np.empty(n), np.empty(n), np.empty(n)
-    # first pass at the default clocks gives the iteration marks the policy is timed from
-    marks, end = None, 0.0  # end: the last pass's iteration end (set before the policy is timed)
-    for _ in range(max_passes):
-        if marks is None:
-            tl = clock_timelines(t, None, np.zeros((len(t.device_keys), 0)), transition_ms)
-        else:
-            tl = clock_timelines(t, policy, marks, transition_ms, end_ns=end)
-        forward_clocked(
-            c.indptr,
-            c.src,
-            c.from_start,
-            lag,
-            offset,
-            dev,
-            scaled,
-            dur,
-            en,
-            t.default_index,
-            tl[0],
-            tl[1],
-            tl[2],
-            start,
-            finish,
-            used,
-        )
-        by_id_start = start[c.pos]
-        new = iteration_marks(t, by_id_start)
-        end = float(finish.max())
-        if policy is None:
-            break
-        if marks is not None and np.max(np.abs(new - marks), initial=0.0) < 1e3:
+    # the first pass, at the default clocks, gives the iteration marks the policy is timed from
+    tl, start, finish, used = default_pass(t)
+    marks, end = _engine_marks(t, start), float(finish.max())
+    if policy is not None:
+        plans = issue_plans(t, policy) if plans is None else plans
+        for _ in range(max_passes - 1):
+            tl = clock_timelines(t, policy, marks, transition_ms, end_ns=end, plans=plans)
+            start, finish, used = _forward(t, tl)
+            new = _engine_marks(t, start)
+            end = float(finish.max())
+            converged = np.max(np.abs(new - marks), initial=0.0) < 1e3
             marks = new
+            if converged:
+                break
+    return _totals(t, tl, start, finish, used)
+
+
+def predict_lanes(
+    t: PackTables,
+    policy: FrequencyPolicy | None,
+    transitions: list,
+    *,
+    max_passes: int = 6,
+    plans: IssuePlans | None = None,
+) -> list[Prediction]:
+    """predict(t, policy, transition_ms=x) for each x of `transitions`, the same to the bit, with
+    every pass's forward passes run together (forward_clocked_lanes: the graph read once for all of
+    them); a latency whose marks have settled drops out of the later passes."""
+    if policy is None:
+        return [predict(t, None) for _ in transitions]
+    plans = issue_plans(t, policy) if plans is None else plans
+    tl, start, finish, used = default_pass(t)
+    m0, e0 = _engine_marks(t, start), float(finish.max())
+    state: list[tuple] = [(tl, start, finish, used)] * len(transitions)
+    marks, end = [m0] * len(transitions), [e0] * len(transitions)
+    active = list(range(len(transitions)))
+    for _ in range(max_passes - 1):
+        if not active:
             break
-        marks = new
+        tls = [clock_timelines(t, policy, marks[i], transitions[i], end_ns=end[i], plans=plans) for i in active]
+        lanes = _forward_lanes(t, tls)
+        for i, tl_i, run in zip(list(active), tls, lanes):
+            new = _engine_marks(t, run[0])
+            converged = np.max(np.abs(new - marks[i]), initial=0.0) < 1e3
+            state[i], marks[i], end[i] = (tl_i, *run), new, float(run[1].max())
+            if converged:
+                active.remove(i)
+    return [_totals(t, *x) for x in state]
+
+
+def _forward_lanes(t: PackTables, tls: list) -> list[tuple[np.ndarray, ...]]:
+    """_forward under each of the timelines `tls`, in one pass over the graph: (start, finish, used) each."""
+    c = t.compiled
+    dur, en, dev, scaled, lag, offset, _ = engine_arrays(t)
+    n, lanes = len(c.order), len(tls)
+    base = np.cumsum([0] + [len(x[1]) for x in tls])
+    ptr = np.stack([x[0] + b for x, b in zip(tls, base[:-1])])
+    ts, cis = np.concatenate([x[1] for x in tls]), np.concatenate([x[2] for x in tls])
+    start, finish, used = np.empty((lanes, n)), np.empty((lanes, n)), np.empty((lanes, n))
+    args = (c.indptr, c.src, c.from_start, lag, offset, dev, scaled, dur, en, t.default_index)
+    forward_clocked_lanes(*args, ptr, ts, cis, start, finish, used)
+    return [(start[j], finish[j], used[j]) for j in range(lanes)]
+
+
+def _totals(t: PackTables, tl, start: np.ndarray, finish: np.ndarray, used: np.ndarray) -> Prediction:
+    """The Prediction of one forward pass (engine order) under the timelines `tl`: each GPU's idle
+    power at its clock over the makespan, plus the energy its nodes used above idle."""
+    c = t.compiled
+    dev = engine_arrays(t)[2]
     t0, t1 = float(start.min()), float(finish.max())
     d = len(t.device_keys)
     idle_g = np.zeros(d)
     ptr, ts, cis = tl
     for g in range(d):
-        tt = np.clip(np.r_[ts[ptr[g] : ptr[g + 1]], np.inf], t0, t1)
+        tt = np.clip(np.append(ts[ptr[g] : ptr[g + 1]], np.inf), t0, t1)
         idle_g[g] = float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g] : ptr[g + 1]]])) * 1e-9
-    on_gpu = dev >= 0  # host nodes and rendezvous add no energy above idle
+    on_gpu = engine_arrays(t)[6]  # host nodes and rendezvous add no energy above idle
     dyn_g = np.bincount(dev[on_gpu], weights=used[on_gpu], minlength=d)
     idle, dyn = float(idle_g.sum()), float(used.sum())
     k = max(t.iterations, 1)
     return Prediction(
-        (t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k, by_id_start, finish[c.pos], idle_g, dyn_g
+        (t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k, start[c.pos], finish[c.pos], idle_g, dyn_g
     )

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from emo.graph.whatif import critical_path
-from emo.model.predict import iteration_marks, predict
+from emo.model.predict import iteration_marks, predict, predict_lanes
+from emo.model.timelines import issue_plans
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
 
@@ -338,7 +339,8 @@ def expected(tables, policy: FrequencyPolicy, lats):
     and the one on-time test of the budget search, the polish and the repair."""
     q = Latencies.of(lats)
     clocks = tables.clocks_mhz
-    runs = [predict(tables, policy, transition_ms=q.at(x, clocks)) for x in q.nodes]
+    plans = issue_plans(tables, policy)  # the policy's requests, read once for every latency
+    runs = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.nodes], plans=plans)
 
     def mean(runs, weights, attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
         w = np.asarray(weights) / np.sum(weights)
@@ -363,7 +365,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
     # at the GPUs' own latencies, plus the wait for the latest peer at the GPUs' default-clock idle
     # power (the latest-of-peers latency for every GPU kept each one slow for as long as the slowest,
     # which on the hybrid TP2 x PP2 x DP2 predicted 0.8 points of ES more than its own latencies)
-    own = [predict(tables, policy, transition_ms=q.at(x, clocks)) for x in q.own_nodes]
+    own = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.own_nodes], plans=plans)
     energy = {k: mean(own, q.own_weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")}
     wait_ns = max(time["makespan_ns"] - mean(own, q.own_weights, "makespan_ns"), 0.0)
     wait_j = wait_ns * 1e-9 * float(tables.idle_power_w[:, tables.default_index].sum())
