@@ -119,9 +119,10 @@ def main() -> None:
         sim = st["trace"]["wall_s"] + st["profile"]["sim_s"]
         per = ", ".join(f"{s} {st[s]['wall_s'] - (st[s]['sim_s'] if s == 'profile' else 0):.0f}" for s in ANALYSIS)
         cpu = sum(st[s]["cpu_s"] for s in ANALYSIS if s != "profile")
+        per_cpu = ", ".join(f"{s} {st[s]['cpu_s']:.0f}" for s in ANALYSIS if s != "profile")
         print(
             f"{n} GPUs: {t:.0f} s, {m:.2f} GB, {k} schedules "
-            f"({per} s; graph+pack+fit+optimize {cpu:.0f} s of CPU; "
+            f"({per} s; graph+pack+fit+optimize {cpu:.0f} s of CPU ({per_cpu} s); "
             f"virtual GPU simulating the job {sim:.0f} s, trace stage {st['trace']['rss_gb']:.2f} GB; "
             f"load {load:.1f} at start, {os.getloadavg()[0]:.1f} at end)",
             flush=True,
