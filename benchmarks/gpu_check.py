@@ -198,8 +198,8 @@ def cupti_and_ncu(dev) -> dict:
 
 
 def traced_training_loop(dev, workdir: Path) -> dict:
-    from emo.config import CommandWorkload
     from emo.trace import read_trace
+    from emo.workloads.command import CommandWorkload
 
     script = workdir / "train.py"
     script.write_text(TRAIN)
@@ -281,8 +281,8 @@ def pipeline(dev, workdir: Path, check: Check) -> dict:
 
 def measure_policies(dev, policies: list[Path], script: Path, check: Check) -> dict:
     """Run the loop under each policy on the GPU; compare to the policy's predicted time and energy."""
-    from emo.config import CommandWorkload
     from emo.policy import FrequencyPolicy
+    from emo.workloads.command import CommandWorkload
 
     wl = CommandWorkload(command=[sys.executable, str(script), "20"], wait=5, warmup=2, active=5)
     out = {}

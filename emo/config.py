@@ -3,7 +3,8 @@ override fails at once, and every value is checked against its allowed range whe
 is composed (`check`), so a bad value fails before any stage runs.
 
 These dataclasses are the one source of defaults: `conf/config.yaml` only picks the groups, and a group
-file (`conf/gpu/*.yaml`, `conf/workload/*.yaml`, ...) holds only what that choice sets.
+file (`conf/gpu/*.yaml`, `conf/workload/*.yaml`, ...) holds only what that choice sets. A workload's
+keys are its kind's (`SCHEMA` in emo/workloads/<kind>.py, deriving from WorkloadConfig here).
 """
 
 from __future__ import annotations
@@ -101,101 +102,9 @@ class GpuConfig:
 # --------------------------------------------------------------------------- workloads
 @dataclass
 class WorkloadConfig:
+    """What every workload's schema derives from; each kind's module declares its own (emo.workloads)."""
+
     kind: str = MISSING
-
-
-@dataclass
-class TransformerShape:
-    layers: int = field(default=4, metadata=at_least(1))  # transformer layers per model replica
-    hidden: int = field(default=4096, metadata=at_least(1))
-    heads: int = field(default=32, metadata=at_least(1))  # divides hidden (and tp)
-    ffn_mult: int = field(default=4, metadata=at_least(1))
-    seq: int = field(default=2048, metadata=at_least(1))
-    batch: int = field(default=4, metadata=at_least(1))  # micro-batch size (sequences)
-    vocab: int = field(default=50304, metadata=at_least(1))  # divisible by tp (vocab-parallel embedding and LM head)
-    dtype: str = field(default="bf16", metadata=one_of("bf16", "fp16"))  # fp16 on GPUs without bf16
-
-
-@dataclass
-class TPWorkload(WorkloadConfig):
-    kind: str = "tp"
-    tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
-    chunks: int = field(
-        default=2, metadata=at_least(1)
-    )  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
-    # domino: the batch in `chunks`, each chunk's all-reduce overlapping the next chunk's compute;
-    # megatron: plain Megatron-LM, the whole batch at once, forward all-reduces blocking the compute
-    # stream (backward's input-gradient all-reduce still overlaps the weight gradients); chunks unused
-    overlap: str = field(default="domino", metadata=one_of("domino", "megatron"))
-    training: bool = True
-    model: TransformerShape = field(default_factory=TransformerShape)
-
-
-@dataclass
-class PPWorkload(WorkloadConfig):
-    kind: str = "pp"
-    pp: int = field(default=4, metadata=one_of(2, 4, 8))  # pipeline stages (GPUs)
-    microbatches: int = field(default=8, metadata=at_least(1))  # >= pp
-    partition: str = field(
-        default="uniform", metadata=one_of("uniform", "parameter")
-    )  # "uniform" or "parameter" (embedding and LM head make stages uneven)
-    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
-    recv: str = field(default="paired", metadata=one_of("paired", "early"))
-    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
-    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
-
-
-@dataclass
-class HybridWorkload(WorkloadConfig):
-    kind: str = "hybrid"
-    tp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # tensor-parallel ranks per stage (one NVLink domain)
-    pp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # pipeline stages
-    dp: int = field(default=2, metadata=one_of(1, 2, 4, 8, 16))  # data-parallel replicas; tp * pp * dp GPUs in all
-    microbatches: int = field(default=4, metadata=at_least(1))  # per replica and step, >= pp (1F1B)
-    partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))
-    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
-    recv: str = field(default="paired", metadata=one_of("paired", "early"))
-    bucket_mb: float = field(default=25.0, metadata=above(0))  # DDP's bucket_cap_mb: gradients all-reduced per bucket
-    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches, 8 layers so the default stays small
-    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, batch=1))
-
-
-@dataclass
-class OffloadWorkload(WorkloadConfig):
-    kind: str = "offload"
-    experts: int = field(default=64, metadata=at_least(1))  # routed MoE experts, on the CPU (DeepSeek-V2-Lite-like)
-    top_k: int = field(default=6, metadata=at_least(1))  # <= experts
-    expert_hidden: int = field(default=1408, metadata=at_least(1))
-    shared_experts: int = field(default=2, metadata=at_least(0))  # always-on experts, kept on the GPU
-    cpu_gflops: float = field(default=800.0, metadata=above(0))  # host compute rate for expert GEMMs
-    pcie_gbps: float = field(
-        default=25.0, metadata=above(0)
-    )  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
-    decode_tokens: int = field(default=8, metadata=at_least(1))  # tokens generated per iteration
-    # seq: tokens already in the KV cache; batch: sequences decoded together
-    model: TransformerShape = field(
-        default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024, batch=8, vocab=102400)
-    )
-
-
-@dataclass
-class RecordedWorkload(WorkloadConfig):
-    kind: str = "recorded"
-    path: str = field(
-        default=MISSING, metadata=NON_EMPTY
-    )  # a Kineto JSON trace (file or folder of per-rank files) or an nsys SQLite export
-
-
-@dataclass
-class CommandWorkload(WorkloadConfig):
-    kind: str = "command"
-    command: list[str] = field(default_factory=list)  # e.g. ["python", "train.py"]
-    nproc: int = field(
-        default=1, metadata=at_least(1)
-    )  # > 1: a plain `python script.py` is started under torchrun; 1 for a launcher command
-    wait: int = field(default=5, metadata=at_least(0))  # profiler schedule: iterations skipped before warmup
-    warmup: int = field(default=2, metadata=at_least(0))
-    active: int = field(default=3, metadata=at_least(1))
 
 
 # --------------------------------------------------------------------------- stages
@@ -359,65 +268,59 @@ class Config:
     results: str = field(default="results", metadata=NON_EMPTY)  # artifacts: results/<stage>/<hash>/
 
 
-WORKLOADS = {
-    "tp": TPWorkload,
-    "pp": PPWorkload,
-    "hybrid": HybridWorkload,
-    "offload": OffloadWorkload,
-    "recorded": RecordedWorkload,
-    "command": CommandWorkload,
-}
-
-
 def check(cfg: dict) -> None:
     """ValueError, one line naming the key and its allowed range, for the first value outside it
     (the `allowed` metadata of the schema's fields, then the rules that tie two keys together)."""
     _check_node(Config, cfg, "")
-    if isinstance(cfg.get("workload"), dict) and cfg["workload"].get("kind") in WORKLOADS:
-        _workload_rules(cfg["workload"])
-    _gpu_runs_workload(cfg["gpu"], cfg["workload"])
+    kind = _kind(cfg.get("workload"))
+    if kind is not None:
+        kind.rules(cfg["workload"])  # what ties the workload's keys together: its module says
+    _gpu_runs_workload(cfg["gpu"], kind)
     ranks = cfg["trace"]["ranks"]
     if ranks != "all" and isinstance(cfg.get("workload"), dict):
         from emo.sampling import sample_of  # the sample covers every stage and TP position, or one line
+        from emo.workloads import grid_of
 
-        sample_of(cfg["workload"], ranks)
+        sample_of(cfg["workload"], ranks, grid_of(cfg["workload"]))
     opt = cfg["optimizer"]
     if "change_interval_ms" in opt and "min_interval_ms" in opt and opt["change_interval_ms"] < opt["min_interval_ms"]:
-        _bad(
+        bad(
             "optimizer.change_interval_ms",
             f">= optimizer.min_interval_ms ({opt['min_interval_ms']:g})",
             opt["change_interval_ms"],
         )
     gpu = cfg["gpu"]
     if "clocks_mhz" in gpu and not gpu["clocks_mhz"] and gpu.get("backend") != "nvml":
-        _bad(
+        bad(
             "gpu.clocks_mhz",
             "a non-empty ascending list of clocks > 0 (MHz) (only NVML discovers them)",
             gpu["clocks_mhz"],
         )
     for key in ("default_mhz", "tdp_w"):  # 0 on NVML: what the device reports
         if key in gpu and gpu[key] <= 0 and gpu.get("backend") != "nvml":
-            _bad(f"gpu.{key}", "> 0 (0 only on NVML, which reports it)", gpu[key])
+            bad(f"gpu.{key}", "> 0 (0 only on NVML, which reports it)", gpu[key])
     if gpu.get("clocks_mhz") and gpu.get("default_mhz") not in gpu["clocks_mhz"]:
-        _bad(
+        bad(
             "gpu.default_mhz",
             f"one of gpu.clocks_mhz ({gpu['clocks_mhz'][0]}-{gpu['clocks_mhz'][-1]} MHz)",
             gpu.get("default_mhz"),
         )
 
 
-SYNTHETIC = ("tp", "pp", "hybrid", "offload")  # the workloads only the virtual GPU runs
-MAX_HYBRID_GPUS = 1024  # TP8 x PP8 x DP16: the largest hybrid job (the virtual GPU simulates every rank)
+def _kind(wl):
+    """The workload kind (emo.workloads.WorkloadKind) of a workload section, None if it names none."""
+    from emo.workloads import find  # the kinds' modules import this one
+
+    return find(wl.get("kind")) if isinstance(wl, dict) else None
 
 
-def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
+def _gpu_runs_workload(gpu: dict, kind) -> None:
     """A workload the GPU config cannot run fails here, not after calibration: a synthetic workload
     runs only on the virtual GPU (a program on the virtual GPU needs a model it can size kernels for:
     emo.workloads.arch.check_virtual_command, which compose calls too)."""
-    backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
-    if kind in SYNTHETIC and backend == "nvml":
+    if kind is not None and kind.synthetic and gpu.get("backend") == "nvml":
         raise ValueError(
-            f"bad configuration: workload={kind} is a synthetic workload of the virtual GPU, and gpu.backend=nvml "
+            f"bad configuration: workload={kind.kind} is a synthetic workload of the virtual GPU, and gpu.backend=nvml "
             "runs real programs: use workload=command 'workload.command=[python,train.py]' (or workload=recorded), "
             "or a virtual GPU (gpu=a100, h100, rtx3080ti, v100)"
         )
@@ -425,54 +328,11 @@ def _gpu_runs_workload(gpu: dict, wl: dict) -> None:
 
 def check_workload(wl: dict) -> None:
     """The same checks for a workload alone (the synthetic workloads' builders call it)."""
-    _check_node(WORKLOADS[wl["kind"]], wl, "workload.")
-    _workload_rules(wl)
+    from emo.workloads import workload_kind
 
-
-def _workload_rules(w: dict) -> None:
-    """What ties a workload's keys together (the shape must split over the GPUs as asked)."""
-    kind, m = w["kind"], w.get("model")
-    if m:
-        if m["hidden"] % m["heads"]:
-            _bad("workload.model.hidden", f"divisible by workload.model.heads ({m['heads']})", m["hidden"])
-        hd = m["hidden"] // m["heads"]
-        if hd % 8 or hd > 256:
-            _bad(
-                "workload.model.heads",
-                f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
-                m["heads"],
-            )
-    if kind == "tp":
-        assert m is not None  # the schema gives every tp, pp and hybrid workload a model
-        for k in ("heads", "vocab"):
-            if m[k] % w["tp"]:
-                _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
-        if w["overlap"] == "domino" and m["batch"] % w["chunks"]:
-            _bad("workload.chunks", f"a divisor of workload.model.batch ({m['batch']})", w["chunks"])
-    elif kind == "pp":
-        assert m is not None
-        if w["microbatches"] < w["pp"]:
-            _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
-        if m["layers"] < w["pp"]:
-            _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
-    elif kind == "hybrid":
-        assert m is not None
-        if w["tp"] * w["pp"] * w["dp"] > MAX_HYBRID_GPUS:
-            _bad(
-                "workload.dp",
-                f"such that workload.tp * workload.pp * workload.dp <= {MAX_HYBRID_GPUS} GPUs "
-                f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})",
-                w["dp"],
-            )
-        for k in ("heads", "vocab"):
-            if m[k] % w["tp"]:
-                _bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
-        if w["microbatches"] < w["pp"]:
-            _bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
-        if m["layers"] < w["pp"]:
-            _bad("workload.model.layers", f">= workload.pp ({w['pp']})", m["layers"])
-    elif kind == "offload" and w["top_k"] > w["experts"]:
-        _bad("workload.top_k", f"<= workload.experts ({w['experts']})", w["top_k"])
+    kind = workload_kind(wl["kind"])
+    _check_node(kind.schema, wl, "workload.")
+    kind.rules(wl)
 
 
 def _check_node(schema: type, node: dict, prefix: str) -> None:
@@ -489,24 +349,28 @@ def _check_node(schema: type, node: dict, prefix: str) -> None:
             if value is None and f.metadata.get("nullable"):
                 pass
             elif value is None or not test(value):
-                _bad(key, text, value)
+                bad(key, text, value)
         sub = (
-            WORKLOADS.get(value.get("kind", "")) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
+            getattr(_kind(value), "schema", None) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
         )
         if isinstance(value, dict) and isinstance(sub, type) and dataclasses.is_dataclass(sub):
             _check_node(sub, value, key + ".")
 
 
-def _bad(key: str, allowed: str, value) -> None:
+def bad(key: str, allowed: str, value) -> None:
+    """The one-line error of a value outside its range (a workload's rules raise it too)."""
     raise ConfigError(f"bad configuration: {key} must be {allowed} (got {value!r})")
 
 
 def register() -> None:
-    """Register the schemas; conf/*.yaml name them in their defaults lists."""
+    """Register the schemas; conf/*.yaml name them in their defaults lists. Every workload kind's
+    module is found here (emo.workloads.discover), before Hydra composes `workload=<kind>`."""
     from hydra.core.config_store import ConfigStore
+
+    from emo.workloads import discover, workload_kind
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="gpu", name="gpu_schema", node=GpuConfig)
-    for name, node in WORKLOADS.items():
-        cs.store(group="workload", name=f"{name}_schema", node=node)
+    for kind in discover():
+        cs.store(group="workload", name=f"{kind}_schema", node=workload_kind(kind).schema)

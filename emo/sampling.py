@@ -90,18 +90,6 @@ class Sample:
         return cls(int(g["tp"]), int(g["pp"]), int(g["dp"]), tuple(int(r) for r in d["sampled"]))
 
 
-def grid_of(workload: dict) -> tuple[int, int, int] | None:
-    """(tp, pp, dp) of a workload whose rank grid EMO knows (tp, pp, hybrid), else None."""
-    kind = workload.get("kind")
-    if kind == "hybrid":
-        return int(workload["tp"]), int(workload["pp"]), int(workload["dp"])
-    if kind == "pp":
-        return 1, int(workload["pp"]), 1
-    if kind == "tp":
-        return int(workload["tp"]), 1, 1
-    return None
-
-
 def parse_ranks(spec, world: int) -> list[int]:
     """A rank list: ints, or a string of ranks and ranges ("0-7,64-71"). One line naming trace.ranks."""
     if isinstance(spec, str):
@@ -122,13 +110,13 @@ def parse_ranks(spec, world: int) -> list[int]:
     return sorted(set(out))
 
 
-def sample_of(workload: dict, spec) -> Sample | None:
-    """The sample `trace.ranks` = `spec` takes of `workload`'s job (None: every rank, `all`).
-    ValueError in one line naming trace.ranks when the workload has no known grid or the sample
-    leaves a pipeline stage or TP position uncovered."""
+def sample_of(workload: dict, spec, grid: tuple[int, int, int] | None) -> Sample | None:
+    """The sample `trace.ranks` = `spec` takes of `workload`'s job, whose ranks lie on `grid`
+    ((tp, pp, dp): its kind's, emo.workloads.grid_of; None: it declares none). None: every rank, `all`.
+    ValueError in one line naming trace.ranks when the workload has no grid or the sample leaves a
+    pipeline stage or TP position uncovered."""
     if spec is None or spec == "all":
         return None
-    grid = grid_of(workload)
     if grid is None:
         _bad(
             f"all for workload={workload.get('kind')} (a sampled trace needs the TP x PP x DP grid of a tp, pp "

@@ -43,6 +43,7 @@ from emo.methods import PL_TOLERANCE_PCT, Method, OnlineContext, describe
 from emo.policy import FrequencyPolicy
 from emo.progress import progress
 from emo.sampling import class_spread
+from emo.workloads import kind_of
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")
@@ -212,7 +213,7 @@ def validate(
     """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
     measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
     vcfg, method = cfg["validate"], cfg["optimizer"]["name"]
-    if cfg["workload"]["kind"] == "recorded":  # a trace cannot be re-run: the policy stands on its prediction
+    if kind_of(cfg["workload"]).recorded:  # a trace cannot be re-run: the policy stands on its prediction
         return _skipped(method, policy_path)
     n, warmup = int(vcfg["iterations"]), int(vcfg["warmup"])
     if n < MIN_ITERATIONS:

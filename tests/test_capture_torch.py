@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from emo.cli import trace
-from emo.config import CommandWorkload
 from emo.device import launcher
+from emo.workloads.command import CommandWorkload
 
 try:
     import torch  # noqa: F401

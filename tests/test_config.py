@@ -14,6 +14,7 @@ import yaml
 
 from emo import config
 from emo.workflow.plan import compose
+from emo.workloads import discover, workload_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,7 +173,8 @@ def _repeats(values: dict, defaults: dict, prefix: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "path, schema", [("config.yaml", config.Config)] + [(f"workload/{k}.yaml", s) for k, s in config.WORKLOADS.items()]
+    "path, schema",
+    [("config.yaml", config.Config)] + [(f"workload/{k}.yaml", workload_kind(k).schema) for k in discover()],
 )
 def test_one_source_of_defaults_yaml_repeats_no_schema_default(path, schema):
     """A value typed both in a YAML file and in the schema drifts (model.min_seconds did: 1.0 vs 0.3)."""

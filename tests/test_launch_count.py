@@ -20,9 +20,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import nvml_fake  # noqa: E402
 
-from emo.config import CommandWorkload  # noqa: E402
 from emo.device import KernelRange  # noqa: E402
 from emo.policy import FrequencyPolicy, Step  # noqa: E402
+from emo.workloads.command import CommandWorkload  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

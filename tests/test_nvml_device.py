@@ -240,8 +240,8 @@ def test_normal_exit_and_uncaught_exception_restore(tmp_path):
 
 
 def test_run_passes_a_multi_step_policy_to_the_program_and_sums_rank_energy(monkeypatch, tmp_path):
-    from emo.config import CommandWorkload
     from emo.device import launcher
+    from emo.workloads.command import CommandWorkload
 
     fake, dev = _device(monkeypatch)
     seen = {}

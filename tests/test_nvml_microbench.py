@@ -111,8 +111,8 @@ def test_profile_ranges_reruns_the_command_under_ncu_and_sums_each_range(monkeyp
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     import nvml_fake
 
-    from emo.config import CommandWorkload
     from emo.device import KernelRange
+    from emo.workloads.command import CommandWorkload
 
     nvml_fake.install(monkeypatch)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")

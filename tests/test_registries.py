@@ -51,13 +51,9 @@ def build_toy(w: ToyWorkload, arch) -> Program:
 
 @pytest.fixture
 def toy_workload():
-    from emo import config
-    from emo.workloads.params import SCHEMAS
-
     register_workload("toy", ToyWorkload, build_toy)
     yield
-    for d in (WORKLOAD_REGISTRY, SCHEMAS, config.WORKLOADS):
-        d.pop("toy", None)
+    WORKLOAD_REGISTRY.pop("toy", None)
 
 
 def test_a_registered_workload_composes_and_runs_on_the_virtual_gpu(toy_workload, tmp_path, run_stage):
@@ -293,14 +289,10 @@ def test_a_workload_module_named_by_convention_is_found(monkeypatch):
     import sys
     import types
 
-    from emo import config
-    from emo.workloads.params import SCHEMAS
-
     mod = types.ModuleType("emo.workloads.conventional")
     mod.SCHEMA, mod.build = ToyWorkload, build_toy
     monkeypatch.setitem(sys.modules, "emo.workloads.conventional", mod)
     try:
         assert build_program({"kind": "conventional", "kernels": 2}).kernel_launches() == 2
     finally:
-        for d in (WORKLOAD_REGISTRY, SCHEMAS, config.WORKLOADS):
-            d.pop("conventional", None)
+        WORKLOAD_REGISTRY.pop("conventional", None)

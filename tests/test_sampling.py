@@ -19,6 +19,7 @@ from emo.workloads import build_program
 from emo.workloads.pp import Grid
 
 HYBRID = {"kind": "hybrid", "tp": 2, "pp": 2, "dp": 4}
+GRID = (2, 2, 4)  # its (tp, pp, dp)
 
 
 def test_the_largest_hybrid_job_is_tp8_pp8_dp16_with_its_gradient_all_reduce_over_16_replicas() -> None:
@@ -31,12 +32,12 @@ def test_the_largest_hybrid_job_is_tp8_pp8_dp16_with_its_gradient_all_reduce_ove
 
 
 def test_replica_covers_every_class_and_lists_and_ranges_parse() -> None:
-    s = sample_of(HYBRID, "replica")
+    s = sample_of(HYBRID, "replica", GRID)
     assert s is not None and s.sampled == (0, 1, 8, 9) and s.world == 16
-    assert sample_of(HYBRID, "all") is None
+    assert sample_of(HYBRID, "all", GRID) is None
     assert parse_ranks("0-1, 8-9", 16) == [0, 1, 8, 9] == parse_ranks([9, 8, 1, 0], 16)
     # any sample covering every (stage, TP position), replicas mixed: the first of each class represents it
-    s = sample_of(HYBRID, [2, 7, 8, 15, 3])
+    s = sample_of(HYBRID, [2, 7, 8, 15, 3], GRID)
     assert s is not None and s.reps == {0: 2, 1: 3, 2: 8, 3: 15}
     assert s.rank_map()[0] == 2 and s.rank_map()[13] == 15  # rank 13: stage 1, replica 2, TP position 1
 
@@ -52,7 +53,7 @@ def test_replica_covers_every_class_and_lists_and_ranges_parse() -> None:
 )
 def test_a_sample_leaving_a_stage_or_tp_position_uncovered_is_refused_in_one_line(spec, words: str) -> None:
     with pytest.raises(ValueError) as e:
-        sample_of(HYBRID, spec)
+        sample_of(HYBRID, spec, GRID)
     text = str(e.value)
     assert "\n" not in text and text.startswith("bad configuration: trace.ranks must be") and words in text
 
@@ -73,7 +74,7 @@ def _sampled_events(tmp_path: Path, spec):
 
     prog = build_program({**HYBRID, "microbatches": 2, "model": {"layers": 2, "seq": 512}})
     dev = SimDevice(_a100())
-    s = sample_of(HYBRID, spec)
+    s = sample_of(HYBRID, spec, GRID)
     assert s is not None
     dev.run(prog, 1, warmup=0, trace_dir=tmp_path, trace_ranks=list(s.sampled))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"rank{r}.pt.trace.json.gz" for r in s.sampled)
@@ -101,7 +102,7 @@ def test_sampled_events_are_one_rank_per_class_with_their_collectives_matched(tm
 
 
 def test_the_policy_maps_every_rank_to_its_class_and_states_the_job_energy() -> None:
-    s = sample_of(HYBRID, "replica")
+    s = sample_of(HYBRID, "replica", GRID)
     assert s is not None
     same = [Step(0.0, 1410), Step(5.0, 1005)]
     pol = FrequencyPolicy(

@@ -60,7 +60,7 @@ def test_gpu_config_objects_are_accepted() -> None:
 
 
 def test_dataclass_configs_are_accepted() -> None:
-    from emo.config import PPWorkload
+    from emo.workloads.pp import PPWorkload
 
     p = build_program(PPWorkload(pp=2, microbatches=2))
     assert p.ranks == 2

@@ -55,20 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- reading
 def workload_label(params: dict) -> str:
-    """A short name for a workload from its flattened config params (e.g. TP4, PP8 parameter)."""
-    kind = params.get("workload.kind", "?")
-    if kind == "tp":
-        plain = " megatron" if params.get("workload.overlap") == "megatron" else ""
-        return f"TP{params.get('workload.tp', '?')}{plain}"
-    if kind == "pp":
-        return f"PP{params.get('workload.pp', '?')} {params.get('workload.partition', '')}".strip()
-    if kind == "hybrid":
-        return "x".join(f"{k.upper()}{params.get(f'workload.{k}', '?')}" for k in ("tp", "pp", "dp"))
-    if kind == "recorded":
-        return f"recorded {Path(params.get('workload.path', '?')).name}"
-    if kind == "command":
-        return f"command {params.get('workload.command', '?')}"
-    return kind
+    """A short name for a workload from its flattened config params (e.g. TP4, PP8 parameter): its
+    kind's label (emo.workloads.WorkloadKind.label), or the kind's name when EMO knows no such kind."""
+    from emo.workloads import find
+
+    name = params.get("workload.kind", "?")
+    kind = find(name)
+    own = {k.removeprefix("workload."): v for k, v in params.items() if k.startswith("workload.")}
+    return kind.label(own) if kind is not None else name
 
 
 def load_runs(uri: str, experiment: str) -> pd.DataFrame:

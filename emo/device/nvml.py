@@ -664,7 +664,7 @@ class NvmlDevice:
         from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
-        if kind != "command":
+        if not _starts_program(workload):
             raise ConfigError(f"workload.kind={kind!r}: the nvml backend profiles 'command' workloads only")
         spec = capture.CaptureSpec.from_workload(workload)
         own_ranks = capture.starts_ranks(spec.command)  # a launcher: its rank count is its own option
@@ -733,7 +733,7 @@ class NvmlDevice:
         from emo.device import launcher as capture_
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
-        if kind != "command":
+        if not _starts_program(workload):
             raise ValueError(
                 f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only "
                 "(synthetic workloads are for the virtual GPU)"
@@ -765,7 +765,7 @@ class NvmlDevice:
         from emo.device import launcher as capture
 
         kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
-        if kind != "command":
+        if not _starts_program(workload):
             raise ConfigError(f"workload.kind={kind!r}: the nvml backend runs 'command' workloads only")
         self.set_policy(None)  # nothing locked from here: the ranks own the clocks for this launch
         spec = capture.CaptureSpec.from_workload(workload)
@@ -870,6 +870,14 @@ def ncu_command(
     else:
         cmd += ["--profile-from-start", "off"]
     return cmd + list(argv)
+
+
+def _starts_program(workload: Any) -> bool:
+    """A workload this backend can run: a program it starts, which the workload gives as its `command`
+    (the keys of a kind whose source is a command, emo/workloads/command.py); a synthetic or recorded
+    workload has none. By its keys, not its kind: the models' stages, which import this module, do
+    not hash emo.workloads (tests/test_pipeline.py)."""
+    return "command" in workload if isinstance(workload, dict) else hasattr(workload, "command")
 
 
 def _ncu_results(text: str, with_process: bool = False):

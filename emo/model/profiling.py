@@ -33,6 +33,7 @@ import pandas as pd
 from emo.device import COUNTERS, ProfilingUnavailable
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 from emo.trace import load_kineto_document, trace_files
+from emo.workloads import kind_of
 
 log = logging.getLogger("emo")
 
@@ -290,7 +291,7 @@ def profile_workload(
     """(metrics.parquet, baseline.json, the profile stage's metrics) of `cfg`'s workload (sections
     gpu, workload, trace, model), from its trace's events and measured run and its packs, on the
     device `open_dev()` opens (a recorded trace: from its sidecars, no device)."""
-    if cfg["workload"]["kind"] == "recorded":  # no re-run: counters and baseline from what was recorded
+    if kind_of(cfg["workload"]).recorded:  # no re-run: counters and baseline from what was recorded
         src = Path(cfg["workload"]["path"])
         metrics = recorded_metrics(src, packs, events, nodes)
         baseline = recorded_baseline(src, events)

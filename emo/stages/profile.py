@@ -13,8 +13,10 @@ from emo.stages import Stage
 
 def sidecars(cfg: dict) -> dict[str, Path]:
     """The outside files the stage reads: a recorded trace's sidecars (emo.model.profiling.sidecar_paths)."""
+    from emo.workloads import kind_of
+
     wl = cfg["workload"]
-    if wl["kind"] != "recorded":
+    if not kind_of(wl).recorded:
         return {}
     from emo.model.profiling import sidecar_paths
 

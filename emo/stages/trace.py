@@ -18,22 +18,32 @@ from emo.stages import Stage
 
 log = logging.getLogger("emo")
 
+
+def recorded_path(cfg: dict) -> dict[str, str]:
+    """The outside file of a recorded trace (its kind's flag, emo.workloads): read, never run."""
+    from emo.workloads import kind_of
+
+    wl = cfg["workload"]
+    return {"workload.path": wl["path"]} if kind_of(wl).recorded else {}
+
+
 STAGE = Stage(
     reads=("gpu", "workload", "trace"),
     outputs=("events.parquet", "measured.json"),
-    outside=lambda cfg: {"workload.path": cfg["workload"]["path"]} if cfg["workload"]["kind"] == "recorded" else {},
+    outside=recorded_path,
 )
 
 
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.io import write_json, write_parquet
     from emo.sampling import canonical_events, sample_of
+    from emo.workloads import grid_of, kind_of
 
     wl = cfg["workload"]
-    sample = sample_of(wl, cfg["trace"]["ranks"])  # None: every rank, as before
+    sample = sample_of(wl, cfg["trace"]["ranks"], grid_of(wl))  # None: every rank, as before
     kineto = out / "kineto"
     kineto.mkdir()
-    if wl["kind"] == "recorded":
+    if kind_of(wl).recorded:
         events, measured, plain = _recorded(Path(wl["path"]), kineto), {}, None
     else:
         events, measured, plain = _traced(cfg, kineto, sample)
@@ -86,10 +96,11 @@ def _traced(cfg: dict, kineto: Path, sample):
     graph's timing is corrected to."""
     from emo.device.backends import open_device
     from emo.trace import read_trace
+    from emo.workloads import kind_of
 
     wl, tc = cfg["workload"], cfg["trace"]
     device = open_device(cfg["gpu"])
-    if wl["kind"] == "command":
+    if kind_of(wl).command:
         log.info(
             "trace: one launch of %s: %d iterations (%d recorded), then EMO ends it; one more, untraced",
             " ".join(wl["command"]),

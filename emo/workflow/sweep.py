@@ -206,10 +206,9 @@ def gpus_needed(cfg: dict) -> int:
     the virtual GPU (it runs on a CPU core, so jobs spread over cores)."""
     if cfg["gpu"]["backend"] == "sim":
         return 1
-    wl = cfg["workload"]
-    if wl.get("kind") == "hybrid":  # one rank per GPU of the TP x PP x DP grid
-        return int(wl["tp"]) * int(wl["pp"]) * int(wl["dp"])
-    return int(wl.get("tp") or wl.get("pp") or wl.get("gpus") or 1)
+    from emo.workloads import kind_of
+
+    return kind_of(cfg["workload"]).ranks(cfg["workload"])  # one rank per GPU of its TP x PP x DP grid
 
 
 def gpus_available(cfg: dict, cores: int) -> int:

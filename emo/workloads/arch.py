@@ -39,8 +39,10 @@ def check_virtual_command(gpu: dict, wl: dict) -> None:
     """A program (`command`) runs on a real GPU, or on the CPU with a virtual GPU standing in for its
     kernels (emo.device.sim.command), which it sizes for a GPU model of ARCHS: another model fails at
     composition, in one line."""
-    backend, kind = gpu.get("backend"), wl.get("kind") if isinstance(wl, dict) else None
-    if kind == "command" and backend == "sim":
+    from emo.workloads import find  # the package imports this module
+
+    kind = find(wl.get("kind")) if isinstance(wl, dict) else None
+    if kind is not None and kind.command and gpu.get("backend") == "sim":
         if str(gpu.get("name")).lower() not in ARCHS:
             raise ValueError(
                 f"bad configuration: workload=command on the virtual GPU runs your program on the CPU with the "

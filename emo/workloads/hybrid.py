@@ -13,13 +13,58 @@ The schedule and the stage emission are the pipeline's (emo.workloads.pp.pipelin
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
-from emo.config import HybridWorkload, check_workload
+from emo.config import WorkloadConfig, above, at_least, bad, check_workload, one_of
 from emo.workloads.arch import Arch
 from emo.workloads.pp import Grid, pipeline
 from emo.workloads.program import Program
+from emo.workloads.transformer import TransformerShape, pipeline_rules, shape_rules, tp_rules
 
-SCHEMA = HybridWorkload  # the config of workload.kind=hybrid (emo.workloads finds SCHEMA and build here)
+MAX_GPUS = 1024  # TP8 x PP8 x DP16: the largest hybrid job (the virtual GPU simulates every rank)
+
+
+@dataclass
+class HybridWorkload(WorkloadConfig):
+    kind: str = "hybrid"
+    tp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # tensor-parallel ranks per stage (one NVLink domain)
+    pp: int = field(default=2, metadata=one_of(1, 2, 4, 8))  # pipeline stages
+    dp: int = field(default=2, metadata=one_of(1, 2, 4, 8, 16))  # data-parallel replicas; tp * pp * dp GPUs in all
+    microbatches: int = field(default=4, metadata=at_least(1))  # per replica and step, >= pp (1F1B)
+    partition: str = field(default="uniform", metadata=one_of("uniform", "parameter"))
+    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
+    recv: str = field(default="paired", metadata=one_of("paired", "early"))
+    bucket_mb: float = field(default=25.0, metadata=above(0))  # DDP's bucket_cap_mb: gradients all-reduced per bucket
+    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches, 8 layers so the default stays small
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, batch=1))
+
+
+SCHEMA = (
+    HybridWorkload  # the config of workload.kind=hybrid (emo.workloads finds SCHEMA, rules, label, grid and build here)
+)
+
+
+def rules(w: dict) -> None:
+    """What ties the keys together: at most MAX_GPUS ranks, the model split over TP ranks and stages."""
+    shape_rules(w["model"])
+    if w["tp"] * w["pp"] * w["dp"] > MAX_GPUS:
+        bad(
+            "workload.dp",
+            f"such that workload.tp * workload.pp * workload.dp <= {MAX_GPUS} GPUs "
+            f"({w['tp']} * {w['pp']} * {w['dp']} = {w['tp'] * w['pp'] * w['dp']})",
+            w["dp"],
+        )
+    tp_rules(w)
+    pipeline_rules(w)
+
+
+def label(params: dict) -> str:
+    """`TP2xPP2xDP2`."""
+    return "x".join(f"{k.upper()}{params.get(k, '?')}" for k in ("tp", "pp", "dp"))
+
+
+def grid(w: dict) -> tuple[int, int, int]:
+    return int(w["tp"]), int(w["pp"]), int(w["dp"])
 
 
 def validate(w: HybridWorkload) -> None:

@@ -11,14 +11,47 @@ tokens to the host. The GPU waits for the CPU most of the time: lots of slack by
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
-from emo.config import OffloadWorkload, check_workload
+from emo.config import WorkloadConfig, above, at_least, bad, check_workload
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, Builder
 from emo.workloads.program import Program
+from emo.workloads.transformer import TransformerShape, shape_rules
 
-SCHEMA = OffloadWorkload  # the config of workload.kind=offload (emo.workloads finds SCHEMA and build here)
+
+@dataclass
+class OffloadWorkload(WorkloadConfig):
+    kind: str = "offload"
+    experts: int = field(default=64, metadata=at_least(1))  # routed MoE experts, on the CPU (DeepSeek-V2-Lite-like)
+    top_k: int = field(default=6, metadata=at_least(1))  # <= experts
+    expert_hidden: int = field(default=1408, metadata=at_least(1))
+    shared_experts: int = field(default=2, metadata=at_least(0))  # always-on experts, kept on the GPU
+    cpu_gflops: float = field(default=800.0, metadata=above(0))  # host compute rate for expert GEMMs
+    pcie_gbps: float = field(
+        default=25.0, metadata=above(0)
+    )  # host <-> device copy bandwidth (a hint in Program.meta; the simulator's link model decides)
+    decode_tokens: int = field(default=8, metadata=at_least(1))  # tokens generated per iteration
+    # seq: tokens already in the KV cache; batch: sequences decoded together
+    model: TransformerShape = field(
+        default_factory=lambda: TransformerShape(layers=8, hidden=2048, heads=16, seq=1024, batch=8, vocab=102400)
+    )
+
+
+SCHEMA = OffloadWorkload  # the config of workload.kind=offload (emo.workloads finds SCHEMA, rules and build here)
+
+
+def rules(w: dict) -> None:
+    """What ties the keys together: top-k of the experts there are."""
+    shape_rules(w["model"])
+    if w["top_k"] > w["experts"]:
+        bad("workload.top_k", f"<= workload.experts ({w['experts']})", w["top_k"])
+
+
+def label(params: dict) -> str:
+    """`offload` (its cells were always called so)."""
+    return "offload"
 
 
 def validate(w: OffloadWorkload) -> None:

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from emo.config import HybridWorkload, OffloadWorkload, PPWorkload, TPWorkload
 
-# the synthetic kinds' config schemas; emo.workloads.register_workload adds to it
-SCHEMAS = {"tp": TPWorkload, "pp": PPWorkload, "hybrid": HybridWorkload, "offload": OffloadWorkload}
-
-
-def resolve(cfg: Any):
-    """A TPWorkload / PPWorkload / HybridWorkload / OffloadWorkload from a config node, a dict or a dataclass; unknown
-    keys and wrong types are errors (the same schema Hydra checks)."""
-    if isinstance(cfg, tuple(SCHEMAS.values())):
+def resolve(cfg: Any, schema: type):
+    """An instance of `schema` (the kind's dataclass) from a config node, a dict or a dataclass;
+    unknown keys and wrong types are errors (the same schema Hydra checks)."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         node = OmegaConf.structured(cfg)
     else:
         node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    kind = node.get("kind")
-    if kind not in SCHEMAS:
-        raise ValueError(f"workload.kind: unknown synthetic workload {kind!r} (expected one of {', '.join(SCHEMAS)})")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(SCHEMAS[kind]), node)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         msg = str(e).splitlines()[0]

@@ -11,16 +11,58 @@ ends with clip-grad-norm all-reduced over all stages, AdamW per stage and a bloc
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from emo.config import PPWorkload, check_workload
+from emo.config import WorkloadConfig, at_least, check_workload, one_of
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
 from emo.workloads.program import CollectiveSpec, Program
-from emo.workloads.transformer import Dims, Phase, backward_phases, data_loader, forward_phases, issue, optimizer_step
+from emo.workloads.transformer import (
+    Dims,
+    Phase,
+    TransformerShape,
+    backward_phases,
+    data_loader,
+    forward_phases,
+    issue,
+    optimizer_step,
+    pipeline_rules,
+    shape_rules,
+)
 
-SCHEMA = PPWorkload  # the config of workload.kind=pp (emo.workloads finds SCHEMA and build here)
+
+@dataclass
+class PPWorkload(WorkloadConfig):
+    kind: str = "pp"
+    pp: int = field(default=4, metadata=one_of(2, 4, 8))  # pipeline stages (GPUs)
+    microbatches: int = field(default=8, metadata=at_least(1))  # >= pp
+    partition: str = field(
+        default="uniform", metadata=one_of("uniform", "parameter")
+    )  # "uniform" or "parameter" (embedding and LM head make stages uneven)
+    # paired: a receive goes with the send after it (Megatron's 1F1B); early: as soon as the link allows
+    recv: str = field(default="paired", metadata=one_of("paired", "early"))
+    # a 1.3B GPT (GPT-3 XL shape) with 1-sequence micro-batches: ~0.15 s per step on 4 A100s
+    model: TransformerShape = field(default_factory=lambda: TransformerShape(layers=16, hidden=2048, heads=16, batch=1))
+
+
+SCHEMA = PPWorkload  # the config of workload.kind=pp (emo.workloads finds SCHEMA, rules, label, grid and build here)
+
+
+def rules(w: dict) -> None:
+    """What ties the keys together: a micro-batch and a layer per stage at least."""
+    shape_rules(w["model"])
+    pipeline_rules(w)
+
+
+def label(params: dict) -> str:
+    """`PP4 uniform`, `PP8 parameter`."""
+    return f"PP{params.get('pp', '?')} {params.get('partition', '')}".strip()
+
+
+def grid(w: dict) -> tuple[int, int, int]:
+    return 1, int(w["pp"]), 1
+
 
 P2P_PREV = 24  # stream of the link to the previous stage
 P2P_NEXT = 28  # stream of the link to the next stage

@@ -13,14 +13,59 @@ with its all-reduce, fused AdamW, and loss.item() at the end.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
-from emo.config import TPWorkload, check_workload
+from emo.config import WorkloadConfig, at_least, bad, check_workload, one_of
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
 from emo.workloads.program import Program
-from emo.workloads.transformer import Dims, backward_phases, data_loader, forward_phases, issue, optimizer_step
+from emo.workloads.transformer import (
+    Dims,
+    TransformerShape,
+    backward_phases,
+    data_loader,
+    forward_phases,
+    issue,
+    optimizer_step,
+    shape_rules,
+    tp_rules,
+)
 
-SCHEMA = TPWorkload  # the config of workload.kind=tp (emo.workloads finds SCHEMA and build here)
+
+@dataclass
+class TPWorkload(WorkloadConfig):
+    kind: str = "tp"
+    tp: int = field(default=2, metadata=one_of(2, 4, 8))  # tensor-parallel degree (GPUs)
+    chunks: int = field(
+        default=2, metadata=at_least(1)
+    )  # divides model.batch; Domino-style split of the batch: all-reduce of chunk i overlaps compute of i+1
+    # domino: the batch in `chunks`, each chunk's all-reduce overlapping the next chunk's compute;
+    # megatron: plain Megatron-LM, the whole batch at once, forward all-reduces blocking the compute
+    # stream (backward's input-gradient all-reduce still overlaps the weight gradients); chunks unused
+    overlap: str = field(default="domino", metadata=one_of("domino", "megatron"))
+    training: bool = True
+    model: TransformerShape = field(default_factory=TransformerShape)
+
+
+SCHEMA = TPWorkload  # the config of workload.kind=tp (emo.workloads finds SCHEMA, rules, label, grid and build here)
+
+
+def rules(w: dict) -> None:
+    """What ties the keys together: the model splits over the TP ranks, the batch into the chunks."""
+    shape_rules(w["model"])
+    tp_rules(w)
+    if w["overlap"] == "domino" and w["model"]["batch"] % w["chunks"]:
+        bad("workload.chunks", f"a divisor of workload.model.batch ({w['model']['batch']})", w["chunks"])
+
+
+def label(params: dict) -> str:
+    """`TP4`, `TP8 megatron`."""
+    plain = " megatron" if params.get("overlap") == "megatron" else ""
+    return f"TP{params.get('tp', '?')}{plain}"
+
+
+def grid(w: dict) -> tuple[int, int, int]:
+    return int(w["tp"]), 1, 1
 
 
 def validate(w: TPWorkload) -> None:

@@ -10,12 +10,55 @@ pipeline stages) the same phases run back to back without collectives.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from emo.config import at_least, bad, one_of
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, RankEmitter
 from emo.workloads.program import CollectiveSpec
+
+
+@dataclass
+class TransformerShape:
+    layers: int = field(default=4, metadata=at_least(1))  # transformer layers per model replica
+    hidden: int = field(default=4096, metadata=at_least(1))
+    heads: int = field(default=32, metadata=at_least(1))  # divides hidden (and tp)
+    ffn_mult: int = field(default=4, metadata=at_least(1))
+    seq: int = field(default=2048, metadata=at_least(1))
+    batch: int = field(default=4, metadata=at_least(1))  # micro-batch size (sequences)
+    vocab: int = field(default=50304, metadata=at_least(1))  # divisible by tp (vocab-parallel embedding and LM head)
+    dtype: str = field(default="bf16", metadata=one_of("bf16", "fp16"))  # fp16 on GPUs without bf16
+
+
+def shape_rules(m: dict) -> None:
+    """A model shape the attention kernels take: heads divide hidden, into a head dim that is a
+    multiple of 8 and at most 256 (a rule of every workload with a `model`)."""
+    if m["hidden"] % m["heads"]:
+        bad("workload.model.hidden", f"divisible by workload.model.heads ({m['heads']})", m["hidden"])
+    hd = m["hidden"] // m["heads"]
+    if hd % 8 or hd > 256:
+        bad(
+            "workload.model.heads",
+            f"such that the head dim hidden/heads ({hd}) is a multiple of 8 and <= 256",
+            m["heads"],
+        )
+
+
+def tp_rules(w: dict) -> None:
+    """A model split over `w["tp"]` ranks: its heads and vocabulary divide evenly."""
+    m = w["model"]
+    for k in ("heads", "vocab"):
+        if m[k] % w["tp"]:
+            bad(f"workload.model.{k}", f"divisible by workload.tp ({w['tp']})", m[k])
+
+
+def pipeline_rules(w: dict) -> None:
+    """A model split into `w["pp"]` stages under 1F1B: a micro-batch and a layer per stage at least."""
+    if w["microbatches"] < w["pp"]:
+        bad("workload.microbatches", f">= workload.pp ({w['pp']})", w["microbatches"])
+    if w["model"]["layers"] < w["pp"]:
+        bad("workload.model.layers", f">= workload.pp ({w['pp']})", w["model"]["layers"])
 
 
 @dataclass(frozen=True)

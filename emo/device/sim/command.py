@@ -94,8 +94,9 @@ class CommandSimDevice(SimDevice):
     launches = 0  # how often this device started the program
 
     def _program(self, workload: Any) -> Program:
-        kind = workload.get("kind") if isinstance(workload, dict) else getattr(workload, "kind", None)
-        if kind != "command" or isinstance(workload, Program):
+        from emo.workloads import kind_of
+
+        if isinstance(workload, Program) or not kind_of(workload).command:
             return super()._program(workload)
         return self.record(workload)
 
