@@ -308,6 +308,53 @@ def predicted_timeline(pack_dir: Path, fit_dir: Path, graph_dir: Path, policy, t
     )
 
 
+def _gpu_lanes(
+    ax, rank: int, streams: dict, h: pd.DataFrame, mine: pd.DataFrame, ms, cmap, lo: float, hi: float
+) -> None:
+    """One GPU's lanes: its host thread's activity, then its kernels per named stream coloured by the
+    SM clock they start at."""
+    ylabels = ["host"] + [f"{name} (s{s})" for s, name in streams.items()]
+    ax.broken_barh(list(zip(ms(h["start"]), h["dur"] / 1e6)), (0, 0.8), facecolors="0.65")
+    for i, s in enumerate(streams, start=1):
+        g = mine[mine["stream"] == s]
+        colors = cmap((g["sm_mhz"].to_numpy(float) - lo) / max(hi - lo, 1))
+        ax.broken_barh(list(zip(ms(g["start"]), g["dur"] / 1e6)), (i, 0.8), facecolors=colors, edgecolor="none")
+    ax.set_yticks([i + 0.4 for i in range(len(ylabels))], ylabels, fontsize=8)
+    ax.set_ylabel(f"GPU {rank}", fontsize=9)
+    ax.invert_yaxis()
+
+
+def _clock_lane(clock, tl, ms, res_json: dict, policy, opt_dir: Path | None) -> None:
+    """Every GPU's SM clock as the requests land, and what the times are of (the method's policy,
+    the clocks an online method settled at, or the max clock for a power limit)."""
+    lo, hi = tl.clock_range
+    method = res_json.get("method", "?")
+    for n, (rank, (xs, ys)) in enumerate(sorted(tl.clocks.items())):
+        clock.step(
+            ms(xs), ys, where="post", lw=2.2 - 0.5 * (n % 3), ls=("-", "--", ":", "-.")[n % 4], label=f"GPU {rank}"
+        )  # GPUs often share a schedule: styles keep each visible
+    clock.set_ylim(lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo))
+    clock.set_ylabel("SM clock (MHz)", fontsize=8)
+    clock.legend(fontsize=7, loc="lower left", ncol=len(tl.clocks))
+    setting = res_json.get("setting", {})
+    if policy is None:
+        what = f"a power limit of {setting['power_limit_w']:.0f} W" if "power_limit_w" in setting else "no clock"
+        note = f"{method} settled at {what}, not a clock: drawn at the max clock (the predictor models clocks, not power caps)"
+        under = "at the max clock"
+    elif opt_dir is None or not (opt_dir / "policy.json").exists():
+        note, under = f"{method} (online): the clocks it settled at", "at the clocks it settled at"
+    else:
+        note, under = "", "under its policy"
+    if note:
+        clock.set_title(note, fontsize=8, loc="right")
+    clock.set_xlabel(
+        f"time in iteration {tl.iteration} (ms), as EMO's predictor times the method {under}: "
+        f"{tl.time_s * 1e3:.2f} ms per iteration"
+        + (f", clock requests landing {tl.transition_ms:g} ms after they are issued" if tl.transition_ms else ""),
+        fontsize=8,
+    )
+
+
 def plot_timeline(
     graph_dir: Path | None, opt_dir: Path | None, validate_dir: Path, out: Path, title: str
 ) -> Path | None:
@@ -336,7 +383,7 @@ def plot_timeline(
     tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy, planned_latency_ms(opt_dir, opt_cfg))
     if tl.single_clock():
         return None
-    drawn, host, t0, k = tl.work, tl.host, tl.t0, tl.iteration
+    drawn, host, t0 = tl.work, tl.host, tl.t0
     ranks = sorted(drawn["rank"].unique())
     names_per = {r: stream_names(drawn[drawn["rank"] == r]) for r in ranks}
     heights = [len(names_per[r]) + 1 for r in ranks] + [2]
@@ -349,44 +396,10 @@ def plot_timeline(
     lo, hi = tl.clock_range
     cmap = plt.get_cmap("viridis")
     for ax, rank in zip(axes[:-1], ranks):
-        streams = names_per[rank]
-        ylabels = ["host"] + [f"{name} (s{s})" for s, name in streams.items()]
-        h = host[host["rank"] == rank]
-        ax.broken_barh(list(zip(ms(h["start"]), h["dur"] / 1e6)), (0, 0.8), facecolors="0.65")
-        mine = drawn[drawn["rank"] == rank]
-        for i, s in enumerate(streams, start=1):
-            g = mine[mine["stream"] == s]
-            colors = cmap((g["sm_mhz"].to_numpy(float) - lo) / max(hi - lo, 1))
-            ax.broken_barh(list(zip(ms(g["start"]), g["dur"] / 1e6)), (i, 0.8), facecolors=colors, edgecolor="none")
-        ax.set_yticks([i + 0.4 for i in range(len(ylabels))], ylabels, fontsize=8)
-        ax.set_ylabel(f"GPU {rank}", fontsize=9)
-        ax.invert_yaxis()
-    clock = axes[-1]
-    method = res_json.get("method", "?")
-    for n, (rank, (xs, ys)) in enumerate(sorted(tl.clocks.items())):
-        clock.step(
-            ms(xs), ys, where="post", lw=2.2 - 0.5 * (n % 3), ls=("-", "--", ":", "-.")[n % 4], label=f"GPU {rank}"
-        )  # GPUs often share a schedule: styles keep each visible
-    clock.set_ylim(lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo))
-    clock.set_ylabel("SM clock (MHz)", fontsize=8)
-    clock.legend(fontsize=7, loc="lower left", ncol=len(tl.clocks))
-    setting = res_json.get("setting", {})
-    if policy is None:
-        what = f"a power limit of {setting['power_limit_w']:.0f} W" if "power_limit_w" in setting else "no clock"
-        note = f"{method} settled at {what}, not a clock: drawn at the max clock (the predictor models clocks, not power caps)"
-        under = "at the max clock"
-    elif opt_dir is None or not (opt_dir / "policy.json").exists():
-        note, under = f"{method} (online): the clocks it settled at", "at the clocks it settled at"
-    else:
-        note, under = "", "under its policy"
-    if note:
-        clock.set_title(note, fontsize=8, loc="right")
-    clock.set_xlabel(
-        f"time in iteration {k} (ms), as EMO's predictor times the method {under}: "
-        f"{tl.time_s * 1e3:.2f} ms per iteration"
-        + (f", clock requests landing {tl.transition_ms:g} ms after they are issued" if tl.transition_ms else ""),
-        fontsize=8,
-    )
+        _gpu_lanes(
+            ax, rank, names_per[rank], host[host["rank"] == rank], drawn[drawn["rank"] == rank], ms, cmap, lo, hi
+        )
+    _clock_lane(axes[-1], tl, ms, res_json, policy, opt_dir)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(lo, hi))
     fig.colorbar(sm, ax=list(axes[:-1]), fraction=0.025, pad=0.01).set_label("kernel's SM clock (MHz)", fontsize=8)
     fig.legend(
