@@ -92,7 +92,10 @@ def test_every_function_outside_the_simulator_is_within_the_limits():
     sizes = measure()
     over = {k: v for k, v in sizes.items() if (v[0] > MAX_LINES or v[1] > MAX_COMPLEXITY) and k not in OVER}
     assert not over, f"over {MAX_LINES} lines or complexity {MAX_COMPLEXITY}: split into named steps: {over}"
-    grown = {k: (sizes[k], was) for k, was in OVER.items() if k in sizes and sizes[k] > was}
+    # each measure on its own: a tuple compares lexicographically, so a line fewer would hide more branches
+    grown = {
+        k: (sizes[k], was) for k, was in OVER.items() if k in sizes and (sizes[k][0] > was[0] or sizes[k][1] > was[1])
+    }
     assert not grown, f"a function over the limits grew (now, was): {grown}"
     fixed = [k for k in OVER if k not in sizes or (sizes[k][0] <= MAX_LINES and sizes[k][1] <= MAX_COMPLEXITY)]
     assert not fixed, f"within the limits now: remove from OVER: {fixed}"
