@@ -51,6 +51,7 @@ from emo.device.launcher import (
     trace_name,
     window_name,
 )
+from emo.errors import exit_code
 from emo.runtime import ClockRequestFailed
 
 ENV_SHAPES = "EMO_RECORD_SHAPES"  # 1: record each op's input shapes and types (emo.device.sim.command)
@@ -257,9 +258,9 @@ def _marker() -> None:
         for h in list(_HOOKS):
             if not fresh or getattr(h, "starts_at_marker", False):  # windows count from the marker that opened them
                 h.step()
-    except (ValueError, OSError, ClockRequestFailed) as e:  # EMO's failure, not the program's: one line, exit 2
+    except (ValueError, OSError, ClockRequestFailed) as e:  # EMO's failure, not the program's: one line
         print(f"emo: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(exit_code(e)) from None  # by its type: 3 the GPU, 2 what EMO was given
     _maybe_stop()
 
 
@@ -287,7 +288,7 @@ def _arm() -> None:
             _HOOKS.append(SegmentWindow(env[ENV_SEGMENTS]))
         except (ValueError, OSError) as e:
             print(f"emo: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+            raise SystemExit(exit_code(e)) from None
     if env.get(ENV_POLICY):
         from emo import loop
 
@@ -295,9 +296,9 @@ def _arm() -> None:
             try:
                 # strict: a failed clock request stops the run rather than let it measure default clocks
                 clocks = loop.apply(env[ENV_POLICY], report_dir=env.get(ENV_REPORT), strict=True)
-            except (ValueError, OSError) as e:  # a rank the policy does not cover, no GPU: one line, exit 2
+            except (ValueError, OSError) as e:  # a rank the policy does not cover (2), no GPU (3): one line
                 print(f"emo: error: {e}", file=sys.stderr)
-                raise SystemExit(2) from None
+                raise SystemExit(exit_code(e)) from None
             clocks.injected = True  # it follows these markers; its step() must not call back here
             _HOOKS.append(clocks)
     for h in _HOOKS:

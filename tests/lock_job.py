@@ -4,7 +4,7 @@ usage: python lock_job.py LOG GPU SECONDS [STOP]. Its clock owner uses the NVML 
 (nvml_fake.owner_env in the environment, whose lock folder is the node's). It applies a two-step
 policy on NVML GPU `GPU` for SECONDS (or until the file STOP exists), printing `ready <owner pid>` once a request landed, writes
 ["closing", GPU] to LOG, closes, and prints its summary as JSON. A refusal at its start is one line
-on stderr and exit status 2, as a rank under `emo apply` ends.
+on stderr and exit status 3 (a DeviceError), as a rank under `emo apply` ends.
 """
 
 import json
@@ -29,7 +29,7 @@ try:
     ap = nvml_applier(policy, devices={0: gpu}, lead_ms=0)
 except GpuAccessError as e:
     print(f"emo: error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(e.exit_code)  # as emo.capture ends a rank: by its type (errors.exit_code)
 said = False
 end = time.monotonic() + seconds
 while time.monotonic() < end and not (stop and os.path.exists(stop)):

@@ -90,7 +90,7 @@ def test_a_second_job_on_a_held_gpu_is_refused_and_resets_nothing(node, tmp_path
         second = _job(node, 0, 0.3)
         out, err = second.communicate(timeout=60)
         lines = [ln for ln in err.splitlines() if ln.startswith("emo")]
-        assert second.returncode == 2 and len(lines) == 1, err
+        assert second.returncode == 3 and len(lines) == 1, err
         assert f"GPU 0 is held by EMO job {first.pid} of " in lines[0] and "lock_job.py" in lines[0]
         (tmp_path / "stop").touch()
         s, _ = _summary(first)
