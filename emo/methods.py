@@ -26,7 +26,10 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the protocol, for annotations only: emo.methods stays free of the device package
+    from emo.device import Device
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class OnlineContext:
     the job's GPUs, the budget, the optimizer and gpu sections, and how many measured (and warm-up)
     iterations its steady state runs."""
 
-    device: Any
+    device: Device
     workload: Any
     devices: Sequence[int]
     budget: float

@@ -37,7 +37,7 @@ import pandas as pd
 
 from emo.baselines import run_online
 from emo.baselines.online import PhaseTotals
-from emo.device import RunResult, pooled, run_segments, settle_iterations
+from emo.device import Device, RunResult, pooled, run_segments, settle_iterations
 from emo.errors import ConfigError, InputError
 from emo.methods import PL_TOLERANCE_PCT, Method, OnlineContext, describe
 from emo.policy import FrequencyPolicy
@@ -89,7 +89,7 @@ def pareto_clocks(supported: list[int], points: int, min_fraction: float) -> lis
 
 
 def against_max_clock(
-    device: Any, workload: Any, policy: FrequencyPolicy, iterations: int, warmup: int, settle: int = 0
+    device: Device, workload: Any, policy: FrequencyPolicy, iterations: int, warmup: int, settle: int = 0
 ) -> tuple[RunResult, RunResult]:
     """(baseline, run) of `policy` between two max-clock runs in one launch (A-B-A), the baseline
     both of them: a drift over the launch (the die warming) cancels to first order. `settle`:
@@ -101,7 +101,7 @@ def against_max_clock(
 
 
 def measure_static_curve(
-    device: Any, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int, base: RunResult
+    device: Device, workload: Any, devices: list[int], clocks: list[int], iterations: int, warmup: int, base: RunResult
 ) -> pd.DataFrame:
     """Time and energy per iteration at each static clock, in one launch with a max-clock run before,
     between and after them. Each clock is stated on `base` by its ratio to the max-clock runs on
@@ -167,7 +167,7 @@ def _run_dict(run: RunResult) -> dict:
 
 def static_pick(
     cfg: dict,
-    device: Any,
+    device: Device,
     devices: list[int],
     policy: FrequencyPolicy,
     base: RunResult,
@@ -208,7 +208,7 @@ def static_pick(
 
 
 def validate(
-    cfg: dict, policy_path: Path | None, open_dev: Callable[[], Any]
+    cfg: dict, policy_path: Path | None, open_dev: Callable[[], Device]
 ) -> tuple[dict, dict, pd.DataFrame | None]:
     """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
     measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
@@ -270,7 +270,7 @@ class _Runs:
     curve: pd.DataFrame | None = None
 
 
-def _measure(cfg: dict, device: Any, policy: FrequencyPolicy | None, n: int, warmup: int) -> _Runs:
+def _measure(cfg: dict, device: Device, policy: FrequencyPolicy | None, n: int, warmup: int) -> _Runs:
     """Max clock, the method, max clock: an offline policy in one launch of the program
     (emo.device.run_segments), an online method's own loop between two max-clock runs."""
     wl, vcfg, ocfg, method = cfg["workload"], cfg["validate"], cfg["optimizer"], cfg["optimizer"]["name"]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from emo.baselines.online import OnlineResult, PhaseTotals
-from emo.device import RunResult
+from emo.device import Device, RunResult
 from emo.errors import ConfigError
 from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step
@@ -177,7 +177,7 @@ def _policy(gpu: str, clocks: dict[int, int]) -> FrequencyPolicy:
     return FrequencyPolicy(gpu=gpu, steps={d: [Step(0.0, int(f))] for d, f in clocks.items()})
 
 
-def _sampled(device: Any, d: int, kind: str) -> float:
+def _sampled(device: Device, d: int, kind: str) -> float:
     """NVML's utilisation over one sample interval: the mean of its samples (T2 is about one NVML
     sample period, so on hardware the reading at its end covers it; a run of whole iterations
     always starts at an iteration's start, and its last sample alone would always see the same
@@ -220,7 +220,7 @@ class _Tally:
 
 
 def _probe_samples(
-    device: Any, workload: Any, devices: Sequence[int], schedule: list[int], k_sample: int, probe: _Tally
+    device: Device, workload: Any, devices: Sequence[int], schedule: list[int], k_sample: int, probe: _Tally
 ) -> dict[int, dict[str, list[float]]]:
     """A period's probing phase: per device, each probe's clock, memory and GPU utilisation and power."""
     samples: dict[int, dict[str, list[float]]] = {
@@ -266,7 +266,7 @@ def _choose(
     }
 
 
-def run_geepafs(device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict) -> OnlineResult:
+def run_geepafs(device: Device, workload: Any, devices: Sequence[int], budget: float, options: dict) -> OnlineResult:
     """Run the GEEPAFS loop: one period to start, then `options['periods']` periods (more until they
     hold `options['iterations']` iterations) measured as its steady state, probing included."""
     if not callable(getattr(device, "utilization_samples", None)):

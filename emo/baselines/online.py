@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emo.device import RunResult, settle_iterations
+from emo.device import Device, RunResult, settle_iterations
 
 
 @dataclass
@@ -32,7 +32,7 @@ class OnlineResult:
 class PhaseMeter:
     """Accumulates device time and energy (summed over `devices`) of named phases."""
 
-    def __init__(self, device: Any, devices: Sequence[int]) -> None:
+    def __init__(self, device: Device, devices: Sequence[int]) -> None:
         self.device, self.devices = device, list(devices)
         self._totals: dict[str, PhaseTotals] = {}
 
@@ -54,7 +54,7 @@ class PhaseMeter:
         return self._totals.get(name, PhaseTotals())
 
 
-def rewarm(device: Any, workload: Any, settle_s: float) -> None:
+def rewarm(device: Device, workload: Any, settle_s: float) -> None:
     """Run the workload `settle_s` seconds at the max clock, unmeasured (gpu.settle_s; the caller
     lifts its own setting first). An exploration that ends at a baseline's lowest settings (Zeus's
     last power limits, Perseus's lowest clocks) leaves the die cooler than the max clock keeps it, and

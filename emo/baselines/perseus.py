@@ -49,6 +49,7 @@ from emo.baselines.perseus_schedule import (
     schedule,
     stage_of,
 )
+from emo.device import Device, runs_triggered_policies
 from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step, Trigger
 
@@ -56,7 +57,7 @@ from emo.policy import FrequencyPolicy, Step, Trigger
 TRIGGER = Trigger(scopes=("forward_step", "backward_step"), synchronize=True)
 
 
-def _trace(device: Any, workload: Any, iterations: int, warmup: int):
+def _trace(device: Device, workload: Any, iterations: int, warmup: int):
     from emo.trace.read import read_trace
 
     with tempfile.TemporaryDirectory(prefix="emo-perseus-") as d:
@@ -65,7 +66,7 @@ def _trace(device: Any, workload: Any, iterations: int, warmup: int):
 
 
 def profile(
-    device: Any,
+    device: Device,
     workload: Any,
     devices: Sequence[int],
     stages: dict[int, int],
@@ -251,7 +252,7 @@ def policy_of(
 
 
 def run_perseus(
-    device: Any,
+    device: Device,
     workload: Any,
     devices: Sequence[int],
     budget: float,
@@ -262,7 +263,7 @@ def run_perseus(
     settle_s: float = 0.0,
 ) -> OnlineResult:
     devices = list(devices)
-    if not getattr(device, "runs_triggered_policies", False):  # say so before the profiling, not after it
+    if not runs_triggered_policies(device):  # say so before the profiling, not after it
         raise ValueError(
             f"optimizer=perseus: its policy is host-triggered (a synchronize and a clock request at each "
             f"instruction) and {type(device).__name__} cannot run one yet: only the virtual GPU does (docs/baselines.md)"

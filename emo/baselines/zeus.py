@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from emo.baselines.online import OnlineResult, PhaseMeter, rewarm
+from emo.device import Device, ReportsPowerLimits
 from emo.methods import OnlineContext
 
 log = logging.getLogger("emo.baselines.zeus")
@@ -119,7 +120,7 @@ class DeviceGPUs(GPUs):
     """zeus's GPU collection over an EMO device; the device's power limit is board-wide for the job,
     so a limit set on any index applies to all (zeus's global optimizer always sets them together)."""
 
-    def __init__(self, device: Any, indices: Sequence[int], limits_w: tuple[float, float]) -> None:
+    def __init__(self, device: Device, indices: Sequence[int], limits_w: tuple[float, float]) -> None:
         self.device = device
         self.limits_w = (float(limits_w[0]), float(limits_w[1]))
         self.limit_w = self.limits_w[1]
@@ -146,7 +147,7 @@ class JobMonitor:
     energy of the iterations run through `run()` (what a synchronised training loop would time), not
     the idle gaps between our calls into the device."""
 
-    def __init__(self, device: Any, workload: Any, indices: Sequence[int]) -> None:
+    def __init__(self, device: Device, workload: Any, indices: Sequence[int]) -> None:
         self.device, self.workload = device, workload
         self.gpu_indices = list(indices)
         self.time_s = 0.0
@@ -172,7 +173,7 @@ class JobMonitor:
 
 
 @contextlib.contextmanager
-def zeus_on_device(device: Any, indices: Sequence[int], limits_w: tuple[float, float]):
+def zeus_on_device(device: Device, indices: Sequence[int], limits_w: tuple[float, float]):
     """Install `DeviceGPUs` as zeus's GPU-management singleton for the duration of the block, with
     zeus's torch/jax distributed helpers made single-process. Restores everything on exit."""
     _require_zeus()
@@ -199,17 +200,16 @@ class _NoAtexit:
         return fn
 
 
-def power_limit_range(device: Any, gpu_cfg: dict, min_w: float) -> tuple[float, float]:
+def power_limit_range(device: Device, gpu_cfg: dict, min_w: float) -> tuple[float, float]:
     """(min, max) settable board power in W: from the device when it can say (NVML), else the config."""
-    query = getattr(device, "power_limits_w", None)
-    if callable(query):
-        lo, hi, _default = query(0)
+    if isinstance(device, ReportsPowerLimits):
+        lo, hi, _default = device.power_limits_w(0)
         return float(lo), float(hi)
     return float(min_w), float(gpu_cfg["tdp_w"])
 
 
 def run_zeus(
-    device: Any, workload: Any, devices: Sequence[int], budget: float, options: dict, gpu_cfg: dict
+    device: Device, workload: Any, devices: Sequence[int], budget: float, options: dict, gpu_cfg: dict
 ) -> OnlineResult:
     """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, re-warm the
     die at the max limit (online.rewarm), then measure `options['iterations']` iterations at the limit

@@ -146,6 +146,30 @@ class Device(Execution, Protocol):
         """Restore default clocks and power limits."""
 
 
+@runtime_checkable
+class RunsSegments(Protocol):
+    """Optional capability: several measured runs under different policies in one launch of the
+    program (NvmlDevice: the user's program starts once per stage); run_segments uses it when there."""
+
+    def run_segments(
+        self, workload: Any, runs: list[tuple[FrequencyPolicy | None, int]], *, warmup: int = 1
+    ) -> list[RunResult]: ...
+
+
+@runtime_checkable
+class ReportsPowerLimits(Protocol):
+    """Optional capability: the settable board power range (NVML); else the config's says it."""
+
+    def power_limits_w(self, device: int = 0) -> tuple[float, float, float]:
+        """(min, max, default) settable board power of one GPU, in W."""
+
+
+def runs_triggered_policies(device: Device) -> bool:
+    """Optional capability: whether the device follows host-triggered policies (emo.policy.Trigger;
+    the virtual GPU's `runs_triggered_policies = True`)."""
+    return bool(getattr(device, "runs_triggered_policies", False))
+
+
 def pooled(*runs: RunResult) -> RunResult:
     """Several measured runs of one setting as one: iterations, time and energy added up."""
     per_device: dict[int, float] = {}
@@ -162,7 +186,7 @@ def pooled(*runs: RunResult) -> RunResult:
 
 
 def run_segments(
-    device: Any,
+    device: Device,
     workload: Any,
     runs: list[tuple[FrequencyPolicy | None, int]],
     *,
@@ -174,7 +198,7 @@ def run_segments(
     the user's program starts once per stage), else one run each. `settle`: iterations at the
     default clock before them, unmeasured, so that the die is at its working temperature."""
     ahead: list[tuple[FrequencyPolicy | None, int]] = [(None, settle)] if settle > 0 else []
-    if hasattr(device, "run_segments"):
+    if isinstance(device, RunsSegments):
         return device.run_segments(workload, ahead + runs, warmup=warmup)[len(ahead) :]
     out = []
     for policy, n in ahead + runs:

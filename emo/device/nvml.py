@@ -45,7 +45,7 @@ from emo.device.control import GpuAccessError  # noqa: F401 - raised here, part 
 from emo.device.features import EMO_FROM_NCU, emo_counters, sum_counters  # noqa: F401 - sum_counters is part of this module's API
 from emo.device.gpu_locks import LOST
 from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
-from emo.errors import ConfigError, DeviceError
+from emo.errors import ConfigError
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier, refuse_triggered
 
@@ -888,7 +888,7 @@ def _ncu_results(text: str, with_process: bool = False):
 
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     if not lines:
-        raise DeviceError("ncu output holds no CSV rows (nothing was profiled?)")
+        raise ValueError("ncu output holds no CSV rows (nothing was profiled?)")
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     by_id: dict[str, dict[str, float]] = {}
     where: dict[str, tuple[str, str]] = {}
