@@ -47,6 +47,65 @@ def point_label(row) -> str:
     )
 
 
+def _static_and_max(ax, zoom, curve: pd.DataFrame | None, t0: float, e0: float, budgets: list) -> None:
+    """On both panels: the static clocks' measured curve (a few of its clocks named on the full one),
+    the max clock, and each budget's time limit."""
+    for a in (ax, zoom):
+        if curve is not None:
+            a.plot(
+                curve["time_s"] * 1e3,
+                curve["energy_j"],
+                "-o",
+                color="0.6",
+                ms=3,
+                lw=1,
+                label="static clocks (measured, one seed)",
+                zorder=1,
+            )
+        a.plot(t0, e0, "k*", ms=12, label="max clock (mean over the runs)", zorder=3)
+        for b in budgets:
+            a.axvline(t0 * (1 + b), color="0.3", ls="--", lw=0.8, zorder=0)
+        a.grid(alpha=0.3)
+    if curve is not None:
+        for _, pt in curve.iloc[[0, len(curve) // 2, -1]].iterrows():
+            ax.annotate(
+                f"{int(pt['sm_mhz'])} MHz",
+                (pt["time_s"] * 1e3, pt["energy_j"]),
+                fontsize=7,
+                color="0.4",
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
+
+
+def _method_points(ax, zoom, group: pd.DataFrame) -> pd.DataFrame:
+    """Each method's point on both panels (the mean over the seeds, their spread as error bars; the
+    lowest budget filled), in the table's order of methods, labelled on the zoom; the points."""
+    pts = seed_points(group)
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}  # the legend in the table's order of methods
+    pts = pts.sort_values(
+        ["method", "budget"], key=lambda c: c.map(order).fillna(len(order)) if c.name == "method" else c
+    )
+    low = group["budget"].min()
+    for _, row in pts.iterrows():
+        color = COLORS.get(row["method"], "k")
+        for a in (ax, zoom):
+            a.errorbar(
+                row["t_ms"],
+                row["e_j"],
+                xerr=row["t_sd"],
+                yerr=row["e_sd"],
+                fmt=MARKERS.get(row["method"], "x"),
+                color=color,
+                ms=8,
+                capsize=3,
+                zorder=4,
+                mfc="white" if row["budget"] != low else color,
+                label=point_label(row) if a is zoom else None,
+            )
+    return pts
+
+
 def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]:
     """Per GPU x workload: the static clocks' measured curve, the max clock, each method's measured
     point (the mean over the seeds, with their standard deviation as error bars in time and energy),
@@ -64,54 +123,8 @@ def plot_energy_time(runs: pd.DataFrame, results: Path, out: Path) -> list[Path]
         fig, (ax, zoom) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
         curve = static_curve(results, list(group["validate_hash"].dropna()))
         t0, e0 = group["t_ori_s"].mean() * 1e3, group["e_ori_j"].mean()
-        for a in (ax, zoom):
-            if curve is not None:
-                a.plot(
-                    curve["time_s"] * 1e3,
-                    curve["energy_j"],
-                    "-o",
-                    color="0.6",
-                    ms=3,
-                    lw=1,
-                    label="static clocks (measured, one seed)",
-                    zorder=1,
-                )
-            a.plot(t0, e0, "k*", ms=12, label="max clock (mean over the runs)", zorder=3)
-            for b in sorted(group["budget"].unique()):
-                a.axvline(t0 * (1 + b), color="0.3", ls="--", lw=0.8, zorder=0)
-            a.grid(alpha=0.3)
-        if curve is not None:
-            for _, pt in curve.iloc[[0, len(curve) // 2, -1]].iterrows():
-                ax.annotate(
-                    f"{int(pt['sm_mhz'])} MHz",
-                    (pt["time_s"] * 1e3, pt["energy_j"]),
-                    fontsize=7,
-                    color="0.4",
-                    xytext=(4, 4),
-                    textcoords="offset points",
-                )
-        pts = seed_points(group)
-        order = {m: i for i, m in enumerate(METHOD_ORDER)}  # the legend in the table's order of methods
-        pts = pts.sort_values(
-            ["method", "budget"], key=lambda c: c.map(order).fillna(len(order)) if c.name == "method" else c
-        )
-        low = group["budget"].min()
-        for _, row in pts.iterrows():
-            color = COLORS.get(row["method"], "k")
-            for a in (ax, zoom):
-                a.errorbar(
-                    row["t_ms"],
-                    row["e_j"],
-                    xerr=row["t_sd"],
-                    yerr=row["e_sd"],
-                    fmt=MARKERS.get(row["method"], "x"),
-                    color=color,
-                    ms=8,
-                    capsize=3,
-                    zorder=4,
-                    mfc="white" if row["budget"] != low else color,
-                    label=point_label(row) if a is zoom else None,
-                )
+        _static_and_max(ax, zoom, curve, t0, e0, sorted(group["budget"].unique()))
+        pts = _method_points(ax, zoom, group)
         # the zoom: the methods with their spread and the budgets, with a margin
         xs = [t0, *(pts["t_ms"] - pts["t_sd"]), *(pts["t_ms"] + pts["t_sd"]), *(t0 * (1 + group["budget"]))]
         ys = [e0, *(pts["e_j"] - pts["e_sd"]), *(pts["e_j"] + pts["e_sd"])]
