@@ -49,6 +49,17 @@ def test_bad_parameters_fail_with_one_line(cfg: dict, message: str) -> None:
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_an_unknown_kind_names_every_kind_there_is(monkeypatch) -> None:
+    """Also in a process that has used no kind yet (the API, not `emo run`, which discovers them)."""
+    import emo.workloads
+
+    monkeypatch.setattr(emo.workloads, "_REGISTRY", {})
+    with pytest.raises(ValueError) as e:
+        build_program({"kind": "moe"})
+    for kind in ("command", "hybrid", "offload", "pp", "recorded", "tp"):
+        assert kind in str(e.value).split("expected one of ")[1], str(e.value)
+
+
 def test_unknown_gpu_is_an_error() -> None:
     with pytest.raises(ValueError, match="gpu: unknown GPU model 'mi300x'"):
         build_program({"kind": "tp"}, gpu="mi300x")

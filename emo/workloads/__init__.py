@@ -180,9 +180,9 @@ def _module_for(kind: str):
 def workload_kind(kind: Any) -> WorkloadKind:
     """The kind called `kind`; ValueError naming workload.kind if there is none."""
     entry = find(kind)
-    if entry is None:
+    if entry is None:  # every kind there is, not only those this process has used so far
         raise ConfigError(
-            f"workload.kind: unknown synthetic workload {kind!r} (expected one of {', '.join(_REGISTRY)})"
+            f"workload.kind: unknown synthetic workload {kind!r} (expected one of {', '.join(discover())})"
         )
     return entry
 
