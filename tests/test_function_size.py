@@ -23,7 +23,6 @@ OVER: dict[str, tuple[int, int]] = {
     "trace/cupti.py:to_kineto": (158, 23),
     "optimize/solvers/dp.py:optimize": (145, 25),
     "workloads/pp.py:pipeline": (139, 25),
-    "optimize/solvers/perseus.py:optimize_perseus": (127, 18),
     "graph/hta.py:_stack_kernel": (75, 23),
     "cli/compare.py:table": (64, 27),
     "cli/compare.py:main": (60, 22),

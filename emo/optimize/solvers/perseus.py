@@ -41,50 +41,26 @@ def lowtime_version() -> str | None:
         return None
 
 
-def optimize_perseus(
-    p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None, max_iterations: int = 500
-) -> Solution:
-    """Perseus (lowtime) at `level` granularity. Raises ImportError if lowtime is not installed.
+def _unit_time_ms(p: Problem, udur: np.ndarray, max_iterations: int) -> float:
+    """1 ms as in Perseus, finer for units shorter than 10 ms (>= 10 us), but coarse enough that
+    walking from all-slowest to all-fastest (one quantum per iteration) takes at most
+    `max_iterations` iterations."""
+    shortest = float(np.min(udur[:, p.ref][udur[:, p.ref] > 0], initial=1e10)) * 1e-6
+    _, _, slowest_ns = p.forward(p.dur_ns[:, 0].copy())
+    walk_ms = max(slowest_ns - p.makespan0_ns, 0.0) * 1e-6
+    return max(1e-2, min(1.0, shortest / 10), walk_ms / max(max_iterations, 1))
 
-    The time quantum (`unit_time_ms`, default: see below) sets the number of Phillips–Dessouky
-    iterations; the walk stops after 2 × `max_iterations` of them (a count: the same answer on any
-    machine)."""
+
+def _unit_dag(p: Problem, unit: np.ndarray, udur: np.ndarray, uen: np.ndarray, ut: float, level: str):
+    """lowtime's AON DAG over units only, as Perseus' own DAG (the pipeline's passes, no CPU work):
+    host nodes have one duration, and a lowtime operation per host call (tens of thousands in a
+    traced pipeline) made each Phillips-Dessouky iteration take seconds. Precedence through host
+    calls is kept (gpu_edges), and the longest host gap between two units as a fixed operation on
+    their edge; every iterate is checked with the exact what-if."""
     import networkx as nx
     from lowtime.cost_model import CostModel
-    from lowtime.operation import (
-        CandidateExecutionOptions,
-        ExecutionOption,
-        Operation,
-        OperationSpec,
-    )
-    from lowtime.solver import PhillipsDessouky
-
-    t0 = time.perf_counter()
-    unit_caller = units(p, level)
-    items = make_items(p, 0.0, replicate=False, windows=unit_caller)
-    unit = items.item_of  # internal order: item index per GPU node
-    K, C = items.k, p.n_clocks
-    delay = p.delay_ns
-    udur = np.zeros((K, C))
-    uen = np.zeros((K, C))
-    gpu = unit >= 0
-    np.add.at(udur, unit[gpu], p.dur_ns[gpu] + delay[gpu][:, None])
-    np.add.at(uen, unit[gpu], p.energy_j[gpu])
-    if unit_time_ms is None:
-        # 1 ms as in Perseus, finer for units shorter than 10 ms (≥ 10 µs), but coarse enough that
-        # walking from all-slowest to all-fastest (one quantum per iteration) takes at most
-        # `max_iterations` iterations
-        shortest = float(np.min(udur[:, p.ref][udur[:, p.ref] > 0], initial=1e10)) * 1e-6
-        _, _, slowest_ns = p.forward(p.dur_ns[:, 0].copy())
-        walk_ms = max(slowest_ns - p.makespan0_ns, 0.0) * 1e-6
-        unit_time_ms = max(1e-2, min(1.0, shortest / 10), walk_ms / max(max_iterations, 1))
-    ut = unit_time_ms * 1e6
-
-    # AON DAG over units only, as Perseus' own DAG (the pipeline's passes, no CPU work): host nodes
-    # have one duration, and a lowtime operation per host call (tens of thousands in a traced
-    # pipeline) made each Phillips–Dessouky iteration take seconds. Precedence through host calls
-    # is kept (gpu_edges); their time is not, so every iterate is checked with the exact what-if.
-    g = nx.DiGraph()
+    from lowtime.graph_utils import add_sink_node, add_source_node
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
 
     def spec_for(times_ns: np.ndarray, costs: np.ndarray) -> OperationSpec:
         opts = [
@@ -94,9 +70,10 @@ def optimize_perseus(
         cand = CandidateExecutionOptions(options=opts)
         return OperationSpec(options=cand, cost_model=cast(CostModel, HullCost(cand)))  # lowtime's contract, duck-typed
 
+    g = nx.DiGraph()
+    K = udur.shape[0]
     for k in range(K):
         g.add_node(int(k), op=Operation(spec=spec_for(udur[k], uen[k])))
-    # host time between units as fixed operations on the edges (the longest per pair of units)
     a, b, gap = gpu_edges(p, with_gaps=True)
     ua, ub = unit[a], unit[b]
     keep = ua != ub
@@ -112,25 +89,27 @@ def optimize_perseus(
         g.add_edge(x, nid)
         g.add_edge(nid, y)
         nid += 1
-    src_id, sink_id = nid, nid + 1
-    from lowtime.graph_utils import add_sink_node, add_source_node
-
-    add_source_node(g, src_id)
-    add_sink_node(g, sink_id)
-    g.graph["source_node"], g.graph["sink_node"] = src_id, sink_id
+    add_source_node(g, nid)
+    add_sink_node(g, nid + 1)
+    g.graph["source_node"], g.graph["sink_node"] = nid, nid + 1
     if not nx.is_directed_acyclic_graph(g):
         raise ValueError(f"perseus: the {level}-level graph has a cycle (a {level} both feeds and waits on another)")
+    return g
 
-    deadline = p.makespan0_ns * (1 + budget)
+
+def _walk(g, p: Problem, items, deadline: float, max_iterations: int):
+    """lowtime's Phillips-Dessouky walk, each iterate timed by the exact what-if (lowtime's time leaves
+    out host gaps): (the first on time or None, the last or None, iterations, why it stopped early or
+    None, Rust panics it fell back from)."""
+    from lowtime.solver import PhillipsDessouky
+
+    K = items.k
     fallbacks = [0]
-    choice = last = None
+    choice = last = stopped = None
     iters = 0
-    stopped = None
     with _rust_fallback(fallbacks):
-        solver = PhillipsDessouky(g, attr_name="op")
-        for _res in solver.run():
+        for _res in PhillipsDessouky(g, attr_name="op").run():
             iters += 1
-            # lowtime's time leaves out host gaps: the exact what-if decides (a pass costs < 1 ms)
             cand = np.array([g.nodes[k]["op"].assigned_knob for k in range(K)], dtype=np.int64)
             last = cand
             if evaluate(p, items, cand).makespan_ns <= deadline + TOLERANCE_NS:
@@ -139,6 +118,31 @@ def optimize_perseus(
             if iters >= 2 * max_iterations:
                 stopped = "iterations"
                 break
+    return choice, last, iters, stopped, fallbacks[0]
+
+
+def optimize_perseus(
+    p: Problem, budget: float, *, level: str = "pass", unit_time_ms: float | None = None, max_iterations: int = 500
+) -> Solution:
+    """Perseus (lowtime) at `level` granularity. Raises ImportError if lowtime is not installed.
+
+    The time quantum (`unit_time_ms`, default: see below) sets the number of Phillips–Dessouky
+    iterations; the walk stops after 2 × `max_iterations` of them (a count: the same answer on any
+    machine)."""
+    t0 = time.perf_counter()
+    items = make_items(p, 0.0, replicate=False, windows=units(p, level))
+    unit = items.item_of  # internal order: item index per GPU node
+    K, C = items.k, p.n_clocks
+    udur = np.zeros((K, C))
+    uen = np.zeros((K, C))
+    gpu = unit >= 0
+    np.add.at(udur, unit[gpu], p.dur_ns[gpu] + p.delay_ns[gpu][:, None])
+    np.add.at(uen, unit[gpu], p.energy_j[gpu])
+    if unit_time_ms is None:
+        unit_time_ms = _unit_time_ms(p, udur, max_iterations)
+    g = _unit_dag(p, unit, udur, uen, unit_time_ms * 1e6, level)
+    deadline = p.makespan0_ns * (1 + budget)
+    choice, last, iters, stopped, fallbacks = _walk(g, p, items, deadline, max_iterations)
     info = {
         "perseus_level": level,
         "lowtime_version": lowtime_version(),
@@ -147,7 +151,7 @@ def optimize_perseus(
         "max_pd_iterations": max_iterations,
         "units": int(K),
         "dag_edges": int(g.number_of_edges()),
-        "rust_panics": fallbacks[0],
+        "rust_panics": fallbacks,
     }
     if stopped:
         info["perseus_stopped"] = stopped
@@ -163,8 +167,8 @@ def optimize_perseus(
     if choice is None:  # nothing on time: max clocks
         info["perseus_note"] = "no lowtime iterate met the deadline; max clocks"
         choice = np.full(K, p.ref, dtype=np.int64)
-    if fallbacks[0]:
-        log.warning("perseus: lowtime's Rust min-cut panicked %d times; used its Python min-cut", fallbacks[0])
+    if fallbacks:
+        log.warning("perseus: lowtime's Rust min-cut panicked %d times; used its Python min-cut", fallbacks)
     sol = Solution(p, items, choice, f"perseus-{level}", budget, info=info)
     sol.solve_s = time.perf_counter() - t0
     return sol
