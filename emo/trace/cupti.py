@@ -49,6 +49,133 @@ def _us(ns: int | float) -> float:
     return round(ns / 1000.0, 3)
 
 
+def _api_event(r: dict, pid: int, tid: int) -> dict:
+    """A runtime or driver API call as Kineto writes it."""
+    k = r["kind"]
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime" if k == "runtime" else "cuda_driver",
+        "name": _VERSION.sub("", r["name"]),
+        "pid": r.get("process_id", pid),
+        "tid": r.get("thread_id", tid),
+        "ts": _us(r["start"]),
+        "dur": _us(r["end"] - r["start"]),
+        "args": {"cbid": r["cbid"], "correlation": r["correlation_id"], "External id": r["correlation_id"]},
+    }
+
+
+def _gpu_events(r: dict, api: dict | None, pid: int, tid: int) -> list[dict]:
+    """A kernel, memcpy or memset on its device's stream, and the launch -> GPU flow torch.profiler
+    draws from its API call (`api`) when there is one."""
+    k = r["kind"]
+    events: list[dict] = []
+    dev = r["device_id"]
+    args = {
+        "device": dev,
+        "context": r["context_id"],
+        "stream": r["stream_id"],
+        "correlation": r["correlation_id"],
+        "External id": r["correlation_id"],
+    }
+    if k == "kernel":
+        cat, nm = "kernel", r["name"]
+        args.update(
+            {
+                "grid": list(r["grid"]),
+                "block": list(r["block"]),
+                "registers per thread": r.get("registers_per_thread", 0),
+                "shared memory": r.get("shared_memory", 0),
+            }
+        )
+    elif k == "memcpy":
+        cat, nm = "gpu_memcpy", f"Memcpy {MEMCPY_NAMES.get(r['copy_kind'], r['copy_kind'])}"
+        args["bytes"] = r["bytes"]
+    else:
+        cat, nm = "gpu_memset", "Memset (Device)"
+        args["bytes"] = r["bytes"]
+    events.append(
+        {
+            "ph": "X",
+            "cat": cat,
+            "name": nm,
+            "pid": dev,
+            "tid": r["stream_id"],
+            "ts": _us(r["start"]),
+            "dur": _us(r["end"] - r["start"]),
+            "args": args,
+        }
+    )
+    if api is not None:  # the launch -> GPU flow torch.profiler draws
+        events.append(
+            {
+                "ph": "s",
+                "id": r["correlation_id"],
+                "pid": api.get("process_id", pid),
+                "tid": api.get("thread_id", tid),
+                "ts": _us(api["start"]),
+                "cat": "ac2g",
+                "name": "ac2g",
+            }
+        )
+        events.append(
+            {
+                "ph": "f",
+                "id": r["correlation_id"],
+                "pid": dev,
+                "tid": r["stream_id"],
+                "ts": _us(r["start"]),
+                "cat": "ac2g",
+                "name": "ac2g",
+                "bp": "e",
+            }
+        )
+    return events
+
+
+def _sync_event(r: dict, ctx_device: dict, event_record: dict) -> dict:
+    """A synchronisation on its device (a stream's, or -1 for the context), with the event record
+    it waits on when CUPTI names it."""
+    sync_name = SYNC_NAMES.get(r["sync_type"], r["sync_type"])
+    dev = ctx_device.get(r["context_id"], 0)
+    stream = r["stream_id"] if r["stream_id"] not in (None, 0xFFFFFFFF) else -1
+    args = {
+        "cuda_sync_kind": sync_name,
+        "stream": stream,
+        "correlation": r["correlation_id"],
+        "External id": r["correlation_id"],
+        "device": dev,
+        "context": r["context_id"],
+    }
+    rec = event_record.get((r["context_id"], r.get("cuda_event_id")))
+    if sync_name in ("Stream Wait Event", "Event Sync") and rec is not None:
+        args["wait_on_cuda_event_record_corr_id"] = rec[0]
+        args["wait_on_stream"] = rec[1]
+    return {
+        "ph": "X",
+        "cat": "cuda_sync",
+        "name": sync_name,
+        "pid": dev,
+        "tid": stream,
+        "ts": _us(r["start"]),
+        "dur": _us(r["end"] - r["start"]),
+        "args": args,
+    }
+
+
+def _step_event(i: int, a: int, b: int, pid: int, tid: int) -> dict:
+    """Iteration i between markers a and b (ns), as torch.profiler's ProfilerStep#i annotation."""
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": f"ProfilerStep#{i}",
+        "pid": pid,
+        "tid": tid,
+        "ts": _us(a),
+        "dur": _us(b - a),
+        "args": {},
+    }
+
+
 def to_kineto(
     rows: list[dict],
     *,
@@ -73,122 +200,13 @@ def to_kineto(
     for r in rows:
         k = r["kind"]
         if k in ("runtime", "driver"):
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "cuda_runtime" if k == "runtime" else "cuda_driver",
-                    "name": _VERSION.sub("", r["name"]),
-                    "pid": r.get("process_id", pid),
-                    "tid": r.get("thread_id", tid),
-                    "ts": _us(r["start"]),
-                    "dur": _us(r["end"] - r["start"]),
-                    "args": {"cbid": r["cbid"], "correlation": r["correlation_id"], "External id": r["correlation_id"]},
-                }
-            )
+            events.append(_api_event(r, pid, tid))
         elif k in ("kernel", "memcpy", "memset"):
-            dev = r["device_id"]
-            args = {
-                "device": dev,
-                "context": r["context_id"],
-                "stream": r["stream_id"],
-                "correlation": r["correlation_id"],
-                "External id": r["correlation_id"],
-            }
-            if k == "kernel":
-                cat, nm = "kernel", r["name"]
-                args.update(
-                    {
-                        "grid": list(r["grid"]),
-                        "block": list(r["block"]),
-                        "registers per thread": r.get("registers_per_thread", 0),
-                        "shared memory": r.get("shared_memory", 0),
-                    }
-                )
-            elif k == "memcpy":
-                cat, nm = "gpu_memcpy", f"Memcpy {MEMCPY_NAMES.get(r['copy_kind'], r['copy_kind'])}"
-                args["bytes"] = r["bytes"]
-            else:
-                cat, nm = "gpu_memset", "Memset (Device)"
-                args["bytes"] = r["bytes"]
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": cat,
-                    "name": nm,
-                    "pid": dev,
-                    "tid": r["stream_id"],
-                    "ts": _us(r["start"]),
-                    "dur": _us(r["end"] - r["start"]),
-                    "args": args,
-                }
-            )
-            api = api_at.get(r["correlation_id"])
-            if api is not None:  # the launch -> GPU flow torch.profiler draws
-                events.append(
-                    {
-                        "ph": "s",
-                        "id": r["correlation_id"],
-                        "pid": api.get("process_id", pid),
-                        "tid": api.get("thread_id", tid),
-                        "ts": _us(api["start"]),
-                        "cat": "ac2g",
-                        "name": "ac2g",
-                    }
-                )
-                events.append(
-                    {
-                        "ph": "f",
-                        "id": r["correlation_id"],
-                        "pid": dev,
-                        "tid": r["stream_id"],
-                        "ts": _us(r["start"]),
-                        "cat": "ac2g",
-                        "name": "ac2g",
-                        "bp": "e",
-                    }
-                )
+            events += _gpu_events(r, api_at.get(r["correlation_id"]), pid, tid)
         elif k == "sync":
-            sync_name = SYNC_NAMES.get(r["sync_type"], r["sync_type"])
-            dev = ctx_device.get(r["context_id"], 0)
-            stream = r["stream_id"] if r["stream_id"] not in (None, 0xFFFFFFFF) else -1
-            args = {
-                "cuda_sync_kind": sync_name,
-                "stream": stream,
-                "correlation": r["correlation_id"],
-                "External id": r["correlation_id"],
-                "device": dev,
-                "context": r["context_id"],
-            }
-            rec = event_record.get((r["context_id"], r.get("cuda_event_id")))
-            if sync_name in ("Stream Wait Event", "Event Sync") and rec is not None:
-                args["wait_on_cuda_event_record_corr_id"] = rec[0]
-                args["wait_on_stream"] = rec[1]
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "cuda_sync",
-                    "name": sync_name,
-                    "pid": dev,
-                    "tid": stream,
-                    "ts": _us(r["start"]),
-                    "dur": _us(r["end"] - r["start"]),
-                    "args": args,
-                }
-            )
+            events.append(_sync_event(r, ctx_device, event_record))
     steps = list(steps_ns or [])
-    for i, (a, b) in enumerate(zip(steps, steps[1:])):
-        events.append(
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": f"ProfilerStep#{i}",
-                "pid": pid,
-                "tid": tid,
-                "ts": _us(a),
-                "dur": _us(b - a),
-                "args": {},
-            }
-        )
+    events += [_step_event(i, a, b, pid, tid) for i, (a, b) in enumerate(zip(steps, steps[1:]))]
     events.sort(key=lambda e: e["ts"])
     events.append(
         {
