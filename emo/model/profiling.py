@@ -33,7 +33,6 @@ import pandas as pd
 from emo.device import COUNTERS, ProfilingUnavailable
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 from emo.trace import load_kineto_document, trace_files
-from emo.workloads import kind_of
 
 log = logging.getLogger("emo")
 
@@ -287,11 +286,14 @@ def profile_workload(
     nodes: pd.DataFrame,
     measured: dict,
     open_dev: Callable[[], Any],
+    *,
+    recorded: bool,
 ) -> tuple[pd.DataFrame, dict, dict]:
     """(metrics.parquet, baseline.json, the profile stage's metrics) of `cfg`'s workload (sections
     gpu, workload, trace, model), from its trace's events and measured run and its packs, on the
-    device `open_dev()` opens (a recorded trace: from its sidecars, no device)."""
-    if kind_of(cfg["workload"]).recorded:  # no re-run: counters and baseline from what was recorded
+    device `open_dev()` opens; `recorded`: a trace recorded elsewhere (its kind's flag, which the
+    stage reads: the models know no workload kinds), from its sidecars, no device."""
+    if recorded:  # no re-run: counters and baseline from what was recorded
         src = Path(cfg["workload"]["path"])
         metrics = recorded_metrics(src, packs, events, nodes)
         baseline = recorded_baseline(src, events)

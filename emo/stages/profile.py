@@ -46,6 +46,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.graph import Graph
     from emo.io import write_json, write_parquet
     from emo.model.profiling import profile_workload
+    from emo.workloads import kind_of
 
     metrics, baseline, summary = profile_workload(
         cfg,
@@ -54,6 +55,7 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         Graph.load(inputs["graph_nodes"].parent).nodes,
         json.loads(inputs["measured"].read_text()),
         lambda: open_device(cfg["gpu"]),
+        recorded=kind_of(cfg["workload"]).recorded,
     )
     write_parquet(out / "metrics.parquet", metrics)
     write_json(out / "baseline.json", baseline)
