@@ -321,15 +321,13 @@ def run_perseus(
     return OnlineResult("perseus", steady, explore, setting)
 
 
-PIPELINED = ("pp", "hybrid")  # the workload kinds that have pipeline stages: their `pp` says how many
-
-
 def pipeline_depth(workload: Any) -> int:
-    """The workload's pipeline stages: its `pp` for a pipelined kind; one for the others (a recorded
-    trace's, a command's, a synthetic workload without stages)."""
-    if isinstance(workload, dict) and workload["kind"] in PIPELINED:
-        return int(workload["pp"])
-    return 1
+    """The workload's pipeline stages: the pp of its kind's rank grid (emo.workloads.grid_of); one for
+    a kind without one (a recorded trace's, a command's, offload's) or a workload given as an object."""
+    from emo.workloads import grid_of
+
+    grid = grid_of(workload) if isinstance(workload, dict) else None
+    return grid[1] if grid else 1
 
 
 def run_online(ctx: OnlineContext) -> OnlineResult:
