@@ -102,13 +102,14 @@ class Setting:
         # on time when the latest of theirs is
         self.lats, source = planning_latencies(opt, ctx.clock_latency, peers=max(len(g) for g in self.items.groups))
         # The budget is relative to the measured run at the default clock, not to the model's prediction
-        # of it (fit's check measured both), and never stricter than the iteration time's own noise
+        # of it (fit's check measured both), never looser than the prediction (a model that is slow at
+        # the default clock may be as slow under the plan), and never stricter than the iteration's noise
         # (tables.time_tolerance_ns: with a strict 0, microseconds of predicted delay would rule out
         # every lower clock). A floor, not a term: the verdict's tolerance (PL_TOLERANCE_PCT) is room
         # for measuring, not for planning into (docs/optimize.md, "Time tolerance").
         sd = None if ctx.iteration_sd_s is None else ctx.iteration_sd_s * 1e9
         tolerance_ns = time_tolerance_ns(self.timing, p.makespan0_ns, sd)
-        ratio = 1.0 if ctx.baseline_ratio is None else float(ctx.baseline_ratio)
+        ratio = 1.0 if ctx.baseline_ratio is None else min(float(ctx.baseline_ratio), 1.0)
         self.plan_budget = max((1.0 + budget) * ratio - 1.0, tolerance_ns / p.makespan0_ns)
         lats = self.lats
         self.record: dict = {
