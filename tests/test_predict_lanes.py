@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
-from emo.model.predict import clock_timelines, default_pass, pack_tables, predict, predict_lanes
+from emo.model.predict import clock_timelines, default_pass, pack_tables, predict, predict_lanes, with_node_times
 from emo.policy import FrequencyPolicy, Step, issue_plan
 
 MS = 1_000_000
@@ -127,3 +127,13 @@ def test_the_default_clock_pass_is_made_once_and_never_written():
     assert default_pass(t) is cached and not cached[1].flags.writeable
     again = predict(t, None)
     assert again.makespan_ns == first.makespan_ns and np.array_equal(again.start_ns, first.start_ns)
+
+
+def test_node_times_left_to_gather_are_the_same_once_gathered():
+    t, policy = _tables(), _policy(np.random.default_rng(3))
+    full = predict_lanes(t, policy, [2.0, 9.0])
+    left = predict_lanes(t, policy, [2.0, 9.0], node_times=False)
+    for a, b in zip(full, left):
+        assert len(b.start_ns) == 0 and b.energy_j == a.energy_j
+        b = with_node_times(t, b)
+        assert np.array_equal(a.start_ns, b.start_ns) and np.array_equal(a.finish_ns, b.finish_ns)

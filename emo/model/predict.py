@@ -18,6 +18,7 @@ pass is repeated until the marks stop moving (two or three passes).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,17 @@ class Prediction:
     # per GPU (dense index) of the whole graph: what idle_energy_j and dynamic_energy_j total
     idle_per_device_j: np.ndarray | None = field(default=None, repr=False)
     dynamic_per_device_j: np.ndarray | None = field(default=None, repr=False)
+    # (start, finish) in the engine's order while start_ns and finish_ns are left empty
+    # (predict_lanes' node_times=False; with_node_times fills them)
+    engine_times: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+
+def with_node_times(t: PackTables, p: Prediction) -> Prediction:
+    """`p` with start_ns and finish_ns by node id, when predict_lanes left them to be gathered."""
+    if p.engine_times is None:
+        return p
+    start, finish = p.engine_times
+    return dataclasses.replace(p, start_ns=start[t.compiled.pos], finish_ns=finish[t.compiled.pos], engine_times=None)
 
 
 def iteration_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
@@ -218,8 +230,8 @@ def _engine_marks(t: PackTables, start: np.ndarray) -> np.ndarray:
 
 
 def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
-    """The tables in the engine's topological order (dur, energy, device, scaled, lag, offset, and
-    the positions of GPU nodes), made once per PackTables: a prediction is asked for hundreds of
+    """The tables in the engine's topological order (dur, energy, device, scaled, lag, offset, the
+    positions of GPU nodes and their GPUs), made once per PackTables: a prediction is asked for hundreds of
     times by the optimizer."""
     cached = getattr(t, "_engine_arrays", None)
     if cached is None:
@@ -233,6 +245,7 @@ def engine_arrays(t: PackTables) -> tuple[np.ndarray, ...]:
             c.offset.astype(np.float64),
             np.flatnonzero(t.device[c.order] >= 0),
         )
+        cached += (cached[2][cached[6]],)  # the GPU of each of those
         t._engine_arrays = cached
     return cached
 
@@ -261,7 +274,7 @@ def anchor_arrays(t: PackTables) -> tuple[np.ndarray, np.ndarray]:
 def _forward(t: PackTables, tl: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
     """(start, finish, used) in the engine's order: one clocked forward pass under the timelines `tl`."""
     c = t.compiled
-    dur, en, dev, scaled, lag, offset, _ = engine_arrays(t)
+    dur, en, dev, scaled, lag, offset = engine_arrays(t)[:6]
     n = len(c.order)
     start, finish, used = np.empty(n), np.empty(n), np.empty(n)
     forward_clocked(
@@ -326,10 +339,12 @@ def predict_lanes(
     *,
     max_passes: int = 6,
     plans: IssuePlans | None = None,
+    node_times: bool = True,
 ) -> list[Prediction]:
     """predict(t, policy, transition_ms=x) for each x of `transitions`, the same to the bit, with
     every pass's forward passes run together (forward_clocked_lanes: the graph read once for all of
-    them); a latency whose marks have settled drops out of the later passes."""
+    them); a latency whose marks have settled drops out of the later passes. `node_times=False`:
+    start_ns and finish_ns are left empty (with_node_times gathers them for the lanes that need them)."""
     if policy is None:
         return [predict(t, None) for _ in transitions]
     plans = issue_plans(t, policy) if plans is None else plans
@@ -349,13 +364,13 @@ def predict_lanes(
             state[i], marks[i], end[i] = (tl_i, *run), new, float(run[1].max())
             if converged:
                 active.remove(i)
-    return [_totals(t, *x) for x in state]
+    return [_totals(t, tl_i, s, f, u, node_times=node_times) for tl_i, s, f, u in state]
 
 
 def _forward_lanes(t: PackTables, tls: list) -> list[tuple[np.ndarray, ...]]:
     """_forward under each of the timelines `tls`, in one pass over the graph: (start, finish, used) each."""
     c = t.compiled
-    dur, en, dev, scaled, lag, offset, _ = engine_arrays(t)
+    dur, en, dev, scaled, lag, offset = engine_arrays(t)[:6]
     n, lanes = len(c.order), len(tls)
     base = np.cumsum([0] + [len(x[1]) for x in tls])
     ptr = np.stack([x[0] + b for x, b in zip(tls, base[:-1])])
@@ -366,11 +381,11 @@ def _forward_lanes(t: PackTables, tls: list) -> list[tuple[np.ndarray, ...]]:
     return [(start[j], finish[j], used[j]) for j in range(lanes)]
 
 
-def _totals(t: PackTables, tl, start: np.ndarray, finish: np.ndarray, used: np.ndarray) -> Prediction:
+def _totals(t: PackTables, tl, start: np.ndarray, finish: np.ndarray, used: np.ndarray, node_times=True) -> Prediction:
     """The Prediction of one forward pass (engine order) under the timelines `tl`: each GPU's idle
-    power at its clock over the makespan, plus the energy its nodes used above idle."""
+    power at its clock over the makespan, plus the energy its nodes used above idle; the node times
+    by node id, or (node_times=False) kept in the engine's order for with_node_times."""
     c = t.compiled
-    dev = engine_arrays(t)[2]
     t0, t1 = float(start.min()), float(finish.max())
     d = len(t.device_keys)
     idle_g = np.zeros(d)
@@ -378,10 +393,11 @@ def _totals(t: PackTables, tl, start: np.ndarray, finish: np.ndarray, used: np.n
     for g in range(d):
         tt = np.clip(np.append(ts[ptr[g] : ptr[g + 1]], np.inf), t0, t1)
         idle_g[g] = float(np.sum(np.diff(tt) * t.idle_power_w[g, cis[ptr[g] : ptr[g + 1]]])) * 1e-9
-    on_gpu = engine_arrays(t)[6]  # host nodes and rendezvous add no energy above idle
-    dyn_g = np.bincount(dev[on_gpu], weights=used[on_gpu], minlength=d)
+    on_gpu, dev_on = engine_arrays(t)[6:]  # host nodes and rendezvous add no energy above idle
+    dyn_g = np.bincount(dev_on, weights=used[on_gpu], minlength=d)
     idle, dyn = float(idle_g.sum()), float(used.sum())
     k = max(t.iterations, 1)
-    return Prediction(
-        (t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k, start[c.pos], finish[c.pos], idle_g, dyn_g
-    )
+    head = ((t1 - t0) * 1e-9 / k, (idle + dyn) / k, t1 - t0, idle, dyn, k)
+    if node_times:
+        return Prediction(*head, start[c.pos], finish[c.pos], idle_g, dyn_g)
+    return Prediction(*head, np.empty(0), np.empty(0), idle_g, dyn_g, (start, finish))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from emo.graph.whatif import critical_path
-from emo.model.predict import iteration_marks, predict, predict_lanes
+from emo.model.predict import iteration_marks, predict, predict_lanes, with_node_times
 from emo.model.timelines import issue_plans
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
@@ -340,7 +340,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
     q = Latencies.of(lats)
     clocks = tables.clocks_mhz
     plans = issue_plans(tables, policy)  # the policy's requests, read once for every latency
-    runs = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.nodes], plans=plans)
+    runs = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.nodes], plans=plans, node_times=False)
 
     def mean(runs, weights, attr: str) -> float:  # clipped to the runs' range: equal runs give exactly their value
         w = np.asarray(weights) / np.sum(weights)
@@ -354,7 +354,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
             for k in ("idle_per_device_j", "dynamic_per_device_j")
         }
 
-    slow = max(runs, key=lambda r: r.makespan_ns)
+    slow = with_node_times(tables, max(runs, key=lambda r: r.makespan_ns))  # the one whose node times are kept
     time: dict[str, Any] = {k: mean(runs, q.weights, k) for k in ("time_s", "makespan_ns")}  # Prediction's fields
     if q.own_nodes is None:
         energy: dict[str, Any] = {
@@ -365,7 +365,7 @@ def expected(tables, policy: FrequencyPolicy, lats):
     # at the GPUs' own latencies, plus the wait for the latest peer at the GPUs' default-clock idle
     # power (the latest-of-peers latency for every GPU kept each one slow for as long as the slowest,
     # which on the hybrid TP2 x PP2 x DP2 predicted 0.8 points of ES more than its own latencies)
-    own = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.own_nodes], plans=plans)
+    own = predict_lanes(tables, policy, [q.at(x, clocks) for x in q.own_nodes], plans=plans, node_times=False)
     energy = {k: mean(own, q.own_weights, k) for k in ("energy_j", "idle_energy_j", "dynamic_energy_j")}
     wait_ns = max(time["makespan_ns"] - mean(own, q.own_weights, "makespan_ns"), 0.0)
     wait_j = wait_ns * 1e-9 * float(tables.idle_power_w[:, tables.default_index].sum())
