@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from emo.config import WorkloadConfig, at_least, check_workload, one_of
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
-from emo.workloads.emitter import COMPUTE, NCCL, Builder
+from emo.workloads.emitter import COMPUTE, NCCL, Builder, RankEmitter
 from emo.workloads.program import CollectiveSpec, Program
 from emo.workloads.transformer import (
     Dims,
@@ -191,137 +192,220 @@ def pipeline(w, arch: Arch, grid: Grid) -> Program:
     pipeline replicated `grid.dp` times; with dp > 1 the last micro-batch's backward all-reduces the
     gradients over the replicas in DDP buckets (`w.bucket_mb`) as they fill, overlapping the rest of
     that backward, and the optimizer step waits for them."""
-    m, P, M, T = w.model, grid.pp, w.microbatches, grid.tp
+    m = w.model
     dtype = m.dtype if arch.bf16 else "fp16"
-    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, T)
+    d = Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, grid.tp)
     sizes = partition(w, Dims(arch, dtype, m.hidden, m.heads, m.ffn_mult * m.hidden, m.seq, m.vocab, 1))
-    act = m.batch * m.seq * m.hidden * K.ELT  # one micro-batch's activation (or its gradient), whole on every TP rank
-    schedules = [one_f_one_b(s, P, M) for s in range(P)]
-    params = [
-        sizes[s] * d.layer_params() + (d.embedding_params() if s == 0 else 0) + (d.head_params() if s == P - 1 else 0)
-        for s in range(P)
-    ]
-    streams = {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"}
-    if grid.dp > 1:
-        streams[DP] = "nccl_dp"
-    if w.kind == "pp":
-        meta = {"kind": "pp", "pp": P, "microbatches": M, "partition": w.partition}
-    else:
-        meta = {
-            "kind": "hybrid",
-            "tp": T,
-            "pp": P,
-            "dp": grid.dp,
-            "microbatches": M,
-            "partition": w.partition,
-            "bucket_mb": w.bucket_mb,
-        }
-    b = Builder(
-        f"pp{P}" if meta["kind"] == "pp" else f"tp{T}pp{P}dp{grid.dp}",
-        grid.ranks,
-        streams,
-        {**meta, "layers_per_stage": sizes, "params_per_stage": params, "gpu": arch.gpu, "dtype": dtype},
+    job = _Job(
+        w,
+        arch,
+        grid,
+        d,
+        dtype,
+        sizes,
+        schedules=[one_f_one_b(s, grid.pp, w.microbatches) for s in range(grid.pp)],
+        params=stage_params(sizes, d),
+        act=m.batch * m.seq * m.hidden * K.ELT,
+        grad_bytes=layer_grad_bytes(m.hidden, m.ffn_mult * m.hidden, grid.tp),
     )
-    h, f = m.hidden, m.ffn_mult * m.hidden
-    grad_bytes = K.ELT * ((4 * h * h + 3 * h) // T + 3 * h), K.ELT * ((2 * f * h + f) // T + 3 * h)
-
+    meta = workload_meta(w, grid)
+    b = Builder(
+        f"pp{grid.pp}" if meta["kind"] == "pp" else f"tp{grid.tp}pp{grid.pp}dp{grid.dp}",
+        grid.ranks,
+        streams(grid),
+        {**meta, "layers_per_stage": sizes, "params_per_stage": job.params, "gpu": arch.gpu, "dtype": dtype},
+    )
     for r in range(grid.ranks):
-        s, dd, t = r // (T * grid.dp), (r // T) % grid.dp, r % T
-        em = b.rank(r)
-        first, last = s == 0, s == P - 1
-        tp_group, tp_name = grid.tp_group(s, dd), grid.name("tp", s, dd) if T > 1 else "tp"
-        fwd = forward_phases(d, m.batch, sizes[s], first, last)
-        bwd = backward_phases(d, m.batch, sizes[s], first, last)
-        grads = {
-            ph.name: grad_bytes[0] if ph.name.startswith("attention") else grad_bytes[1]
-            for ph in bwd
-            if ph.name.endswith("_backward")
-        }
-        grads["lm_head_backward"] = K.ELT * d.head_params()
-        grads["embedding_backward"] = K.ELT * d.embedding_params()
+        _Rank(job, b.rank(r), r).iteration()
+    return b.program
+
+
+def stage_params(sizes: list[int], d: Dims) -> list[int]:
+    """Each stage's parameters: its layers, the first stage's embedding and the last one's LM head."""
+    last = len(sizes) - 1
+    return [
+        n * d.layer_params() + (d.embedding_params() if s == 0 else 0) + (d.head_params() if s == last else 0)
+        for s, n in enumerate(sizes)
+    ]
+
+
+def layer_grad_bytes(h: int, f: int, tp: int) -> tuple[int, int]:
+    """Gradient bytes of one layer's attention and MLP on one of `tp` tensor-parallel ranks (hidden
+    size `h`, FFN size `f`): the split weights a share each, the rest whole."""
+    return K.ELT * ((4 * h * h + 3 * h) // tp + 3 * h), K.ELT * ((2 * f * h + f) // tp + 3 * h)
+
+
+def streams(grid: Grid) -> dict[int, str]:
+    """Stream id -> role: compute, the TP collectives, a link per neighbour, and the DP buckets' stream."""
+    out = {COMPUTE: "compute", NCCL: "nccl", P2P_PREV: "p2p_prev", P2P_NEXT: "p2p_next"}
+    if grid.dp > 1:
+        out[DP] = "nccl_dp"
+    return out
+
+
+def workload_meta(w, grid: Grid) -> dict:
+    """What the program says it is: the plain pipeline's keys, or the hybrid job's."""
+    if w.kind == "pp":
+        return {"kind": "pp", "pp": grid.pp, "microbatches": w.microbatches, "partition": w.partition}
+    return {
+        "kind": "hybrid",
+        "tp": grid.tp,
+        "pp": grid.pp,
+        "dp": grid.dp,
+        "microbatches": w.microbatches,
+        "partition": w.partition,
+        "bucket_mb": w.bucket_mb,
+    }
+
+
+def stage_grads(bwd: list[Phase], grad_bytes: tuple[int, int], d: Dims) -> dict[str, int]:
+    """Backward phase -> the gradient bytes it leaves for DDP to all-reduce (layer_grad_bytes per
+    attention or MLP block; the LM head and the embedding whole)."""
+    grads = {
+        ph.name: grad_bytes[0] if ph.name.startswith("attention") else grad_bytes[1]
+        for ph in bwd
+        if ph.name.endswith("_backward")
+    }
+    grads["lm_head_backward"] = K.ELT * d.head_params()
+    grads["embedding_backward"] = K.ELT * d.embedding_params()
+    return grads
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every rank's emission shares."""
+
+    w: Any  # a PPWorkload or an emo.workloads.hybrid.HybridWorkload
+    arch: Arch
+    grid: Grid
+    d: Dims  # the dimensions on one TP rank
+    dtype: str
+    sizes: list[int]  # layers per stage
+    schedules: list[list[tuple[str, int]]]  # the 1F1B order of each stage
+    params: list[int]  # parameters per stage
+    act: int  # one micro-batch's activation (or its gradient), whole on every TP rank
+    grad_bytes: tuple[int, int]  # layer_grad_bytes
+
+
+class _Rank:
+    """One rank's iteration: its stage's 1F1B steps, the link to the next stage posted in the order
+    that stage meets its transfers, and (dp > 1) the gradients of the last backward in DDP buckets."""
+
+    def __init__(self, job: _Job, em: RankEmitter, r: int):
+        grid, m = job.grid, job.w.model
+        self.job, self.em = job, em
+        self.s, self.dd, self.t = r // (grid.tp * grid.dp), (r // grid.tp) % grid.dp, r % grid.tp
+        s = self.s
+        self.first, self.last = s == 0, s == grid.pp - 1
+        self.tp_group = grid.tp_group(s, self.dd)
+        self.tp_name = grid.name("tp", s, self.dd) if grid.tp > 1 else "tp"
+        self.fwd = forward_phases(job.d, m.batch, job.sizes[s], self.first, self.last)
+        self.bwd = backward_phases(job.d, m.batch, job.sizes[s], self.first, self.last)
+        self.grads = stage_grads(self.bwd, job.grad_bytes, job.d)
         # the link to the next stage carries transfers in the order that stage meets them
-        queue = [("fwd" if kind == "F" else "bwd", mb) for kind, mb in schedules[s + 1]] if not last else []
-        pos = 0
-        fwd_done: dict[int, int] = {}  # micro-batch -> event after its forward on the compute stream
-        grad_in: dict[int, int] = {}  # micro-batch -> event after its gradient arrived
+        self.queue = (
+            [("fwd" if kind == "F" else "bwd", mb) for kind, mb in job.schedules[s + 1]] if not self.last else []
+        )
+        self.pos = 0  # transfers of the queue posted so far
+        self.fwd_done: dict[int, int] = {}  # micro-batch -> event after its forward on the compute stream
+        self.grad_in: dict[int, int] = {}  # micro-batch -> event after its gradient arrived
 
-        def transfer(src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
-            lo = min(src, dst)
-            ranks = (grid.rank(src, dd, t), grid.rank(dst, dd, t))
-            return (
-                ("p2p", lo, dd, t, direction, mb),
-                CollectiveSpec("sendrecv", ranks, act, grid.name("p2p", lo, dd, t), dtype),
-            )
-
-        def flush(need: int | None = None) -> None:
-            """Post the next link's transfers in order, as far as this stage can: a send once the
-            forward that produces it has been issued; a receive at once (recv=early), or with the
-            send that follows it (recv=paired, Megatron's send_forward_recv_backward), or, with no
-            send after it, at the backward that `need`s it (Megatron's recv_backward)."""
-            nonlocal pos
-            while pos < len(queue):
-                direction, mb = queue[pos]
-                if direction == "fwd":
-                    if mb not in fwd_done:
-                        return
-                    em.wait(P2P_NEXT, fwd_done[mb])
-                    em.collective(P2P_NEXT, *transfer(s, s + 1, "fwd", mb))
-                else:
-                    if w.recv == "paired":
-                        after = queue[pos + 1] if pos + 1 < len(queue) else None
-                        if after is not None and after[0] == "fwd" and after[1] not in fwd_done:
-                            return
-                        if (after is None or after[0] != "fwd") and need != mb:
-                            return
-                    em.collective(P2P_NEXT, *transfer(s + 1, s, "bwd", mb))
-                    grad_in[mb] = em.record(P2P_NEXT)
-                pos += 1
-
-        def backward(mb: int) -> None:
-            key = ("tp", s, dd, "bwd", mb)
-            if grid.dp == 1 or mb != M - 1:  # gradients accumulate locally (DDP's no_sync)
-                issue(em, bwd, 1, tp_group, key, tp_name)
-                return
-            runs = grad_buckets(bwd, grads, int(w.bucket_mb * 2**20))
-            for i, run in enumerate(runs):
-                issue(em, run, 1, tp_group, key + (i,), tp_name)
-                nbytes = sum(grads.get(ph.name, 0) for ph in run)
-                if nbytes:
-                    em.join(COMPUTE, DP)
-                    em.collective(
-                        DP,
-                        ("dp", s, t, i),
-                        CollectiveSpec("allreduce", grid.dp_group(s, t), nbytes, grid.name("dp", s, dd, t), dtype),
-                    )
-            em.wait(COMPUTE, em.record(DP))  # the optimizer step needs every bucket reduced
-
+    def iteration(self) -> None:
+        em, job, s, m = self.em, self.job, self.s, self.job.w.model
         em.iteration()
-        if first or last:
-            data_loader(em, m.batch * m.seq * M, ms=3.0)  # tokens on the first stage, labels on the last
+        if self.first or self.last:
+            data_loader(
+                em, m.batch * m.seq * job.w.microbatches, ms=3.0
+            )  # tokens on the first stage, labels on the last
         else:
             em.cpu(300.0, "get_batch")
-        for kind, mb in schedules[s]:
+        for kind, mb in job.schedules[s]:
             if kind == "F":
-                with em.scope("forward_step"):
-                    if not first:
-                        em.collective(P2P_PREV, *transfer(s - 1, s, "fwd", mb))
-                        em.wait(COMPUTE, em.record(P2P_PREV))
-                    issue(em, fwd, 1, tp_group, ("tp", s, dd, "fwd", mb), tp_name)
-                    if not last:
-                        fwd_done[mb] = em.record(COMPUTE)
-                        flush()
+                self.forward_step(mb)
             else:
-                with em.scope("backward_step"):
-                    if not last:
-                        flush(need=mb)
-                        em.wait(COMPUTE, grad_in[mb])
-                    backward(mb)
-                    if not first:
-                        em.join(COMPUTE, P2P_PREV)
-                        em.collective(P2P_PREV, *transfer(s, s - 1, "bwd", mb))
-        flush()
-        assert pos == len(queue), f"stage {s}: {len(queue) - pos} transfers to the next stage never posted"
-        optimizer_step(em, arch, params[s], grid.mp_group(dd), grid.name("mp", s, dd, t))
+                self.backward_step(mb)
+        self.flush()
+        assert self.pos == len(self.queue), (
+            f"stage {s}: {len(self.queue) - self.pos} transfers to the next stage never posted"
+        )
+        optimizer_step(em, job.arch, job.params[s], job.grid.mp_group(self.dd), job.grid.name("mp", s, self.dd, self.t))
         em.cpu(150.0, "Optimizer.zero_grad#AdamW.zero_grad")
         em.memcpy("DtoH", 4, blocking=True)  # loss.item() on the last stage, grad_norm.item() elsewhere
-    return b.program
+
+    def transfer(self, src: int, dst: int, direction: str, mb: int) -> tuple[tuple, CollectiveSpec]:
+        """The key and the spec of a micro-batch's transfer from stage `src` to stage `dst`."""
+        grid, dd, t = self.job.grid, self.dd, self.t
+        lo = min(src, dst)
+        ranks = (grid.rank(src, dd, t), grid.rank(dst, dd, t))
+        return (
+            ("p2p", lo, dd, t, direction, mb),
+            CollectiveSpec("sendrecv", ranks, self.job.act, grid.name("p2p", lo, dd, t), self.job.dtype),
+        )
+
+    def forward_step(self, mb: int) -> None:
+        em, s = self.em, self.s
+        with em.scope("forward_step"):
+            if not self.first:
+                em.collective(P2P_PREV, *self.transfer(s - 1, s, "fwd", mb))
+                em.wait(COMPUTE, em.record(P2P_PREV))
+            issue(em, self.fwd, 1, self.tp_group, ("tp", s, self.dd, "fwd", mb), self.tp_name)
+            if not self.last:
+                self.fwd_done[mb] = em.record(COMPUTE)
+                self.flush()
+
+    def backward_step(self, mb: int) -> None:
+        em, s = self.em, self.s
+        with em.scope("backward_step"):
+            if not self.last:
+                self.flush(need=mb)
+                em.wait(COMPUTE, self.grad_in[mb])
+            self.backward(mb)
+            if not self.first:
+                em.join(COMPUTE, P2P_PREV)
+                em.collective(P2P_PREV, *self.transfer(s, s - 1, "bwd", mb))
+
+    def flush(self, need: int | None = None) -> None:
+        """Post the next link's transfers in order, as far as this stage can: a send once the
+        forward that produces it has been issued; a receive at once (recv=early), or with the
+        send that follows it (recv=paired, Megatron's send_forward_recv_backward), or, with no
+        send after it, at the backward that `need`s it (Megatron's recv_backward)."""
+        em, s, queue = self.em, self.s, self.queue
+        while self.pos < len(queue):
+            direction, mb = queue[self.pos]
+            if direction == "fwd":
+                if mb not in self.fwd_done:
+                    return
+                em.wait(P2P_NEXT, self.fwd_done[mb])
+                em.collective(P2P_NEXT, *self.transfer(s, s + 1, "fwd", mb))
+            else:
+                if self.job.w.recv == "paired":
+                    after = queue[self.pos + 1] if self.pos + 1 < len(queue) else None
+                    if after is not None and after[0] == "fwd" and after[1] not in self.fwd_done:
+                        return
+                    if (after is None or after[0] != "fwd") and need != mb:
+                        return
+                em.collective(P2P_NEXT, *self.transfer(s + 1, s, "bwd", mb))
+                self.grad_in[mb] = em.record(P2P_NEXT)
+            self.pos += 1
+
+    def backward(self, mb: int) -> None:
+        """One micro-batch's backward; the last one's gradients all-reduced over the replicas in
+        DDP buckets as they fill, the optimizer step waiting for every bucket."""
+        em, job, s, t = self.em, self.job, self.s, self.t
+        grid = job.grid
+        key = ("tp", s, self.dd, "bwd", mb)
+        if grid.dp == 1 or mb != job.w.microbatches - 1:  # gradients accumulate locally (DDP's no_sync)
+            issue(em, self.bwd, 1, self.tp_group, key, self.tp_name)
+            return
+        runs = grad_buckets(self.bwd, self.grads, int(job.w.bucket_mb * 2**20))
+        for i, run in enumerate(runs):
+            issue(em, run, 1, self.tp_group, key + (i,), self.tp_name)
+            nbytes = sum(self.grads.get(ph.name, 0) for ph in run)
+            if nbytes:
+                em.join(COMPUTE, DP)
+                em.collective(
+                    DP,
+                    ("dp", s, t, i),
+                    CollectiveSpec("allreduce", grid.dp_group(s, t), nbytes, grid.name("dp", s, self.dd, t), job.dtype),
+                )
+        em.wait(COMPUTE, em.record(DP))  # the optimizer step needs every bucket reduced
