@@ -22,8 +22,6 @@ OVER: dict[str, tuple[int, int]] = {
     "trace/kineto_scan.py:_scan": (207, 71),
     "optimize/solvers/dp.py:optimize": (145, 25),
     "graph/hta.py:_stack_kernel": (75, 23),
-    "cli/compare.py:table": (64, 27),
-    "cli/compare.py:main": (60, 22),
     "trace/kineto_scan.py:_number": (48, 26),
 }
 

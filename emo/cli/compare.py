@@ -148,53 +148,70 @@ def table(runs: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> 
     first = lead()
     rows = []
     for (gpu, wl, budget), cell in r.groupby(["gpu", "workload", "budget"], sort=True):
-        bpct = 100 * budget
-        # the static curve of each seed: the one measured at this cell's budget (its own pick is a
-        # point of it), else another budget's run of the same seed (the clocks it measured are the same)
         mine = static[(static["gpu"] == gpu) & (static["workload"] == wl)]
-        seed_curve = {
-            int(row["seed"]): curves[row["validate_hash"]]
-            for _, row in mine.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()
-        }
-        scores = {}
-        for m, g in cell.groupby("method"):
-            points = [(row["es_pct"], row["pl_pct"]) for _, row in g.iterrows()]
-            if measures_curve(m):  # each static run by its own curve (was: by the seed's curve of any budget)
-                points = [
-                    scoring.best_static(curves[row["validate_hash"]], bpct)[:2]
-                    if row.get("validate_hash") in curves
-                    else pt
-                    for pt, (_, row) in zip(points, g.iterrows())
-                ]
-            scores[m] = scoring.score([p[0] for p in points], [p[1] for p in points])
-        out = {
-            "gpu": gpu,
-            "workload": wl,
-            "budget": budget,
-            "seeds": cell["seed"].nunique(),
-            **{m: s.text(bpct) for m, s in scores.items()},
-        }
-        emo = cell[(cell["method"] == first) & cell["seed"].isin(list(seed_curve))]
-        out["EMO - static curve"] = "-"
-        if len(emo):
-            mg = scoring.margins(
-                [(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
-                [seed_curve[int(sd)] for sd in emo["seed"]],
-            )
-            out["EMO - static curve"] = f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
-        rivals = {m: v for m, v in scores.items() if rival(m)}  # an ablation is no rival of EMO
-        ok, why = scoring.ahead(rivals, bpct, first)
-        n = scores[first].n if first in scores else 0
-        out["EMO ahead"] = (
-            "- (no baseline measured)"
-            if first in rivals and len(rivals) == 1
-            else ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else "")
-        )
-        rows.append(out)
+        row = cell_row(cell, seed_curves(mine, budget, curves), curves, 100 * budget, first)
+        rows.append({"gpu": gpu, "workload": wl, "budget": budget, **row})
     t = pd.DataFrame(rows).set_index(["gpu", "workload", "budget"])
     t = t.reindex(columns=["seeds", *methods, "EMO - static curve", "EMO ahead"]).fillna("-")
     t.columns.name = "ES% / PL%"
     return t
+
+
+def seed_curves(static: pd.DataFrame, budget: float, curves: dict[str, pd.DataFrame]) -> dict[int, pd.DataFrame]:
+    """Seed -> the static curve of that seed among one GPU x workload's static runs: the one measured
+    at `budget` (its own pick is a point of it), else another budget's run of the same seed (the
+    clocks it measured are the same)."""
+    return {
+        int(row["seed"]): curves[row["validate_hash"]]
+        for _, row in static.sort_values("budget", key=lambda b: b == budget, kind="stable").iterrows()
+    }
+
+
+def cell_row(cell: pd.DataFrame, seed_curve: dict[int, pd.DataFrame], curves: dict, bpct: float, first: str) -> dict:
+    """One row of the table from a cell's runs at a budget of `bpct` %: seeds, each method's score,
+    the margin of `first` (EMO) over the static curve and the verdict."""
+    scores = {m: method_score(m, g, curves, bpct) for m, g in cell.groupby("method")}
+    emo = cell[(cell["method"] == first) & cell["seed"].isin(list(seed_curve))]
+    return {
+        "seeds": cell["seed"].nunique(),
+        **{m: s.text(bpct) for m, s in scores.items()},
+        "EMO - static curve": curve_margin(emo, seed_curve),
+        "EMO ahead": verdict(scores, bpct, first),
+    }
+
+
+def method_score(method: str, runs: pd.DataFrame, curves: dict[str, pd.DataFrame], bpct: float) -> scoring.Score:
+    """ES/PL over one method's seeds in a cell; a static run by the best clock of its own curve
+    within the budget (was: by the seed's curve of any budget), where that curve is at hand."""
+    points = [(row["es_pct"], row["pl_pct"]) for _, row in runs.iterrows()]
+    if measures_curve(method):
+        points = [
+            scoring.best_static(curves[row["validate_hash"]], bpct)[:2] if row.get("validate_hash") in curves else pt
+            for pt, (_, row) in zip(points, runs.iterrows())
+        ]
+    return scoring.score([p[0] for p in points], [p[1] for p in points])
+
+
+def curve_margin(emo: pd.DataFrame, seed_curve: dict[int, pd.DataFrame]) -> str:
+    """EMO's ES margin over its seeds' static curves at its own PL (`±sd` over several seeds); `-`
+    without a curve."""
+    if not len(emo):
+        return "-"
+    mg = scoring.margins(
+        [(row["es_pct"], row["pl_pct"]) for _, row in emo.iterrows()],
+        [seed_curve[int(sd)] for sd in emo["seed"]],
+    )
+    return f"{mg.es:+.2f}±{mg.es_sd:.2f}" if mg.n > 1 else f"{mg.es:+.2f}"
+
+
+def verdict(scores: dict[str, scoring.Score], bpct: float, first: str) -> str:
+    """Whether `first` (EMO) is ahead of its rivals in a cell (an ablation is no rival), and why not."""
+    rivals = {m: v for m, v in scores.items() if rival(m)}
+    ok, why = scoring.ahead(rivals, bpct, first)
+    n = scores[first].n if first in scores else 0
+    if first in rivals and len(rivals) == 1:
+        return "- (no baseline measured)"
+    return ("yes" if ok else f"no: {why}") + (" (n = 1 seed: no spread)" if n == 1 else "")
 
 
 def static_points(runs: pd.DataFrame, results: Path) -> dict[str, pd.DataFrame]:
@@ -289,16 +306,7 @@ def results_dir(uri: str, runs: pd.DataFrame) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    uri, experiment = args.uri, args.experiment
-    if uri is None or experiment is None:
-        from emo.workflow.plan import compose
-
-        tracking = compose(args.overrides)["tracking"]
-        from emo.workflow.tracking import tracking_uri
-
-        uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
+    uri, experiment = tracking_store(args)
     if args.csv:
         from emo.io import check_output
 
@@ -314,37 +322,64 @@ def main(args: argparse.Namespace) -> int:
     if curves and any(measures_curve(m) for m in t.columns):
         print(STATIC_NOTE)
     if args.csv:
-        from emo.io import atomic_path
-
-        try:
-            with atomic_path(args.csv) as tmp:
-                latest(runs).drop(columns=["results"]).to_csv(tmp, index=False)
-        except OSError as e:
-            raise ValueError(f"--csv {args.csv}: cannot write ({e.strerror or e})") from None
+        write_csv(args.csv, runs)
     if args.plots:
-        from emo.report.plots import plot_energy_time, plot_timeline
-
-        out = Path(args.plots)
-        out.mkdir(parents=True, exist_ok=True)
-        results = results_dir(uri, runs)
-        written = plot_energy_time(runs, results, out)
-        for _, row in latest(runs)[lambda d: d["validate_hash"].notna()].iterrows():
-            hashes = {st: row.get(f"{st}_hash") for st in ("graph", "optimize")}
-            dirs = {
-                st: stage_dir(results, st, h)
-                if isinstance(h, str)
-                else upstream(results, "validate", row["validate_hash"], st)
-                for st, h in hashes.items()
-            }
-            p = plot_timeline(
-                dirs["graph"],
-                dirs["optimize"],
-                stage_dir(results, "validate", row["validate_hash"]),
-                out,
-                f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}",
-            )
-            if p:
-                written.append(p)
-        for p in written:
+        for p in write_plots(Path(args.plots), results_dir(uri, runs), runs):
             print(f"wrote {p}", file=sys.stderr)
     return 0
+
+
+def tracking_store(args: argparse.Namespace) -> tuple[str, str]:
+    """The MLflow URI and experiment: the options', else the tracking config's; an SQLite store that
+    is not there is a one-line error."""
+    uri, experiment = args.uri, args.experiment
+    if uri is None or experiment is None:
+        from emo.workflow.plan import compose
+
+        tracking = compose(args.overrides)["tracking"]
+        from emo.workflow.tracking import tracking_uri
+
+        uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
+    return uri, experiment
+
+
+def write_csv(path: str, runs: pd.DataFrame) -> None:
+    """The long table (the latest run of each seed and cell) as CSV, written whole or not at all."""
+    from emo.io import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:
+            latest(runs).drop(columns=["results"]).to_csv(tmp, index=False)
+    except OSError as e:
+        raise ValueError(f"--csv {path}: cannot write ({e.strerror or e})") from None
+
+
+def write_plots(out: Path, results: Path, runs: pd.DataFrame) -> list[Path]:
+    """Energy vs time per GPU x workload, and the timeline of each validated run, into `out`."""
+    from emo.report.plots import plot_energy_time, plot_timeline
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = plot_energy_time(runs, results, out)
+    for _, row in latest(runs)[lambda d: d["validate_hash"].notna()].iterrows():
+        dirs = stage_dirs(results, row)
+        p = plot_timeline(
+            dirs["graph"],
+            dirs["optimize"],
+            stage_dir(results, "validate", row["validate_hash"]),
+            out,
+            f"{row['workload']} on {row['gpu']}: {row['method']}, budget {row['budget']:.0%}",
+        )
+        if p:
+            written.append(p)
+    return written
+
+
+def stage_dirs(results: Path, row: pd.Series) -> dict[str, Path | None]:
+    """The graph and optimize folders of a run: by the hashes MLflow tagged, else from its validate folder."""
+    hashes = {st: row.get(f"{st}_hash") for st in ("graph", "optimize")}
+    return {
+        st: stage_dir(results, st, h) if isinstance(h, str) else upstream(results, "validate", row["validate_hash"], st)
+        for st, h in hashes.items()
+    }
