@@ -31,6 +31,8 @@ schedule on an idle or a loaded machine. Every time comparison uses the engine's
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -42,6 +44,19 @@ from emo.optimize.solution import Solution
 from emo.optimize.solvers.milp import formulation
 
 MIN_STEPS = 256
+
+Start = tuple[float, str, np.ndarray]  # (energy, the view it came from, clock per item)
+
+
+class View(NamedTuple):
+    """A timeline that each item's delays are measured against, alone at each clock."""
+
+    name: str
+    dur: np.ndarray  # each node's duration at the max clock
+    start: np.ndarray
+    finish: np.ndarray
+    latest_finish: np.ndarray  # the latest finish that keeps the view's makespan: finish + slack
+    steps: int  # budget steps the DP may spend on top of this timeline
 
 
 def optimize(
@@ -77,100 +92,149 @@ def optimize(
         raise ValueError(f"optimizer.budget_step_ms must be > 0 (got {budget_step_ms})")
     items = items or make_items(p, change_interval_ms, replicate=replicate)
     deadline = p.makespan0_ns * (1.0 + budget)
-    # 1 ms or finer: at least MIN_STEPS steps per budget, since rounding each window's delay up
-    # to a step wastes up to a step per slowed window
-    step = (
-        min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3)) if budget > 0 else budget_step_ms * 1e6
-    )
+    step = budget_step_ns(p, budget, budget_step_ms)
     info: dict = {"dp_tries": 0, "critical_repairs": 0, "polish_rounds": 0, "polish_moves": 0}
-
-    # 2. delay of each item alone at each clock, against the max-clock schedule, in two views:
-    #    total slack (optimistic where windows share slack) and free slack (additive: always safe)
-    dur_ref = p.dur_ns[:, p.ref].copy()
     B = int(np.floor((deadline - p.makespan0_ns) / step + 1e-9))
     info["budget_steps"] = B
     info["budget_step_ms"] = step * 1e-6
+    views = delay_views(p, budget, deadline, step, B)
+    useful = items.useful
+    starts: list[Start] = []
+    for view in views:  # 2.-4. the DP's picks in each view
+        starts += _dp_starts(p, items, view, useful, deadline, step, max_starts, max_repairs, info)
+    starts += _crash_start(p, items, deadline, crash_share, info)
+    starts.sort(key=lambda s: s[0])
+    lp = _bounded_lp_start(p, items, deadline, lp_max_size, info)
+    if lp is not None:
+        starts.insert(0, lp)
+    choice, view_name = _best_polished(p, items, starts, deadline, polish_starts, polish_rounds, info)
+    info["start_view"] = view_name
+    if kicks:
+        choice = _kick(p, items, choice, deadline, kicks, info, step)
+    return Solution(p, items, choice, "emo", budget, info=info)
+
+
+def budget_step_ns(p: Problem, budget: float, budget_step_ms: float) -> float:
+    """The DP's time step (ns): `budget_step_ms`, or finer so that the budget holds MIN_STEPS steps
+    (down to 1 µs), since rounding each window's delay up to a step wastes up to a step per slowed
+    window."""
+    if budget > 0:
+        return min(budget_step_ms * 1e6, max(budget * p.makespan0_ns / MIN_STEPS, 1e3))
+    return budget_step_ms * 1e6
+
+
+def delay_views(p: Problem, budget: float, deadline: float, step: float, B: int) -> list[View]:
+    """2. The max-clock schedule's views: its total slack (optimistic where windows share slack),
+    its free slack (additive: always safe), and the free slack of the timeline stretched by a share
+    of the budget, every GPU slowed at once as in a pipeline where all stages are critical in turn
+    (additive again; the rest of the budget goes to the DP)."""
+    dur_ref = p.dur_ns[:, p.ref].copy()
     s0, f0, T0 = p.base_start, p.base_finish, p.makespan0_ns
-    # (name, start, finish, latest finish, budget steps left) of each view
     views = [
-        ("total", s0, f0, p.latest_finish(dur_ref, T0), B),
-        ("free", s0, f0, engine.free_finish(*p.graph, dur_ref, s0, T0), B),
+        View("total", dur_ref, s0, f0, p.latest_finish(dur_ref, T0), B),
+        View("free", dur_ref, s0, f0, engine.free_finish(*p.graph, dur_ref, s0, T0), B),
     ]
-    # the max-clock timeline stretched by a share of the budget: every GPU slows down at once, as in
-    # a pipeline where all stages are critical in turn; free slack against it is additive and the
-    # rest of the budget goes to the DP
     for share in (0.5, 1.0) if budget > 0 else ():
         sc = 1.0 + share * budget
         ss = s0 * sc
+        lf = engine.free_finish(*p.graph, dur_ref, ss, T0 * sc)
         views.append(
-            (
-                f"stretch{share:g}",
-                ss,
-                ss + dur_ref,
-                engine.free_finish(*p.graph, dur_ref, ss, T0 * sc),
-                int(np.floor((deadline - T0 * sc) / step + 1e-9)),
-            )
+            View(f"stretch{share:g}", dur_ref, ss, ss + dur_ref, lf, int(np.floor((deadline - T0 * sc) / step + 1e-9)))
         )
-    todo = np.arange(items.k)
-    useful = items.useful
-    starts: list[tuple[float, str, np.ndarray]] = []
-    for view, vs, vf, lf, vb in views:
-        d = engine.local_delays(
-            *p.graph,
-            dur_ref,
-            vs,
-            vf,
-            lf - vf,
-            p.dur_ns,
-            items.item_of,
-            items.lo,
-            items.hi,
-            todo,
-            useful,
-            vb * step + TOL_NS,
-        )
-        q = _quantise(d, step, vb)
-        # 3. the DP, once per view; every end-to-end delay t it can reach is a candidate start
-        best, arg = knapsack(q, items.energy, vb)
-        objective = best + items.ext_power_w * np.arange(vb + 1) * step * 1e-9
-        order = np.argsort(objective, kind="stable")
-        repairs = 0
-        for t in order[np.isfinite(objective[order])][:max_starts]:
-            cand = backtrack(q, arg, int(t))
-            info["dp_tries"] += 1
+    return views
+
+
+def _dp_starts(
+    p: Problem,
+    items: Items,
+    view: View,
+    useful: np.ndarray,
+    deadline: float,
+    step: float,
+    max_starts: int,
+    max_repairs: int,
+    info: dict,
+) -> list[Start]:
+    """3. The DP over one view's delays: every end-to-end delay it can reach, least energy first, read
+    back as a start (`max_starts` at most); 4. a pick that ends late (shared slack) is repaired,
+    `max_repairs` at most, and dropped if still late."""
+    d = engine.local_delays(
+        *p.graph,
+        view.dur,
+        view.start,
+        view.finish,
+        view.latest_finish - view.finish,
+        p.dur_ns,
+        items.item_of,
+        items.lo,
+        items.hi,
+        np.arange(items.k),
+        useful,
+        view.steps * step + TOL_NS,
+    )
+    q = _quantise(d, step, view.steps)
+    best, arg = knapsack(q, items.energy, view.steps)
+    objective = best + items.ext_power_w * np.arange(view.steps + 1) * step * 1e-9
+    order = np.argsort(objective, kind="stable")
+    starts: list[Start] = []
+    repairs = 0
+    for t in order[np.isfinite(objective[order])][:max_starts]:
+        cand = backtrack(q, arg, int(t))
+        info["dp_tries"] += 1
+        _, _, mk = p.forward(durations(p, items, cand))
+        if mk > deadline + TOL_NS:  # shared slack: the pick ends late, repair it
+            if repairs >= max_repairs:
+                continue
+            repairs += 1
+            cand = repair_deadline(p, items, cand, deadline, info)
             _, _, mk = p.forward(durations(p, items, cand))
-            if mk > deadline + TOL_NS:  # 4. shared slack: the pick ends late, repair it
-                if repairs >= max_repairs:
-                    continue
-                repairs += 1
-                cand = repair_deadline(p, items, cand, deadline, info)
-                _, _, mk = p.forward(durations(p, items, cand))
-                if mk > deadline + TOL_NS:
-                    continue
-            e = items.total(cand, mk, p.makespan0_ns)
-            starts.append((e, view, cand))
-    # crash from the slow end: every item at its least-energy clock, then the critical path sped up
-    # where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts)
-    cand = repair_deadline(p, items, np.argmin(items.energy, axis=1), deadline, info, share=crash_share)
+            if mk > deadline + TOL_NS:
+                continue
+        starts.append((items.total(cand, mk, p.makespan0_ns), view.name, cand))
+    return starts
+
+
+def _crash_start(p: Problem, items: Items, deadline: float, share: float, info: dict) -> list[Start]:
+    """Crash from the slow end: every item at its least-energy clock, then the critical path sped up
+    where it costs least (a greedy time-cost tradeoff, as Perseus walks it with min-cuts); none if late."""
+    cand = repair_deadline(p, items, np.argmin(items.energy, axis=1), deadline, info, share=share)
     _, _, mk = p.forward(durations(p, items, cand))
     if mk <= deadline + TOL_NS:
-        e = items.total(cand, mk, p.makespan0_ns)
-        starts.append((e, "crash", cand))
-    starts.sort(key=lambda s: s[0])
-    # the LP relaxation, rounded: near-optimal where delays interact (pipelines), polished on top of
-    # the DP's starts, never instead of one; skipped on big problems, where HiGHS takes too long
+        return [(items.total(cand, mk, p.makespan0_ns), "crash", cand)]
+    return []
+
+
+def lp_columns(p: Problem, items: Items, lp_max_size: int) -> np.ndarray | None:
+    """4b. The clocks the LP may use within `lp_max_size` columns + rows: every one, or every k-th
+    (with the default clock); None, to skip the LP, where the DAG alone leaves less than half of
+    that or fewer than 4 clocks would remain."""
     room = lp_max_size - p.n - len(p.src)  # LP columns left for the clocks
     stride = int(np.ceil(items.k * p.n_clocks / max(room, 1)))  # every clock, or every stride-th
     cols = np.unique(np.r_[np.arange(p.n_clocks - 1, -1, -stride), p.ref])
-    if room >= 0.5 * lp_max_size and len(cols) >= min(4, p.n_clocks):
-        cand = _lp_start(p, items, deadline, cols)
-        if cand is not None:
-            _, _, mk = p.forward(durations(p, items, cand))
-            if mk > deadline + TOL_NS:  # only with durations that rise with the clock
-                cand = repair_deadline(p, items, cand, deadline, info)
-                _, _, mk = p.forward(durations(p, items, cand))
-            if mk <= deadline + TOL_NS:
-                starts.insert(0, (items.total(cand, mk, p.makespan0_ns), "lp", cand))
+    return cols if room >= 0.5 * lp_max_size and len(cols) >= min(4, p.n_clocks) else None
+
+
+def _bounded_lp_start(p: Problem, items: Items, deadline: float, lp_max_size: int, info: dict) -> Start | None:
+    """The LP relaxation, rounded (_lp_start): near-optimal where delays interact (pipelines); None
+    where it is skipped (HiGHS takes too long on big problems), has no optimum, or ends late."""
+    cols = lp_columns(p, items, lp_max_size)
+    if cols is None:
+        return None
+    cand = _lp_start(p, items, deadline, cols)
+    if cand is None:
+        return None
+    _, _, mk = p.forward(durations(p, items, cand))
+    if mk > deadline + TOL_NS:  # only with durations that rise with the clock
+        cand = repair_deadline(p, items, cand, deadline, info)
+        _, _, mk = p.forward(durations(p, items, cand))
+    return (items.total(cand, mk, p.makespan0_ns), "lp", cand) if mk <= deadline + TOL_NS else None
+
+
+def _best_polished(
+    p: Problem, items: Items, starts: list[Start], deadline: float, polish_starts: int, rounds: int, info: dict
+) -> tuple[np.ndarray, str]:
+    """5. Polish the LP's start and the best `polish_starts` others (each pick once); the least
+    energy wins, with the view it came from (all max clocks without any start)."""
     best_e, choice, view = np.inf, np.full(items.k, p.ref, dtype=np.int64), "max-clock"
     seen: set[bytes] = set()
     polished = 0  # DP and crash starts polished
@@ -179,16 +243,12 @@ def optimize(
             continue
         seen.add(cand.tobytes())
         polished += v != "lp"
-        # 5. polish the best few starts
-        cand = _polish(p, items, cand, deadline, polish_rounds, info)
+        cand = _polish(p, items, cand, deadline, rounds, info)
         _, _, mk = p.forward(durations(p, items, cand))
         e = items.total(cand, mk, p.makespan0_ns)
         if e < best_e:
             best_e, choice, view = e, cand, v
-    info["start_view"] = view
-    if kicks:
-        choice = _kick(p, items, choice, deadline, kicks, info, step)
-    return Solution(p, items, choice, "emo", budget, info=info)
+    return choice, view
 
 
 def _lp_start(p: Problem, items: Items, deadline: float, cols: np.ndarray) -> np.ndarray | None:
