@@ -9,37 +9,22 @@ keys are its kind's (`SCHEMA` in emo/workloads/<kind>.py, deriving from Workload
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
 
-from emo.errors import ConfigError
+from emo.schema import (  # re-exported: the schema's building blocks live in emo.schema
+    NON_EMPTY,
+    WorkloadConfig,
+    above,
+    at_least,
+    bad,
+    between,
+    check_node,
+    one_of,
+)
 
-
-# --------------------------------------------------------------------------- allowed values
-# A field's `metadata["allowed"]` is (test, text): the range a value must lie in, said in words.
-def at_least(lo: float) -> dict:
-    return {"allowed": (lambda v: v >= lo, f">= {lo:g}")}
-
-
-def above(lo: float) -> dict:
-    return {"allowed": (lambda v: v > lo, f"> {lo:g}")}
-
-
-def between(lo: float, hi: float, *, hi_open: bool = False) -> dict:
-    if hi_open:
-        return {"allowed": (lambda v: lo <= v < hi, f"in [{lo:g}, {hi:g})")}
-    return {"allowed": (lambda v: lo <= v <= hi, f"in [{lo:g}, {hi:g}]")}
-
-
-def one_of(*values) -> dict:
-    return {"allowed": (lambda v: v in values, "one of " + ", ".join(map(str, values)))}
-
-
-NON_EMPTY = {"allowed": (lambda v: len(v) > 0, "non-empty")}
 CLOCKS = {
     "allowed": (
         lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v)),
@@ -97,14 +82,6 @@ class GpuConfig:
     # seconds of the workload at the max clock before profile and validate measure it, unmeasured: a
     # GPU's leakage follows its die temperature, and a job runs warm, not from a cold start
     settle_s: float = field(default=20.0, metadata=at_least(0))
-
-
-# --------------------------------------------------------------------------- workloads
-@dataclass
-class WorkloadConfig:
-    """What every workload's schema derives from; each kind's module declares its own (emo.workloads)."""
-
-    kind: str = MISSING
 
 
 # --------------------------------------------------------------------------- stages
@@ -271,7 +248,7 @@ class Config:
 def check(cfg: dict) -> None:
     """ValueError, one line naming the key and its allowed range, for the first value outside it
     (the `allowed` metadata of the schema's fields, then the rules that tie two keys together)."""
-    _check_node(Config, cfg, "")
+    check_node(Config, cfg, "", _workload_schema)
     kind = _kind(cfg.get("workload"))
     if kind is not None:
         kind.rules(cfg["workload"])  # what ties the workload's keys together: its module says
@@ -326,40 +303,9 @@ def _gpu_runs_workload(gpu: dict, kind) -> None:
         )
 
 
-def check_workload(wl: dict) -> None:
-    """The same checks for a workload alone (the synthetic workloads' builders call it)."""
-    from emo.workloads import workload_kind
-
-    kind = workload_kind(wl["kind"])
-    _check_node(kind.schema, wl, "workload.")
-    kind.rules(wl)
-
-
-def _check_node(schema: type, node: dict, prefix: str) -> None:
-    hints = typing.get_type_hints(schema)
-    unknown = sorted(set(node) - {f.name for f in dataclasses.fields(schema)})
-    if unknown:  # `+key=value` adds a key no stage reads: a typo the typed config would otherwise let through
-        raise ConfigError(f"bad configuration: {prefix + unknown[0]} is not a key of the configuration")
-    for f in dataclasses.fields(schema):
-        if f.name not in node:
-            continue
-        value, key = node[f.name], prefix + f.name
-        if "allowed" in f.metadata:
-            test, text = f.metadata["allowed"]
-            if value is None and f.metadata.get("nullable"):
-                pass
-            elif value is None or not test(value):
-                bad(key, text, value)
-        sub = (
-            getattr(_kind(value), "schema", None) if f.name == "workload" and isinstance(value, dict) else hints[f.name]
-        )
-        if isinstance(value, dict) and isinstance(sub, type) and dataclasses.is_dataclass(sub):
-            _check_node(sub, value, key + ".")
-
-
-def bad(key: str, allowed: str, value) -> None:
-    """The one-line error of a value outside its range (a workload's rules raise it too)."""
-    raise ConfigError(f"bad configuration: {key} must be {allowed} (got {value!r})")
+def _workload_schema(name: str, value: Any) -> Any:
+    """The schema of the `workload` section: its kind's (None for any other section: its type hint)."""
+    return getattr(_kind(value), "schema", None) if name == "workload" and isinstance(value, dict) else None
 
 
 def register() -> None:

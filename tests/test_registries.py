@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from emo import methods
-from emo.config import WorkloadConfig, at_least
 from emo.device import backends
 from emo.device import control as ctl
 from emo.policy import FrequencyPolicy
+from emo.schema import WorkloadConfig, at_least
 from emo.stages import run_chain
 from emo.trace import read as trace_read
 from emo.workflow.plan import ROOT, compose

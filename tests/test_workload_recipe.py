@@ -21,7 +21,7 @@ TOY = '''"""toy: tp's program at a toy size, one small layer."""
 
 from dataclasses import dataclass, field
 
-from emo.config import WorkloadConfig, at_least, bad, one_of
+from emo.schema import WorkloadConfig, at_least, bad, one_of
 from emo.workloads import tp
 from emo.workloads.transformer import TransformerShape
 

@@ -322,12 +322,11 @@ def run_perseus(
 
 
 def pipeline_depth(workload: Any) -> int:
-    """The workload's pipeline stages: the pp of its kind's rank grid (emo.workloads.grid_of); one for
-    a kind without one (a recorded trace's, a command's, offload's) or a workload given as an object."""
-    from emo.workloads import grid_of
-
-    grid = grid_of(workload) if isinstance(workload, dict) else None
-    return grid[1] if grid else 1
+    """The workload's pipeline stages: its `pp` key (every pipelined kind's size, as tp's is its
+    tensor-parallel one); one for a kind without it (a recorded trace's, a command's, offload's) or a
+    workload given as an object. A key read, not the kind's grid: emo.workloads is the virtual GPU's,
+    and the optimize stage, which imports this module, must not hash it (tests/test_pipeline.py)."""
+    return int(workload["pp"]) if isinstance(workload, dict) and "pp" in workload else 1
 
 
 def run_online(ctx: OnlineContext) -> OnlineResult:

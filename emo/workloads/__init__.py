@@ -7,12 +7,12 @@
 
 A kind is a module `emo.workloads.<kind>` (or an entry point of group `emo.workloads` naming a module)
 that declares:
-- `SCHEMA`: a dataclass deriving from emo.config.WorkloadConfig, its keys, defaults and ranges; Hydra
+- `SCHEMA`: a dataclass deriving from emo.schema.WorkloadConfig, its keys, defaults and ranges; Hydra
   knows it as `workload/<kind>_schema`, which conf/workload/<kind>.yaml names in its defaults list;
 - `build(workload, arch) -> Program`: the program one iteration runs, per rank (a synthetic workload,
   for the virtual GPU); or `SOURCE = "command"` (a program of yours that EMO starts: emo.device) or
   `SOURCE = "trace"` (a trace recorded elsewhere: nothing runs, the stages read `workload.path`);
-and may declare `rules(workload: dict)` (what ties its keys together; raise through emo.config.bad),
+and may declare `rules(workload: dict)` (what ties its keys together; raise through emo.schema.bad),
 `label(params: dict) -> str` (the name `emo compare` gives its cells) and `grid(workload: dict)`
 ((tp, pp, dp) of its ranks: which ranks are alike for `trace.ranks`, how many GPUs a job takes).
 
@@ -31,6 +31,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from emo.errors import ConfigError
+from emo.schema import check_node
 from emo.workloads.arch import Arch, arch_for
 from emo.workloads.params import resolve
 from emo.workloads.program import Program
@@ -185,6 +186,14 @@ def workload_kind(kind: Any) -> WorkloadKind:
             f"workload.kind: unknown synthetic workload {kind!r} (expected one of {', '.join(discover())})"
         )
     return entry
+
+
+def check_workload(wl: dict) -> None:
+    """A workload section alone against its kind's schema (ranges) and rules; what the synthetic
+    workloads' builders call (emo.config.check does the same for a whole configuration)."""
+    kind = workload_kind(wl["kind"])
+    check_node(kind.schema, wl, "workload.")
+    kind.rules(wl)
 
 
 def _name(cfg: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emo.config import WorkloadConfig, at_least
+from emo.schema import WorkloadConfig, at_least
 
 SOURCE = "command"  # emo.workloads: EMO starts it, builds no program
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from emo.config import WorkloadConfig, above, at_least, bad, check_workload, one_of
+from emo.schema import WorkloadConfig, above, at_least, bad, one_of
+from emo.workloads import check_workload
 from emo.workloads.arch import Arch
 from emo.workloads.pp import Grid, pipeline
 from emo.workloads.program import Program
@@ -68,7 +69,7 @@ def grid(w: dict) -> tuple[int, int, int]:
 
 
 def validate(w: HybridWorkload) -> None:
-    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (its kind's)
 
 
 def build(w: HybridWorkload, arch: Arch) -> Program:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from emo.config import WorkloadConfig, above, at_least, bad, check_workload
+from emo.schema import WorkloadConfig, above, at_least, bad
+from emo.workloads import check_workload
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, Builder
@@ -55,7 +56,7 @@ def label(params: dict) -> str:
 
 
 def validate(w: OffloadWorkload) -> None:
-    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (its kind's)
 
 
 def expert_flops(w: OffloadWorkload) -> float:

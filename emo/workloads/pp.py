@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from emo.config import WorkloadConfig, at_least, check_workload, one_of
+from emo.schema import WorkloadConfig, at_least, one_of
+from emo.workloads import check_workload
 from emo.workloads import kernels as K
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder, RankEmitter
@@ -71,7 +72,7 @@ DP = 32  # the data-parallel process group's NCCL stream (gradient buckets)
 
 
 def validate(w: PPWorkload) -> None:
-    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (its kind's)
 
 
 # --------------------------------------------------------------------------- partition

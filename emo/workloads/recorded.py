@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
-from emo.config import NON_EMPTY, WorkloadConfig
+from emo.schema import NON_EMPTY, WorkloadConfig
 
 SOURCE = "trace"  # emo.workloads: read from workload.path, never run
 

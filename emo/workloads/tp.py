@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from emo.config import WorkloadConfig, at_least, bad, check_workload, one_of
+from emo.schema import WorkloadConfig, at_least, bad, one_of
+from emo.workloads import check_workload
 from emo.workloads.arch import Arch
 from emo.workloads.emitter import COMPUTE, NCCL, Builder
 from emo.workloads.program import Program
@@ -69,7 +70,7 @@ def grid(w: dict) -> tuple[int, int, int]:
 
 
 def validate(w: TPWorkload) -> None:
-    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (emo.config)
+    check_workload(dataclasses.asdict(w))  # the schema's ranges and rules (its kind's)
 
 
 def build(w: TPWorkload, arch: Arch) -> Program:
