@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from emo.stages import declaration, run_in_place, run_stage
+from emo.stages import Stage, declaration, run_in_place, run_stage
 from emo.workflow import plan as planmod
 from emo.workflow.plan import compose, plan
 
@@ -99,14 +99,48 @@ def test_code_digest_follows_the_imports(tmp_path, monkeypatch):
 
 def test_every_stage_hashes_the_code_it_imports():
     """The hand-written lists drifted (profile did not hash emo/graph, fit not emo/device): now each
-    stage's digest covers what it imports, and the models' stages do not hash the virtual GPU."""
-    mods = {s: set(planmod.imported_modules(f"emo.stages.{s}")) for s in planmod.STAGES}
+    stage's digest covers what it imports, and the models' stages do not hash the virtual GPU. The
+    stages that run a workload hash every kind's module; the calibration, which runs none, does not."""
+    mods = {s: set(planmod.stage_modules(s)) for s in planmod.STAGES}
     assert "emo.graph.graph" in mods["profile"]
     assert {"emo.policy", "emo.graph.whatif"} <= mods["optimize"]
     for s in ("graph", "pack", "fit", "optimize"):
         assert not any(m.startswith(("emo.device.sim", "emo.workloads")) for m in mods[s]), s
     for s in ("trace", "calibrate", "profile", "validate"):
         assert "emo.device.sim.device" in mods[s], s
+    for s in ("trace", "profile", "validate"):
+        assert {"emo.workloads.tp", "emo.workloads.pp", "emo.workloads.command"} <= mods[s], s
+    assert "emo.workloads.tp" not in mods["calibrate"]
+    assert "emo.baselines.zeus" in mods["validate"] and "emo.optimize.solvers.static" in mods["optimize"]
+
+
+def test_a_stage_hashes_every_module_of_the_packages_it_loads_by_name(tmp_path, monkeypatch):
+    """A workload's kind and a method are modules found by name at run time, which no import statement
+    names: a stage that declares their package (Stage.discovers) hashes each, a new one included, and
+    what each imports. Before, editing emo/workloads/tp.py re-ran no stage."""
+    pkg = tmp_path / "emo"
+    for d in ("", "stages", "kinds"):
+        (pkg / d).mkdir(exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "stages" / "demo.py").write_text("def run():\n    from emo import kinds\n")
+    (pkg / "kinds" / "tp.py").write_text("from emo.kinds import _shape\n")
+    (pkg / "kinds" / "_shape.py").write_text("x = 1\n")
+    monkeypatch.setattr(planmod, "ROOT", tmp_path)
+    monkeypatch.setattr(planmod, "PACKAGE_PARENT", tmp_path)
+    monkeypatch.setattr(planmod, "STAGES", ("demo",))
+    monkeypatch.setattr(planmod, "declaration", lambda stage: Stage(discovers=("emo.kinds",)))
+    assert {"emo.kinds.tp", "emo.kinds._shape"} <= set(planmod.stage_modules("demo"))
+
+    def digest():
+        planmod.code_digest.cache_clear()
+        return planmod.code_digest("demo")
+
+    before = digest()
+    for f in ("kinds/tp.py", "kinds/_shape.py", "kinds/toy.py"):  # an edited kind, what it imports, a new one
+        (pkg / f).write_text("# changed\n")
+        assert digest() != before, f
+        before = digest()
+    planmod.code_digest.cache_clear()
 
 
 def test_a_stage_sees_only_the_config_its_hash_covers(tmp_path, monkeypatch):

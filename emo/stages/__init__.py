@@ -49,7 +49,9 @@ class Stage:
     outside  a function of the config sections: name -> a path outside results/ it reads (a
              recorded trace and its sidecars), hashed by content (emo.workflow.plan.content_digest);
     code     paths under the repository its code reads (the microbenchmarks' sources), hashed
-             with its code (emo.workflow.plan.code_digest).
+             with its code (emo.workflow.plan.code_digest);
+    discovers  packages it loads modules of by name at run time (a workload's kind, a method): every
+             module in them is hashed with its code, as if it imported each.
     """
 
     reads: tuple[str, ...] = ()
@@ -59,6 +61,7 @@ class Stage:
     outputs: tuple[str, ...] = ()
     outside: Callable[[dict], Mapping[str, str | Path]] | None = None
     code: tuple[str, ...] = ()
+    discovers: tuple[str, ...] = ()
 
     def seen(self, cfg: dict) -> dict:
         """The config sections this stage reads (all it is handed; all the functions below see)."""

@@ -46,6 +46,7 @@ STAGE = Stage(
     reads=("gpu", "optimizer", "budget", "trace"),
     inputs=_inputs,
     outputs=("policy.json", "summary.json"),
+    discovers=("emo.optimize.solvers",),  # the method's module, found by its name
 )
 
 

@@ -34,6 +34,7 @@ STAGE = Stage(
     },
     outputs=("metrics.parquet", "baseline.json"),
     outside=sidecars,
+    discovers=("emo.workloads",),  # the workload's kind runs the measured iterations
 )
 
 

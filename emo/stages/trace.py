@@ -31,6 +31,7 @@ STAGE = Stage(
     reads=("gpu", "workload", "trace"),
     outputs=("events.parquet", "measured.json"),
     outside=recorded_path,
+    discovers=("emo.workloads",),  # the workload's kind builds or starts what is traced
 )
 
 

@@ -13,6 +13,7 @@ STAGE = Stage(
     # offline methods bring optimize's policy; online ones tune while validate runs them
     inputs=lambda cfg: {} if cfg["optimizer"]["name"] in ONLINE else {"policy": ("optimize", "policy.json")},
     outputs=("result.json",),
+    discovers=("emo.workloads", "emo.baselines"),  # the workload's kind; an online method's module
 )
 
 

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import pkgutil
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,12 +260,28 @@ def imported_modules(root: str) -> list[str]:
     return sorted(seen)
 
 
+def package_modules(package: str) -> list[str]:
+    """The modules and sub-packages in emo package `package`'s folder, as it holds them now."""
+    init = module_file(package)
+    assert init is not None and init.name == "__init__.py", package
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(init.parent)]) if not m.name.startswith("_")]
+
+
+def stage_modules(stage: str) -> list[str]:
+    """The modules a stage's code is: what emo.stages.<stage> imports, and every module of the packages
+    it declares it loads by name (Stage.discovers), with what they import in turn."""
+    roots = [f"emo.stages.{stage}"]
+    for package in declaration(stage).discovers if stage in STAGES else ():
+        roots += package_modules(package)
+    return sorted({m for root in roots for m in imported_modules(root)})
+
+
 @functools.cache
 def code_digest(stage: str) -> str:
     """Digest of the code of `stage`: the source of every module emo.stages.<stage> imports and the
     repository files it declares (Stage.code), so a code change re-runs exactly the stages that run that code."""
     files: list[Path] = []
-    for m in imported_modules(f"emo.stages.{stage}"):
+    for m in stage_modules(stage):
         f = module_file(m)
         assert f is not None, m  # imported_modules lists modules that have a source file
         files.append(f)
