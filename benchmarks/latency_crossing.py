@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from emo import benchreport  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402  (the checkout, not an installed emo)
 from emo.methods import ONLINE, PL_TOLERANCE_PCT  # noqa: E402
+from emo.sections import Config, typed  # noqa: E402
 from emo.validate import validate  # noqa: E402
 from emo.workflow.plan import compose, plan  # noqa: E402
 
@@ -51,7 +52,7 @@ def constant_latency(ms: float) -> list[str]:
 
 def measure(overrides: list[str], policy: Path | None) -> tuple[float, float]:
     cfg = compose(overrides)
-    result, _, _ = validate(cfg, policy, lambda: open_device(cfg["gpu"]))
+    result, _, _ = validate(typed(Config, cfg), policy, lambda: open_device(cfg["gpu"]))
     m = result["metrics"]
     return float(m["es_pct"]), float(m["pl_pct"])
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the protocol, for annotations only: emo.methods stays free of the device package
     from emo.device import Device
+    from emo.sections import GpuConfig, OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class PlanContext:
     check; None: no untraced measurement)."""
 
     tables: Any
-    opt: dict
+    opt: OptimizerConfig
     budget: float
     gpu: str
     clock_latency: dict | None = None
@@ -50,7 +51,7 @@ class PlanContext:
 
     @property
     def name(self) -> str:
-        return str(self.opt["name"])
+        return self.opt.name
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,14 @@ class OnlineContext:
     workload: Any
     devices: Sequence[int]
     budget: float
-    optimizer: dict
-    gpu: dict
+    optimizer: OptimizerConfig
+    gpu: GpuConfig
     iterations: int
     warmup: int
 
     @property
     def name(self) -> str:
-        return str(self.optimizer["name"])
+        return self.optimizer.name
 
 
 @dataclass(frozen=True)

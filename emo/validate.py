@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from emo.policy import FrequencyPolicy
 from emo.progress import progress
 from emo.sampling import class_spread
 from emo.workloads import kind_of
+
+if TYPE_CHECKING:
+    from emo.sections import Config
 
 MIN_ITERATIONS = 5
 log = logging.getLogger("emo")
@@ -166,7 +169,7 @@ def _run_dict(run: RunResult) -> dict:
 
 
 def static_pick(
-    cfg: dict,
+    cfg: Config,
     device: Device,
     devices: list[int],
     policy: FrequencyPolicy,
@@ -180,12 +183,12 @@ def static_pick(
     the curve, every clock at the budget's edge, and a fresh run at the clock of the least measured
     energy that keeps the budget (the model's pick, `policy`, measured as `opt`, is a candidate);
     `setting` says which clock and why."""
-    vcfg, ocfg, wl = cfg["validate"], cfg["optimizer"], cfg["workload"]
+    vcfg, ocfg, wl = cfg.validate, cfg.optimizer, cfg.workload
     supported = device.supported_clocks()
-    clocks = pareto_clocks(supported, vcfg["pareto_points"], ocfg["min_clock_fraction"])
+    clocks = pareto_clocks(supported, vcfg.pareto_points, ocfg.min_clock_fraction)
     curve = measure_static_curve(device, wl, devices, clocks, n, warmup, base)
-    limit_s = per_iteration(base)[0] * (1 + float(cfg["budget"]) + PL_TOLERANCE_PCT / 100)
-    edge = bracket_clocks(supported, curve, limit_s, ocfg["min_clock_fraction"] * max(supported))
+    limit_s = per_iteration(base)[0] * (1 + float(cfg.budget) + PL_TOLERANCE_PCT / 100)
+    edge = bracket_clocks(supported, curve, limit_s, ocfg.min_clock_fraction * max(supported))
     if edge:
         curve = pd.concat([curve, measure_static_curve(device, wl, devices, edge, n, warmup, base)])
     model_mhz = sorted({s.sm_mhz for st in policy.steps.values() for s in st})
@@ -208,14 +211,14 @@ def static_pick(
 
 
 def validate(
-    cfg: dict, policy_path: Path | None, open_dev: Callable[[], Device]
+    cfg: Config, policy_path: Path | None, open_dev: Callable[[], Device]
 ) -> tuple[dict, dict, pd.DataFrame | None]:
     """(result.json, the stage's metrics, the static clocks' curve or None) of `cfg`'s method,
     measured on the device `open_dev()` opens; `policy_path`: an offline method's policy.json."""
-    vcfg, method = cfg["validate"], cfg["optimizer"]["name"]
-    if kind_of(cfg["workload"]).recorded:  # a trace cannot be re-run: the policy stands on its prediction
+    vcfg, method = cfg.validate, cfg.optimizer.name
+    if kind_of(cfg.workload).recorded:  # a trace cannot be re-run: the policy stands on its prediction
         return _skipped(method, policy_path)
-    n, warmup = int(vcfg["iterations"]), int(vcfg["warmup"])
+    n, warmup = int(vcfg.iterations), int(vcfg.warmup)
     if n < MIN_ITERATIONS:
         raise ConfigError(f"validate.iterations: {n} is too few (need >= {MIN_ITERATIONS})")
     m = describe(method) or Method(method, online=False)  # unknown: an offline method's policy or nothing
@@ -227,7 +230,7 @@ def validate(
     device = open_dev()
     try:
         runs = _measure(cfg, device, policy, n, warmup)
-        if m.measures_static_curve and vcfg["pareto_points"] > 0:
+        if m.measures_static_curve and vcfg.pareto_points > 0:
             assert policy is not None  # a method measuring the static curve is offline: its policy was loaded above
             runs.base, runs.opt, runs.curve = static_pick(
                 cfg, device, runs.devices, policy, runs.base, runs.opt, runs.setting, runs.n, warmup
@@ -270,18 +273,18 @@ class _Runs:
     curve: pd.DataFrame | None = None
 
 
-def _measure(cfg: dict, device: Device, policy: FrequencyPolicy | None, n: int, warmup: int) -> _Runs:
+def _measure(cfg: Config, device: Device, policy: FrequencyPolicy | None, n: int, warmup: int) -> _Runs:
     """Max clock, the method, max clock: an offline policy in one launch of the program
     (emo.device.run_segments), an online method's own loop between two max-clock runs."""
-    wl, vcfg, ocfg, method = cfg["workload"], cfg["validate"], cfg["optimizer"], cfg["optimizer"]["name"]
+    wl, vcfg, ocfg, method = cfg.workload, cfg.validate, cfg.optimizer, cfg.optimizer.name
     device.set_policy(None)
     # enough iterations for the energy counter (it updates every ~100 ms) to resolve the run: from
     # the policy's own max-clock iteration time, else (online methods) a one-iteration probe
     est = iteration_estimate_s(policy)
     if est is None:
         est = device.run(wl, 1, warmup=warmup).time_s
-    n = max(n, math.ceil(float(vcfg["min_seconds"]) / max(est, 1e-9)))
-    settle = settle_iterations(float(cfg["gpu"]["settle_s"]), est)  # before the first launch only
+    n = max(n, math.ceil(float(vcfg.min_seconds) / max(est, 1e-9)))
+    settle = settle_iterations(float(cfg.gpu.settle_s), est)  # before the first launch only
     log.info(
         "validate: %d iterations to settle, then max clock, %s, max clock: 3 x (%d + %d warm-up) iterations: "
         "about %.1f minutes plus start-up",
@@ -302,14 +305,14 @@ def _measure(cfg: dict, device: Device, policy: FrequencyPolicy | None, n: int, 
             (before,) = run_segments(device, wl, [(None, n)], warmup=warmup, settle=settle)
             bar.update()
             devices = sorted(before.energy_per_device_j) or [0]
-            res = run_online(OnlineContext(device, wl, devices, float(cfg["budget"]), ocfg, cfg["gpu"], n, warmup))
+            res = run_online(OnlineContext(device, wl, devices, float(cfg.budget), ocfg, cfg.gpu, n, warmup))
             base = pooled(before, device.run(wl, n, warmup=warmup))
             runs = _Runs(base, res.steady, devices, res.explore, res.setting, n)
         bar.update()
     return runs
 
 
-def _metrics(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, checked: dict | None) -> dict:
+def _metrics(cfg: Config, policy: FrequencyPolicy | None, runs: _Runs, checked: dict | None) -> dict:
     """Savings against the baseline, whether they keep the budget, and (an offline policy) how far the
     model's prediction and a sampled plan's classes were from what was measured."""
     t_ori, e_ori = per_iteration(runs.base)
@@ -320,7 +323,7 @@ def _metrics(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, checked: di
         "e_ori_j": e_ori,
         "t_opt_s": t_opt,
         "e_opt_j": e_opt,
-        "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg["budget"]) + PL_TOLERANCE_PCT),
+        "within_budget": float(100.0 * (t_opt - t_ori) / t_ori <= 100.0 * float(cfg.budget) + PL_TOLERANCE_PCT),
     }
     if policy is not None and runs.setting.get("static_pick") != "measured":  # the model predicted its own pick only
         metrics.update(prediction_errors(policy, t_opt, e_opt, t_ori, e_ori))
@@ -331,12 +334,12 @@ def _metrics(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, checked: di
     return metrics
 
 
-def _result(cfg: dict, policy: FrequencyPolicy | None, runs: _Runs, metrics: dict, checked: dict | None) -> dict:
+def _result(cfg: Config, policy: FrequencyPolicy | None, runs: _Runs, metrics: dict, checked: dict | None) -> dict:
     return {
-        "method": cfg["optimizer"]["name"],
-        "budget": float(cfg["budget"]),
-        "workload": cfg["workload"],
-        "gpu": cfg["gpu"]["name"],
+        "method": cfg.optimizer.name,
+        "budget": float(cfg.budget),
+        "workload": cfg.workload,
+        "gpu": cfg.gpu.name,
         "baseline": _run_dict(runs.base),
         "optimized": _run_dict(runs.opt),
         "metrics": metrics,

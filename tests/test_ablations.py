@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from test_optimize_verify import LATS, _tables
 
+from emo.config import OptimizerConfig, typed
 from emo.methods import ABLATIONS, METHODS, OFFLINE, ONLINE
 from emo.optimize import solve
 from emo.optimize.pipeline import planner as run
@@ -31,11 +32,11 @@ def test_emo_dp_is_the_dp_alone(monkeypatch):
         run, "polish_on_predictor", lambda *a, **k: calls.__setitem__("polish", calls["polish"] + 1) or pol(*a, **k)
     )
     opt = {**compose(["optimizer=emo-dp"])["optimizer"], "change_points": "grid", "transition_ms": [LATS[0], LATS[-1]]}
-    _, summary = solve(t, opt, 0.05, gpu="a100")
+    _, summary = solve(t, typed(OptimizerConfig, opt), 0.05, gpu="a100")
     assert calls == {"fit": 0, "polish": 0}
     rec = summary["emo-dp"]
     assert rec["dp_only"] and "predictor_moves" not in rec and "lead_tries" not in rec
-    shipped = solve(t, {**opt, "name": "emo"}, 0.05, gpu="a100")[1]["emo"]
+    shipped = solve(t, typed(OptimizerConfig, {**opt, "name": "emo"}), 0.05, gpu="a100")[1]["emo"]
     assert calls["fit"] >= 1 and calls["polish"] >= 1 and "predictor_moves" in shipped
 
 

@@ -152,6 +152,7 @@ def test_lowtime_slows_what_is_off_the_critical_path_and_keeps_the_deadline():
 def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeypatch):
     pytest.importorskip("lowtime", reason="lowtime not installed (pip install 'emo[baselines]')")
     from emo.baselines import OnlineContext, run_online
+    from emo.config import GpuConfig, OptimizerConfig, typed
     from emo.device.backends import open_device
     from emo.workflow.plan import compose
 
@@ -192,8 +193,8 @@ def test_perseus_runs_online_on_the_virtual_gpu_and_counts_its_profiling(monkeyp
                 cfg["workload"],
                 sorted(base.energy_per_device_j),
                 0.05,
-                cfg["optimizer"],
-                cfg["gpu"],
+                typed(OptimizerConfig, cfg["optimizer"]),
+                typed(GpuConfig, cfg["gpu"]),
                 iterations=2,
                 warmup=1,
             )
@@ -355,6 +356,7 @@ def test_perseus_policy_is_triggered_at_each_instruction_after_a_synchronize():
 
 def test_perseus_refuses_a_device_that_cannot_run_its_triggered_policy_before_profiling():
     from emo.baselines.perseus import run_perseus
+    from emo.config import PerseusOptions
 
     class Hardware:  # e.g. NvmlDevice: its runtime applier issues steps at times
         name = "a100"
@@ -365,4 +367,4 @@ def test_perseus_refuses_a_device_that_cannot_run_its_triggered_policy_before_pr
             raise AssertionError(f"touched the device ({item}) before refusing")
 
     with pytest.raises(ValueError, match="host-triggered .* only the virtual GPU"):
-        run_perseus(Hardware(), {}, [0, 1], 0.0, {}, iterations=1, warmup=0)
+        run_perseus(Hardware(), {}, [0, 1], 0.0, PerseusOptions(), min_clock_fraction=0.5, iterations=1, warmup=0)

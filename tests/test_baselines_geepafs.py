@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from emo.baselines.geepafs import FoldLine, choose_clock, fit_fold_line, probe_clocks, probe_schedule, run_geepafs
+from emo.config import GeepafsOptions, typed
 from emo.device.backends import open_device
 from emo.workflow.plan import compose
 
@@ -111,15 +112,10 @@ def small_tp():
 
 
 def _opts(cfg, **kw):
-    return {
-        **cfg["optimizer"]["geepafs"],
-        "min_clock_fraction": 0.5,
-        "iterations": 5,
-        "warmup": 1,
-        "periods": 1,
-        "period_ms": 4000.0,
-        **kw,
-    }
+    return typed(GeepafsOptions, {**cfg["optimizer"]["geepafs"], "periods": 1, "period_ms": 4000.0, **kw})
+
+
+RUN = {"min_clock_fraction": 0.5, "iterations": 5, "warmup": 1}
 
 
 def test_geepafs_loop_counts_its_probing_in_the_steady_state(small_tp):
@@ -127,7 +123,7 @@ def test_geepafs_loop_counts_its_probing_in_the_steady_state(small_tp):
     device = open_device(cfg["gpu"])
     try:
         base = device.run(cfg["workload"], 10, warmup=1)
-        res = run_geepafs(device, cfg["workload"], [0, 1], 0.05, _opts(cfg))
+        res = run_geepafs(device, cfg["workload"], [0, 1], 0.05, _opts(cfg), **RUN)
     finally:
         device.close()
     s = res.setting
@@ -160,8 +156,8 @@ def test_geepafs_needs_sampled_utilisation_and_a_period_longer_than_its_probing(
     device = open_device(small_tp["gpu"])
     try:
         with pytest.raises(ValueError, match="utilization_samples"):
-            run_geepafs(_NoSamples(device), small_tp["workload"], [0], 0.02, _opts(small_tp))
+            run_geepafs(_NoSamples(device), small_tp["workload"], [0], 0.02, _opts(small_tp), **RUN)
         with pytest.raises(ValueError, match="period_ms"):
-            run_geepafs(device, small_tp["workload"], [0], 0.02, _opts(small_tp, period_ms=1000.0))
+            run_geepafs(device, small_tp["workload"], [0], 0.02, _opts(small_tp, period_ms=1000.0), **RUN)
     finally:
         device.close()

@@ -7,6 +7,7 @@ import pytest
 zeus = pytest.importorskip("zeus", reason="the `zeus` package (extra `baselines`) is not installed")
 
 from emo.baselines.zeus import run_zeus, zeus_on_device  # noqa: E402
+from emo.config import GpuConfig, ZeusOptions, typed  # noqa: E402
 from emo.device.backends import open_device  # noqa: E402
 from emo.workflow.plan import compose  # noqa: E402
 
@@ -29,8 +30,10 @@ def test_zeus_profiles_limits_and_keeps_the_budget(cfg):
 
     device = open_device(cfg["gpu"])
     try:
-        opts = {**cfg["optimizer"]["zeus"], "iterations": 10, "warmup": 1}
-        res = run_zeus(device, cfg["workload"], [0, 1], 0.05, opts, cfg["gpu"])
+        opts = typed(ZeusOptions, cfg["optimizer"]["zeus"])
+        res = run_zeus(
+            device, cfg["workload"], [0, 1], 0.05, opts, typed(GpuConfig, cfg["gpu"]), iterations=10, warmup=1
+        )
         # the baseline after zeus, at the default limit: the die is as warm as in zeus's steady state
         # (the virtual GPU's leakage follows its temperature, so a cold first run would cost less)
         base = device.run(cfg["workload"], 10, warmup=1)
@@ -62,8 +65,9 @@ def test_zeus_steady_state_is_measured_on_a_die_rewarmed_at_the_max_limit(cfg, m
 
     monkeypatch.setattr(device, "run", run)
     try:
-        opts = {**cfg["optimizer"]["zeus"], "iterations": 10, "warmup": 1}
-        res = run_zeus(device, cfg["workload"], [0, 1], 0.05, opts, {**cfg["gpu"], "settle_s": 2.0})
+        opts = typed(ZeusOptions, cfg["optimizer"]["zeus"])
+        gpu = typed(GpuConfig, {**cfg["gpu"], "settle_s": 2.0})
+        res = run_zeus(device, cfg["workload"], [0, 1], 0.05, opts, gpu, iterations=10, warmup=1)
         tdp = device.tdp_w
     finally:
         device.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from emo.config import OptimizerConfig, typed
 from emo.device import nvml as nv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -378,8 +379,8 @@ def test_peers_plan_with_the_latest_of_their_raises():
     four = latest_of(x, 4)  # the max of 4 uniform draws on [0, 10]: mean 8, median 10 * 0.5 ** (1/4)
     assert np.mean(four) == pytest.approx(8.0, abs=0.01) and np.median(four) == pytest.approx(8.409, abs=0.01)
     measured = {"samples": list(x[::10]), "pairs": [[1, 2]] * 1001}
-    one, _ = planning_latencies(PLAN, measured)
-    many, source = planning_latencies(PLAN, measured, peers=4)
+    one, _ = planning_latencies(typed(OptimizerConfig, PLAN), measured)
+    many, source = planning_latencies(typed(OptimizerConfig, PLAN), measured, peers=4)
     # the range the policy is built for (its lead) stays one GPU's; the expectation judges the latest
     assert (many.lo, many.hi) == (one.lo, one.hi) and many.mean > one.mean + 2.5
     assert source.endswith("the latest of 4 GPUs' raises")

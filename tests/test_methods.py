@@ -12,6 +12,7 @@ from test_optimize_verify import LATS, _tables
 
 import emo.optimize.solvers
 from emo import methods
+from emo.config import OptimizerConfig, typed
 from emo.optimize import solve
 from emo.optimize.pipeline.planner import Candidate, Planner, Setting
 from emo.workflow.plan import compose
@@ -55,7 +56,7 @@ def _opt(name: str) -> dict:
 def test_a_new_offline_method_written_as_the_docs_say_plans_through_the_stage_api(conventional_module):
     t = _tables()
     assert conventional_module in methods.OFFLINE and conventional_module not in methods.ONLINE
-    policy, summary = solve(t, _opt(conventional_module), 0.05, gpu="a100")
+    policy, summary = solve(t, typed(OptimizerConfig, _opt(conventional_module)), 0.05, gpu="a100")
     m = methods.method(conventional_module)
     assert not m.online and m.rival and not m.lead and not m.measures_static_curve
     assert summary["method"] == conventional_module and policy.budget == 0.05
@@ -82,7 +83,7 @@ def test_a_registered_planner_gets_the_stage_setting_and_its_pick():
 
     methods.register_method("fastest", online=False, run=Fastest(), label="max clock")
     try:
-        policy, summary = solve(_tables(), _opt("fastest"), 0.05, gpu="a100")
+        policy, summary = solve(_tables(), typed(OptimizerConfig, _opt("fastest")), 0.05, gpu="a100")
         assert seen == {"budget": 0.05, "on_time": True} and methods.describe("fastest").title == "max clock"
         assert summary["fastest"]["planning_budget"] >= 0.05
     finally:
@@ -99,4 +100,4 @@ def test_the_stages_read_flags_not_names():
 
 def test_an_online_method_is_refused_by_optimize():
     with pytest.raises(ValueError, match="not an offline method"):
-        solve(_tables(), _opt("zeus"), 0.05, gpu="a100")
+        solve(_tables(), typed(OptimizerConfig, _opt("zeus")), 0.05, gpu="a100")

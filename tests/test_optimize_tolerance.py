@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from emo.config import OptimizerConfig, typed
 from emo.graph.whatif import ROUNDING_TOLERANCE_NS, TOLERANCE_NS
 from emo.model.predict import load_pack_tables, predict
 from emo.optimize import solve
@@ -70,7 +71,7 @@ def test_offload_saves_energy_at_budget_zero(offload, method):
     t = load_pack_tables(offload / "pack", offload / "fit")
     opt = compose([f"optimizer={method}"])["optimizer"]
     measured = clock_latency(offload / "calibrate/calibration.json")
-    policy, summary = solve(t, opt, 0.0, gpu="a100", clock_latency=measured)
+    policy, summary = solve(t, typed(OptimizerConfig, opt), 0.0, gpu="a100", clock_latency=measured)
     s = summary[method]
     base, pred = predict(t), predict(t, policy, transition_ms=10.0)
     assert summary["budget"] == 0.0 and policy.budget == 0.0 and s["time_tolerance_ms"] > 0
@@ -142,7 +143,9 @@ def test_the_budget_is_against_the_measured_run(offload, budget, ratio):
     t = load_pack_tables(offload / "pack", offload / "fit")
     opt = compose(["optimizer=emo"])["optimizer"]
     measured = clock_latency(offload / "calibrate/calibration.json")
-    policy, summary = solve(t, opt, budget, gpu="a100", clock_latency=measured, baseline_ratio=ratio)
+    policy, summary = solve(
+        t, typed(OptimizerConfig, opt), budget, gpu="a100", clock_latency=measured, baseline_ratio=ratio
+    )
     s = summary["emo"]
     floor = s["time_tolerance_ms"] * 1e6 / predict(t).makespan_ns
     r = 1.0 if ratio is None else min(ratio, 1.0)  # a slower measured run never loosens the deadline

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from emo.config import OptimizerConfig
+from emo.config import typed as typed_config
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import pack_tables, predict
 from emo.optimize import solve
@@ -115,7 +117,7 @@ def test_solve_at_budget_zero_keeps_the_predicted_time():
         "change_points": "grid",
         "transition_ms": [LATS[0], LATS[-1]],
     }  # as the test assumes
-    policy, summary = solve(t, opt, 0.0, gpu="a100")
+    policy, summary = solve(t, typed_config(OptimizerConfig, opt), 0.0, gpu="a100")
     base = predict(t, None)
     assert predict(t, policy, transition_ms=10.0).makespan_ns <= base.makespan_ns * (1 + 1e-5) + 1_000
     assert predict(t, policy, transition_ms=10.0).energy_j < base.energy_j
@@ -250,7 +252,7 @@ def test_perseus_emo_search_ablation_gets_the_budget_search_and_polish_of_emo_wi
     }  # a latency as calibrate would have measured it
     out = {}
     for method in ("emo", "perseus+emo-search"):
-        out[method] = solve(t, {**opt, "name": method}, 0.05, gpu="a100")
+        out[method] = solve(t, typed_config(OptimizerConfig, {**opt, "name": method}), 0.05, gpu="a100")
     assert seen["emo"] == seen["perseus+emo-search"] == {"solves": 3, "evaluations": 50}
     rec = out["perseus+emo-search"][1]["perseus+emo-search"]
     assert 1 <= len(rec["budget_tries"]) <= 3 and "predictor_moves" in rec
@@ -298,14 +300,14 @@ def test_the_plan_pays_for_the_measured_stalls():
     body = list(np.linspace(5.0, 15.0, 95))
     stalls = [60.0, 70.0, 80.0, 90.0, 100.0]
     opt = {"transition_ms": None, "transition_percentiles": [10.0, 90.0], "change_interval_ms": 20.0}
-    lats, source = planning_latencies(opt, {"samples": body + stalls})
+    lats, source = planning_latencies(typed_config(OptimizerConfig, opt), {"samples": body + stalls})
     assert lats.weights[-1] == pytest.approx(0.02) and lats.nodes[-1] == pytest.approx(95.0)  # the two longest
     assert sum(lats.weights) == pytest.approx(1.0) and lats.down == pytest.approx(np.mean(body[:-5]), abs=0.6)
     assert "expectation over 6 strata" in source
     t, p, timing, items, build, base = _setup()
     sol = Solution(p, items, np.array([0, 2, 2]), "emo", 0.05)  # A slow in window 0, X at max after the raise
     policy = build(sol)
-    body_only = expected(t, policy, planning_latencies(opt, {"samples": body})[0])
+    body_only = expected(t, policy, planning_latencies(typed_config(OptimizerConfig, opt), {"samples": body})[0])
     with_stalls = expected(t, policy, lats)
     assert with_stalls.makespan_ns > body_only.makespan_ns + 0.5 * MS
 
@@ -370,15 +372,15 @@ def test_lead_options_change_only_how_early_raises_are_issued():
     from emo.optimize.pipeline.check import lead_options, planning_latencies
 
     opt = {"transition_ms": None, "transition_percentiles": [10.0, 90.0]}
-    lats, _ = planning_latencies(opt, STALLED)
-    leads = lead_options(opt, STALLED, lats)
+    lats, _ = planning_latencies(typed_config(OptimizerConfig, opt), STALLED)
+    leads = lead_options(typed_config(OptimizerConfig, opt), STALLED, lats)
     assert [x.hi for x in leads] == pytest.approx([np.percentile(STALLED["samples"], q) for q in (90, 95, 98)])
     assert leads[0] is lats and leads[1].hi < leads[2].hi
     assert all((x.lo, x.nodes, x.weights, x.down) == (lats.lo, lats.nodes, lats.weights, lats.down) for x in leads)
-    assert lead_options({**opt, "transition_ms": [5.0, 15.0]}, STALLED, lats) == [lats]
+    assert lead_options(typed_config(OptimizerConfig, {**opt, "transition_ms": [5.0, 15.0]}), STALLED, lats) == [lats]
     flat = {"samples": [10.0] * 50}
-    one, _ = planning_latencies(opt, flat)
-    assert lead_options(opt, flat, one) == [one]
+    one, _ = planning_latencies(typed_config(OptimizerConfig, opt), flat)
+    assert lead_options(typed_config(OptimizerConfig, opt), flat, one) == [one]
 
 
 @pytest.mark.parametrize("method", ["emo", "perseus+emo-search"])
@@ -403,7 +405,7 @@ def test_each_method_keeps_its_least_energy_lead_from_the_same_solves(monkeypatc
     for leads in ((), check.LEAD_PERCENTILES):
         monkeypatch.setattr(check, "LEAD_PERCENTILES", leads)
         calls.clear(), evaluations.clear()
-        policy, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+        policy, summary = solve(t, typed_config(OptimizerConfig, opt), 0.05, gpu="a100", clock_latency=STALLED)
         results[leads] = (policy, summary[method], list(calls), list(evaluations))
     (_, alone, calls90, evals90), (policy, rec, calls_all, evals_all) = results.values()
     total = opt["predictor_evaluations"]
@@ -431,7 +433,7 @@ def test_the_kept_lead_is_the_one_the_policy_issues_and_the_one_polished_on(monk
             starts.append((build(sol).lead_ms, k["evaluations"])) or real_polish(tables, sol, build, **k)
         ),
     )
-    policy, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    policy, summary = solve(t, typed_config(OptimizerConfig, opt), 0.05, gpu="a100", clock_latency=STALLED)
     rec = summary["emo"]
     longest = rec["lead_tries"][-1]
     assert len(rec["lead_tries"]) == 3 and policy.lead_ms == pytest.approx(longest[0], abs=1e-4)
@@ -482,12 +484,12 @@ def test_emo_keeps_one_clock_unless_its_plan_clears_the_single_clock_curve(monke
     t = _tables()
     opt = {**compose([])["optimizer"], "change_points": "grid", "name": "emo"}
     monkeypatch.setattr(run, "CURVE_MIN_GAIN", -np.inf)
-    plan, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    plan, summary = solve(t, typed_config(OptimizerConfig, opt), 0.05, gpu="a100", clock_latency=STALLED)
     gain = summary["emo"]["curve_gain"]
     assert "single_clock_mhz" not in summary["emo"] and gain == pytest.approx(0.0, abs=1e-6)
 
     monkeypatch.setattr(run, "CURVE_MIN_GAIN", 0.01)
-    one, summary = solve(t, opt, 0.05, gpu="a100", clock_latency=STALLED)
+    one, summary = solve(t, typed_config(OptimizerConfig, opt), 0.05, gpu="a100", clock_latency=STALLED)
     rec = summary["emo"]
     assert rec["curve_gain"] == pytest.approx(gain) and rec["single_clock_mhz"] == plan.steps[0][0].sm_mhz
     assert all(len(s) == 1 for s in one.steps.values()) and one.steps == plan.steps

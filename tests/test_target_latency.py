@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from emo.config import OptimizerConfig, typed
 from emo.optimize.pipeline.check import Latencies, planning_latencies, target_scale
 from emo.optimize.pipeline.schedule import _issued_in_order
 from emo.policy import FrequencyPolicy, Issue, Step, issue_plan
@@ -40,16 +41,16 @@ def test_target_scale_recovers_a_known_dependence():
 
 def test_no_dependence_no_scale_and_pairs_missing_no_scale():
     m = _measured(np.random.default_rng(1), lambda f: 1.0)
-    lats, _ = planning_latencies(PLAN, m)
+    lats, _ = planning_latencies(typed(OptimizerConfig, PLAN), m)
     assert np.ptp(lats.factor(np.array([210.0, 1410.0]))) < 0.2
-    flat, source = planning_latencies(PLAN, {"samples": m["samples"]})
+    flat, source = planning_latencies(typed(OptimizerConfig, PLAN), {"samples": m["samples"]})
     assert flat.scale == () and "target" not in source
 
 
 def test_planned_leads_follow_the_target():
     """A raise to the top clock is issued about four times as early as one to a low clock."""
     m = _measured(np.random.default_rng(2), lambda f: 1.0 + 3.0 * max(0.0, f - 1000.0) / 410.0)
-    lats, source = planning_latencies(PLAN, m)
+    lats, source = planning_latencies(typed(OptimizerConfig, PLAN), m)
     assert "target clock" in source
     assert lats.lead(1410, up=True) / lats.lead(600, up=True) == pytest.approx(4.0, rel=0.25)
     up, down = lats.at(lats.nodes[0], np.array([600.0, 1410.0]))

@@ -28,7 +28,7 @@ state validate scores is the next `periods` whole periods, probing included, as 
 
     fit_fold_line(clocks, util) -> FoldLine
     choose_clock(line, budget, supported, floor, probes, power, gpu_util, ...) -> (clock, why)
-    run_geepafs(device, workload, devices, budget, options) -> OnlineResult
+    run_geepafs(device, workload, devices, budget, options, min_clock_fraction=, iterations=, warmup=) -> OnlineResult
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from emo.device import Device, RunResult
 from emo.errors import ConfigError
 from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step
+
+if TYPE_CHECKING:
+    from emo.sections import GeepafsOptions
 
 log = logging.getLogger("emo.baselines.geepafs")
 
@@ -239,16 +242,21 @@ def _probe_samples(
 
 
 def _choose(
-    samples: dict[str, list[float]], probes: list[int], budget: float, supported: list[int], floor: float, options: dict
+    samples: dict[str, list[float]],
+    probes: list[int],
+    budget: float,
+    supported: list[int],
+    floor: float,
+    options: GeepafsOptions,
 ) -> tuple[int, dict]:
     """One device's clock for the period's holding phase from its probes (the fold line of its memory
     utilisation when memory-bound enough and well fitted), and the period's record of it."""
     arr = {k: np.asarray(v, float) for k, v in samples.items()}
     mean = {k: [float(arr[k][arr["mhz"] == f].mean()) for f in probes] for k in ("power_w", "gpu", "memory")}
     line = None
-    if arr["memory"].mean() >= float(options["min_memory_utilization"]):
+    if arr["memory"].mean() >= float(options.min_memory_utilization):
         line = fit_fold_line(arr["mhz"], arr["memory"])
-        if line.rms > float(options["max_fit_error"]):
+        if line.rms > float(options.max_fit_error):
             line = None
     clock, parts = choose_clock(line, budget, supported, floor, probes, mean["power_w"], mean["gpu"])
     fold = (
@@ -266,30 +274,41 @@ def _choose(
     }
 
 
-def run_geepafs(device: Device, workload: Any, devices: Sequence[int], budget: float, options: dict) -> OnlineResult:
-    """Run the GEEPAFS loop: one period to start, then `options['periods']` periods (more until they
-    hold `options['iterations']` iterations) measured as its steady state, probing included."""
+def run_geepafs(
+    device: Device,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    options: GeepafsOptions,
+    *,
+    min_clock_fraction: float,
+    iterations: int,
+    warmup: int,
+) -> OnlineResult:
+    """Run the GEEPAFS loop: one period to start, then `options.periods` periods (more until they
+    hold `iterations` iterations) measured as its steady state, probing included; no clock below
+    `min_clock_fraction` of the max."""
     if not callable(getattr(device, "utilization_samples", None)):
         raise ConfigError(
             f"optimizer=geepafs needs a device with utilization_samples() (NVML's utilisation "
             f"samples); {type(device).__name__} has none"
         )
     supported = device.supported_clocks()
-    probes = probe_clocks(supported, options["probe_fractions"])
+    probes = probe_clocks(supported, options.probe_fractions)
     if len(probes) < 2:
         raise ConfigError("optimizer.geepafs.probe_fractions: need >= 2 distinct clocks")
-    schedule = probe_schedule(probes, int(options["samples_per_clock"]))
-    sample_s, period_s = float(options["sample_ms"]) * 1e-3, float(options["period_ms"]) * 1e-3
+    schedule = probe_schedule(probes, int(options.samples_per_clock))
+    sample_s, period_s = float(options.sample_ms) * 1e-3, float(options.period_ms) * 1e-3
     if period_s <= len(schedule) * sample_s:
         raise ConfigError(
-            f"optimizer.geepafs.period_ms: {options['period_ms']} does not exceed the probing "
-            f"phase ({len(schedule)} samples x sample_ms={options['sample_ms']})"
+            f"optimizer.geepafs.period_ms: {options.period_ms} does not exceed the probing "
+            f"phase ({len(schedule)} samples x sample_ms={options.sample_ms})"
         )
-    floor = float(options["min_clock_fraction"]) * max(supported)
+    floor = float(min_clock_fraction) * max(supported)
     name = device.name
     device.set_policy(None)  # one pilot iteration at the max clock times the intervals
     start = _Tally()
-    pilot = start.add(device.run(workload, 1, warmup=int(options["warmup"])))
+    pilot = start.add(device.run(workload, 1, warmup=int(warmup)))
     t_iter = pilot.time_s / max(pilot.iterations, 1)
     k_sample = max(1, math.ceil(sample_s / t_iter))
     k_hold = max(1, math.ceil((period_s - len(schedule) * sample_s) / t_iter))
@@ -309,7 +328,7 @@ def run_geepafs(device: Device, workload: Any, devices: Sequence[int], budget: f
     period(0, start, start)  # the loop's start: its first probing phase has nothing to go on
     probe, hold, steady = _Tally(), _Tally(), _Tally()
     i = 1
-    while i <= int(options["periods"]) or probe.iterations + hold.iterations < int(options["iterations"]):
+    while i <= int(options.periods) or probe.iterations + hold.iterations < int(iterations):
         period(i, probe, hold)
         i += 1
     device.set_policy(None)
@@ -336,10 +355,13 @@ def run_geepafs(device: Device, workload: Any, devices: Sequence[int], budget: f
 
 def run_online(ctx: OnlineContext) -> OnlineResult:
     """optimizer.name=geepafs (emo.methods): its options are the optimizer's `geepafs` section."""
-    opts = {
-        **ctx.optimizer["geepafs"],
-        "min_clock_fraction": ctx.optimizer["min_clock_fraction"],
-        "iterations": ctx.iterations,
-        "warmup": ctx.warmup,
-    }
-    return run_geepafs(ctx.device, ctx.workload, ctx.devices, ctx.budget, opts)
+    return run_geepafs(
+        ctx.device,
+        ctx.workload,
+        ctx.devices,
+        ctx.budget,
+        ctx.optimizer.geepafs,
+        min_clock_fraction=ctx.optimizer.min_clock_fraction,
+        iterations=ctx.iterations,
+        warmup=ctx.warmup,
+    )

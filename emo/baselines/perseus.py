@@ -35,7 +35,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from emo.baselines.perseus_schedule import (
 from emo.device import Device, runs_triggered_policies
 from emo.methods import OnlineContext
 from emo.policy import FrequencyPolicy, Step, Trigger
+
+if TYPE_CHECKING:
+    from emo.sections import PerseusOptions
 
 # Perseus's on_instruction_begin: torch.cuda.synchronize(), then the instruction's clock to the side process
 TRIGGER = Trigger(scopes=("forward_step", "backward_step"), synchronize=True)
@@ -72,11 +75,11 @@ def profile(
     stages: dict[int, int],
     clocks_desc: list[int],
     busy_count: dict[tuple[int, str], int],
-    opts: dict,
+    opts: PerseusOptions,
     meter: PhaseMeter,
 ) -> dict:
     """The lookup table {(stage, kind): {clock: (time_ns, energy_j)}} and the clocks profiled."""
-    pb = float(opts["p_blocking_w"])
+    pb = float(opts.p_blocking_w)
     members: dict[int, list[int]] = {}
     for r, st in stages.items():
         members.setdefault(st, []).append(r)
@@ -85,7 +88,7 @@ def profile(
     for f in clocks_desc:
         device.set_policy(FrequencyPolicy.static(device.name, list(devices), f))
         with meter.phase("profile"):
-            run = device.run(workload, int(opts["profile_iters"]), warmup=int(opts["warmup_iters"]))
+            run = device.run(workload, int(opts.profile_iters), warmup=int(opts.warmup_iters))
             _, events = _trace(device, workload, 1, 0)  # the instructions' times at this clock
         times = kind_times(events, stages)
         t_iter = run.time_s / run.iterations
@@ -102,7 +105,7 @@ def profile(
         done.append(f)
         rises = rises + 1 if last is not None and total > last else 0
         last = total
-        if rises >= int(opts["stop_after_rises"]):
+        if rises >= int(opts.stop_after_rises):
             break
     device.set_policy(None)
     return {"table": table, "clocks": done}
@@ -256,8 +259,9 @@ def run_perseus(
     workload: Any,
     devices: Sequence[int],
     budget: float,
-    opts: dict,
+    opts: PerseusOptions,
     *,
+    min_clock_fraction: float,
     iterations: int,
     warmup: int,
     settle_s: float = 0.0,
@@ -271,7 +275,7 @@ def run_perseus(
     meter = PhaseMeter(device, devices)
     supported = sorted(device.supported_clocks())
     top = device.default_clock()
-    clocks = [c for c in supported if float(opts["min_clock_fraction"]) * max(supported) <= c <= top][::-1]
+    clocks = [c for c in supported if float(min_clock_fraction) * max(supported) <= c <= top][::-1]
     device.set_policy(FrequencyPolicy.static(device.name, devices, top))
     with meter.phase("profile"):
         _, events = _trace(device, workload, 1, 1)  # the pipeline schedule Perseus is given
@@ -293,9 +297,9 @@ def run_perseus(
             prof["table"],
             prof["clocks"],
             budget,
-            p_blocking_w=float(opts["p_blocking_w"]),
+            p_blocking_w=float(opts.p_blocking_w),
             members=members,
-            max_iterations=int(opts["max_pd_iterations"]),
+            max_iterations=int(opts.max_pd_iterations),
         )
         dur = np.array([prof["table"][(int(st), str(k))][int(f)][0] for st, k, f in zip(sched.stage, sched.kind, mhz)])
         policy = policy_of(sched, mhz, dur, stages, devices, device.name, budget)
@@ -331,14 +335,14 @@ def pipeline_depth(workload: Any) -> int:
 
 def run_online(ctx: OnlineContext) -> OnlineResult:
     """emo.methods' online contract: optimizer.perseus.* and the clock floor, then run_perseus."""
-    opts = {**ctx.optimizer["perseus"], "min_clock_fraction": ctx.optimizer["min_clock_fraction"]}
     return run_perseus(
         ctx.device,
         ctx.workload,
         ctx.devices,
         ctx.budget,
-        opts,
+        ctx.optimizer.perseus,
+        min_clock_fraction=ctx.optimizer.min_clock_fraction,
         iterations=ctx.iterations,
         warmup=ctx.warmup,
-        settle_s=float(ctx.gpu["settle_s"]),
+        settle_s=float(ctx.gpu.settle_s),
     )

@@ -11,7 +11,7 @@ boundaries:
   what zeus sees.
 One process drives every GPU of the job, so zeus's framework all-reduce is the identity here.
 
-    run_zeus(device, workload, devices, budget, options) -> OnlineResult
+    run_zeus(device, workload, devices, budget, options, gpu_cfg, iterations=, warmup=) -> OnlineResult
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emo.baselines.online import OnlineResult, PhaseMeter, rewarm
 from emo.device import Device, ReportsPowerLimits
 from emo.methods import OnlineContext
+
+if TYPE_CHECKING:
+    from emo.sections import GpuConfig, ZeusOptions
 
 log = logging.getLogger("emo.baselines.zeus")
 
@@ -200,32 +203,40 @@ class _NoAtexit:
         return fn
 
 
-def power_limit_range(device: Device, gpu_cfg: dict, min_w: float) -> tuple[float, float]:
+def power_limit_range(device: Device, gpu_cfg: GpuConfig, min_w: float) -> tuple[float, float]:
     """(min, max) settable board power in W: from the device when it can say (NVML), else the config."""
     if isinstance(device, ReportsPowerLimits):
         lo, hi, _default = device.power_limits_w(0)
         return float(lo), float(hi)
-    return float(min_w), float(gpu_cfg["tdp_w"])
+    return float(min_w), float(gpu_cfg.tdp_w)
 
 
 def run_zeus(
-    device: Device, workload: Any, devices: Sequence[int], budget: float, options: dict, gpu_cfg: dict
+    device: Device,
+    workload: Any,
+    devices: Sequence[int],
+    budget: float,
+    options: ZeusOptions,
+    gpu_cfg: GpuConfig,
+    *,
+    iterations: int,
+    warmup: int,
 ) -> OnlineResult:
     """Drive zeus's `GlobalPowerLimitOptimizer` one iteration per step until it settles, re-warm the
-    die at the max limit (online.rewarm), then measure `options['iterations']` iterations at the limit
+    die at the max limit (online.rewarm), then measure `iterations` iterations at the limit
     it chose. The selector honours the same budget as EMO: the lowest limit whose profiled time is
     within (1 + budget) of the highest limit's."""
     _require_zeus()
-    limits = power_limit_range(device, gpu_cfg, options["min_power_limit_w"])
+    limits = power_limit_range(device, gpu_cfg, options.min_power_limit_w)
     meter = PhaseMeter(device, devices)
     with zeus_on_device(device, devices, limits) as gpus:
         plo = zeus_pl.GlobalPowerLimitOptimizer(
             JobMonitor(device, workload, devices),
             optimum_selector=zeus_pl.MaxSlowdownConstraint(factor=1.0 + budget),
-            wait_steps=options["wait_steps"],
-            warmup_steps=options["warmup_steps"],
-            profile_steps=options["profile_steps"],
-            pl_step=options["pl_step_w"],
+            wait_steps=options.wait_steps,
+            warmup_steps=options.warmup_steps,
+            profile_steps=options.profile_steps,
+            pl_step=options.pl_step_w,
         )
         monitor = plo.monitor
         steps = 0
@@ -235,9 +246,9 @@ def run_zeus(
                 # zeus acts only when a state's step count runs out: run those iterations in one go
                 # (long windows, as its energy counter needs), then let it count them
                 n = max(1, int(plo.state.steps))
-                if steps + n > options["max_steps"]:
+                if steps + n > options.max_steps:
                     raise ValueError(
-                        f"zeus: no power limit chosen within optimizer.zeus.max_steps={options['max_steps']} steps"
+                        f"zeus: no power limit chosen within optimizer.zeus.max_steps={options.max_steps} steps"
                     )
                 monitor.run(n)
                 for _ in range(n):
@@ -245,10 +256,10 @@ def run_zeus(
                 steps += n
         chosen_w = plo.state.optimal_power_limit / 1000.0
         gpus.set_limit(None)  # the die back to the max clock's warmth, then the limit zeus chose
-        rewarm(device, workload, float(gpu_cfg["settle_s"]))
+        rewarm(device, workload, float(gpu_cfg.settle_s))
         gpus.set_limit(chosen_w)
         with meter.phase("steady"):
-            steady = device.run(workload, options["iterations"], warmup=options["warmup"])
+            steady = device.run(workload, iterations, warmup=warmup)
         profile = [{"power_limit_w": m.power_limit, "time_s": m.time, "energy_j": m.energy} for m in plo.measurements]
     log.info("zeus %s: chose %.0f W after %d steps", ZEUS_VERSION, chosen_w, steps)
     return OnlineResult(
@@ -261,5 +272,13 @@ def run_zeus(
 
 def run_online(ctx: OnlineContext) -> OnlineResult:
     """optimizer.name=zeus (emo.methods): its options are the optimizer's `zeus` section."""
-    opts = {**ctx.optimizer["zeus"], "iterations": ctx.iterations, "warmup": ctx.warmup}
-    return run_zeus(ctx.device, ctx.workload, ctx.devices, ctx.budget, opts, ctx.gpu)
+    return run_zeus(
+        ctx.device,
+        ctx.workload,
+        ctx.devices,
+        ctx.budget,
+        ctx.optimizer.zeus,
+        ctx.gpu,
+        iterations=ctx.iterations,
+        warmup=ctx.warmup,
+    )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,9 @@ from emo.model.calibration import counter_features
 from emo.model.fit import calibrate_energy_level, fit_signatures
 from emo.model.predict import pack_tables, predict
 from emo.policy import FrequencyPolicy, policy_device_ids
+
+if TYPE_CHECKING:
+    from emo.sections import GpuConfig
 
 log = logging.getLogger("emo")
 
@@ -249,7 +252,7 @@ def _versus(t, meas: dict, pol) -> dict:
 
 
 def fit_workload(
-    gpu: dict,
+    gpu: GpuConfig,
     bench: pd.DataFrame,
     metrics: pd.DataFrame,
     graph: Graph,
@@ -263,12 +266,12 @@ def fit_workload(
     iterations = int(anchors.groupby("rank").size().max()) if len(anchors) else 1
     devices = int(graph.nodes.loc[graph.nodes["device"] >= 0, ["rank", "device"]].drop_duplicates().shape[0])
     # default_mhz 0 (gpu=nvml): the highest calibrated clock; clocks_mhz empty: the calibrated ones
-    model = fit_time(bench, metrics, packs, int(gpu["default_mhz"]) or None, list(gpu["clocks_mhz"]))
-    levels, dropped = time_levels(model, graph, packs, anchors, baseline, gpu["name"])
+    model = fit_time(bench, metrics, packs, int(gpu.default_mhz) or None, list(gpu.clocks_mhz))
+    levels, dropped = time_levels(model, graph, packs, anchors, baseline, gpu.name)
     for d in dropped:
         log.warning("fit: the time level at %d MHz is left out: %s", d["sm_mhz"], d["why"])
     model = with_time_level(model, levels or 1.0)
-    model, a, k, how = _energy_fit(model, graph, packs, anchors, baseline, gpu["name"], iterations, devices)
+    model, a, k, how = _energy_fit(model, graph, packs, anchors, baseline, gpu.name, iterations, devices)
     t = pack_tables(graph, packs, model, anchors)
     check: dict[str, Any] = {
         "energy_levels": how,
@@ -284,7 +287,7 @@ def fit_workload(
 
     check["default"] = _versus(t, baseline, None)
     check["levels"] = [
-        _versus(t, m, FrequencyPolicy.static(gpu["name"], policy_device_ids(t.device_keys), m["sm_mhz"]))
+        _versus(t, m, FrequencyPolicy.static(gpu.name, policy_device_ids(t.device_keys), m["sm_mhz"]))
         for m in baseline.get("levels", [])
     ]
     lams = [lam for _, lam in levels] or [1.0]

@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,9 @@ import pandas as pd
 from emo.device import COUNTERS, ProfilingUnavailable
 from emo.pack.ranges import kernel_ordinals, pack_ranges
 from emo.trace import load_kineto_document, trace_files
+
+if TYPE_CHECKING:
+    from emo.sections import Config
 
 log = logging.getLogger("emo")
 
@@ -280,7 +283,7 @@ def only_ranks(baseline: dict, ranks: list[int]) -> dict:
 
 
 def profile_workload(
-    cfg: dict,
+    cfg: Config,
     packs: pd.DataFrame,
     events: pd.DataFrame,
     nodes: pd.DataFrame,
@@ -294,7 +297,7 @@ def profile_workload(
     device `open_dev()` opens; `recorded`: a trace recorded elsewhere (its kind's flag, which the
     stage reads: the models know no workload kinds), from its sidecars, no device."""
     if recorded:  # no re-run: counters and baseline from what was recorded
-        src = Path(cfg["workload"]["path"])
+        src = Path(cast(dict, cfg.workload)["path"])  # the workload stays its dict (emo.config.typed)
         metrics = recorded_metrics(src, packs, events, nodes)
         baseline = recorded_baseline(src, events)
     else:
@@ -303,19 +306,19 @@ def profile_workload(
             plain = measured.get("untraced", {}).get("iteration_times_s")  # absent in traces older than it
             it_s = float(np.mean(plain)) if plain else float(measured["time_s"]) / int(measured["iterations"])
             metrics = profile_first_occurrences(
-                device, cfg["workload"], packs, events, nodes, run_s=float(measured["time_s"])
+                device, cfg.workload, packs, events, nodes, run_s=float(measured["time_s"])
             )
             gpus = sorted(nodes.loc[nodes["device"] >= 0, "rank"].unique().tolist())  # one GPU per rank
             sample = measured.get("sample")  # a sampled trace (emo.sampling): the graph holds one rank per class
             baseline = measure_baselines(
                 device,
-                cfg["workload"],
+                cfg.workload,
                 it_s,
-                float(cfg["model"]["min_seconds"]),
-                int(cfg["trace"]["warmup"]),
+                float(cfg.model.min_seconds),
+                int(cfg.trace.warmup),
                 list(range(int(sample["world"]))) if sample else gpus,  # every GPU of the job at each clock
-                cfg["model"]["level_fractions"],
-                float(cfg["gpu"]["settle_s"]),
+                cfg.model.level_fractions,
+                float(cfg.gpu.settle_s),
             )
             if sample:
                 baseline = only_ranks(baseline, gpus)

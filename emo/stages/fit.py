@@ -30,9 +30,10 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.graph import Graph
     from emo.io import write_json, write_parquet
     from emo.model.levels import fit_workload
+    from emo.sections import GpuConfig, typed
 
     model, check, metrics = fit_workload(
-        cfg["gpu"],
+        typed(GpuConfig, cfg["gpu"]),
         pd.read_parquet(inputs["bench"]),
         pd.read_parquet(inputs["metrics"]),
         Graph.load(inputs["packs"].parent),

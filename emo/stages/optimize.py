@@ -124,14 +124,15 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.model.predict import load_pack_tables, predict
     from emo.optimize import solve
     from emo.optimize.pipeline.check import planning_latencies
+    from emo.sections import OptimizerConfig, typed
 
-    opt = cfg["optimizer"]
+    opt = typed(OptimizerConfig, cfg["optimizer"])
     where = inputs.get("calibration", "calibration")
     measured = clock_latency(inputs.get("calibration"))
     planning_latencies(opt, measured, where=str(where))  # before any work: one line if it is missing
     from emo.methods import method
 
-    if not method(opt["name"]).online:  # an online method measures the run itself
+    if not method(opt.name).online:  # an online method measures the run itself
         check_describes_run(_read(inputs.get("check")), "trace")
     tables = load_pack_tables(Path(inputs["packs"]).parent, Path(inputs["model"]).parent)
     policy, summary = solve(
@@ -143,13 +144,13 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
         iteration_sd_s=iteration_sd(inputs.get("check")),
         baseline_ratio=baseline_ratio(inputs.get("check")),
     )
-    lo, mean, hi = summary[opt["name"]]["transition_ms"]  # what solve planned with, its clock groups' included
+    lo, mean, hi = summary[opt.name]["transition_ms"]  # what solve planned with, its clock groups' included
     log.info(
         "optimize: planned with clock requests landing in [%.2f, %.2f] ms, mean %.2f (%s)",
         lo,
         hi,
         mean,
-        summary[opt["name"]]["transition_source"],
+        summary[opt.name]["transition_source"],
     )
     base = predict(tables, None)
     policy.meta.update({"baseline_time_s": base.time_s, "baseline_energy_j": base.energy_j})

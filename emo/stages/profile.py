@@ -47,10 +47,11 @@ def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.graph import Graph
     from emo.io import write_json, write_parquet
     from emo.model.profiling import profile_workload
+    from emo.sections import Config, typed
     from emo.workloads import kind_of
 
     metrics, baseline, summary = profile_workload(
-        cfg,
+        typed(Config, cfg),
         pd.read_parquet(inputs["packs"]),
         pd.read_parquet(inputs["events"]),
         Graph.load(inputs["graph_nodes"].parent).nodes,

@@ -20,9 +20,10 @@ STAGE = Stage(
 def run(cfg: dict, inputs: dict[str, Path], out: Path) -> dict:
     from emo.device.backends import open_device
     from emo.io import write_json, write_parquet
+    from emo.sections import Config, typed
     from emo.validate import validate
 
-    result, metrics, curve = validate(cfg, inputs.get("policy"), lambda: open_device(cfg["gpu"]))
+    result, metrics, curve = validate(typed(Config, cfg), inputs.get("policy"), lambda: open_device(cfg["gpu"]))
     if curve is not None:
         write_parquet(out / "pareto.parquet", curve)
     write_json(out / "result.json", result)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from emo.model.predict import iteration_marks, predict, predict_lanes, with_node
 from emo.model.timelines import issue_plans
 from emo.optimize.solution import Solution
 from emo.policy import FrequencyPolicy
+
+if TYPE_CHECKING:
+    from emo.sections import OptimizerConfig
 
 
 def _node_windows(
@@ -169,7 +172,7 @@ def latest_of(samples_ms: np.ndarray, peers: int) -> np.ndarray:
 
 
 def planning_latencies(
-    opt: dict, measured: dict | None, where: str = "calibration", peers: int = 1
+    opt: OptimizerConfig, measured: dict | None, where: str = "calibration", peers: int = 1
 ) -> tuple[Latencies, str]:
     """(Latencies, where they come from): the clock-request latencies the optimizer plans with.
 
@@ -183,8 +186,8 @@ def planning_latencies(
     the critical path once slack is used up), a late lowering only wastes a little energy; and a
     stalled request is superseded when a later one lands (the last one issued wins). No measurement
     and no override: a ValueError that names what to run."""
-    if opt["transition_ms"] is not None:
-        return Latencies.of(opt["transition_ms"]), "optimizer.transition_ms"
+    if opt.transition_ms is not None:
+        return Latencies.of(opt.transition_ms), "optimizer.transition_ms"
     samples = (measured or {}).get("samples") or []
     if not samples:
         raise ValueError(
@@ -195,7 +198,7 @@ def planning_latencies(
     assert measured is not None  # it has samples
     x, x_up, x_down, scale = _directions(measured)
     split = "raises on the steps up, lowerings on the steps down, " if x_up is not x else ""
-    a, b = (float(v) for v in opt["transition_percentiles"])
+    a, b = (float(v) for v in opt.transition_percentiles)
     lo, hi = (float(v) for v in np.percentile(x_up, [a, b]))
     down_lo, down_hi = (float(v) for v in np.percentile(x_down, [a, b]))
     nodes, weights = quadrature(latest_of(x_up, peers))  # a late lowering on one peer costs only its energy
@@ -318,11 +321,11 @@ def kept_lead(tries: list[tuple[float, bool]], min_gain: float = LEAD_MIN_GAIN) 
     return best if not on_time0 or e0 - tries[best][0] >= min_gain * e0 else 0
 
 
-def lead_options(opt: dict, measured: dict | None, lats: Latencies) -> list[Latencies]:
+def lead_options(opt: OptimizerConfig, measured: dict | None, lats: Latencies) -> list[Latencies]:
     """`lats` and its variants with raises issued earlier: max at each LEAD_PERCENTILES of the
     measured raise latency above lats.hi (none with optimizer.transition_ms, which measures nothing).
     Only the lead changes; the quadrature a plan is judged by stays the same."""
-    if opt["transition_ms"] is not None or not (measured or {}).get("samples"):
+    if opt.transition_ms is not None or not (measured or {}).get("samples"):
         return [lats]
     assert measured is not None  # it has samples
     _, x_up, _, _ = _directions(measured)

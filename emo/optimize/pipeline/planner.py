@@ -88,16 +88,16 @@ class Setting:
         opt, budget = ctx.opt, ctx.budget
         if not 0 <= budget < 1:
             raise ConfigError(f"budget: {budget} is not a fraction in [0, 1)")
-        self.interval, self.min_interval = float(opt["change_interval_ms"]), float(opt["min_interval_ms"])
+        self.interval, self.min_interval = float(opt.change_interval_ms), float(opt.min_interval_ms)
         if self.interval < self.min_interval:
             raise ConfigError(
                 f"optimizer.change_interval_ms ({self.interval}) is below optimizer.min_interval_ms "
                 f"({self.min_interval})"
             )
         self.ctx, self.tables, self.opt, self.budget = ctx, ctx.tables, opt, budget
-        self.p = p = problem_from_tables(ctx.tables, float(opt["min_clock_fraction"]))
+        self.p = p = problem_from_tables(ctx.tables, float(opt.min_clock_fraction))
         self.timing = baseline_timing(p, ctx.tables)
-        self.items: Items = iteration_items(p, self.timing, self.interval, align=str(opt["change_points"]))
+        self.items: Items = iteration_items(p, self.timing, self.interval, align=str(opt.change_points))
         # a clock group's GPUs raise together and wait for each other at their collectives: a raise is
         # on time when the latest of theirs is
         self.lats, source = planning_latencies(opt, ctx.clock_latency, peers=max(len(g) for g in self.items.groups))
@@ -328,8 +328,8 @@ class EmoPlanner(Planner):
     def solve_at(self, s: Setting, b: float) -> Solution:
         """The solver's pick at budget `b`."""
         if self.solver == "dp":
-            return optimize(s.p, b, items=s.items, budget_step_ms=float(s.opt["budget_step_ms"]), search=False)
-        raw = optimize_perseus(s.p, b, level=str(s.opt["perseus_level"]))  # its per-unit clocks onto windows
+            return optimize(s.p, b, items=s.items, budget_step_ms=float(s.opt.budget_step_ms), search=False)
+        raw = optimize_perseus(s.p, b, level=str(s.opt.perseus_level))  # its per-unit clocks onto windows
         return Solution(
             s.p,
             s.items,
@@ -352,7 +352,7 @@ class EmoPlanner(Planner):
             lambda s2: s.build(s2, lats),
             s.plan_budget,
             transitions_ms=lats,
-            solves=int(s.opt["budget_solves"]),
+            solves=int(s.opt.budget_solves),
         )
 
     def pick(self, s: Setting, candidates: Iterable[Candidate]) -> Candidate:
@@ -371,7 +371,7 @@ class EmoPlanner(Planner):
             lambda s2: self.repair(s, s2, lats),
             s.plan_budget,
             transitions_ms=lats,
-            solves=int(s.opt["budget_solves"]),
+            solves=int(s.opt.budget_solves),
         )
 
     def repair(self, s: Setting, sol: Solution, lats: Latencies) -> Checked:
@@ -446,7 +446,7 @@ class EmoPlanner(Planner):
             return solved[max(below) if below else min(solved)]
 
         options = lead_options(s.opt, s.ctx.clock_latency, s.lats)
-        total = int(s.opt["predictor_evaluations"])
+        total = int(s.opt.predictor_evaluations)
         screen = total if len(options) == 1 else int(total * LEAD_SCREEN_SHARE)
         tries, plans = [], []
         for i, option in enumerate(options):

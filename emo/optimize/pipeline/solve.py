@@ -5,16 +5,21 @@ emo.optimize.pipeline.static)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from emo.methods import OFFLINE, ONLINE, PlanContext, method
 from emo.optimize.pipeline.planner import fit_budget, project
 from emo.policy import FrequencyPolicy
+
+if TYPE_CHECKING:
+    from emo.sections import OptimizerConfig
 
 __all__ = ["fit_budget", "project", "solve"]
 
 
 def solve(
     tables,
-    opt: dict,
+    opt: OptimizerConfig,
     budget: float,
     *,
     gpu: str,
@@ -22,7 +27,7 @@ def solve(
     iteration_sd_s: float | None = None,
     baseline_ratio: float | None = None,
 ) -> tuple[FrequencyPolicy, dict]:
-    """The policy of method opt["name"] within `budget`, and its summary: the method's own record
+    """The policy of method opt.name within `budget`, and its summary: the method's own record
     under "<method>." keys, the predictions under "predicted." (the stage's predictor, mean latency).
     `clock_latency`: the calibration's measured clock-request latency (check.planning_latencies:
     what the plan assumes unless optimizer.transition_ms overrides it); `iteration_sd_s`: one
@@ -30,7 +35,7 @@ def solve(
     measured iteration over the predicted one at the default clock (the deadline's reference,
     planner.Setting). The policy carries its prediction, in expectation over the latencies it was
     planned with (check.expected)."""
-    name = opt["name"]
+    name = opt.name
     m = method(name)
     if m.online or m.run is None:
         raise ValueError(
