@@ -136,9 +136,10 @@ def _short(v, limit: int = 600) -> str:
 # --------------------------------------------------------------------------- 1. discovery
 def discovery(dev, out: Path) -> dict:
     from emo.device.nvml import discover_gpu_config, gpu_config_yaml
+    from emo.sections import GpuConfig, typed
 
     cfg = discover_gpu_config(dev.nvml)
-    (out / "gpu.yaml").write_text(gpu_config_yaml(cfg))
+    (out / "gpu.yaml").write_text(gpu_config_yaml(typed(GpuConfig, cfg), cfg))
     nv, h = dev.nvml, dev._handles[0]
     lo, default, hi = dev.power_limits_w(0)
     return {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from emo.config import TrackingConfig
 from emo.stages import run_in_place, run_stage
 from emo.workflow.plan import compose
 
@@ -228,7 +229,7 @@ def _open_store(uri: str, q) -> None:
     try:
         from emo.workflow import tracking
 
-        tracking.open_store({"uri": uri, "experiment": "emo"})
+        tracking.open_store(TrackingConfig(uri=uri))
         q.put("ok")
     except Exception as e:  # the race shows as sqlalchemy's "table ... already exists"
         q.put(f"{type(e).__name__}: {e}"[:300])

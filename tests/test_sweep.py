@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from emo.cli import main as cli_main
+from emo.config import TrackingConfig
 from emo.workflow import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ def test_a_fresh_mlflow_store_is_made_by_mlflow_itself(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stores = []
     for name in ("a", "b"):
-        client, exp = tracking.open_store({"uri": f"sqlite:///{tmp_path / name / 'mlflow.db'}", "experiment": "emo"})
+        client, exp = tracking.open_store(TrackingConfig(uri=f"sqlite:///{tmp_path / name / 'mlflow.db'}"))
         run = client.create_run(exp, run_name=name).info.run_id
         client.log_metric(run, "x", 1.0)
         client.set_terminated(run)
@@ -178,7 +179,7 @@ def test_a_store_mlflow_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
     db = tmp_path / "folder" / "mlflow.db"
     db.mkdir(parents=True)  # a folder where the database would be: said at once (MLflow retries for minutes)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(db))}: not a file \(an MLflow SQLite store is one file\)$"):
-        tracking.open_store({"uri": f"sqlite:///{db}", "experiment": "emo"})
+        tracking.open_store(TrackingConfig(uri=f"sqlite:///{db}"))
 
 
 def job_stats(out: str) -> dict[str, int]:
@@ -347,7 +348,7 @@ def check_timeline(results: Path) -> None:
     clocks = load_pack_tables(pack, fit).clocks_mhz.tolist()
     top = predicted_timeline(pack, fit, graph, None, None)
     low = predicted_timeline(pack, fit, graph, FrequencyPolicy.static("a100", list(policy.steps), min(clocks)), None)
-    latency = planned_latency_ms(opt, covers(opt)["config"]["optimizer"])  # the measured latency the plan used
+    latency = planned_latency_ms(opt, covers(opt)["config"]["optimizer"]["name"])  # the measured latency the plan used
     assert latency is not None and latency > 0
     mine = predicted_timeline(pack, fit, graph, policy, latency)
     kernels = lambda tl: tl.work[tl.work["kind"] == "kernel"]

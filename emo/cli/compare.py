@@ -334,12 +334,12 @@ def tracking_store(args: argparse.Namespace) -> tuple[str, str]:
     is not there is a one-line error."""
     uri, experiment = args.uri, args.experiment
     if uri is None or experiment is None:
+        from emo.sections import TrackingConfig, typed
         from emo.workflow.plan import compose
-
-        tracking = compose(args.overrides)["tracking"]
         from emo.workflow.tracking import tracking_uri
 
-        uri, experiment = uri or tracking_uri(tracking), experiment or tracking["experiment"]
+        tracking = typed(TrackingConfig, compose(args.overrides)["tracking"])
+        uri, experiment = uri or tracking_uri(tracking), experiment or tracking.experiment
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise FileNotFoundError(f"{uri.removeprefix('sqlite:///')}: no MLflow store (run `emo run` first)")
     return uri, experiment

@@ -25,20 +25,22 @@ def _cmd(args) -> int:
     from emo.device.control import open_control
     from emo.device.nvml import gpu_config_yaml  # formatting only: no NVML call
     from emo.io import atomic_path, check_output
+    from emo.sections import GpuConfig, typed
     from emo.workflow.plan import ROOT
 
     control = open_control()
     try:
-        cfg = control.describe(args.index)
+        found = control.describe(args.index)
     finally:
         control.close()
-    out = Path(args.out) if args.out else ROOT / "conf" / "gpu" / f"{cfg['name']}.yaml"
+    cfg = typed(GpuConfig, found)
+    out = Path(args.out) if args.out else ROOT / "conf" / "gpu" / f"{cfg.name}.yaml"
     check_output(out, "--out", force=args.force)  # not over a file without --force, nor a device or into no folder
     with atomic_path(out) as tmp:
-        tmp.write_text(gpu_config_yaml(cfg))
+        tmp.write_text(gpu_config_yaml(cfg, found))
     print(
-        f"wrote {out}: {cfg['physics']['device_name']}, {len(cfg['clocks_mhz'])} SM clocks "
-        f"{cfg['clocks_mhz'][0]}-{cfg['default_mhz']} MHz, TDP {cfg['tdp_w']:g} W; use it with gpu={cfg['name']}",
+        f"wrote {out}: {cfg.physics['device_name']}, {len(cfg.clocks_mhz)} SM clocks "
+        f"{cfg.clocks_mhz[0]}-{cfg.default_mhz} MHz, TDP {cfg.tdp_w:g} W; use it with gpu={cfg.name}",
         file=sys.stdout,
     )
     return 0

@@ -19,11 +19,15 @@ import functools
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from emo import errors
 from emo.errors import ConfigError
 from emo.workflow import locks
 from emo.workflow import run as pipeline
+
+if TYPE_CHECKING:
+    from emo.sections import TrackingConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     jobs = sweep.expand(args.overrides, args.multirun)
     sw = sweep.build(jobs)  # every job's configuration is checked before any runs
     if args.unlock:
-        return unlock(sw.jobs[0].cfg)
+        return unlock(Path(sw.jobs[0].cfg["results"]))
     if not (args.dry_run or args.profile):  # a cluster's nodes have the GPUs its login node may lack
         require_gpu([j.cfg for j in sw.jobs])
     if args.verbose:
@@ -118,7 +122,7 @@ def log_killed(sw, name: str | None, overrides: list[str], error: str) -> None:
 _store: list = []  # the thread creating a fresh MLflow store while the pipeline runs (store_while_running)
 
 
-def store_while_running(tracking_cfg: dict) -> None:
+def store_while_running(tracking_cfg: TrackingConfig) -> None:
     from emo.workflow import tracking
 
     _store[:] = [t for t in [tracking.create_while_running(tracking_cfg)] if t is not None]
@@ -191,7 +195,10 @@ def run_jobs(args: argparse.Namespace, jobs: list[list[str]], sw, name: str | No
     gpus = None if args.profile else sweep.gpus_available(sw.jobs[0].cfg, cores)  # a scheduler places GPUs itself
     run = dict(gpus=gpus, profile=args.profile, verbose=args.verbose, planned=sw)
     pipeline.failed_folders.clear()
-    store = None if args.dry_run else functools.partial(store_while_running, sw.jobs[0].cfg["tracking"])
+    from emo.sections import TrackingConfig, typed
+
+    tracking = typed(TrackingConfig, sw.jobs[0].cfg["tracking"])
+    store = None if args.dry_run else functools.partial(store_while_running, tracking)
     error = pipeline.snakemake(jobs, cores, dry_run=args.dry_run, until=args.until, started=store, **run)
     if error is None and args.report and not args.dry_run:
         error = pipeline.snakemake(jobs, cores, report=args.report, **run)
@@ -210,19 +217,19 @@ def interrupted_line(e: KeyboardInterrupt) -> str:
     )
 
 
-def unlock(cfg: dict) -> int:
+def unlock(results: Path) -> int:
     """`emo run --unlock`: Snakemake's locks in this folder (left by a killed plain `snakemake`),
     hidden .tmp and empty stage folders; refused while a live `emo run` holds the results folder."""
     removed = []
     snake_locks = Path.cwd() / ".snakemake" / "locks"
-    with locks.hold([Path(cfg["results"])], "emo run --unlock") as cleaned:
+    with locks.hold([results], "emo run --unlock") as cleaned:
         removed += cleaned
         if snake_locks.is_dir():
             for f in snake_locks.iterdir():
                 f.unlink()
                 removed.append(f)
     print(
-        f"emo: unlocked {cfg['results']}: removed {len(removed)} stale item(s)"
+        f"emo: unlocked {results}: removed {len(removed)} stale item(s)"
         + (f" ({', '.join(str(p) for p in removed[:5])}{', ...' if len(removed) > 5 else ''})" if removed else ""),
         file=sys.stderr,
     )

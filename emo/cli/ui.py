@@ -65,13 +65,14 @@ def command(uri: str, host: str, port: int) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from emo.sections import TrackingConfig, typed
     from emo.workflow.plan import compose
     from emo.workflow.tracking import tracking_uri
 
     if not server_installed():
         raise ValueError(f"emo ui needs MLflow's web server, which the default install leaves out: {install_hint()}")
     in_step()
-    uri = tracking_uri(compose(args.overrides)["tracking"])
+    uri = tracking_uri(typed(TrackingConfig, compose(args.overrides)["tracking"]))
     if uri.startswith("sqlite:///"):
         from emo.workflow.tracking import check_schema
 

@@ -34,9 +34,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emo.device import COUNTERS, Measurement, ProfileResult, RunResult, gpu_locks
 from emo.device import ProfilingUnavailable as NoCounters
@@ -48,6 +48,9 @@ from emo.device.zeusd import SOCK_ENV, ZeusdError, ZeusdRelay
 from emo.errors import ConfigError
 from emo.policy import FrequencyPolicy
 from emo.runtime import PolicyApplier, refuse_triggered
+
+if TYPE_CHECKING:
+    from emo.sections import GpuConfig
 
 
 class ProfilingUnavailable(GpuAccessError, NoCounters):
@@ -1039,17 +1042,18 @@ def discover_gpu_config(nvml=None, index: int = 0) -> dict:
     }
 
 
-def gpu_config_yaml(cfg: dict) -> str:
-    """The discovered configuration as a conf/gpu/<name>.yaml a user can commit."""
+def gpu_config_yaml(gpu: GpuConfig, keys: Iterable[str]) -> str:
+    """The discovered configuration as a conf/gpu/<name>.yaml a user can commit: the fields `keys`
+    (what the discovery set; a group file holds only what its choice sets), physics last."""
     import yaml
 
-    p = cfg["physics"]
+    p = gpu.physics
     head = (
         f"# {p['device_name']}, discovered from NVML by `emo gpu-config` (driver {p['driver']}).\n"
         f"# Real GPU (backend nvml): the clocks and power limits are what the driver reports; no\n"
         f"# virtual-GPU physics. Board power limit {p['power_limit_min_w']:g}-{p['power_limit_max_w']:g} W.\n"
         "defaults:\n  - gpu_schema\n  - _self_\n\n"
     )
-    body = {k: v for k, v in cfg.items() if k != "physics"}
+    body = {k: getattr(gpu, k) for k in keys if k != "physics"}
     body["physics"] = dict(p)
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)

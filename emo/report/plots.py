@@ -167,8 +167,8 @@ def stream_names(nodes: pd.DataFrame) -> dict[int, str]:
     return names
 
 
-def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict] | None:
-    """(pack folder, fit folder, optimizer config) a timeline is predicted on: the ones the method's
+def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, str] | None:
+    """(pack folder, fit folder, the optimizer's name: "" without an optimize folder) a timeline is predicted on: the ones the method's
     optimize folder was computed from; for an online method (no optimize folder), the pack and fit
     folders computed from the same graph (the same GPU and workload), as an offline method used them."""
 
@@ -179,7 +179,11 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
     results = graph_dir.parents[1]
     if opt_dir is not None and covers(opt_dir):
         c = covers(opt_dir)
-        return results / "pack" / c["inputs"]["pack"], results / "fit" / c["inputs"]["fit"], c["config"]["optimizer"]
+        return (
+            results / "pack" / c["inputs"]["pack"],
+            results / "fit" / c["inputs"]["fit"],
+            str(c["config"]["optimizer"]["name"]),
+        )
     packs = [
         d.parent.name
         for d in sorted(results.glob("pack/*/config.json"))
@@ -192,18 +196,18 @@ def stage_chain(graph_dir: Path, opt_dir: Path | None) -> tuple[Path, Path, dict
     ]
     if not fits:
         return None
-    return results / "pack" / covers(fits[0])["inputs"]["pack"], fits[0], {}
+    return results / "pack" / covers(fits[0])["inputs"]["pack"], fits[0], ""
 
 
-def planned_latency_ms(opt_dir: Path | None, opt_cfg: dict) -> float | None:
-    """The mean clock-request latency the method's plan assumed (optimize's summary.json: the
+def planned_latency_ms(opt_dir: Path | None, method: str) -> float | None:
+    """The mean clock-request latency method `method`'s plan assumed (optimize's summary.json: the
     calibration's measurement or the override); None for an online method (it holds one clock). A
     timeline is one scenario, every request landing that late; the plan's own prediction is an
     expectation over the whole measured distribution (emo.optimize.pipeline.check.expected)."""
     f = opt_dir / "summary.json" if opt_dir is not None else None
     if f is None or not f.exists():
         return None
-    lats = json.loads(f.read_text()).get(opt_cfg["name"], {}).get("transition_ms")
+    lats = json.loads(f.read_text()).get(method, {}).get("transition_ms")
     return float(lats[1]) if lats else None
 
 
@@ -384,7 +388,7 @@ def plot_timeline(
     chain = stage_chain(graph_dir, opt_dir)
     if chain is None or not all((d / "config.json").exists() for d in chain[:2]):
         return None
-    pack_dir, fit_dir, opt_cfg = chain
+    pack_dir, fit_dir, method = chain
     res_json = json.loads(result.read_text())
     import matplotlib
 
@@ -393,7 +397,7 @@ def plot_timeline(
     from matplotlib.patches import Patch
 
     policy = method_policy(res_json, opt_dir)
-    tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy, planned_latency_ms(opt_dir, opt_cfg))
+    tl = predicted_timeline(pack_dir, fit_dir, graph_dir, policy, planned_latency_ms(opt_dir, method))
     if tl.single_clock():
         return None
     drawn, host, t0 = tl.work, tl.host, tl.t0

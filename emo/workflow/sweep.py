@@ -131,12 +131,13 @@ def build(job_overrides: list[list[str]]) -> Sweep:
         cfg = compose(o)
         built.append(Job(tuple(o), cfg, plan(cfg), " ".join(x for x in o if x not in shared) or "defaults"))
     jobs = tuple(built)
+    from emo.sections import TrackingConfig, typed
     from emo.workflow.tracking import check_uri
 
     for tracking in {
         j.cfg["tracking"]["uri"]: j.cfg["tracking"] for j in jobs if j.cfg["tracking"]["enabled"]
     }.values():
-        check_uri(tracking)
+        check_uri(typed(TrackingConfig, tracking))
     roots = {Path(j.cfg["results"]) for j in jobs}
     if len(roots) != 1:
         raise ConfigError(

@@ -26,20 +26,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
+    from emo.sections import TrackingConfig
+
 logging.getLogger("alembic").setLevel(logging.WARNING)
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
 
 
-def tracking_uri(tracking_cfg: dict) -> str:
+def tracking_uri(tracking_cfg: TrackingConfig) -> str:
     """The store: MLFLOW_TRACKING_URI when set (a tracking server), else the configured one."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg["uri"]
+    return os.environ.get("MLFLOW_TRACKING_URI") or tracking_cfg.uri
 
 
 # the stores MLflow itself knows (mlflow.tracking._tracking_service.utils); plugins add theirs by entry point
 SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc"}
 
 
-def check_uri(tracking_cfg: dict) -> None:
+def check_uri(tracking_cfg: TrackingConfig) -> None:
     """Refuse, before any stage runs, a URI no MLflow store answers to (importing MLflow takes seconds)."""
     from importlib.metadata import entry_points
     from urllib.parse import urlparse
@@ -139,14 +141,14 @@ def check_schema(db: Path) -> None:
         )
 
 
-def open_store(tracking_cfg: dict):
+def open_store(tracking_cfg: TrackingConfig):
     """(an MlflowClient on the store, the experiment's id), creating the experiment when it is new.
     No global state: mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI to this process and its
     children, so a second run in the same process (or a job it starts) would log into the first's store."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    uri, name = tracking_uri(tracking_cfg), tracking_cfg["experiment"]
+    uri, name = tracking_uri(tracking_cfg), tracking_cfg.experiment
     store = Path(uri.removeprefix("sqlite:///")).resolve().parent if uri.startswith("sqlite:///") else None
     if store:
         store.mkdir(parents=True, exist_ok=True)
@@ -179,7 +181,7 @@ def _create_store(db: Path) -> None:
     os.replace(tmp, db)
 
 
-def create_while_running(tracking_cfg: dict):
+def create_while_running(tracking_cfg: TrackingConfig):
     """Have MLflow create a new SQLite store in a thread while the pipeline runs: it builds one by
     running every schema migration it has (about a second, several on a loaded machine), which the
     logging at the end of a run into a fresh results folder would otherwise wait for. Not a daemon
@@ -188,14 +190,14 @@ def create_while_running(tracking_cfg: dict):
     import threading
 
     uri = tracking_uri(tracking_cfg)
-    if not tracking_cfg["enabled"] or not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
+    if not tracking_cfg.enabled or not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
         return None
     t = threading.Thread(target=_open_quietly, args=(tracking_cfg,), name="emo-mlflow-store")
     t.start()
     return t
 
 
-def _open_quietly(tracking_cfg: dict) -> None:
+def _open_quietly(tracking_cfg: TrackingConfig) -> None:
     with contextlib.suppress(Exception):
         open_store(tracking_cfg)
 
@@ -317,9 +319,12 @@ def log_sweep(
     sweep), FINISHED when its result is there (and the job is not in `failed`: its result is an
     earlier run's), else FAILED (KILLED after a signal) with `error` as its emo.error tag. Returns
     {job name: run id}."""
-    if not jobs or not jobs[0].cfg["tracking"]["enabled"]:
+    from emo.sections import TrackingConfig, typed
+
+    tracking = typed(TrackingConfig, jobs[0].cfg["tracking"]) if jobs else None
+    if tracking is None or not tracking.enabled:
         return {}
-    with store_errors(tracking_uri(jobs[0].cfg["tracking"])):
+    with store_errors(tracking_uri(tracking)):
         return _log_sweep(jobs, name, overrides, plots, error=error, killed=killed, failed=failed)
 
 
@@ -333,7 +338,9 @@ def _log_sweep(
     killed: bool,
     failed: Collection[str] = frozenset(),
 ) -> dict[str, str]:
-    client, exp_id = open_store(jobs[0].cfg["tracking"])
+    from emo.sections import TrackingConfig, typed
+
+    client, exp_id = open_store(typed(TrackingConfig, jobs[0].cfg["tracking"]))
     now = int(time.time() * 1000)
     parent = None
     open_runs: list[str] = []  # created, not yet ended: ended FAILED if logging fails (a full disk)
