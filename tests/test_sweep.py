@@ -265,6 +265,12 @@ def test_a_stage_on_a_real_backend_sees_only_its_gpus(tmp_path, monkeypatch):
     assert sweep.gpus_needed(cfg) == 2 and sweep.gpus_available(cfg, cores=2) == 4
     hybrid = {**cfg, "workload": {"kind": "hybrid", "tp": 2, "pp": 2, "dp": 2}}
     assert sweep.gpus_needed(hybrid) == 8
+    command = lambda argv, nproc=1: {**cfg, "workload": {"kind": "command", "command": argv, "nproc": nproc}}
+    assert sweep.gpus_needed(command(["torchrun", "--nproc-per-node", "3", "train.py"])) == 3  # was 1
+    assert sweep.gpus_needed(command(["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "t.py"])) == 2
+    assert sweep.gpus_needed(command(["python", "train.py"], nproc=2)) == 2  # EMO starts it under torchrun
+    assert sweep.gpus_needed(command(["python", "train.py"])) == 1
+    assert sweep.gpus_needed(command(["deepspeed", "train.py"])) == 4  # no count said: every visible GPU
     with sweep.gpu_for_stage(cfg, 2, tmp_path) as ids:
         assert ids == ["4", "5"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"

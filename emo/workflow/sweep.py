@@ -209,7 +209,8 @@ def gpus_needed(cfg: dict) -> int:
         return 1
     from emo.workloads import kind_of
 
-    return kind_of(cfg["workload"]).ranks(cfg["workload"])  # one rank per GPU of its TP x PP x DP grid
+    n = kind_of(cfg["workload"]).gpus(cfg["workload"])  # one rank per GPU: its grid's, a launcher's count
+    return len(visible_gpus()) if n is None else n
 
 
 def gpus_available(cfg: dict, cores: int) -> int:

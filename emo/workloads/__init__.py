@@ -68,6 +68,7 @@ class WorkloadKind:
     label_of: Callable[[dict], str] | None = None  # None: the kind and the keys set away from their defaults
     grid: Callable[[dict], tuple[int, int, int] | None] = _no_grid
     source: str = "program"  # program: built here (virtual GPU); command: a program EMO starts; trace: read
+    gpus_of: Callable[[dict], int | None] | None = None  # None: its grid's ranks, else one
 
     @property
     def synthetic(self) -> bool:
@@ -93,8 +94,11 @@ class WorkloadKind:
         changed = [f"{k}={v}" for k, v in sorted(params.items()) if k != "kind" and defaults.get(k) != v]
         return " ".join([self.kind, *changed])
 
-    def ranks(self, workload: dict) -> int:
-        """Ranks (GPUs) one job of this workload runs on: its grid's, else one."""
+    def gpus(self, workload: dict) -> int | None:
+        """GPUs one job of this workload runs on: what its module's `gpus` says (None: every GPU the
+        job can see, a launcher that does not say how many), else its grid's ranks, else one."""
+        if self.gpus_of is not None:
+            return self.gpus_of(workload)
         g = self.grid(workload)
         return g[0] * g[1] * g[2] if g else 1
 
@@ -111,6 +115,7 @@ def register_workload(
     label: Callable[[dict], str] | None = None,
     grid: Callable[[dict], tuple[int, int, int] | None] = _no_grid,
     source: str = "program",
+    gpus: Callable[[dict], int | None] | None = None,
 ) -> WorkloadKind:
     """Make `kind` a workload: Hydra's ConfigStore knows its schema as `workload/<kind>_schema` (which
     conf/workload/<kind>.yaml names in its defaults list), emo.config checks its ranges and rules when
@@ -121,7 +126,7 @@ def register_workload(
         raise ValueError(f"workload {kind!r}: SOURCE must be one of {', '.join(SOURCES)} (got {source!r})")
     if (build is None) == (source == "program"):
         raise ValueError(f"workload {kind!r}: a synthetic workload has a build, a {source} workload none")
-    entry = WorkloadKind(kind, schema, build, rules, label, grid, source)
+    entry = WorkloadKind(kind, schema, build, rules, label, grid, source, gpus)
     _REGISTRY[kind] = entry
     ConfigStore.instance().store(group="workload", name=f"{kind}_schema", node=schema)
     return entry
@@ -136,6 +141,7 @@ def _from_module(kind: str, module) -> WorkloadKind:
         label=getattr(module, "label", None),
         grid=getattr(module, "grid", _no_grid),
         source=getattr(module, "SOURCE", "program"),
+        gpus=getattr(module, "gpus", None),
     )
 
 

@@ -26,6 +26,19 @@ class CommandWorkload(WorkloadConfig):
 SCHEMA = CommandWorkload
 
 
+def gpus(w: dict) -> int | None:
+    """GPUs your command runs on: the ranks its launcher asks for on this node (`--nproc-per-node 8`),
+    or `nproc`; None (every GPU it can see) for a launcher that does not say a number
+    (`--nproc-per-node gpu`, deepspeed without --num_gpus)."""
+    from emo.device.launcher import ranks_asked, starts_ranks
+
+    command = list(w["command"])
+    asked = ranks_asked(command) if command else None
+    if asked is None and command and starts_ranks(command):
+        return None
+    return max(asked or 1, w["nproc"])
+
+
 def label(params: dict) -> str:
     """`command ['python', 'train.py']`."""
     return f"command {params.get('command', '?')}"
