@@ -252,62 +252,64 @@ def _stack_kernel(grp, is_start, ev, start_node, end_node, blocking, node_ts):
         j = i
         while j < m and grp[j] == g:
             j += 1
-        sp = 0
-        wp = 0
-        last = -1
-        last_top = -1
-        depth = 0
-        for q in range(i, j + 1):
-            if q < j and not is_start[q]:
-                if sp > 0:
-                    sp -= 1
-                continue
-            parent = stack[sp - 1] if (q < j and sp > 0) else -1
-            # leave every call on the walk down to (not including) the new call's parent
-            while wp > 0 and walk[wp - 1] != parent:
-                e = walk[wp - 1]
-                wp -= 1
-                sn, en = start_node[e], end_node[e]
-                if sn < 0 or en < 0:
-                    continue
-                depth -= 1
-                if last >= 0:
-                    src[ne] = last
-                    dst[ne] = en
-                    wt[ne] = 0 if blocking[e] else node_ts[en] - node_ts[last]
-                    typ[ne] = 0
-                    ne += 1
-                if depth == 0:
-                    last = -1
-                    last_top = en
-                else:
-                    last = en
-            if q == j:
-                break
-            e = ev[q]
-            stack[sp] = e
-            sp += 1
-            walk[wp] = e
-            wp += 1
+        ne = _thread_walk(
+            i, j, is_start, ev, start_node, end_node, blocking, node_ts, stack, walk, src, dst, wt, typ, ne
+        )
+        i = j
+    return src[:ne], dst[:ne], wt[:ne], typ[:ne]
+
+
+# inlined into _stack_kernel (one compiled loop); the loop over a thread's points stays whole here:
+# split further, into steps inlined once per point, it ran slower
+@numba.njit(cache=True, inline="always")
+def _thread_walk(i, j, is_start, ev, start_node, end_node, blocking, node_ts, stack, walk, src, dst, wt, typ, ne):
+    """One thread's points i..j-1: its edges from edge `ne` on; the next edge's index."""
+    sp = 0
+    wp = 0
+    last = -1  # the walk's last point inside the current top-level call (-1: none)
+    last_top = -1  # the end of the last top-level call left
+    depth = 0
+    for q in range(i, j + 1):
+        if q < j and not is_start[q]:
+            if sp > 0:
+                sp -= 1
+            continue
+        parent = stack[sp - 1] if (q < j and sp > 0) else -1
+        # leave every call on the walk down to (not including) the new call's parent
+        while wp > 0 and walk[wp - 1] != parent:
+            e = walk[wp - 1]
+            wp -= 1
             sn, en = start_node[e], end_node[e]
             if sn < 0 or en < 0:
                 continue
-            if depth == 0 and last_top >= 0:
-                src[ne] = last_top
-                dst[ne] = sn
-                wt[ne] = 0
-                typ[ne] = 1
-                ne += 1
-            depth += 1
+            depth -= 1
             if last >= 0:
-                src[ne] = last
-                dst[ne] = sn
-                wt[ne] = node_ts[sn] - node_ts[last]
-                typ[ne] = 0
+                src[ne], dst[ne], wt[ne], typ[ne] = last, en, 0 if blocking[e] else node_ts[en] - node_ts[last], 0
                 ne += 1
-            last = sn
-        i = j
-    return src[:ne], dst[:ne], wt[:ne], typ[:ne]
+            if depth == 0:
+                last = -1
+                last_top = en
+            else:
+                last = en
+        if q == j:
+            break
+        e = ev[q]
+        stack[sp] = e
+        sp += 1
+        walk[wp] = e
+        wp += 1
+        sn, en = start_node[e], end_node[e]
+        if sn < 0 or en < 0:
+            continue
+        if depth == 0 and last_top >= 0:
+            src[ne], dst[ne], wt[ne], typ[ne] = last_top, sn, 0, 1
+            ne += 1
+        depth += 1
+        if last >= 0:
+            src[ne], dst[ne], wt[ne], typ[ne] = last, sn, node_ts[sn] - node_ts[last], 0
+            ne += 1
+        last = sn
+    return ne
 
 
 def _gpu_edges(df, clip, start_node, end_node, node_ts) -> tuple:
