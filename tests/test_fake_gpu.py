@@ -95,3 +95,21 @@ def test_emo_apply_runs_a_torchrun_job_against_fake_gpus(job):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rank 0 (policy device 0):" in r.stderr and "rank 1 (policy device 1):" in r.stderr
     assert "emo apply: 2 rank(s): " in r.stderr and " 0 failed" in r.stderr.split("2 rank(s): ")[1]
+
+
+def test_the_fake_a100s_take_a_policy_emo_run_planned_for_an_a100(job):
+    # `emo run` plans on conf/gpu/a100.yaml's clocks (every 15 MHz); the README's `EMO_FAKE_GPU=2
+    # emo apply ...` on its policy was refused at 1215 MHz when the fake answered the tests' few clocks
+    steps = {d: [Step(0.0, 1215), Step(1.0, 1410)] for d in range(2)}
+    FrequencyPolicy(gpu="a100", steps=steps, period_ms=2.0, meta={}).save(job / "planned.json")
+    log = job / "nvml.log"
+    r = _run(job, sys.executable, "train.py", POLICY="planned.json", EMO_FAKE_GPU="2", EMO_FAKE_GPU_LOG=str(log))
+    assert r.returncode == 0, r.stderr
+    assert '"lock", 0, 1215' in log.read_text()
+
+    import yaml
+
+    from emo.device.nvml_fake import A100_GRAPHICS, MEM_CLOCKS
+
+    a100 = yaml.safe_load((ROOT / "conf" / "gpu" / "a100.yaml").read_text())
+    assert sorted(A100_GRAPHICS[MEM_CLOCKS[0]]) == a100["clocks_mhz"]

@@ -28,7 +28,10 @@ FAKE_GPU_LOG_ENV = "EMO_FAKE_GPU_LOG"  # a file each process appends its NVML ca
 
 
 MEM_CLOCKS = [1593, 810]  # unsorted on purpose
-GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}
+GRAPHICS = {1593: [1410, 1395, 1380, 900, 705, 210], 810: [810, 705, 210]}  # the tests' (their assertions name these)
+# EMO_FAKE_GPU's A100s answer an A100's SM clocks (conf/gpu/a100.yaml, every 15 MHz), so that a policy
+# `emo run` planned for gpu=a100 applies to them as to the real GPU
+A100_GRAPHICS = {1593: list(range(1410, 209, -15)), 810: [810, 705, 210]}
 
 
 class FakeNVML(types.ModuleType):
@@ -44,6 +47,7 @@ class FakeNVML(types.ModuleType):
         now=None,
         stamp: bool = False,
         power_w=None,
+        graphics: dict[int, list[int]] | None = None,
     ):
         super().__init__("pynvml")
         for k in dir(_real):
@@ -60,7 +64,8 @@ class FakeNVML(types.ModuleType):
         # a locked SM clock shows in reads clock_delay_ms (a number, or f(from, to)) after the request,
         # on the clock `now()` (seconds; default the wall clock)
         self.clock_delay_ms, self.now = clock_delay_ms, now or time.perf_counter
-        self.sm_clock = {i: max(GRAPHICS[MEM_CLOCKS[0]]) for i in range(gpus)}
+        self.graphics = graphics or GRAPHICS  # memory clock -> supported SM clocks
+        self.sm_clock = {i: max(self.graphics[MEM_CLOCKS[0]]) for i in range(gpus)}
         self.landing: dict[int, tuple[int, float]] = {}  # GPU -> (clock, when it shows)
         # power_w(sm_mhz) -> watts: the energy counter integrates it over wall time (EMO_FAKE_GPU);
         # None: each read adds a fixed 12.345 J (the tests' arithmetic)
@@ -107,7 +112,7 @@ class FakeNVML(types.ModuleType):
 
     def nvmlDeviceGetSupportedGraphicsClocks(self, h, mem):
         self._log("graphics_clocks", h[1], mem)
-        return list(GRAPHICS[mem])
+        return list(self.graphics[mem])
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
         i = h[1]
@@ -131,7 +136,7 @@ class FakeNVML(types.ModuleType):
 
     def nvmlDeviceGetClockInfo(self, h, clock_type):
         if clock_type != _real.NVML_CLOCK_SM:
-            return max(GRAPHICS[MEM_CLOCKS[0]])
+            return max(self.graphics[MEM_CLOCKS[0]])
         i = h[1]
         if i in self.landing and self.now() >= self.landing[i][1]:
             self.sm_clock[i] = self.landing.pop(i)[0]
@@ -170,7 +175,7 @@ class FakeNVML(types.ModuleType):
         self._privileged()
         self._log("reset", h[1])
         self.locked[h[1]] = None
-        self._request(h[1], max(GRAPHICS[MEM_CLOCKS[0]]))
+        self._request(h[1], max(self.graphics[MEM_CLOCKS[0]]))
 
     def nvmlDeviceSetPowerManagementLimit(self, h, mw):
         self._privileged()
@@ -193,5 +198,6 @@ def from_fake_gpu_env() -> FakeNVML:
         raw = os.environ.get(FAKE_GPU_ENV, "1")
         if not raw.isdigit() or not 1 <= int(raw) <= 64:
             raise ConfigError(f"{FAKE_GPU_ENV}={raw}: the number of fake GPUs, 1 to 64")
-        _PROCESS.append(FakeNVML(int(raw), log_path=os.environ.get(FAKE_GPU_LOG_ENV), power_w=fake_power_w))
+        log = os.environ.get(FAKE_GPU_LOG_ENV)
+        _PROCESS.append(FakeNVML(int(raw), log_path=log, power_w=fake_power_w, graphics=A100_GRAPHICS))
     return _PROCESS[0]
