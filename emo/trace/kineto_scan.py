@@ -121,6 +121,38 @@ def _skip(b, i, n):
     return n
 
 
+@numba.njit(cache=True, inline="always")
+def _digits(b, i, n, m, digits):
+    """The digits from b[i] on, into mantissa m: (end, m, significant digits so far, digits kept in
+    m; only the first 18 significant ones are)."""
+    kept = 0
+    while i < n and 48 <= b[i] <= 57:
+        if m != 0 or b[i] != 48:
+            digits += 1
+        if digits <= 18:
+            m = m * 10 + (b[i] - 48)
+            kept += 1
+        i += 1
+    return i, m, digits, kept
+
+
+@numba.njit(cache=True, inline="always")
+def _exponent(b, i, n):
+    """An exponent's sign and digits from b[i] on (past the e): (end, exponent, fits: < 10^4)."""
+    eneg = False
+    if b[i] == 45 or b[i] == 43:
+        eneg = b[i] == 45
+        i += 1
+    e = 0
+    ed = 0
+    while i < n and 48 <= b[i] <= 57:
+        if ed < 5:
+            e = e * 10 + (b[i] - 48)
+        ed += 1
+        i += 1
+    return i, -e if eneg else e, ed <= 4
+
+
 @numba.njit(cache=True)
 def _number(b, i, n):
     """A number at b[i]: (end, is an integer, fits (<= 18 digits; exponent < 10^4), mantissa with
@@ -128,48 +160,18 @@ def _number(b, i, n):
     neg = b[i] == 45
     if neg:
         i += 1
-    m = 0
-    digits = 0
-    frac = 0
+    i, m, digits, _ = _digits(b, i, n, 0, 0)
     is_int = True
-    fits = True
-    while i < n and 48 <= b[i] <= 57:
-        if m != 0 or b[i] != 48:
-            digits += 1
-        if digits <= 18:
-            m = m * 10 + (b[i] - 48)
-        i += 1
+    frac = 0
     if i < n and b[i] == 46:
         is_int = False
-        i += 1
-        while i < n and 48 <= b[i] <= 57:
-            if m != 0 or b[i] != 48:
-                digits += 1
-            if digits <= 18:
-                m = m * 10 + (b[i] - 48)
-                frac += 1
-            i += 1
+        i, m, digits, frac = _digits(b, i + 1, n, m, digits)
     e = 0
+    fits = True
     if i < n and (b[i] == 101 or b[i] == 69):
         is_int = False
-        i += 1
-        eneg = False
-        if b[i] == 45 or b[i] == 43:
-            eneg = b[i] == 45
-            i += 1
-        ed = 0
-        while i < n and 48 <= b[i] <= 57:
-            if ed < 5:
-                e = e * 10 + (b[i] - 48)
-            ed += 1
-            i += 1
-        if ed > 4:
-            fits = False
-        if eneg:
-            e = -e
-    if digits > 18:
-        fits = False
-    return i, is_int, fits, -m if neg else m, e - frac
+        i, e, fits = _exponent(b, i + 1, n)
+    return i, is_int, fits and digits <= 18, -m if neg else m, e - frac
 
 
 @numba.njit(cache=True)
@@ -291,171 +293,19 @@ def _scan(b):
     while i < n:
         if b[i] != 123:
             return fail
-        if ne == cap:  # grow every column
+        # room for one more event: a row, its extra rows (ts, dur and four args) and two strings
+        if ne == cap:
             cap *= 2
-            ints2 = np.full((N_INT, cap), -1, np.int64)
-            ints2[:, :ne] = ints[:, :ne]
-            ints = ints2
-            codes2 = np.full((N_CODE, cap), -1, np.int32)
-            codes2[:, :ne] = codes[:, :ne]
-            codes = codes2
-            ts2 = np.zeros(cap, np.float64)
-            ts2[:ne] = ts[:ne]
-            ts = ts2
-            dur2 = np.zeros(cap, np.float64)
-            dur2[:ne] = dur[:ne]
-            dur = dur2
-        codes[TS_STATE, ne] = 0
-        codes[DUR_STATE, ne] = 0
-        seen = 0
-        i = _ws(b, i + 1, n)
-        if i < n and b[i] == 125:
-            i += 1
-        else:
-            while i < n:
-                ks = i
-                i, esc, _ = _string(b, i, n)
-                if esc:
-                    return fail
-                k = _key(b, ks + 1, i - 1, _EV_KEYS, _EV_OFF)
-                i = _ws(b, _ws(b, i, n) + 1, n)  # past the colon
-                if k >= 0:
-                    if seen & (1 << k):
-                        return fail
-                    seen |= 1 << k
-                c = b[i]
-                if k == 0 or k == 1 or k == 2:  # ph, cat, name: strings (or null)
-                    if c == 110:
-                        i += 4
-                    elif c != _QUOTE:
-                        return fail
-                    else:
-                        s = i
-                        i, esc, high = _string(b, i, n)
-                        if k == 0:
-                            if esc or high:
-                                return fail
-                            if i - s == 3:
-                                codes[PH, ne] = 1 if b[s + 1] == 88 else (2 if _PHASES[b[s + 1]] else 0)
-                            else:
-                                codes[PH, ne] = 0
-                        else:
-                            if k == 1 and esc:
-                                return fail
-                            if 2 * count >= len(table):
-                                table = _rehash(b, starts, ends, count, 2 * len(table))
-                            if count == len(starts):
-                                starts2 = np.zeros(2 * count, np.int64)
-                                starts2[:count] = starts
-                                starts = starts2
-                                ends2 = np.zeros(2 * count, np.int64)
-                                ends2[:count] = ends
-                                ends = ends2
-                            code, count = _intern(b, s, i, table, starts, ends, count)
-                            codes[k, ne] = code
-                elif k == 3 or k == 4:  # ts, dur: numbers (or null)
-                    col = TS_STATE if k == 3 else DUR_STATE
-                    if c == 110:
-                        codes[col, ne] = 3
-                        i += 4
-                    elif c == 45 or 48 <= c <= 57:
-                        s = i
-                        i, is_int, fits, m, e = _number(b, i, n)
-                        if not fits:
-                            if is_int:
-                                return fail
-                            v = 0.0
-                            state = 2
-                        elif is_int:
-                            v = float(m)
-                            state = 1
-                        elif -(2**53) <= m <= 2**53 and -22 <= e <= 22:
-                            v = float(m) * _POW10[e] if e >= 0 else float(m) / _POW10[-e]
-                            state = 1
-                        else:
-                            v = 0.0
-                            state = 2
-                        codes[col, ne] = state
-                        if k == 3:
-                            ts[ne] = v
-                        else:
-                            dur[ne] = v
-                        if state == 2:
-                            if n_extra == len(extra):
-                                extra2 = np.zeros((2 * n_extra, 4), np.int64)
-                                extra2[:n_extra] = extra
-                                extra = extra2
-                            extra[n_extra, 0] = ne
-                            extra[n_extra, 1] = TS_TEXT if k == 3 else DUR_TEXT
-                            extra[n_extra, 2] = s
-                            extra[n_extra, 3] = i
-                            n_extra += 1
-                    else:
-                        return fail
-                elif k >= 5 and k <= 7:  # pid, tid, id
-                    i, v, ok = _int_value(b, i, n)
-                    if not ok:
-                        return fail
-                    ints[k - 5, ne] = v
-                elif k == 8 and c == 123:  # args, an object
-                    aseen = 0
-                    i = _ws(b, i + 1, n)
-                    if i < n and b[i] == 125:
-                        i += 1
-                    else:
-                        while i < n:
-                            ks = i
-                            i, esc, _ = _string(b, i, n)
-                            if esc:
-                                return fail
-                            a = _key(b, ks + 1, i - 1, _ARG_KEYS, _ARG_OFF)
-                            i = _ws(b, _ws(b, i, n) + 1, n)
-                            if a >= 0:
-                                if aseen & (1 << a):
-                                    return fail
-                                aseen |= 1 << a
-                            if 0 <= a < 7:
-                                i, v, ok = _int_value(b, i, n)
-                                if not ok:
-                                    return fail
-                                ints[CORR + a, ne] = v
-                            elif a >= 7:
-                                s = i
-                                i = _skip(b, i, n)
-                                if n_extra == len(extra):
-                                    extra2 = np.zeros((2 * n_extra, 4), np.int64)
-                                    extra2[:n_extra] = extra
-                                    extra = extra2
-                                extra[n_extra, 0] = ne
-                                extra[n_extra, 1] = a - 7
-                                extra[n_extra, 2] = s
-                                extra[n_extra, 3] = i
-                                n_extra += 1
-                            else:
-                                i = _skip(b, i, n)
-                            i = _ws(b, i, n)
-                            if i < n and b[i] == 44:
-                                i = _ws(b, i + 1, n)
-                            else:
-                                i += 1  # the closing brace
-                                break
-                elif k == 8:  # args that are no object: nothing (a string, number or literal)
-                    if c == 91:
-                        return fail
-                    if c == _QUOTE:
-                        i, esc, high = _string(b, i, n)
-                        if esc or high:
-                            return fail
-                    else:
-                        i = _skip(b, i, n)
-                else:
-                    i = _skip(b, i, n)
-                i = _ws(b, i, n)
-                if i < n and b[i] == 44:
-                    i = _ws(b, i + 1, n)
-                else:
-                    i += 1
-                    break
+            ints, codes, ts, dur = _grown_columns(ints, codes, ts, dur, ne, cap)
+        if n_extra + 6 > len(extra):
+            extra = _grown(extra, 2 * len(extra))
+        if 2 * (count + 2) > len(table):  # (the intern table stays at most half full)
+            table = _rehash(b, starts, ends, count, 2 * len(table))
+        if count + 2 > len(starts):
+            starts, ends = _grown(starts, 2 * len(starts)), _grown(ends, 2 * len(ends))
+        i, ok, n_extra, count = _event(b, i, n, ne, ints, codes, ts, dur, extra, n_extra, table, starts, ends, count)
+        if not ok:
+            return fail
         ne += 1
         i = _ws(b, i, n)
         if i < n and b[i] == 44:
@@ -473,6 +323,212 @@ def _scan(b):
         starts[:count],
         ends[:count],
     )
+
+
+@numba.njit(cache=True)
+def _grown_columns(ints, codes, ts, dur, ne, cap):
+    """The event columns with room for `cap` events, their first `ne` kept."""
+    ints2 = np.full((N_INT, cap), -1, np.int64)
+    ints2[:, :ne] = ints[:, :ne]
+    codes2 = np.full((N_CODE, cap), -1, np.int32)
+    codes2[:, :ne] = codes[:, :ne]
+    ts2 = np.zeros(cap, np.float64)
+    ts2[:ne] = ts[:ne]
+    dur2 = np.zeros(cap, np.float64)
+    dur2[:ne] = dur[:ne]
+    return ints2, codes2, ts2, dur2
+
+
+@numba.njit(cache=True)
+def _grown(a, rows):
+    """`a` with room for `rows` rows, its own kept (the rest zeros)."""
+    out = np.zeros((rows,) + a.shape[1:], a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+# an event's steps are inlined into _scan: one compiled loop, no call per event or field
+@numba.njit(cache=True, inline="always")
+def _event(b, i, n, ne, ints, codes, ts, dur, extra, n_extra, table, starts, ends, count):
+    """The event object at b[i] into row `ne` of the columns (with room for it): (end, ok, n_extra,
+    count); not ok: one the scan leaves to msgspec."""
+    codes[TS_STATE, ne] = 0
+    codes[DUR_STATE, ne] = 0
+    seen = 0
+    i = _ws(b, i + 1, n)
+    if i < n and b[i] == 125:
+        return i + 1, True, n_extra, count
+    while i < n:
+        i, k, seen, ok = _member(b, i, n, _EV_KEYS, _EV_OFF, seen)
+        if not ok:
+            return i, False, n_extra, count
+        if k == 0:
+            i, ok = _phase(b, i, n, ne, codes)
+        elif k == 1 or k == 2:
+            i, ok, count = _text(b, i, n, k, ne, codes, table, starts, ends, count)
+        elif k == 3 or k == 4:
+            i, ok, n_extra = _time(b, i, n, k, ne, codes, ts, dur, extra, n_extra)
+        elif k >= 5 and k <= 7:  # pid, tid, id
+            i, v, ok = _int_value(b, i, n)
+            ints[k - 5, ne] = v
+        elif k == 8 and b[i] == 123:
+            i, ok, n_extra = _args(b, i, n, ne, ints, extra, n_extra)
+        elif k == 8:
+            i, ok = _other_args(b, i, n)
+        else:
+            i = _skip(b, i, n)
+        if not ok:
+            return i, False, n_extra, count
+        i = _ws(b, i, n)
+        if i < n and b[i] == 44:
+            i = _ws(b, i + 1, n)
+        else:
+            return i + 1, True, n_extra, count
+    return i, True, n_extra, count
+
+
+@numba.njit(cache=True, inline="always")
+def _member(b, i, n, keys, off, seen):
+    """The key of the object member at b[i]: (where its value starts, its index among the keys (-1:
+    none), `seen` (a bit per key) with it, ok: the key is neither escaped nor seen before)."""
+    ks = i
+    i, esc, _ = _string(b, i, n)
+    if esc:
+        return i, -1, seen, False
+    k = _key(b, ks + 1, i - 1, keys, off)
+    i = _ws(b, _ws(b, i, n) + 1, n)  # past the colon
+    if k >= 0:
+        if seen & (1 << k):
+            return i, k, seen, False
+        seen |= 1 << k
+    return i, k, seen, True
+
+
+@numba.njit(cache=True, inline="always")
+def _phase(b, i, n, ne, codes):
+    """ph at b[i], a plain string or null, into codes[PH]: (end, ok)."""
+    c = b[i]
+    if c == 110:
+        return i + 4, True
+    if c != _QUOTE:
+        return i, False
+    s = i
+    i, esc, high = _string(b, i, n)
+    if esc or high:
+        return i, False
+    if i - s == 3:
+        codes[PH, ne] = 1 if b[s + 1] == 88 else (2 if _PHASES[b[s + 1]] else 0)
+    else:
+        codes[PH, ne] = 0
+    return i, True
+
+
+@numba.njit(cache=True, inline="always")
+def _text(b, i, n, k, ne, codes, table, starts, ends, count):
+    """cat or name (k 1, 2) at b[i], a string (cat unescaped) or null, as the code of its distinct
+    string: (end, ok, count)."""
+    c = b[i]
+    if c == 110:
+        return i + 4, True, count
+    if c != _QUOTE:
+        return i, False, count
+    s = i
+    i, esc, _ = _string(b, i, n)
+    if k == 1 and esc:
+        return i, False, count
+    code, count = _intern(b, s, i, table, starts, ends, count)
+    codes[k, ne] = code
+    return i, True, count
+
+
+@numba.njit(cache=True, inline="always")
+def _time(b, i, n, k, ne, codes, ts, dur, extra, n_extra):
+    """ts or dur (k 3, 4) at b[i], a number or null, into its column and state (a number not read
+    exactly here: an extra row, for msgspec): (end, ok, n_extra)."""
+    col = TS_STATE if k == 3 else DUR_STATE
+    c = b[i]
+    if c == 110:
+        codes[col, ne] = 3
+        return i + 4, True, n_extra
+    if not (c == 45 or 48 <= c <= 57):
+        return i, False, n_extra
+    s = i
+    i, is_int, fits, m, e = _number(b, i, n)
+    if is_int and not fits:
+        return i, False, n_extra
+    v, state = _float(is_int, fits, m, e)
+    codes[col, ne] = state
+    if k == 3:
+        ts[ne] = v
+    else:
+        dur[ne] = v
+    if state == 2:
+        n_extra = _put(extra, n_extra, ne, TS_TEXT if k == 3 else DUR_TEXT, s, i)
+    return i, True, n_extra
+
+
+@numba.njit(cache=True, inline="always")
+def _float(is_int, fits, m, e):
+    """A number m * 10^e as (value, 1) where one IEEE operation rounds it correctly, else (0.0, 2)."""
+    if fits and is_int:
+        return float(m), 1
+    if fits and -(2**53) <= m <= 2**53 and -22 <= e <= 22:
+        return (float(m) * _POW10[e] if e >= 0 else float(m) / _POW10[-e]), 1
+    return 0.0, 2
+
+
+@numba.njit(cache=True, inline="always")
+def _put(extra, n_extra, ne, field, s, e):
+    """Extra row `n_extra` (there is room): event `ne`'s `field`, its text b[s:e]; the next row."""
+    extra[n_extra, 0] = ne
+    extra[n_extra, 1] = field
+    extra[n_extra, 2] = s
+    extra[n_extra, 3] = e
+    return n_extra + 1
+
+
+@numba.njit(cache=True, inline="always")
+def _args(b, i, n, ne, ints, extra, n_extra):
+    """The args object at b[i]: its integers into `ints`, its text or other values as extra rows:
+    (end, ok, n_extra)."""
+    aseen = 0
+    i = _ws(b, i + 1, n)
+    if i < n and b[i] == 125:
+        return i + 1, True, n_extra
+    while i < n:
+        i, a, aseen, ok = _member(b, i, n, _ARG_KEYS, _ARG_OFF, aseen)
+        if not ok:
+            return i, False, n_extra
+        if 0 <= a < 7:
+            i, v, ok = _int_value(b, i, n)
+            if not ok:
+                return i, False, n_extra
+            ints[CORR + a, ne] = v
+        elif a >= 7:
+            s = i
+            i = _skip(b, i, n)
+            n_extra = _put(extra, n_extra, ne, a - 7, s, i)
+        else:
+            i = _skip(b, i, n)
+        i = _ws(b, i, n)
+        if i < n and b[i] == 44:
+            i = _ws(b, i + 1, n)
+        else:
+            return i + 1, True, n_extra  # (past the closing brace)
+    return i, True, n_extra
+
+
+@numba.njit(cache=True, inline="always")
+def _other_args(b, i, n):
+    """args that are no object at b[i]: nothing taken from a string, number or literal (an array, or
+    a string escaped or not ASCII, is left to msgspec): (end, ok)."""
+    c = b[i]
+    if c == 91:
+        return i, False
+    if c == _QUOTE:
+        i, esc, high = _string(b, i, n)
+        return i, not (esc or high)
+    return _skip(b, i, n), True
 
 
 class _Skim(msgspec.Struct, gc=False):
