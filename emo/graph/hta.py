@@ -284,7 +284,10 @@ def _thread_walk(i, j, is_start, ev, start_node, end_node, blocking, node_ts, st
                 continue
             depth -= 1
             if last >= 0:
-                src[ne], dst[ne], wt[ne], typ[ne] = last, en, 0 if blocking[e] else node_ts[en] - node_ts[last], 0
+                src[ne] = last
+                dst[ne] = en
+                wt[ne] = 0 if blocking[e] else node_ts[en] - node_ts[last]
+                typ[ne] = 0
                 ne += 1
             if depth == 0:
                 last = -1
@@ -302,11 +305,17 @@ def _thread_walk(i, j, is_start, ev, start_node, end_node, blocking, node_ts, st
         if sn < 0 or en < 0:
             continue
         if depth == 0 and last_top >= 0:
-            src[ne], dst[ne], wt[ne], typ[ne] = last_top, sn, 0, 1
+            src[ne] = last_top
+            dst[ne] = sn
+            wt[ne] = 0
+            typ[ne] = 1
             ne += 1
         depth += 1
         if last >= 0:
-            src[ne], dst[ne], wt[ne], typ[ne] = last, sn, node_ts[sn] - node_ts[last], 0
+            src[ne] = last
+            dst[ne] = sn
+            wt[ne] = node_ts[sn] - node_ts[last]
+            typ[ne] = 0
             ne += 1
         last = sn
     return ne
