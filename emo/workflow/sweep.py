@@ -210,7 +210,8 @@ def gpus_needed(cfg: dict) -> int:
     from emo.workloads import kind_of
 
     n = kind_of(cfg["workload"]).gpus(cfg["workload"])  # one rank per GPU: its grid's, a launcher's count
-    return len(visible_gpus()) if n is None else n
+    # no count said: every GPU it sees; at least one, which a scheduler places where none is visible here
+    return max(len(visible_gpus()), 1) if n is None else n
 
 
 def gpus_available(cfg: dict, cores: int) -> int:
