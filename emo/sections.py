@@ -249,8 +249,9 @@ def typed(cls: type[T], node: Any, where: str | None = None) -> T:
     """The dataclass `cls` of a composed section `node` (a plain dict), its sub-sections typed too:
     what a library takes, converted once where a stage or the CLI calls it. A key missing from
     `node` takes the schema's default; a key the schema lacks, or a required one missing, is a
-    ConfigError naming it. A field marked PLAIN (the workload) keeps its dict; an instance of `cls`
-    is returned as it is. `where`: the section's name in messages (by default Config's name for it)."""
+    ConfigError naming it; but a section of Config (the whole configuration) that `node` lacks is
+    None: a stage is handed only the sections it reads. A field marked PLAIN (the workload) keeps
+    its dict; an instance of `cls` is returned as it is. `where`: the section's name in messages (by default Config's name for it)."""
     if isinstance(node, cls):
         return node
     prefix = _SECTION.get(cls, "") if where is None else where
@@ -258,8 +259,11 @@ def typed(cls: type[T], node: Any, where: str | None = None) -> T:
     unknown = sorted(set(node) - set(fields))
     if unknown:
         raise ConfigError(f"bad configuration: {prefix + unknown[0]} is not a key of the configuration")
-    values = {}
+    values: dict[str, Any] = {}
     for name, f in fields.items():
+        if name not in node and cls is Config:  # a section the stage was not handed (emo.stages): None,
+            values[name] = None  # so reading it fails instead of reading a default its hash does not cover
+            continue
         if name not in node:
             if f.default is MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(f"bad configuration: {prefix + name} is required")

@@ -24,6 +24,7 @@ from emo.config import (
     GpuConfig,
     OptimizerConfig,
     TrackingConfig,
+    ValidateConfig,
     ZeusOptions,
     typed,
 )
@@ -150,3 +151,16 @@ def test_the_composed_configuration_types_whole_and_keeps_the_workload_a_dict():
     for name in ("gpu", "optimizer", "trace", "model", "validate", "tracking", "packing"):
         assert dataclasses.asdict(getattr(c, name)) == cfg[name]  # nothing lost, in the same key order
         assert list(dataclasses.asdict(getattr(c, name))) == list(cfg[name])
+
+
+def test_a_stage_handed_some_sections_reads_no_default_of_the_others():
+    """A stage is handed only the sections its hash covers (emo.stages): typed leaves the rest None,
+    so a library that reads one fails instead of silently reading the schema's default."""
+    from emo.workflow.plan import compose
+
+    cfg = compose([])
+    c = typed(Config, {k: cfg[k] for k in ("gpu", "workload", "budget", "validate")})
+    assert isinstance(c.validate, ValidateConfig) and c.budget == cfg["budget"] and c.workload == cfg["workload"]
+    assert c.trace is None and c.optimizer is None and c.results is None
+    with pytest.raises(AttributeError):
+        c.model.level_fractions  # noqa: B018
