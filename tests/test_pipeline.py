@@ -136,7 +136,7 @@ def test_a_stage_hashes_every_module_of_the_packages_it_loads_by_name(tmp_path, 
         return planmod.code_digest("demo")
 
     before = digest()
-    for f in ("kinds/tp.py", "kinds/_shape.py", "kinds/toy.py"):  # an edited kind, what it imports, a new one
+    for f in ("kinds/_shape.py", "kinds/tp.py", "kinds/toy.py"):  # what a kind imports, the kind, a new one
         (pkg / f).write_text("# changed\n")
         assert digest() != before, f
         before = digest()

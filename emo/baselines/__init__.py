@@ -19,7 +19,7 @@ __all__ = ["ONLINE", "OnlineContext", "OnlineResult", "run_online"]
 
 
 def run_online(ctx: OnlineContext) -> OnlineResult:
-    """Run the online method ctx.optimizer["name"] (emo.methods' registry: built-in or a plugin)."""
+    """Run the online method ctx.optimizer.name (emo.methods' registry: built-in or a plugin)."""
     m = method(ctx.name)
     if not m.online or m.run is None:
         raise ValueError(
