@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from emo.errors import ConfigError
+from emo.launchers import is_python, ranks_asked, starts_ranks  # what a command line says
 
 ENV_DIR, ENV_WAIT, ENV_WARMUP, ENV_ACTIVE, ENV_POLICY = (
     "EMO_CAPTURE_DIR",
@@ -48,19 +48,6 @@ SITE_DIR = Path(__file__).resolve().parent.parent / "_site"  # holds the injecte
 _NOT_INJECTED = (
     "No rank at all? A Python started with -E, -I or -S, or a launcher that clears the "
     "environment, never imports EMO's sitecustomize (PYTHONPATH)."
-)
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-# Commands that start their own ranks: workload.nproc must stay 1 for them.
-LAUNCHERS = (
-    "torchrun",
-    "deepspeed",
-    "accelerate",
-    "mpirun",
-    "srun",
-    "torch.distributed.run",
-    "torch.distributed.launch",
-    "deepspeed.launcher.runner",
-    "accelerate.commands.launch",
 )
 # Per-rank window records and the policy live in a subfolder: trace readers take every *.json of the
 # trace folder as a rank's trace. Rank numbers are zero-padded so that name order is rank order.
@@ -106,41 +93,6 @@ class CaptureSpec:
             active=int(iterations) if iterations else int(get("active")),
             capture=capture,
         )
-
-
-def is_python(command: list[str]) -> bool:
-    """`python ...`, `python3.11 ...`, this interpreter, or a bare `train.py`."""
-    return bool(command) and (
-        bool(_PYTHON.match(Path(command[0]).name)) or command[0] == sys.executable or command[0].endswith(".py")
-    )
-
-
-def starts_ranks(command: list[str]) -> bool:
-    """Whether the command is a launcher that starts its own ranks (torchrun, `python -m
-    torch.distributed.run`, deepspeed, accelerate launch, mpirun, srun)."""
-    if Path(command[0]).name in LAUNCHERS:
-        return True
-    if is_python(command) and "-m" in command[1:]:
-        module = command[command.index("-m") + 1 :][:1]
-        return bool(module) and module[0] in LAUNCHERS
-    return False
-
-
-# A launcher's own count of the ranks it starts on this node (torchrun, deepspeed, accelerate launch)
-_RANK_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_processes", "--num-processes")
-
-
-def ranks_asked(command: list[str]) -> int | None:
-    """The ranks a launcher command asks for on this node, when its options say a number (None for a
-    plain program, a script, or `--nproc-per-node gpu`): what a rank that wrote nothing leaves unsaid."""
-    if not starts_ranks(command):
-        return None
-    for i, arg in enumerate(command):
-        flag, eq, value = arg.partition("=")
-        if flag in _RANK_FLAGS:
-            value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
-            return int(value) if value.isdigit() else None
-    return None
 
 
 def script_argv(command: list[str]) -> list[str]:

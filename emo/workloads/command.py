@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from emo.launchers import ranks_asked, starts_ranks
 from emo.schema import WorkloadConfig, at_least
 
 SOURCE = "command"  # emo.workloads: EMO starts it, builds no program
@@ -30,8 +31,6 @@ def gpus(w: dict) -> int | None:
     """GPUs your command runs on: the ranks its launcher asks for on this node (`--nproc-per-node 8`),
     or `nproc`; None (every GPU it can see) for a launcher that does not say a number
     (`--nproc-per-node gpu`, deepspeed without --num_gpus)."""
-    from emo.device.launcher import ranks_asked, starts_ranks
-
     command = list(w["command"])
     asked = ranks_asked(command) if command else None
     if asked is None and command and starts_ranks(command):
