@@ -85,7 +85,8 @@ def test_one_launch_per_gpu_stage(job, monkeypatch):
             )
         )
     }
-    gpu = {"name": "a100", "backend": "nvml", "settle_s": 0.0}  # no settling: the launches are what is counted
+    # no settling: the launches are what is counted; 0 MHz and 0 W: what NVML reports, as conf/gpu/nvml.yaml
+    gpu = {"name": "a100", "backend": "nvml", "default_mhz": 0, "tdp_w": 0.0, "settle_s": 0.0}
     counts = {}
 
     # the trace stage's device call (the stage itself refuses a CPU trace: no kernels to analyse)
