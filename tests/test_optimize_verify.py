@@ -32,6 +32,20 @@ MS = 1_000_000
 CLOCKS = [705, 1005, 1410]
 
 
+def one_signature_model() -> pd.DataFrame:
+    """One kernel signature's time and energy at CLOCKS: 2x slower at half the clock, more energy fast."""
+    return pd.DataFrame(
+        {
+            "signature": "s",
+            "sm_mhz": CLOCKS,
+            "time_s": [2.0, 1.41, 1.0],
+            "dynamic_energy_j": [0.5, 0.8, 1.5],
+            "idle_power_w": [40.0, 50.0, 60.0],
+            "default_mhz": 1410,
+        }
+    )
+
+
 def _tables():
     """One GPU: pack A (15 ms) then pack X (20 ms) on one stream, beside a 55 ms collective; the host
     syncs on both. At 1005 MHz A ends at 21 ms, so X starts in the second 20 ms window."""
@@ -49,16 +63,7 @@ def _tables():
     )
     graph = Graph(typed(nodes, NODE_COLUMNS), typed(edges, EDGE_COLUMNS))
     packs = pd.DataFrame({"node": [0, 1], "signature": ["s", "s"], "dur_ns": [15 * MS, 20 * MS]})
-    model = pd.DataFrame(
-        {
-            "signature": "s",
-            "sm_mhz": CLOCKS,
-            "time_s": [2.0, 1.41, 1.0],
-            "dynamic_energy_j": [0.5, 0.8, 1.5],
-            "idle_power_w": [40.0, 50.0, 60.0],
-            "default_mhz": 1410,
-        }
-    )
+    model = one_signature_model()
     return pack_tables(graph, packs, model)
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from test_optimize_verify import CLOCKS, one_signature_model
 
 from emo.graph.graph import EDGE_COLUMNS, NODE_COLUMNS, Graph, typed
 from emo.model.predict import clock_timelines, default_pass, pack_tables, predict, predict_lanes, with_node_times
 from emo.policy import FrequencyPolicy, Step, issue_plan
 
 MS = 1_000_000
-CLOCKS = [705, 1005, 1410]
 
 
 def _tables():
@@ -36,16 +36,7 @@ def _tables():
     )
     kernels = [i for i, row in enumerate(rows) if row[0] == "kernel"]
     packs = pd.DataFrame({"node": kernels, "signature": "s", "dur_ns": [rows[i][6] for i in kernels]})
-    model = pd.DataFrame(
-        {
-            "signature": "s",
-            "sm_mhz": CLOCKS,
-            "time_s": [2.0, 1.41, 1.0],
-            "dynamic_energy_j": [0.5, 0.8, 1.5],
-            "idle_power_w": [40.0, 50.0, 60.0],
-            "default_mhz": 1410,
-        }
-    )
+    model = one_signature_model()
     anchors = pd.DataFrame(
         {"rank": [0, 0, 0, 1, 1, 1], "iteration": [0, 1, 2] * 2, "node": [0, 2, 4, 7, 9, 11], "offset_ns": 0.0}
     )
